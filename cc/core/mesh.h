@@ -1,0 +1,96 @@
+// Mesh: a named Cartesian grid of devices. An immutable value type.
+#ifndef TF_DTENSOR_CC_CORE_MESH_H_
+#define TF_DTENSOR_CC_CORE_MESH_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cc/core/status.h"
+
+namespace tf_dtensor {
+
+struct MeshDim {
+  std::string name;
+  int64_t size;
+  bool operator==(const MeshDim& o) const { return name == o.name && size == o.size; }
+};
+
+class Mesh {
+ public:
+  // Validates and builds a mesh. Devices are full names
+  // ("/job:localhost/replica:0/task:0/device:CPU:0"); `global_device_ids` are laid out
+  // row-major over `dims` (first dimension outermost).
+  static StatusOr<Mesh> Create(std::vector<MeshDim> dims, std::vector<int64_t> global_device_ids,
+                               std::vector<int64_t> local_device_ids,
+                               std::vector<std::string> local_devices, std::string name = "",
+                               std::vector<std::string> global_devices = {},
+                               bool use_xla_spmd = false);
+
+  // Parses TF DTensor's string form:
+  // "<name>|x=3,y=2|0,1,...|0,1,...|/job:localhost/.../device:CPU:0,...[|<global devices>]".
+  static StatusOr<Mesh> FromString(std::string_view text);
+
+  std::string ToString() const;     // TF DTensor's form; FromString(ToString()) == *this.
+  std::string ShortString() const;  // "mesh(x=3,y=2)", for messages.
+
+  const std::string& name() const { return rep_->name; }
+  const std::vector<MeshDim>& dims() const { return rep_->dims; }
+  int num_dims() const { return static_cast<int>(rep_->dims.size()); }
+  int64_t size() const { return rep_->size; }
+  // Index of the mesh dimension called `name`, or -1.
+  int DimIndex(std::string_view name) const;
+  int64_t DimSize(int index) const { return rep_->dims[index].size; }
+  const std::vector<int64_t>& global_device_ids() const { return rep_->global_device_ids; }
+  const std::vector<int64_t>& local_device_ids() const { return rep_->local_device_ids; }
+  const std::vector<std::string>& local_devices() const { return rep_->local_devices; }
+  const std::vector<std::string>& global_devices() const { return rep_->global_devices; }
+  bool use_xla_spmd() const { return rep_->use_xla_spmd; }
+  int num_local_devices() const { return static_cast<int>(rep_->local_devices.size()); }
+  // "CPU", "GPU" or "TPU": the type of the local devices.
+  const std::string& device_type() const { return rep_->device_type; }
+  // Coordinates of the device with the given global id (row-major, first dim outermost).
+  std::vector<int64_t> Coords(int64_t device_id) const;
+  // Coordinate along mesh dimension `dim` of the i-th local device.
+  int64_t LocalCoord(int local_index, int dim) const {
+    return rep_->local_coords[local_index][dim];
+  }
+  // Whether all local devices share one host memory (virtual CPUs): then replicas can
+  // share one buffer and each distinct shard is computed once.
+  bool shares_host_memory() const { return rep_->device_type == "CPU"; }
+
+  bool operator==(const Mesh& other) const;
+  bool operator!=(const Mesh& other) const { return !(*this == other); }
+  size_t Hash() const { return rep_->hash; }
+
+ private:
+  struct Rep {
+    std::string name;
+    std::vector<MeshDim> dims;
+    std::vector<int64_t> global_device_ids;
+    std::vector<int64_t> local_device_ids;
+    std::vector<std::string> local_devices;
+    std::vector<std::string> global_devices;
+    bool use_xla_spmd = false;
+    int64_t size = 1;
+    std::string device_type;
+    std::vector<std::vector<int64_t>> local_coords;
+    size_t hash = 0;
+  };
+  explicit Mesh(std::shared_ptr<const Rep> rep) : rep_(std::move(rep)) {}
+  std::shared_ptr<const Rep> rep_;
+};
+
+// Expands a short device name ("CPU:0", "/device:GPU:1") to the full form used in
+// meshes ("/job:localhost/replica:0/task:0/device:CPU:0").
+std::string CanonicalDeviceName(std::string_view device);
+// "CPU" for "/job:localhost/replica:0/task:0/device:CPU:3".
+std::string DeviceType(std::string_view device);
+// "CPU:3" for "/job:localhost/replica:0/task:0/device:CPU:3".
+std::string ShortDeviceName(std::string_view device);
+
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_CORE_MESH_H_

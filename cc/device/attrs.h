@@ -1,0 +1,54 @@
+// Reads the attributes of an eager op.
+//
+// The C API hands attributes over only as a serialized NameAttrList; including the
+// generated protobuf headers would tie every translation unit to TensorFlow's internal
+// protobuf build, so this decodes the few wire-format fields that rules need.
+#ifndef TF_DTENSOR_CC_DEVICE_ATTRS_H_
+#define TF_DTENSOR_CC_DEVICE_ATTRS_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cc/core/status.h"
+
+namespace tf_dtensor {
+
+struct AttrValue {
+  std::optional<std::string> s;
+  std::optional<int64_t> i;
+  std::optional<float> f;
+  std::optional<bool> b;
+  std::optional<int> type;  // TF_DataType
+  // A shape attr: dims (-1 unknown); unknown_rank when the rank itself is unknown.
+  std::optional<std::vector<int64_t>> shape;
+  bool unknown_rank = false;
+  std::vector<int64_t> list_i;
+  std::vector<int> list_type;
+  std::vector<std::string> list_s;
+};
+
+class AttrMap {
+ public:
+  // Decodes a serialized NameAttrList.
+  static StatusOr<AttrMap> Parse(std::string_view bytes);
+
+  void Set(const std::string& name, AttrValue value) { values_[name] = std::move(value); }
+  bool Has(const std::string& name) const { return values_.count(name) > 0; }
+  const AttrValue* Find(const std::string& name) const;
+  bool GetBool(const std::string& name, bool fallback) const;
+  int64_t GetInt(const std::string& name, int64_t fallback) const;
+  std::optional<int> GetType(const std::string& name) const;
+  std::vector<int64_t> GetIntList(const std::string& name) const;
+  std::optional<std::string> GetString(const std::string& name) const;
+
+ private:
+  std::map<std::string, AttrValue> values_;
+};
+
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_DEVICE_ATTRS_H_

@@ -1,0 +1,419 @@
+#include "cc/device/dtensor_device.h"
+
+#include <memory>
+
+#include "cc/core/strings.h"
+#include "cc/device/attrs.h"
+#include "cc/device/executor.h"
+#include "cc/device/ops.h"
+#include "cc/rules/registry.h"
+#include "cc/spmd/relayout.h"
+#include "tensorflow/c/tf_tensor.h"
+#include "tensorflow/c/tf_tstring.h"
+
+namespace tf_dtensor {
+namespace {
+
+struct StatusDeleter {
+  void operator()(TF_Status* s) const { TF_DeleteStatus(s); }
+};
+using StatusPtr = std::unique_ptr<TF_Status, StatusDeleter>;
+
+// Integer inputs up to this many elements are read as values (axes, shapes, seeds).
+constexpr int64_t kMaxIntValueElements = 1 << 12;
+
+StatusOr<AttrMap> ReadAttrs(const TFE_Op* op) {
+  StatusPtr status(TF_NewStatus());
+  TF_Buffer* buffer = TF_NewBuffer();
+  TFE_OpAttrsSerialize(TFE_OpGetAttrs(op), buffer, status.get());
+  Status s = FromTF(status.get(), "reading attributes");
+  StatusOr<AttrMap> attrs =
+      s.ok() ? AttrMap::Parse(std::string_view(static_cast<const char*>(buffer->data),
+                                               buffer->length))
+             : StatusOr<AttrMap>(s);
+  TF_DeleteBuffer(buffer);
+  return attrs;
+}
+
+std::vector<int64_t> HandleShape(TFE_TensorHandle* handle, TF_Status* status) {
+  std::vector<int64_t> shape;
+  int rank = TFE_TensorHandleNumDims(handle, status);
+  for (int d = 0; d < rank; ++d) shape.push_back(TFE_TensorHandleDim(handle, d, status));
+  return shape;
+}
+
+// The integer value of a small host tensor, if it is one.
+std::optional<std::vector<int64_t>> ReadIntValue(TFE_TensorHandle* handle) {
+  TF_DataType dtype = TFE_TensorHandleDataType(handle);
+  if (dtype != TF_INT32 && dtype != TF_INT64) return std::nullopt;
+  StatusPtr status(TF_NewStatus());
+  int64_t count = TFE_TensorHandleNumElements(handle, status.get());
+  if (TF_GetCode(status.get()) != TF_OK || count > kMaxIntValueElements) return std::nullopt;
+  TF_Tensor* tensor = TFE_TensorHandleResolve(handle, status.get());
+  if (TF_GetCode(status.get()) != TF_OK) return std::nullopt;
+  std::vector<int64_t> values(count);
+  for (int64_t i = 0; i < count; ++i) {
+    values[i] = dtype == TF_INT32 ? static_cast<const int32_t*>(TF_TensorData(tensor))[i]
+                                  : static_cast<const int64_t*>(TF_TensorData(tensor))[i];
+  }
+  TF_DeleteTensor(tensor);
+  return values;
+}
+
+// Outputs go back to TF as custom-device handles.
+Status EmitOutputs(EagerBuilder& builder, const std::vector<ValueId>& values,
+                   TFE_Context* context, const std::string& device_name, int* num_outputs,
+                   TFE_TensorHandle** outputs) {
+  if (static_cast<int>(values.size()) > *num_outputs) {
+    return Internal("The op produced more outputs than TensorFlow expects.");
+  }
+  StatusPtr status(TF_NewStatus());
+  for (size_t i = 0; i < values.size(); ++i) {
+    TFD_ASSIGN_OR_RETURN(std::unique_ptr<TensorWithLayout> tensor, builder.Release(values[i]));
+    outputs[i] = TensorWithLayout::MakeHandle(context, device_name, std::move(tensor), status.get());
+    TFD_RETURN_IF_ERROR(FromTF(status.get(), "wrapping an output"));
+  }
+  *num_outputs = static_cast<int>(values.size());
+  return Status::Ok();
+}
+
+}  // namespace
+
+void ToTF(const Status& status, TF_Status* tf_status) {
+  TF_SetStatus(tf_status, static_cast<TF_Code>(status.code()), status.message().c_str());
+}
+
+DTensorDevice::DTensorDevice(std::string name) : name_(std::move(name)) { RegisterOps(); }
+
+void DTensorDevice::PushDefaultMesh(std::optional<Mesh> mesh) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  mesh_stack_.push_back(std::move(mesh));
+}
+
+void DTensorDevice::PopDefaultMesh() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!mesh_stack_.empty()) mesh_stack_.pop_back();
+}
+
+std::optional<Mesh> DTensorDevice::default_mesh() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = mesh_stack_.rbegin(); it != mesh_stack_.rend(); ++it) {
+    if (*it) return *it;
+  }
+  return std::nullopt;
+}
+
+void DTensorDevice::PushDefaultLayout(std::optional<Layout> layout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  layout_stack_.push_back(std::move(layout));
+}
+
+void DTensorDevice::PopDefaultLayout() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!layout_stack_.empty()) layout_stack_.pop_back();
+}
+
+std::optional<Layout> DTensorDevice::default_layout() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return layout_stack_.empty() ? std::nullopt : layout_stack_.back();
+}
+
+void DTensorDevice::WarnOnce(const std::string& op_name, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!warned_.insert(op_name).second) return;
+  }
+  if (warning_handler_) warning_handler_(message);
+}
+
+void DTensorDevice::Execute(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs,
+                            TF_Status* status) {
+  Status s = ExecuteOp(op, num_outputs, outputs);
+  if (!s.ok()) ToTF(s, status);
+}
+
+Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs) {
+  StatusPtr tf_status(TF_NewStatus());
+  const std::string op_name = TFE_OpGetName(op, tf_status.get());
+  if (op_name == kPackOp) return Pack(op, num_outputs, outputs);
+  if (op_name == kUnpackOp) return Unpack(op, num_outputs, outputs);
+  if (op_name == kFetchLayoutOp) return FetchLayout(op, num_outputs, outputs);
+  TFE_Context* context = TFE_OpGetContext(op, tf_status.get());
+  TFD_ASSIGN_OR_RETURN(AttrMap attrs, ReadAttrs(op));
+
+  const int num_inputs = TFE_OpGetFlatInputCount(op, tf_status.get());
+  std::vector<TFE_TensorHandle*> handles;
+  std::vector<const TensorWithLayout*> dtensors;
+  for (int i = 0; i < num_inputs; ++i) {
+    TFE_TensorHandle* h = TFE_OpGetFlatInput(op, i, tf_status.get());
+    handles.push_back(h);
+    dtensors.push_back(TensorWithLayout::FromHandle(h, name_));
+  }
+
+  // The mesh: the inputs' (all must agree), else the requested layout's, else the default.
+  std::optional<Mesh> mesh;
+  for (int i = 0; i < num_inputs; ++i) {
+    if (!dtensors[i]) continue;
+    const Mesh& m = dtensors[i]->layout().mesh();
+    if (mesh && *mesh != m) {
+      return InvalidArgument("'" + op_name + "' got inputs on different meshes: " +
+                             mesh->ShortString() + " and " + m.ShortString() + " (input " +
+                             std::to_string(i) +
+                             "). An op runs on one mesh; move a tensor with `copy_to_mesh` "
+                             "(from its unpacked components) first.");
+    }
+    mesh = m;
+  }
+  std::optional<Layout> requested = default_layout();
+  if (!mesh && op_name == kRelayoutOp) {
+    if (std::optional<std::string> text = attrs.GetString("layout")) {
+      TFD_ASSIGN_OR_RETURN(Layout target, Layout::FromString(*text));
+      mesh = target.mesh();
+    }
+  }
+  if (!mesh && requested) mesh = requested->mesh();
+  if (!mesh) mesh = default_mesh();
+  if (!mesh) {
+    return InvalidArgument("'" + op_name +
+                           "' was placed on the DTensor device but none of its inputs is a "
+                           "DTensor and no mesh is set. Run it under `dtensor.run_on(mesh)` or "
+                           "use `dtensor.call_with_layout(fn, layout, ...)`.");
+  }
+  OpContext ctx(op_name, &attrs, *mesh);
+  ctx.requested = requested;
+  ctx.num_outputs = *num_outputs;
+
+  const Rule* rule = RuleRegistry::Global().Find(op_name);
+  const bool has_rule = rule != nullptr;
+  // No rule: run replicated (the documented policy; see the strict check below).
+  static const std::shared_ptr<const Rule> fallback = Replicated();
+  if (!rule) rule = fallback.get();
+
+  EagerBuilder builder(context, ctx.mesh, TFE_OpGetAttrs(op), *num_outputs);
+  std::vector<ValueId> inputs;
+  for (int i = 0; i < num_inputs; ++i) {
+    InputInfo info;
+    if (dtensors[i]) {
+      info.shape = dtensors[i]->shape();
+      info.dtype = dtensors[i]->dtype();
+      info.layout = dtensors[i]->layout();
+      info.resource = dtensors[i]->resource();
+      inputs.push_back(builder.AddInput(dtensors[i]));
+    } else {
+      info.shape = HandleShape(handles[i], tf_status.get());
+      info.dtype = TFE_TensorHandleDataType(handles[i]);
+      inputs.push_back(builder.AddHostInput(handles[i], info.shape,
+                                            static_cast<TF_DataType>(info.dtype)));
+    }
+    ctx.inputs.push_back(std::move(info));
+  }
+  for (int i = 0; i < num_inputs; ++i) {
+    InputInfo& info = ctx.inputs[i];
+    if (rule->IsHostArgument(ctx, i)) {
+      if (!dtensors[i]) {
+        info.int_value = ReadIntValue(handles[i]);
+      } else if (info.layout->IsFullyReplicated() && !info.resource) {
+        info.int_value = ReadIntValue(dtensors[i]->component(0));
+      }
+      continue;
+    }
+    if (dtensors[i]) continue;
+    // A plain tensor used as data joins the mesh replicated.
+    TFD_ASSIGN_OR_RETURN(inputs[i], builder.Broadcast(inputs[i], ctx.mesh));
+    info.layout = Layout::Replicated(ctx.mesh, static_cast<int>(info.shape.size()));
+  }
+  builder.SetInputs(inputs);
+
+  if (!has_rule) {
+    bool gathers = false;
+    for (const InputInfo& in : ctx.inputs) {
+      if (in.resource && !in.resource->value_layout.IsFullyReplicated()) {
+        return Unimplemented("'" + op_name + "' has no tf_dtensor rule and uses a DVariable with "
+                             "sharded layout " + in.resource->value_layout.ShortString() +
+                             "; it cannot run on a replicated copy. Read the variable first "
+                             "and pass the value instead.");
+      }
+      gathers = gathers || (in.layout && !in.resource && !in.layout->IsFullyReplicated());
+    }
+    if (strict_) {
+      return Unimplemented(
+          "'" + op_name + "' has no tf_dtensor rule (inputs: " + ctx.DescribeOp() +
+          "). Relayout its inputs to replicated yourself, or leave strict mode "
+          "(`tf_dtensor.set_strict_mode(False)` or TF_DTENSOR_STRICT=0) to let tf_dtensor do "
+          "that with a warning.");
+    }
+    if (gathers) {
+      WarnOnce(op_name, "tf_dtensor has no rule for '" + op_name +
+                            "': its sharded inputs were gathered to replicated and it ran on "
+                            "every device (inputs: " + ctx.DescribeOp() +
+                            "). The result is correct but the work is not distributed.");
+    }
+  }
+
+  StatusOr<Plan> plan = rule->Forward(ctx);
+  if (!plan.ok()) return WithContext(plan.status(), "DTensor op " + ctx.DescribeOp());
+  StatusOr<std::vector<ValueId>> results = rule->Expand(ctx, *plan, builder);
+  if (!results.ok()) return WithContext(results.status(), "DTensor op " + ctx.DescribeOp());
+  std::vector<ValueId> out = std::move(results).value();
+
+  // call_with_layout: the single output takes the requested layout.
+  if (ctx.requested && out.size() == 1 && builder.layout(out[0]) &&
+      !builder.resource(out[0]) && builder.layout(out[0])->rank() == ctx.requested->rank()) {
+    TFD_ASSIGN_OR_RETURN(out[0], Relayout(builder, out[0], *ctx.requested,
+                                          "the output of '" + op_name + "'"));
+  }
+  return EmitOutputs(builder, out, context, name_, num_outputs, outputs);
+}
+
+Status DTensorDevice::Pack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs) {
+  StatusPtr status(TF_NewStatus());
+  TFE_Context* context = TFE_OpGetContext(op, status.get());
+  TFD_ASSIGN_OR_RETURN(AttrMap attrs, ReadAttrs(op));
+  TFD_ASSIGN_OR_RETURN(Layout layout, Layout::FromString(attrs.GetString("layout").value_or("")));
+  const Mesh& mesh = layout.mesh();
+  const int n = TFE_OpGetFlatInputCount(op, status.get());
+  if (n != mesh.num_local_devices()) {
+    return InvalidArgument("pack got " + std::to_string(n) + " components for layout " +
+                           layout.ShortString() + ", whose mesh has " +
+                           std::to_string(mesh.num_local_devices()) +
+                           " local devices; pass one component per local device.");
+  }
+  std::vector<int64_t> local;
+  TF_DataType dtype = TF_FLOAT;
+  std::vector<HandlePtr> components;
+  for (int i = 0; i < n; ++i) {
+    TFE_TensorHandle* h = TFE_OpGetFlatInput(op, i, status.get());
+    if (TensorWithLayout::FromHandle(h, name_)) {
+      return InvalidArgument("pack component " + std::to_string(i) +
+                             " is already a DTensor; pack takes plain tensors.");
+    }
+    std::vector<int64_t> shape = HandleShape(h, status.get());
+    TF_DataType t = TFE_TensorHandleDataType(h);
+    if (i == 0) {
+      local = shape;
+      dtype = t;
+      if (static_cast<int>(shape.size()) != layout.rank()) {
+        return InvalidArgument("pack components have rank " + std::to_string(shape.size()) +
+                               " (shape " + ShapeString(shape) + ") but layout " +
+                               layout.ShortString() + " has rank " +
+                               std::to_string(layout.rank()) + ".");
+      }
+    } else if (shape != local || t != dtype) {
+      return InvalidArgument("pack component " + std::to_string(i) + " has shape " +
+                             ShapeString(shape) + " and dtype " + std::to_string(t) +
+                             " but component 0 has shape " + ShapeString(local) + " and dtype " +
+                             std::to_string(dtype) +
+                             "; all components must have one shape and dtype.");
+    }
+    // Place each component on its device (on virtual CPUs this shares the buffer).
+    TFE_TensorHandle* placed =
+        TFE_TensorHandleCopyToDevice(h, context, mesh.local_devices()[i].c_str(), status.get());
+    TFD_RETURN_IF_ERROR(FromTF(status.get(), "copying pack component " + std::to_string(i)));
+    components.emplace_back(placed);
+  }
+  auto tensor = std::make_unique<TensorWithLayout>(layout, layout.GlobalShape(local), dtype,
+                                                   std::move(components));
+  outputs[0] = TensorWithLayout::MakeHandle(context, name_, std::move(tensor), status.get());
+  TFD_RETURN_IF_ERROR(FromTF(status.get(), "pack"));
+  *num_outputs = 1;
+  return Status::Ok();
+}
+
+Status DTensorDevice::Unpack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs) {
+  StatusPtr status(TF_NewStatus());
+  TFE_Context* context = TFE_OpGetContext(op, status.get());
+  TFE_TensorHandle* input = TFE_OpGetFlatInput(op, 0, status.get());
+  const TensorWithLayout* tensor = TensorWithLayout::FromHandle(input, name_);
+  if (!tensor) return InvalidArgument("unpack takes a DTensor; got a regular tensor.");
+  const Mesh& mesh = tensor->layout().mesh();
+  if (*num_outputs < tensor->num_components()) {
+    return InvalidArgument("unpack expected " + std::to_string(*num_outputs) +
+                           " components but the DTensor has " +
+                           std::to_string(tensor->num_components()) + ".");
+  }
+  for (int i = 0; i < tensor->num_components(); ++i) {
+    TFE_TensorHandle* c = tensor->component(i);
+    // Shared components live on another CPU: give each its own device name (no copy).
+    const char* device = TFE_TensorHandleDeviceName(c, status.get());
+    if (mesh.local_devices()[i] == device) {
+      outputs[i] = TFE_TensorHandleCopySharingTensor(c, status.get());
+    } else {
+      outputs[i] = TFE_TensorHandleCopyToDevice(c, context, mesh.local_devices()[i].c_str(),
+                                                status.get());
+    }
+    TFD_RETURN_IF_ERROR(FromTF(status.get(), "unpack component " + std::to_string(i)));
+  }
+  *num_outputs = tensor->num_components();
+  return Status::Ok();
+}
+
+Status DTensorDevice::FetchLayout(const TFE_Op* op, int* num_outputs,
+                                  TFE_TensorHandle** outputs) {
+  StatusPtr status(TF_NewStatus());
+  const TensorWithLayout* tensor =
+      TensorWithLayout::FromHandle(TFE_OpGetFlatInput(op, 0, status.get()), name_);
+  if (!tensor) return InvalidArgument("fetch_layout takes a DTensor; got a regular tensor.");
+  std::string text = tensor->visible_layout().ToString();
+  TF_Tensor* host = TF_AllocateTensor(TF_STRING, nullptr, 0, sizeof(TF_TString));
+  TF_TString* tstring = static_cast<TF_TString*>(TF_TensorData(host));
+  TF_TString_Init(tstring);
+  TF_TString_Copy(tstring, text.data(), text.size());
+  outputs[0] = TFE_NewTensorHandle(host, status.get());
+  TF_DeleteTensor(host);
+  TFD_RETURN_IF_ERROR(FromTF(status.get(), "fetch_layout"));
+  *num_outputs = 1;
+  return Status::Ok();
+}
+
+TFE_TensorHandle* DTensorDevice::CopyToDevice(TFE_Context* context, TFE_TensorHandle* tensor,
+                                              TF_Status* status) {
+  std::optional<Layout> layout = default_layout();
+  std::optional<Mesh> mesh = layout ? std::optional<Mesh>(layout->mesh()) : default_mesh();
+  if (!mesh) {
+    ToTF(InvalidArgument("Cannot copy a regular tensor onto the DTensor device without a "
+                         "layout. Use `dtensor.copy_to_mesh(tensor, layout)`, or create it "
+                         "under `dtensor.run_on(mesh)` to replicate it."),
+         status);
+    return nullptr;
+  }
+  EagerBuilder builder(context, *mesh, nullptr, 1);
+  TF_DataType dtype = TFE_TensorHandleDataType(tensor);
+  std::vector<int64_t> shape = HandleShape(tensor, status);
+  auto run = [&]() -> StatusOr<ValueId> {
+    TFD_ASSIGN_OR_RETURN(ValueId value,
+                         builder.Broadcast(builder.AddHostInput(tensor, shape, dtype), *mesh));
+    if (layout && layout->rank() == static_cast<int>(shape.size())) {
+      return Relayout(builder, value, *layout, "a tensor copied to the mesh");
+    }
+    return value;
+  };
+  StatusOr<ValueId> value = run();
+  int one = 1;
+  TFE_TensorHandle* out = nullptr;
+  Status s = value.ok() ? EmitOutputs(builder, {*value}, context, name_, &one, &out)
+                        : value.status();
+  if (!s.ok()) ToTF(s, status);
+  return out;
+}
+
+TFE_TensorHandle* DTensorDevice::CopyFromDevice(TFE_Context* context, TFE_TensorHandle* tensor,
+                                                const std::string& target_device,
+                                                TF_Status* status) {
+  const TensorWithLayout* t = TensorWithLayout::FromHandle(tensor, name_);
+  if (!t) {
+    ToTF(Internal("Copying a tensor that is not a DTensor off the DTensor device."), status);
+    return nullptr;
+  }
+  if (t->resource() || !t->layout().IsFullyReplicated()) {
+    ToTF(Unimplemented("Cannot copy a DTensor with layout " + t->visible_layout().ShortString() +
+                       " to " + target_device +
+                       ": it is sharded, and reading it whole would gather every shard on one "
+                       "device. Use `dtensor.unpack(t)` for the components, or "
+                       "`dtensor.relayout(t, dtensor.Layout.replicated(mesh, rank))` first."),
+         status);
+    return nullptr;
+  }
+  return TFE_TensorHandleCopyToDevice(t->component(0), context, target_device.c_str(), status);
+}
+
+}  // namespace tf_dtensor

@@ -1,0 +1,69 @@
+// The DTensor device: one TFE custom device serves every mesh; the layout (and so the
+// mesh) travels with each tensor, as in TF's DTensor. One device keeps `with
+// tf.device(dtensor.device_name())` meaningful for all meshes and lets an op see all of
+// its inputs' meshes, so mixing meshes is reported rather than silently copied.
+#ifndef TF_DTENSOR_CC_DEVICE_DTENSOR_DEVICE_H_
+#define TF_DTENSOR_CC_DEVICE_DTENSOR_DEVICE_H_
+
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cc/core/layout.h"
+#include "cc/core/status.h"
+#include "cc/device/tensor_with_layout.h"
+
+namespace tf_dtensor {
+
+class DTensorDevice {
+ public:
+  explicit DTensorDevice(std::string name);
+
+  const std::string& name() const { return name_; }
+
+  // Scopes set from Python (dtensor.default_mesh / run_on, call_with_layout).
+  void PushDefaultMesh(std::optional<Mesh> mesh);
+  void PopDefaultMesh();
+  std::optional<Mesh> default_mesh() const;
+  void PushDefaultLayout(std::optional<Layout> layout);
+  void PopDefaultLayout();
+  // Strict: an op with no rule raises UnsupportedOpError instead of running replicated.
+  void set_strict(bool strict) { strict_ = strict; }
+  bool strict() const { return strict_; }
+  // Receives the one-time warnings (the binding forwards them to Python's warnings).
+  void set_warning_handler(std::function<void(const std::string&)> handler) {
+    warning_handler_ = std::move(handler);
+  }
+
+  // TFE_CustomDevice callbacks.
+  void Execute(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs, TF_Status* status);
+  TFE_TensorHandle* CopyToDevice(TFE_Context* context, TFE_TensorHandle* tensor, TF_Status* status);
+  TFE_TensorHandle* CopyFromDevice(TFE_Context* context, TFE_TensorHandle* tensor,
+                                   const std::string& target_device, TF_Status* status);
+
+ private:
+  Status ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs);
+  Status Pack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs);
+  Status Unpack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs);
+  Status FetchLayout(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs);
+  std::optional<Layout> default_layout() const;
+  void WarnOnce(const std::string& op_name, const std::string& message);
+
+  std::string name_;
+  mutable std::mutex mutex_;
+  std::vector<std::optional<Mesh>> mesh_stack_;
+  std::vector<std::optional<Layout>> layout_stack_;
+  bool strict_ = false;
+  std::set<std::string> warned_;
+  std::function<void(const std::string&)> warning_handler_;
+};
+
+// Sets `status` from ours.
+void ToTF(const Status& status, TF_Status* tf_status);
+
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_DEVICE_DTENSOR_DEVICE_H_

@@ -1,0 +1,223 @@
+// The only pybind11 file: binds Mesh, Layout, the rule planner and the DTensor device.
+// Status codes become Python exceptions through one table (RaiseIfError).
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "cc/core/layout.h"
+#include "cc/core/mesh.h"
+#include "cc/device/custom_device.h"
+#include "cc/device/ops.h"
+#include "cc/rules/registry.h"
+
+namespace py = pybind11;
+
+namespace tf_dtensor {
+namespace {
+
+// Which Python exception a failed status raises: the class (from tf_dtensor._errors)
+// depends on what failed (a mesh, a layout, an op) and on the code.
+enum class Subject { kMesh, kLayout, kOp };
+
+[[noreturn]] void Raise(const Status& status, Subject subject) {
+  py::module_ errors = py::module_::import("tf_dtensor._errors");
+  const char* name = "LayoutError";
+  switch (status.code()) {
+    case Code::kUnimplemented: name = "UnsupportedOpError"; break;
+    case Code::kInvalidArgument:
+      name = subject == Subject::kMesh ? "MeshError"
+             : subject == Subject::kLayout ? "LayoutError"
+                                           : "RelayoutError";
+      break;
+    default: name = "RelayoutError"; break;
+  }
+  py::object cls = errors.attr(name);
+  PyErr_SetString(cls.ptr(), status.message().c_str());
+  throw py::error_already_set();
+}
+
+template <typename T>
+T ValueOrRaise(StatusOr<T> value, Subject subject) {
+  if (!value.ok()) Raise(value.status(), subject);
+  return std::move(value).value();
+}
+
+TFE_Context* ContextFromCapsule(py::capsule capsule) {
+  return static_cast<TFE_Context*>(PyCapsule_GetPointer(capsule.ptr(), nullptr));
+}
+
+// Plans `op_name` on inputs described from Python, without running anything: the golden
+// rule tests and dtensor.debug.explain use this.
+py::dict Explain(const std::string& op_name, const std::vector<std::optional<Layout>>& layouts,
+                 const std::vector<std::vector<int64_t>>& shapes,
+                 const std::map<int, std::vector<int64_t>>& int_values,
+                 const std::map<std::string, py::object>& attrs,
+                 const std::optional<Layout>& requested, int num_outputs) {
+  AttrMap attr_map;
+  for (const auto& [name, value] : attrs) {
+    AttrValue v;
+    if (py::isinstance<py::bool_>(value)) {
+      v.b = value.cast<bool>();
+    } else if (py::isinstance<py::int_>(value)) {
+      v.i = value.cast<int64_t>();
+    } else if (py::isinstance<py::str>(value)) {
+      v.s = value.cast<std::string>();
+    } else {
+      v.list_i = value.cast<std::vector<int64_t>>();
+      v.shape = v.list_i;
+    }
+    attr_map.Set(name, std::move(v));
+  }
+  std::optional<Mesh> mesh = requested ? std::optional<Mesh>(requested->mesh()) : std::nullopt;
+  for (const std::optional<Layout>& layout : layouts) {
+    if (layout) mesh = layout->mesh();
+  }
+  if (!mesh) throw py::value_error("explain needs at least one input layout or a requested layout");
+  OpContext ctx(op_name, &attr_map, *mesh);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    InputInfo info;
+    info.shape = shapes[i];
+    if (i < layouts.size() && layouts[i]) info.layout = layouts[i];
+    auto it = int_values.find(static_cast<int>(i));
+    if (it != int_values.end()) info.int_value = it->second;
+    ctx.inputs.push_back(std::move(info));
+  }
+  ctx.requested = requested;
+  ctx.num_outputs = num_outputs;
+  for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+    if (!ctx.inputs[i].layout) {
+      ctx.inputs[i].layout = Layout::Replicated(*mesh, static_cast<int>(shapes[i].size()));
+    }
+  }
+  const Rule* rule = RuleRegistry::Global().Find(op_name);
+  if (!rule) {
+    Raise(Unimplemented("'" + op_name + "' has no tf_dtensor rule (inputs: " + ctx.DescribeOp() +
+                        ")."),
+          Subject::kOp);
+  }
+  Plan plan = ValueOrRaise(rule->Forward(ctx), Subject::kOp);
+  py::dict out;
+  out["inputs"] = plan.inputs;
+  out["outputs"] = plan.outputs;
+  out["collectives"] = plan.Collectives(ctx);
+  return out;
+}
+
+}  // namespace
+}  // namespace tf_dtensor
+
+using namespace tf_dtensor;  // NOLINT: the module body names many core types.
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "tf_dtensor C++ core: Mesh, Layout, op rules and the DTensor custom device.";
+
+  py::class_<Mesh>(m, "Mesh")
+      .def_static(
+          "create",
+          [](const std::vector<std::pair<std::string, int64_t>>& dims,
+             std::vector<int64_t> global_ids, std::vector<int64_t> local_ids,
+             std::vector<std::string> local_devices, std::string name,
+             std::vector<std::string> global_devices, bool use_xla_spmd) {
+            std::vector<MeshDim> mesh_dims;
+            for (const auto& [n, s] : dims) mesh_dims.push_back({n, s});
+            return ValueOrRaise(Mesh::Create(std::move(mesh_dims), std::move(global_ids),
+                                             std::move(local_ids), std::move(local_devices),
+                                             std::move(name), std::move(global_devices),
+                                             use_xla_spmd),
+                                Subject::kMesh);
+          })
+      .def_static("from_string",
+                  [](const std::string& text) {
+                    return ValueOrRaise(Mesh::FromString(text), Subject::kMesh);
+                  })
+      .def("to_string", &Mesh::ToString)
+      .def("short_string", &Mesh::ShortString)
+      .def_property_readonly("name", &Mesh::name)
+      .def_property_readonly("dim_names",
+                             [](const Mesh& mesh) {
+                               std::vector<std::string> names;
+                               for (const MeshDim& d : mesh.dims()) names.push_back(d.name);
+                               return names;
+                             })
+      .def_property_readonly("dim_sizes",
+                             [](const Mesh& mesh) {
+                               std::vector<int64_t> sizes;
+                               for (const MeshDim& d : mesh.dims()) sizes.push_back(d.size);
+                               return sizes;
+                             })
+      .def_property_readonly("size", &Mesh::size)
+      .def_property_readonly("global_device_ids", &Mesh::global_device_ids)
+      .def_property_readonly("local_device_ids", &Mesh::local_device_ids)
+      .def_property_readonly("local_devices", &Mesh::local_devices)
+      .def_property_readonly("global_devices", &Mesh::global_devices)
+      .def_property_readonly("device_type", &Mesh::device_type)
+      .def_property_readonly("use_xla_spmd", &Mesh::use_xla_spmd)
+      .def("dim_index", [](const Mesh& mesh, const std::string& name) { return mesh.DimIndex(name); })
+      .def("coords", &Mesh::Coords)
+      .def("__eq__", [](const Mesh& a, const Mesh& b) { return a == b; })
+      .def("__hash__", [](const Mesh& mesh) { return mesh.Hash(); });
+
+  py::class_<Layout>(m, "Layout")
+      .def_static("create",
+                  [](const std::vector<std::string>& specs, const Mesh& mesh) {
+                    return ValueOrRaise(Layout::Create(specs, mesh), Subject::kLayout);
+                  })
+      .def_static("from_string",
+                  [](const std::string& text) {
+                    return ValueOrRaise(Layout::FromString(text), Subject::kLayout);
+                  })
+      .def_static("replicated", &Layout::Replicated)
+      .def("to_string", &Layout::ToString)
+      .def("short_string", &Layout::ShortString)
+      .def("spec_string", &Layout::SpecString)
+      .def_property_readonly("sharding_specs", &Layout::sharding_specs)
+      .def_property_readonly("rank", &Layout::rank)
+      .def_property_readonly("mesh", &Layout::mesh)
+      .def("num_shards", &Layout::NumShards)
+      .def("is_fully_replicated", &Layout::IsFullyReplicated)
+      .def("local_shape",
+           [](const Layout& layout, const std::vector<int64_t>& shape) {
+             return ValueOrRaise(layout.LocalShape(shape, "the tensor"), Subject::kLayout);
+           })
+      .def("__eq__", [](const Layout& a, const Layout& b) { return a == b; })
+      .def("__hash__", [](const Layout& layout) { return layout.Hash(); });
+
+  py::class_<DTensorDevice, std::unique_ptr<DTensorDevice, py::nodelete>>(m, "Device")
+      .def_static(
+          "register",
+          [](py::capsule context, const std::string& name) {
+            return ValueOrRaise(RegisterDTensorDevice(ContextFromCapsule(context), name),
+                                Subject::kOp);
+          },
+          py::return_value_policy::reference)
+      .def_property_readonly("name", &DTensorDevice::name)
+      .def("push_default_mesh", &DTensorDevice::PushDefaultMesh)
+      .def("pop_default_mesh", &DTensorDevice::PopDefaultMesh)
+      .def("push_default_layout", &DTensorDevice::PushDefaultLayout)
+      .def("pop_default_layout", &DTensorDevice::PopDefaultLayout)
+      .def_property("strict", &DTensorDevice::strict, &DTensorDevice::set_strict)
+      .def("set_warning_handler", [](DTensorDevice& device, py::object handler) {
+        // Held for the life of the process: the device may warn during interpreter exit.
+        PyObject* callable = handler.release().ptr();
+        device.set_warning_handler([callable](const std::string& message) {
+          py::gil_scoped_acquire gil;
+          PyObject* result = PyObject_CallFunction(callable, "s", message.c_str());
+          if (result) {
+            Py_DECREF(result);
+          } else {
+            PyErr_WriteUnraisable(callable);
+          }
+        });
+      });
+
+  m.def("explain", &Explain, py::arg("op_name"), py::arg("layouts"), py::arg("shapes"),
+        py::arg("int_values") = std::map<int, std::vector<int64_t>>(),
+        py::arg("attrs") = std::map<std::string, py::object>(),
+        py::arg("requested") = std::nullopt, py::arg("num_outputs") = 1);
+  m.def("registered_ops", [] { return RuleRegistry::Global().OpNames(); });
+  m.def("register_ops", &RegisterOps);
+  m.attr("PACK_OP") = kPackOp;
+  m.attr("UNPACK_OP") = kUnpackOp;
+  m.attr("RELAYOUT_OP") = kRelayoutOp;
+  m.attr("FETCH_LAYOUT_OP") = kFetchLayoutOp;
+}

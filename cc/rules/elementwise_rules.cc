@@ -1,0 +1,160 @@
+// Elementwise ops, unary and binary with broadcasting:
+//   [x,*] + [x,*] -> [x,*]     [x,*] * [*] -> [x,*]     relu([*,y]) -> [*,y]
+// No collectives unless the inputs disagree; then the merge rule in
+// propagation/merge.h picks the output and the other inputs are relaid out.
+#include "cc/propagation/merge.h"
+#include "cc/rules/registry.h"
+
+namespace tf_dtensor {
+namespace {
+
+class PointwiseRule : public Rule {
+ public:
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    std::vector<std::vector<int64_t>> shapes;
+    std::vector<const Layout*> layouts;
+    for (const InputInfo& in : ctx.inputs) {
+      shapes.push_back(in.shape);
+      layouts.push_back(in.layout ? &*in.layout : nullptr);
+    }
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> out_shape, BroadcastShapes(shapes, ctx.op_name));
+    std::vector<bool> used(ctx.mesh.num_dims(), false);
+    std::vector<DimSpec> out = MergeBroadcast(layouts, shapes, out_shape, &used);
+    Plan plan;
+    Layout out_layout = Layout::Replicated(ctx.mesh, 0).WithSpecs(out);
+    for (const InputInfo& in : ctx.inputs) {
+      plan.inputs.push_back(out_layout.WithSpecs(ProjectBroadcast(out, in.shape, out_shape)));
+    }
+    plan.outputs.assign(ctx.num_outputs, out_layout);
+    return plan;
+  }
+};
+
+// Select (v1) takes a rank-1 condition that picks whole rows: it aligns on the left.
+class SelectRule : public PointwiseRule {
+ public:
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    if (ctx.inputs.size() != 3 || ctx.rank(0) != 1 || ctx.rank(1) <= 1) {
+      return PointwiseRule::Forward(ctx);
+    }
+    // Shard like the branches; the condition follows their first axis.
+    std::vector<bool> used(ctx.mesh.num_dims(), false);
+    std::vector<const Layout*> layouts = {&ctx.layout(1), &ctx.layout(2)};
+    std::vector<std::vector<int64_t>> shapes = {ctx.inputs[1].shape, ctx.inputs[2].shape};
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> out_shape, BroadcastShapes(shapes, ctx.op_name));
+    std::vector<DimSpec> out = MergeBroadcast(layouts, shapes, out_shape, &used);
+    Layout out_layout = ctx.layout(1).WithSpecs(out);
+    Plan plan;
+    plan.inputs = {out_layout.WithSpecs({out[0]}), out_layout, out_layout};
+    plan.outputs = {out_layout};
+    return plan;
+  }
+};
+
+const bool kRegistered = RegisterRules({
+    {"Abs", Pointwise()},
+    {"Acos", Pointwise()},
+    {"Acosh", Pointwise()},
+    {"Add", Pointwise()},
+    {"AddN", Pointwise()},
+    {"AddV2", Pointwise()},
+    {"Asin", Pointwise()},
+    {"Asinh", Pointwise()},
+    {"Atan", Pointwise()},
+    {"Atan2", Pointwise()},
+    {"Atanh", Pointwise()},
+    {"BiasAdd", Pointwise()},
+    {"BitwiseAnd", Pointwise()},
+    {"BitwiseOr", Pointwise()},
+    {"BitwiseXor", Pointwise()},
+    {"Cast", Pointwise()},
+    {"Ceil", Pointwise()},
+    {"CheckNumerics", Pointwise()},
+    {"ClipByValue", Pointwise()},
+    {"Cos", Pointwise()},
+    {"Cosh", Pointwise()},
+    {"Div", Pointwise()},
+    {"DivNoNan", Pointwise()},
+    {"Elu", Pointwise()},
+    {"EluGrad", Pointwise()},
+    {"Equal", Pointwise()},
+    {"Erf", Pointwise()},
+    {"Erfc", Pointwise()},
+    {"Exp", Pointwise()},
+    {"Expm1", Pointwise()},
+    {"Floor", Pointwise()},
+    {"FloorDiv", Pointwise()},
+    {"FloorMod", Pointwise()},
+    {"Greater", Pointwise()},
+    {"GreaterEqual", Pointwise()},
+    {"Identity", Pointwise()},
+    {"Inv", Pointwise()},
+    {"Invert", Pointwise()},
+    {"IsFinite", Pointwise()},
+    {"IsInf", Pointwise()},
+    {"IsNan", Pointwise()},
+    {"LeakyRelu", Pointwise()},
+    {"LeakyReluGrad", Pointwise()},
+    {"Less", Pointwise()},
+    {"LessEqual", Pointwise()},
+    {"Log", Pointwise()},
+    {"Log1p", Pointwise()},
+    {"LogicalAnd", Pointwise()},
+    {"LogicalNot", Pointwise()},
+    {"LogicalOr", Pointwise()},
+    {"Maximum", Pointwise()},
+    {"Minimum", Pointwise()},
+    {"Mod", Pointwise()},
+    {"Mul", Pointwise()},
+    {"MulNoNan", Pointwise()},
+    {"Neg", Pointwise()},
+    {"NotEqual", Pointwise()},
+    {"OnesLike", Pointwise()},
+    {"Pow", Pointwise()},
+    {"PreventGradient", Pointwise()},
+    {"RealDiv", Pointwise()},
+    {"Reciprocal", Pointwise()},
+    {"ReciprocalGrad", Pointwise()},
+    {"Relu", Pointwise()},
+    {"Relu6", Pointwise()},
+    {"Relu6Grad", Pointwise()},
+    {"ReluGrad", Pointwise()},
+    {"Rint", Pointwise()},
+    {"Round", Pointwise()},
+    {"Rsqrt", Pointwise()},
+    {"RsqrtGrad", Pointwise()},
+    {"Select", std::make_shared<SelectRule>()},
+    {"SelectV2", Pointwise()},
+    {"Selu", Pointwise()},
+    {"SeluGrad", Pointwise()},
+    {"Sigmoid", Pointwise()},
+    {"SigmoidGrad", Pointwise()},
+    {"Sign", Pointwise()},
+    {"Sin", Pointwise()},
+    {"Sinh", Pointwise()},
+    {"Snapshot", Pointwise()},
+    {"Softplus", Pointwise()},
+    {"SoftplusGrad", Pointwise()},
+    {"Softsign", Pointwise()},
+    {"Sqrt", Pointwise()},
+    {"SqrtGrad", Pointwise()},
+    {"Square", Pointwise()},
+    {"SquaredDifference", Pointwise()},
+    {"StopGradient", Pointwise()},
+    {"Sub", Pointwise()},
+    {"Tan", Pointwise()},
+    {"Tanh", Pointwise()},
+    {"TanhGrad", Pointwise()},
+    {"TruncateDiv", Pointwise()},
+    {"TruncateMod", Pointwise()},
+    {"Xdivy", Pointwise()},
+    {"Xlog1py", Pointwise()},
+    {"Xlogy", Pointwise()},
+    {"ZerosLike", Pointwise()},
+});
+
+}  // namespace
+
+std::shared_ptr<const Rule> Pointwise() { return std::make_shared<PointwiseRule>(); }
+
+}  // namespace tf_dtensor

@@ -1,0 +1,39 @@
+// The single rule registry, keyed by TF op name. Each <family>_rules.cc registers its
+// ops in one block at its bottom.
+#ifndef TF_DTENSOR_CC_RULES_REGISTRY_H_
+#define TF_DTENSOR_CC_RULES_REGISTRY_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cc/rules/rule.h"
+
+namespace tf_dtensor {
+
+class RuleRegistry {
+ public:
+  static RuleRegistry& Global();
+  void Register(const std::string& op_name, std::shared_ptr<const Rule> rule);
+  const Rule* Find(const std::string& op_name) const;
+  std::vector<std::string> OpNames() const;
+
+ private:
+  std::map<std::string, std::shared_ptr<const Rule>> rules_;
+};
+
+// Declarative rules shared across families.
+// Elementwise with broadcasting: inputs and output share the merged sharding.
+std::shared_ptr<const Rule> Pointwise();
+// All inputs read whole (host or replicated), outputs replicated: creation ops, and the
+// policy for ops with no rule.
+std::shared_ptr<const Rule> Replicated();
+
+// Registers each (op name, rule) pair; used as `const bool kRegistered = RegisterRules(...)`.
+bool RegisterRules(std::vector<std::pair<std::string, std::shared_ptr<const Rule>>> rules);
+
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_RULES_REGISTRY_H_

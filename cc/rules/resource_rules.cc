@@ -1,0 +1,103 @@
+// Variable (resource) ops. A DVariable's handle is a scalar DTensor whose components are
+// per-device variable handles; it records the layout and global shape of the value:
+//   VarHandleOp (layout L requested)  -> each device creates a variable of L's local shape
+//   AssignVariableOp(handle, value)    -> value must have L: a DVariable's layout is fixed
+//   ReadVariableOp(handle)             -> a DTensor with layout L
+#include "cc/core/strings.h"
+#include "cc/rules/registry.h"
+
+namespace tf_dtensor {
+namespace {
+
+StatusOr<ResourceInfo> Resource(const OpContext& ctx) {
+  if (ctx.inputs.empty() || !ctx.inputs[0].resource) {
+    return InvalidArgument("'" + ctx.op_name + "' needs a DVariable handle as input 0; got " +
+                           ctx.Describe(0) + ".");
+  }
+  return *ctx.inputs[0].resource;
+}
+
+class VarHandleRule : public Rule {
+ public:
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    const AttrValue* shape_attr = ctx.attrs->Find("shape");
+    Plan plan;
+    plan.outputs = {Layout::Replicated(ctx.mesh, 0)};
+    if (!shape_attr || !shape_attr->shape || shape_attr->unknown_rank) return plan;
+    const std::vector<int64_t>& shape = *shape_attr->shape;
+    Layout value = Layout::Replicated(ctx.mesh, static_cast<int>(shape.size()));
+    if (ctx.requested) value = *ctx.requested;
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> local,
+                         value.LocalShape(shape, "the variable created by '" + ctx.op_name + "'"));
+    plan.overrides = {AttrOverride::Shape("shape", local)};
+    return plan;
+  }
+  StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
+                                        Builder& builder) const override {
+    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> out, ExpandDefault(ctx, plan, builder));
+    const AttrValue* shape_attr = ctx.attrs->Find("shape");
+    std::vector<int64_t> shape = shape_attr && shape_attr->shape ? *shape_attr->shape
+                                                                 : std::vector<int64_t>{};
+    Layout value = ctx.requested ? *ctx.requested
+                                 : Layout::Replicated(ctx.mesh, static_cast<int>(shape.size()));
+    builder.set_resource(out[0], {value, shape, ctx.attrs->GetType("dtype").value_or(0)});
+    return out;
+  }
+};
+
+class ReadVariableRule : public Rule {
+ public:
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_ASSIGN_OR_RETURN(ResourceInfo resource, Resource(ctx));
+    Plan plan;
+    plan.inputs = {std::nullopt};
+    plan.outputs = {resource.value_layout};
+    return plan;
+  }
+};
+
+class AssignVariableRule : public Rule {
+ public:
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_ASSIGN_OR_RETURN(ResourceInfo resource, Resource(ctx));
+    const InputInfo& value = ctx.inputs[1];
+    if (value.layout && *value.layout != resource.value_layout) {
+      return InvalidArgument(
+          "Cannot " + ctx.op_name + ": the value has layout " + value.layout->ShortString() +
+          " but the DVariable has layout " + resource.value_layout.ShortString() +
+          "; a DVariable's layout is fixed when it is created. Relayout the value first: "
+          "`dtensor.relayout(value, variable.layout)`.");
+    }
+    if (value.shape != resource.value_shape && !resource.value_shape.empty()) {
+      return InvalidArgument("Cannot " + ctx.op_name + ": the value has shape " +
+                             ShapeString(value.shape) + " but the DVariable has shape " +
+                             ShapeString(resource.value_shape) + ".");
+    }
+    Plan plan;
+    plan.inputs = {std::nullopt, resource.value_layout};
+    return plan;
+  }
+};
+
+// Per-component ops on handles that produce replicated (or no) outputs.
+class HandleRule : public Rule {
+ public:
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    Plan plan;
+    plan.inputs.assign(ctx.inputs.size(), std::nullopt);
+    return plan;
+  }
+};
+
+const bool kRegistered = RegisterRules({
+    {"AssignAddVariableOp", std::make_shared<AssignVariableRule>()},
+    {"AssignSubVariableOp", std::make_shared<AssignVariableRule>()},
+    {"AssignVariableOp", std::make_shared<AssignVariableRule>()},
+    {"DestroyResourceOp", std::make_shared<HandleRule>()},
+    {"ReadVariableOp", std::make_shared<ReadVariableRule>()},
+    {"VarHandleOp", std::make_shared<VarHandleRule>()},
+    {"VarIsInitializedOp", std::make_shared<HandleRule>()},
+});
+
+}  // namespace
+}  // namespace tf_dtensor

@@ -1,0 +1,93 @@
+// Op rules: how one TF op runs on DTensors.
+//
+// A rule has two halves:
+//   Forward(ctx) -> Plan: the layouts the inputs must have, the layouts of the outputs,
+//     and the partial outputs that need an all-reduce. Pure: shapes, attrs and layouts in,
+//     no TF runtime, so it serves tests, debugging and graph propagation alike.
+//   Expand(ctx, plan, builder): writes the SPMD program. The default relayouts the inputs
+//     to the plan, runs the op on each shard and all-reduces partial outputs, which is
+//     right for most families; rules that rewrite host arguments or emit other ops
+//     override it.
+#ifndef TF_DTENSOR_CC_RULES_RULE_H_
+#define TF_DTENSOR_CC_RULES_RULE_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cc/core/layout.h"
+#include "cc/core/status.h"
+#include "cc/device/attrs.h"
+#include "cc/spmd/builder.h"
+
+namespace tf_dtensor {
+
+struct InputInfo {
+  std::vector<int64_t> shape;  // global shape
+  int dtype = 0;               // TF_DataType
+  std::optional<Layout> layout;  // nullopt for a host (non-DTensor) tensor
+  // The value of a small integer tensor that is on the host or replicated: axes, shapes.
+  std::optional<std::vector<int64_t>> int_value;
+  std::optional<ResourceInfo> resource;  // set for DVariable handles
+};
+
+struct OpContext {
+  OpContext(std::string op, const AttrMap* op_attrs, Mesh op_mesh)
+      : op_name(std::move(op)), attrs(op_attrs), mesh(std::move(op_mesh)) {}
+  std::string op_name;
+  const AttrMap* attrs = nullptr;
+  std::vector<InputInfo> inputs;
+  Mesh mesh;
+  // The layout asked for with call_with_layout / default layout, if any.
+  std::optional<Layout> requested;
+  int num_outputs = 1;
+
+  // "input 1 (shape [4, 8], layout [x,*]) of 'MatMul'", for error messages.
+  std::string Describe(int input) const;
+  // "'MatMul' with inputs [x,*] @ mesh(x=2), [*,*] @ mesh(x=2)".
+  std::string DescribeOp() const;
+  int rank(int input) const { return static_cast<int>(inputs[input].shape.size()); }
+  const Layout& layout(int input) const { return *inputs[input].layout; }
+  // The constant integer value of `input` or an error naming the op.
+  StatusOr<std::vector<int64_t>> IntValue(int input, const std::string& what) const;
+};
+
+struct Plan {
+  // Layout each input must have before the local op; nullopt passes it unchanged.
+  std::vector<std::optional<Layout>> inputs;
+  // Layouts of the outputs; empty means "replicated, whatever their rank".
+  std::vector<Layout> outputs;
+  // Per output: mesh dimensions along which the local results are partial.
+  std::vector<std::vector<int>> partial_dims;
+  ReduceOp partial_op = ReduceOp::kSum;
+  // Attributes of the local op that differ from the global op (e.g. a local shape).
+  std::vector<AttrOverride> overrides;
+  // Host arguments replaced with local values (e.g. Reshape's shape): input -> values.
+  std::map<int, std::vector<int64_t>> host_inputs;
+
+  // The collectives this plan emits, e.g. "all-reduce(sum) over x", for tests and debug.
+  std::vector<std::string> Collectives(const OpContext& ctx) const;
+};
+
+class Rule {
+ public:
+  virtual ~Rule() = default;
+  // Inputs read as values (shapes, axes, permutations) rather than data; they stay on the
+  // host or replicated and are never resharded.
+  virtual bool IsHostArgument(const OpContext& ctx, int input) const { return false; }
+  virtual StatusOr<Plan> Forward(const OpContext& ctx) const = 0;
+  virtual StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
+                                                Builder& builder) const;
+};
+
+// Runs the default expansion: relayout inputs, local op, all-reduce partial outputs.
+StatusOr<std::vector<ValueId>> ExpandDefault(const OpContext& ctx, const Plan& plan,
+                                             Builder& builder);
+// Relayouts (or replaces) the inputs as the plan says.
+StatusOr<std::vector<ValueId>> PrepareInputs(const OpContext& ctx, const Plan& plan,
+                                             Builder& builder);
+
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_RULES_RULE_H_

@@ -1,0 +1,106 @@
+// The SPMD program a rule writes: local ops on every shard plus collectives.
+//
+// Rules never touch devices. They describe the local program in terms of values with
+// layouts, and a Builder carries it out: the eager builder runs each step at once on
+// the mesh's devices; a graph builder (tf.function expansion) emits the same steps as
+// nodes. This keeps one rule per op for both paths.
+#ifndef TF_DTENSOR_CC_SPMD_BUILDER_H_
+#define TF_DTENSOR_CC_SPMD_BUILDER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cc/core/layout.h"
+#include "cc/core/status.h"
+
+namespace tf_dtensor {
+
+// A value in the program under construction. Host values (shapes, axes) have no layout.
+using ValueId = int;
+
+enum class ReduceOp { kSum, kMax, kMin, kProd };
+
+const char* ReduceOpName(ReduceOp op);
+
+// One attribute of a local op that differs from the original op's.
+struct AttrOverride {
+  enum class Kind { kShape, kType, kInt, kBool, kString };
+  std::string name;
+  Kind kind;
+  std::vector<int64_t> ints;  // kShape dims, or the single kInt value
+  int type = 0;               // kType (a TF_DataType)
+  bool boolean = false;
+  std::string text;
+  static AttrOverride Shape(std::string name, std::vector<int64_t> dims) {
+    return {std::move(name), Kind::kShape, std::move(dims)};
+  }
+  static AttrOverride Type(std::string name, int type) {
+    AttrOverride a{std::move(name), Kind::kType, {}};
+    a.type = type;
+    return a;
+  }
+  static AttrOverride Int(std::string name, int64_t value) {
+    return {std::move(name), Kind::kInt, {value}};
+  }
+};
+
+struct LocalOpOptions {
+  // Start from the attributes of the op being expanded (true) or from none (false).
+  bool copy_attrs = true;
+  std::vector<AttrOverride> overrides;
+  // Run once and share the result with every device (stateful ops such as RandomUniform
+  // whose replicas must agree). Only for fully replicated outputs.
+  bool run_once = false;
+};
+
+// Metadata for a resource (variable) handle: the layout and shape of the value it holds.
+struct ResourceInfo {
+  Layout value_layout;
+  std::vector<int64_t> value_shape;
+  int value_dtype;
+};
+
+class Builder {
+ public:
+  virtual ~Builder() = default;
+
+  virtual int num_inputs() const = 0;
+  virtual ValueId input(int index) const = 0;
+  virtual const std::optional<Layout>& layout(ValueId value) const = 0;
+  virtual const std::vector<int64_t>& shape(ValueId value) const = 0;
+  virtual int dtype(ValueId value) const = 0;
+  virtual const std::optional<ResourceInfo>& resource(ValueId value) const = 0;
+  virtual void set_resource(ValueId value, ResourceInfo info) = 0;
+
+  // Runs `op_name` on every shard with the local parts of `inputs` (host values go to
+  // every shard unchanged). Output i gets `out_layouts[i]`; its global shape is the local
+  // shape scaled by that layout.
+  virtual StatusOr<std::vector<ValueId>> LocalOp(const std::string& op_name,
+                                                 const std::vector<ValueId>& inputs,
+                                                 const LocalOpOptions& options,
+                                                 const std::vector<Layout>& out_layouts) = 0;
+
+  // Combines the partial values held along `mesh_dims` (e.g. after a contraction over a
+  // sharded axis): every device ends with the reduction of its group. Keeps the layout.
+  virtual StatusOr<ValueId> AllReduce(ValueId value, const std::vector<int>& mesh_dims,
+                                      ReduceOp op) = 0;
+  // Unshards tensor axis `dim`: [x,*] -> [*,*] by concatenating the pieces along `dim`.
+  virtual StatusOr<ValueId> AllGather(ValueId value, int dim) = 0;
+  // Shards replicated tensor axis `dim` over `mesh_dim`: [*,*] -> [x,*]; no communication.
+  virtual StatusOr<ValueId> Slice(ValueId value, int dim, int mesh_dim) = 0;
+  // Moves an unsharded-on-`dim` value to sharding over `mesh_dim`, and a sharded axis
+  // `from_dim` to unsharded, in one exchange: [x,*] -> [*,x]. Default: gather + slice.
+  virtual StatusOr<ValueId> AllToAll(ValueId value, int from_dim, int to_dim);
+
+  // A host constant (int32 or int64), e.g. a local shape for Reshape.
+  virtual StatusOr<ValueId> HostConstant(const std::vector<int64_t>& values,
+                                         const std::vector<int64_t>& shape, int dtype) = 0;
+  // A replicated value on `mesh` built from host data (an int constant), e.g. tf.shape.
+  virtual StatusOr<ValueId> Broadcast(ValueId host_value, const Mesh& mesh) = 0;
+};
+
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_SPMD_BUILDER_H_

@@ -1,0 +1,70 @@
+#include "cc/spmd/relayout.h"
+
+#include "cc/core/strings.h"
+
+namespace tf_dtensor {
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kProd: return "prod";
+  }
+  return "?";
+}
+
+StatusOr<ValueId> Builder::AllToAll(ValueId value, int from_dim, int to_dim) {
+  int mesh_dim = layout(value)->spec(from_dim).mesh_dim;
+  TFD_ASSIGN_OR_RETURN(ValueId gathered, AllGather(value, from_dim));
+  return Slice(gathered, to_dim, mesh_dim);
+}
+
+StatusOr<ValueId> Relayout(Builder& builder, ValueId value, const Layout& target,
+                           const std::string& what) {
+  const std::optional<Layout>& source_or = builder.layout(value);
+  if (!source_or) return Internal("Relayout of a host value.");
+  Layout source = *source_or;
+  if (source == target) return value;
+  if (source.mesh() != target.mesh()) {
+    return InvalidArgument("Cannot relayout " + what + " from " + source.ShortString() + " to " +
+                           target.ShortString() +
+                           ": the meshes differ. Use `copy_to_mesh` to move a tensor between "
+                           "meshes.");
+  }
+  if (source.rank() != target.rank()) {
+    return InvalidArgument("Cannot relayout " + what + " of rank " +
+                           std::to_string(source.rank()) + " to layout " + target.ShortString() +
+                           " of rank " + std::to_string(target.rank()) + ".");
+  }
+  TFD_RETURN_IF_ERROR(target.LocalShape(builder.shape(value), what).status());
+  ValueId current = value;
+  // Pairs [a at i] -> [a at j]: the mesh dimension moves between axes: one all-to-all.
+  for (int i = 0; i < source.rank(); ++i) {
+    const DimSpec& from = builder.layout(current)->spec(i);
+    if (!from.sharded() || from == target.spec(i)) continue;
+    for (int j = 0; j < target.rank(); ++j) {
+      if (j != i && target.spec(j) == from && !builder.layout(current)->spec(j).sharded()) {
+        TFD_ASSIGN_OR_RETURN(current, builder.AllToAll(current, i, j));
+        break;
+      }
+    }
+  }
+  // Unshard every axis whose sharding differs from the target.
+  for (int i = 0; i < target.rank(); ++i) {
+    const DimSpec& now = builder.layout(current)->spec(i);
+    if (now.sharded() && now != target.spec(i)) {
+      TFD_ASSIGN_OR_RETURN(current, builder.AllGather(current, i));
+    }
+  }
+  // Shard the axes the target shards.
+  for (int i = 0; i < target.rank(); ++i) {
+    const DimSpec& now = builder.layout(current)->spec(i);
+    if (target.spec(i).sharded() && !now.sharded()) {
+      TFD_ASSIGN_OR_RETURN(current, builder.Slice(current, i, target.spec(i).mesh_dim));
+    }
+  }
+  return current;
+}
+
+}  // namespace tf_dtensor

@@ -1,0 +1,22 @@
+// Relayout: moving a value from one layout to another on the same mesh.
+#ifndef TF_DTENSOR_CC_SPMD_RELAYOUT_H_
+#define TF_DTENSOR_CC_SPMD_RELAYOUT_H_
+
+#include "cc/core/layout.h"
+#include "cc/core/status.h"
+#include "cc/spmd/builder.h"
+
+namespace tf_dtensor {
+
+// Emits the collectives that take `value` to `target`:
+//   [x,*] -> [*,*]  all-gather on axis 0
+//   [*,*] -> [x,*]  slice (each device keeps its piece; no communication)
+//   [x,*] -> [*,x]  all-to-all
+//   [x,*] -> [y,*]  all-gather, then slice
+// Fails with a clear message across meshes or ranks, or for indivisible shapes.
+StatusOr<ValueId> Relayout(Builder& builder, ValueId value, const Layout& target,
+                           const std::string& what);
+
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_SPMD_RELAYOUT_H_

@@ -1,0 +1,166 @@
+"""The DTensor API of `tf.experimental.dtensor`, backed by tf_dtensor's C++ device.
+
+Python only normalises arguments and forwards them: every check is made in C++.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, List, Optional, Sequence
+
+import tensorflow as tf
+from tensorflow.python.eager import context
+from tensorflow.python.framework import ops
+from tensorflow.python.ops import resource_variable_ops
+
+from tf_dtensor import _core
+from tf_dtensor import _device
+from tf_dtensor._errors import LayoutError
+from tf_dtensor.layout import Layout
+from tf_dtensor.mesh import Mesh
+
+
+def device_name() -> str:
+    """The name of the DTensor device (`with tf.device(device_name()):` places ops on it)."""
+    _device.get()
+    return _device.DEVICE_NAME
+
+
+def set_strict_mode(strict: bool) -> None:
+    """Whether an op with no sharding rule raises `UnsupportedOpError`.
+
+    Off by default: such an op has its sharded inputs gathered to replicated, runs on every
+    device and warns once per op name (`UnsupportedOpWarning`). The environment variable
+    `TF_DTENSOR_STRICT=1` turns strict mode on at start-up.
+    """
+    _device.get().strict = bool(strict)
+
+
+def is_dtensor(tensor) -> bool:
+    """Whether `tensor` is a DTensor (or a DVariable)."""
+    if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
+        tensor = tensor.handle
+    if not isinstance(tensor, ops.EagerTensor):
+        return False
+    return tensor.device == _device.DEVICE_NAME
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_layout(text: str) -> Layout:
+    return Layout.from_string(text)
+
+
+def fetch_layout(tensor) -> Layout:
+    """The layout of a DTensor or DVariable.
+
+    Raises:
+      LayoutError: `tensor` is not a DTensor.
+    """
+    layout = getattr(tensor, "layout", None)
+    if isinstance(layout, Layout):
+        return layout
+    if not is_dtensor(tensor):
+        raise LayoutError(f"fetch_layout expects a DTensor; got a regular tensor on "
+                          f"`{getattr(tensor, 'device', '?')}`. Create one with `pack`, "
+                          f"`copy_to_mesh` or `call_with_layout`.")
+    (text,) = _device.run(_core.FETCH_LAYOUT_OP, [tensor], ("T", tensor.dtype.as_datatype_enum))
+    return _parse_layout(text.numpy().decode())
+
+
+def check_layout(tensor, layout: Layout) -> None:
+    """Raises ValueError if `tensor`'s layout is not `layout`."""
+    actual = fetch_layout(tensor)
+    if actual != layout:
+        raise ValueError(f"Layout of tensor: {actual.short()}, did not match expected layout: "
+                         f"{layout.short()}.")
+
+
+def pack(tensors: Sequence[Any], layout: Layout) -> Any:
+    """Packs one component per local device into a DTensor with `layout`.
+
+    Components are copied to their devices (on virtual CPUs the buffer is shared, not
+    copied). They must share rank, dtype and shape.
+
+    Example:
+      >>> t = pack([[0, 1]] * mesh.num_local_devices(), Layout.replicated(mesh, 1))
+    """
+    components = [tf.convert_to_tensor(t) for t in tensors]
+    if not components:
+        raise LayoutError(f"pack needs one component per local device of {layout.mesh.short()}; "
+                          f"got none.")
+    dtype = components[0].dtype
+    attrs = ("T", dtype.as_datatype_enum, "N", len(components), "layout", layout.to_string())
+    (out,) = _device.run(_core.PACK_OP, components, attrs)
+    return out
+
+
+def unpack(tensor: Any) -> Sequence[Any]:
+    """The components of a DTensor, one per local device in mesh order (first dim outermost)."""
+    if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
+        tensor = tensor.handle
+    layout = fetch_layout(tensor)
+    n = layout.mesh.num_local_devices()
+    return _device.run(_core.UNPACK_OP, [tensor], ("T", tensor.dtype.as_datatype_enum, "N", n), n)
+
+
+def _relayout(tensor, layout: Layout):
+    (out,) = _device.run(_core.RELAYOUT_OP, [tensor],
+                         ("T", tensor.dtype.as_datatype_enum, "layout", layout.to_string()))
+    return out
+
+
+def copy_to_mesh(tensor: Any, layout: Layout, source_layout: Optional[Layout] = None) -> tf.Tensor:
+    """Copies a regular tensor onto `layout.mesh`, laid out as `layout` (sliced locally)."""
+    del source_layout  # The source of a regular tensor is its own device.
+    if is_dtensor(tensor):
+        return relayout(tensor, layout)
+    return _relayout(tf.convert_to_tensor(tensor), layout)
+
+
+def relayout(tensor: tf.Tensor, layout: Layout, name: Optional[str] = None) -> tf.Tensor:
+    """Changes a DTensor's layout, inserting the needed all-gathers, slices or all-to-alls."""
+    del name
+    if not is_dtensor(tensor):
+        tensor = tf.convert_to_tensor(tensor)
+    return _relayout(tensor, layout)
+
+
+def relayout_like(tensor: tf.Tensor, layout_tensor: tf.Tensor,
+                  name: Optional[str] = None) -> tf.Tensor:
+    """Relayouts `tensor` to the layout of `layout_tensor`."""
+    return relayout(tensor, fetch_layout(layout_tensor), name)
+
+
+def call_with_layout(fn: Callable[..., Any], layout: Optional[Layout], *args, **kwargs) -> Any:
+    """Calls `fn` so that its (single) result is a DTensor with `layout`.
+
+    Ops inside run on the DTensor device with `layout.mesh` as default mesh; creation ops
+    produce their blocks directly in `layout`.
+
+    Example:
+      >>> ones = call_with_layout(tf.ones, Layout(["x", UNSHARDED], mesh), shape=(4, 2))
+    """
+    if layout is None:
+        return fn(*args, **kwargs)
+    with _device.mesh_scope(layout.mesh), _device.layout_scope(layout):
+        result = fn(*args, **kwargs)
+    if isinstance(result, (ops.EagerTensor,)) and (not is_dtensor(result) or
+                                                   fetch_layout(result) != layout):
+        result = relayout(result, layout)
+    return result
+
+
+@contextlib.contextmanager
+def default_mesh(mesh: Mesh):
+    """Runs ops inside on the DTensor device with `mesh` as the default mesh."""
+    with _device.mesh_scope(mesh):
+        yield
+
+
+run_on = default_mesh
+
+
+def get_default_mesh() -> Optional[Mesh]:
+    """The innermost mesh set by `default_mesh`/`run_on`, or None."""
+    return _device.default_mesh()

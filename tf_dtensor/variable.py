@@ -1,0 +1,53 @@
+"""`DVariable`: a resource variable whose value is a DTensor with a fixed layout."""
+
+from __future__ import annotations
+
+from tensorflow.python.eager import context
+from tensorflow.python.framework import ops
+from tensorflow.python.ops import resource_variable_ops
+
+from tf_dtensor import _device
+from tf_dtensor import api
+from tf_dtensor._errors import LayoutError
+
+
+class DVariable(resource_variable_ops.ResourceVariable):
+    """A variable holding a DTensor; its layout is fixed when it is created.
+
+    Assigning a value of another layout or mesh raises `tf.errors.InvalidArgumentError`
+    (relayout the value first). Reads return DTensors with the variable's layout.
+
+    Args:
+      initial_value: a DTensor (its layout becomes the variable's), a callable, or a
+        regular tensor together with `layout=`.
+      *args, dtype, **kwargs: as for `tf.Variable`; `layout=` gives the layout.
+
+    Example:
+      >>> v = DVariable(call_with_layout(tf.zeros, Layout(["x", UNSHARDED], mesh), [4, 2]))
+      >>> v.assign_add(call_with_layout(tf.ones, v.layout, [4, 2]))
+    """
+
+    def __init__(self, initial_value, *args, dtype=None, **kwargs):
+        layout = kwargs.pop("layout", None)
+        if callable(initial_value):
+            initial_value = api.call_with_layout(initial_value, layout) if layout else initial_value()
+        with ops.init_scope():
+            initial_value = ops.convert_to_tensor(initial_value, dtype=dtype)
+        if not context.executing_eagerly():
+            raise RuntimeError("DVariable is created eagerly; create it outside tf.function.")
+        if api.is_dtensor(initial_value):
+            value_layout = api.fetch_layout(initial_value)
+            if layout is not None and layout != value_layout:
+                raise LayoutError(f"DVariable got `layout={layout.short()}` but its initial value "
+                                  f"has layout {value_layout.short()}; relayout the value or drop "
+                                  f"`layout=`.")
+            layout = value_layout
+        elif layout is not None:
+            initial_value = api.copy_to_mesh(initial_value, layout)
+        else:
+            raise LayoutError("DVariable needs a DTensor initial value or a `layout=`; got a "
+                              "regular tensor. Use `copy_to_mesh(value, layout)` or pass "
+                              "`layout=`.")
+        self.layout = layout
+        with ops.device(_device.DEVICE_NAME), _device.layout_scope(layout):
+            super().__init__(initial_value, *args, dtype=dtype, **kwargs)
