@@ -150,10 +150,24 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
     dtensors.push_back(TensorWithLayout::FromHandle(h, name_));
   }
 
+  const Rule* rule = RuleRegistry::Global().Find(op_name);
+  const bool has_rule = rule != nullptr;
+  // No rule: run replicated (the documented policy; see the strict check below).
+  static const std::shared_ptr<const Rule> fallback = Replicated();
+  if (!rule) rule = fallback.get();
+
+  // A replicated scalar, or a replicated value read as a host argument (a shape, an
+  // axis), may come from another mesh: TF caches small constants per device, and one
+  // device serves every mesh. Such inputs move to the op's mesh; nothing else does.
+  auto movable = [&](int i) {
+    const TensorWithLayout* t = dtensors[i];
+    return t && !t->resource() && t->layout().IsFullyReplicated() &&
+           (t->shape().empty() || rule->IsHostArgument(i));
+  };
   // The mesh: the inputs' (all must agree), else the requested layout's, else the default.
   std::optional<Mesh> mesh;
   for (int i = 0; i < num_inputs; ++i) {
-    if (!dtensors[i]) continue;
+    if (!dtensors[i] || movable(i)) continue;
     const Mesh& m = dtensors[i]->layout().mesh();
     if (mesh && *mesh != m) {
       return InvalidArgument("'" + op_name + "' got inputs on different meshes: " +
@@ -173,6 +187,15 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   }
   if (!mesh && requested) mesh = requested->mesh();
   if (!mesh) mesh = default_mesh();
+  for (int i = 0; i < num_inputs && !mesh; ++i) {
+    if (dtensors[i]) mesh = dtensors[i]->layout().mesh();
+  }
+  for (int i = 0; i < num_inputs; ++i) {
+    if (movable(i) && dtensors[i]->layout().mesh() != *mesh) {
+      handles[i] = dtensors[i]->component(0);
+      dtensors[i] = nullptr;
+    }
+  }
   if (!mesh) {
     return InvalidArgument("'" + op_name +
                            "' was placed on the DTensor device but none of its inputs is a "
@@ -182,12 +205,6 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   OpContext ctx(op_name, &attrs, *mesh);
   ctx.requested = requested;
   ctx.num_outputs = *num_outputs;
-
-  const Rule* rule = RuleRegistry::Global().Find(op_name);
-  const bool has_rule = rule != nullptr;
-  // No rule: run replicated (the documented policy; see the strict check below).
-  static const std::shared_ptr<const Rule> fallback = Replicated();
-  if (!rule) rule = fallback.get();
 
   EagerBuilder builder(context, ctx.mesh, TFE_OpGetAttrs(op), *num_outputs);
   std::vector<ValueId> inputs;
@@ -209,7 +226,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   }
   for (int i = 0; i < num_inputs; ++i) {
     InputInfo& info = ctx.inputs[i];
-    if (rule->IsHostArgument(ctx, i)) {
+    if (rule->IsHostArgument(i)) {
       if (!dtensors[i]) {
         info.int_value = ReadIntValue(handles[i]);
       } else if (info.layout->IsFullyReplicated() && !info.resource) {

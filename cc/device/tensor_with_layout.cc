@@ -2,6 +2,8 @@
 
 #include <complex>
 #include <cstdio>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "cc/core/strings.h"
@@ -10,9 +12,15 @@
 namespace tf_dtensor {
 namespace {
 
-std::string FormatFloat(double value, int digits) {
+// The shortest text that reads back as the same value (as TF and numpy print floats).
+template <typename T>
+std::string FormatFloat(T value, int max_digits) {
   char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%.*g", digits, value);
+  for (int digits = 1; digits < max_digits; ++digits) {
+    std::snprintf(buffer, sizeof(buffer), "%.*g", digits, static_cast<double>(value));
+    if (static_cast<T>(std::strtod(buffer, nullptr)) == value) return buffer;
+  }
+  std::snprintf(buffer, sizeof(buffer), "%.*g", max_digits, static_cast<double>(value));
   return buffer;
 }
 
@@ -46,20 +54,14 @@ std::string FormatElement(const char* data, int64_t index, TF_DataType dtype) {
                              : std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
         if (sign) f = -f;
       }
-      return FormatFloat(f, 4);
+      return FormatFloat(f, 5);
     }
     default: return "?";
   }
 }
 
-void DimSpacing(int dim, int rank, std::string* out) {
-  if (dim == rank - 1) {
-    *out += " ";
-    return;
-  }
-  // The seeds show TF's nested rows on one line: "[[0 1] [2 3]]".
-  *out += " ";
-}
+// DTensor summaries keep nested rows on one line: "[[0 1] [2 3]]".
+void DimSpacing(int, int, std::string* out) { *out += " "; }
 
 void FormatDim(const char* data, TF_DataType dtype, const std::vector<int64_t>& shape, int dim,
                int64_t offset, std::string* out) {

@@ -13,7 +13,7 @@ namespace {
 class ReplicatedRule : public Rule {
  public:
   explicit ReplicatedRule(bool stateful) : stateful_(stateful) {}
-  bool IsHostArgument(const OpContext&, int) const override { return true; }
+  bool IsHostArgument(int) const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     Plan plan;
     for (const InputInfo& in : ctx.inputs) {
@@ -40,7 +40,7 @@ class ReplicatedRule : public Rule {
 // Fill(dims, value): each device fills its own block of the requested layout.
 class FillRule : public Rule {
  public:
-  bool IsHostArgument(const OpContext&, int) const override { return true; }
+  bool IsHostArgument(int) const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ctx.IntValue(0, "dims"));
     Layout out = Layout::Replicated(ctx.mesh, static_cast<int>(dims.size()));

@@ -75,7 +75,7 @@ class Rule {
   virtual ~Rule() = default;
   // Inputs read as values (shapes, axes, permutations) rather than data; they stay on the
   // host or replicated and are never resharded.
-  virtual bool IsHostArgument(const OpContext& ctx, int input) const { return false; }
+  virtual bool IsHostArgument(int input) const { return false; }
   virtual StatusOr<Plan> Forward(const OpContext& ctx) const = 0;
   virtual StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                                 Builder& builder) const;
