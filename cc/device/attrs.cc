@@ -217,7 +217,22 @@ StatusOr<AttrMap> AttrMap::Parse(std::string_view bytes) {
   return map;
 }
 
+AttrMap AttrMap::Lazy(std::function<std::string()> loader) {
+  AttrMap map;
+  map.loader_ = std::move(loader);
+  return map;
+}
+
+void AttrMap::Load() const {
+  std::function<std::string()> loader = std::move(loader_);
+  loader_ = nullptr;
+  StatusOr<AttrMap> parsed = Parse(loader());
+  // Undecodable attributes read as absent; rules then report what they miss.
+  if (parsed.ok()) values_ = std::move(parsed->values_);
+}
+
 const AttrValue* AttrMap::Find(const std::string& name) const {
+  if (loader_) Load();
   auto it = values_.find(name);
   return it == values_.end() ? nullptr : &it->second;
 }

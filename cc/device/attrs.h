@@ -7,6 +7,7 @@
 #define TF_DTENSOR_CC_DEVICE_ATTRS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -33,11 +34,15 @@ struct AttrValue {
 
 class AttrMap {
  public:
+  AttrMap() = default;
   // Decodes a serialized NameAttrList.
   static StatusOr<AttrMap> Parse(std::string_view bytes);
+  // Defers reading: `loader` returns the serialized attributes on first access (most
+  // elementwise ops never look at theirs, and serializing costs on the per-op path).
+  static AttrMap Lazy(std::function<std::string()> loader);
 
   void Set(const std::string& name, AttrValue value) { values_[name] = std::move(value); }
-  bool Has(const std::string& name) const { return values_.count(name) > 0; }
+  bool Has(const std::string& name) const { return Find(name) != nullptr; }
   const AttrValue* Find(const std::string& name) const;
   bool GetBool(const std::string& name, bool fallback) const;
   int64_t GetInt(const std::string& name, int64_t fallback) const;
@@ -46,7 +51,9 @@ class AttrMap {
   std::optional<std::string> GetString(const std::string& name) const;
 
  private:
-  std::map<std::string, AttrValue> values_;
+  void Load() const;
+  mutable std::map<std::string, AttrValue> values_;
+  mutable std::function<std::string()> loader_;
 };
 
 }  // namespace tf_dtensor

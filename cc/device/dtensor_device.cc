@@ -22,17 +22,20 @@ using StatusPtr = std::unique_ptr<TF_Status, StatusDeleter>;
 // Integer inputs up to this many elements are read as values (axes, shapes, seeds).
 constexpr int64_t kMaxIntValueElements = 1 << 12;
 
-StatusOr<AttrMap> ReadAttrs(const TFE_Op* op) {
-  StatusPtr status(TF_NewStatus());
-  TF_Buffer* buffer = TF_NewBuffer();
-  TFE_OpAttrsSerialize(TFE_OpGetAttrs(op), buffer, status.get());
-  Status s = FromTF(status.get(), "reading attributes");
-  StatusOr<AttrMap> attrs =
-      s.ok() ? AttrMap::Parse(std::string_view(static_cast<const char*>(buffer->data),
-                                               buffer->length))
-             : StatusOr<AttrMap>(s);
-  TF_DeleteBuffer(buffer);
-  return attrs;
+// The op's attributes, read when a rule first asks for one.
+AttrMap ReadAttrs(const TFE_Op* op) {
+  const TFE_OpAttrs* attrs = TFE_OpGetAttrs(op);
+  return AttrMap::Lazy([attrs] {
+    StatusPtr status(TF_NewStatus());
+    TF_Buffer* buffer = TF_NewBuffer();
+    TFE_OpAttrsSerialize(attrs, buffer, status.get());
+    std::string bytes;
+    if (TF_GetCode(status.get()) == TF_OK) {
+      bytes.assign(static_cast<const char*>(buffer->data), buffer->length);
+    }
+    TF_DeleteBuffer(buffer);
+    return bytes;
+  });
 }
 
 std::vector<int64_t> HandleShape(TFE_TensorHandle* handle, TF_Status* status) {
@@ -139,7 +142,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   if (op_name == kUnpackOp) return Unpack(op, num_outputs, outputs);
   if (op_name == kFetchLayoutOp) return FetchLayout(op, num_outputs, outputs);
   TFE_Context* context = TFE_OpGetContext(op, tf_status.get());
-  TFD_ASSIGN_OR_RETURN(AttrMap attrs, ReadAttrs(op));
+  AttrMap attrs = ReadAttrs(op);
 
   const int num_inputs = TFE_OpGetFlatInputCount(op, tf_status.get());
   std::vector<TFE_TensorHandle*> handles;
@@ -285,7 +288,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
 Status DTensorDevice::Pack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs) {
   StatusPtr status(TF_NewStatus());
   TFE_Context* context = TFE_OpGetContext(op, status.get());
-  TFD_ASSIGN_OR_RETURN(AttrMap attrs, ReadAttrs(op));
+  AttrMap attrs = ReadAttrs(op);
   TFD_ASSIGN_OR_RETURN(Layout layout, Layout::FromString(attrs.GetString("layout").value_or("")));
   const Mesh& mesh = layout.mesh();
   const int n = TFE_OpGetFlatInputCount(op, status.get());

@@ -8,10 +8,6 @@
 namespace tf_dtensor {
 namespace {
 
-struct OpDeleter {
-  void operator()(TFE_Op* op) const { TFE_DeleteOp(op); }
-};
-
 std::vector<int64_t> LocalShapeOf(TFE_TensorHandle* handle, TF_Status* status) {
   std::vector<int64_t> shape;
   int rank = TFE_TensorHandleNumDims(handle, status);
@@ -127,40 +123,47 @@ StatusOr<TFE_TensorHandle*> EagerBuilder::FromLeader(TFE_TensorHandle* leader_ha
 StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::Run(
     const std::string& op_name, const std::vector<TFE_TensorHandle*>& inputs,
     const LocalOpOptions& options, int device, int num_outputs) {
-  std::unique_ptr<TFE_Op, OpDeleter> op(TFE_NewOp(context_, op_name.c_str(), status_));
+  const std::string& device_name = mesh_.local_devices()[device];
+  // One TFE_Op object is reset and reused for every local op of this expansion.
+  if (!op_) {
+    op_.reset(TFE_NewOp(context_, op_name.c_str(), status_));
+    if (TF_GetCode(status_) != TF_OK) op_.reset();
+  } else {
+    TFE_OpReset(op_.get(), op_name.c_str(), nullptr, status_);
+  }
   TFD_RETURN_IF_ERROR(FromTF(status_, "creating '" + op_name + "'"));
-  if (options.copy_attrs && attrs_) TFE_OpAddAttrs(op.get(), attrs_);
+  TFE_Op* op = op_.get();
+  if (options.copy_attrs && attrs_) TFE_OpAddAttrs(op, attrs_);
   for (const AttrOverride& a : options.overrides) {
     switch (a.kind) {
       case AttrOverride::Kind::kShape:
-        TFE_OpSetAttrShape(op.get(), a.name.c_str(), a.ints.data(),
+        TFE_OpSetAttrShape(op, a.name.c_str(), a.ints.data(),
                            static_cast<int>(a.ints.size()), status_);
         break;
       case AttrOverride::Kind::kType:
-        TFE_OpSetAttrType(op.get(), a.name.c_str(), static_cast<TF_DataType>(a.type));
+        TFE_OpSetAttrType(op, a.name.c_str(), static_cast<TF_DataType>(a.type));
         break;
       case AttrOverride::Kind::kInt:
-        TFE_OpSetAttrInt(op.get(), a.name.c_str(), a.ints[0]);
+        TFE_OpSetAttrInt(op, a.name.c_str(), a.ints[0]);
         break;
       case AttrOverride::Kind::kBool:
-        TFE_OpSetAttrBool(op.get(), a.name.c_str(), a.boolean);
+        TFE_OpSetAttrBool(op, a.name.c_str(), a.boolean);
         break;
       case AttrOverride::Kind::kString:
-        TFE_OpSetAttrString(op.get(), a.name.c_str(), a.text.data(), a.text.size());
+        TFE_OpSetAttrString(op, a.name.c_str(), a.text.data(), a.text.size());
         break;
     }
     TFD_RETURN_IF_ERROR(FromTF(status_, "setting attribute '" + a.name + "' of '" + op_name + "'"));
   }
-  const std::string& device_name = mesh_.local_devices()[device];
-  TFE_OpSetDevice(op.get(), device_name.c_str(), status_);
+  TFE_OpSetDevice(op, device_name.c_str(), status_);
   TFD_RETURN_IF_ERROR(FromTF(status_, "placing '" + op_name + "'"));
   for (TFE_TensorHandle* h : inputs) {
-    TFE_OpAddInput(op.get(), h, status_);
+    TFE_OpAddInput(op, h, status_);
     TFD_RETURN_IF_ERROR(FromTF(status_, "adding an input to '" + op_name + "'"));
   }
   std::vector<TFE_TensorHandle*> outputs(num_outputs, nullptr);
   int n = num_outputs;
-  TFE_Execute(op.get(), outputs.data(), &n, status_);
+  TFE_Execute(op, outputs.data(), &n, status_);
   TFD_RETURN_IF_ERROR(
       FromTF(status_, "running '" + op_name + "' on " + ShortDeviceName(device_name)));
   outputs.resize(n);

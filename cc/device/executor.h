@@ -85,8 +85,13 @@ class EagerBuilder : public Builder {
   StatusOr<TFE_TensorHandle*> FromLeader(TFE_TensorHandle* leader_handle, int device);
   ValueId AddOwned(Value value);
 
+  struct OpDeleter {
+    void operator()(TFE_Op* op) const { TFE_DeleteOp(op); }
+  };
+
   TFE_Context* context_;
   Mesh mesh_;
+  std::unique_ptr<TFE_Op, OpDeleter> op_;
   const TFE_OpAttrs* attrs_;
   int max_outputs_;
   TF_Status* status_;

@@ -155,14 +155,13 @@ TFE_TensorHandle* TensorWithLayout::MakeHandle(TFE_Context* context,
 
 TensorWithLayout* TensorWithLayout::FromHandle(TFE_TensorHandle* handle,
                                                const std::string& device_name) {
-  TF_Status* status = TF_NewStatus();
+  thread_local TF_Status* status = TF_NewStatus();
   const char* device = TFE_TensorHandleDeviceName(handle, status);
   TensorWithLayout* out = nullptr;
   if (TF_GetCode(status) == TF_OK && device_name == device) {
     out = static_cast<TensorWithLayout*>(TFE_TensorHandleDevicePointer(handle, status));
     if (TF_GetCode(status) != TF_OK) out = nullptr;
   }
-  TF_DeleteStatus(status);
   return out;
 }
 

@@ -1,0 +1,56 @@
+"""Shared pytest setup: 8 virtual CPUs, the standard meshes and the DTensor assertions.
+
+The host CPU is split into 8 logical CPUs when this file is imported, before any test
+touches the TensorFlow runtime; it can be done only once per process.
+"""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+NUM_VIRTUAL_CPUS = 8
+
+
+def _configure_virtual_cpus() -> None:
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    configured = tf.config.get_logical_device_configuration(cpu)
+    if configured and len(configured) == NUM_VIRTUAL_CPUS:
+        return
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_VIRTUAL_CPUS)
+
+
+_configure_virtual_cpus()
+
+# Imported after the CPU split: the meshes below name CPU:0..CPU:7.
+import dtensor_testing  # noqa: E402
+from tf_dtensor import dtensor  # noqa: E402
+
+
+@pytest.fixture
+def mesh_1d():
+    """`x=2` over CPU:0, CPU:1."""
+    return dtensor_testing.MESH_1D
+
+
+@pytest.fixture
+def mesh_2x2():
+    """`x=2, y=2` over CPU:0..CPU:3 (first dimension outermost)."""
+    return dtensor_testing.MESH_2X2
+
+
+@pytest.fixture
+def mesh_8():
+    """`x=8` over CPU:0..CPU:7."""
+    return dtensor_testing.MESH_8
+
+
+@pytest.fixture
+def strict_mode():
+    """Turns strict mode on for one test and always turns it off again."""
+    dtensor.set_strict_mode(True)
+    try:
+        yield
+    finally:
+        dtensor.set_strict_mode(False)

@@ -1,0 +1,240 @@
+"""Test helpers: standard meshes, layout enumeration, `assert_dtensor_equal` and the
+generic numerical validator for op rules (`check_op`).
+
+The meshes are plain values and need no runtime, so they can be built at collection time
+for parameter ids; `conftest.py` splits the host CPU into 8 virtual CPUs before any of
+them is used.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dtensor
+from tf_dtensor import dtensor
+from tf_dtensor.dtensor import UNSHARDED, Layout, Mesh
+
+
+def cpus(n: int) -> List[str]:
+    return [f"CPU:{i}" for i in range(n)]
+
+
+MESH_1D = dtensor.create_mesh([("x", 2)], devices=cpus(2))
+MESH_2X2 = dtensor.create_mesh([("x", 2), ("y", 2)], devices=cpus(4))
+MESH_8 = dtensor.create_mesh([("x", 8)], devices=cpus(8))
+
+
+# ---------------------------------------------------------------------------------------
+# Layouts and parameter ids
+# ---------------------------------------------------------------------------------------
+
+def spec_id(layout: Layout) -> str:
+    """`[x,*]` for `[x,*] @ mesh(x=2)`: the short form without the mesh."""
+    return layout.short().split(" @ ")[0]
+
+
+def case_id(layouts: Sequence[Layout]) -> str:
+    """`[x,*]-[*,y]`; cases on a mesh other than the 2x2 one end in `@mesh(x=2)`."""
+    ident = "-".join(spec_id(l) for l in layouts)
+    mesh = layouts[0].mesh
+    return ident if mesh == MESH_2X2 else f"{ident}@{mesh.short()}"
+
+
+def layout_of(spec: str, mesh: Mesh) -> Layout:
+    """`layout_of("[x,*]", mesh)`: a layout from its short form (`*` is unsharded)."""
+    body = spec.strip().lstrip("[").rstrip("]")
+    specs = [s.strip() for s in body.split(",")] if body else []
+    return Layout([UNSHARDED if s == "*" else s for s in specs], mesh)
+
+
+def layouts_for(mesh: Mesh, shape: Sequence[int]) -> List[Layout]:
+    """Every layout of `shape` on `mesh` that shards each axis by at most one mesh dim, uses
+    each mesh dim at most once, and divides evenly."""
+    options = [UNSHARDED] + mesh.dim_names
+    out = []
+    for specs in itertools.product(options, repeat=len(shape)):
+        sharded = [s for s in specs if s != UNSHARDED]
+        if len(set(sharded)) != len(sharded):
+            continue
+        if any(s != UNSHARDED and shape[i] % mesh.dim_size(s) for i, s in enumerate(specs)):
+            continue
+        out.append(Layout(list(specs), mesh))
+    return out
+
+
+def layout_params(*shapes: Sequence[int], meshes: Iterable[Mesh] = (MESH_1D, MESH_2X2),
+                  select: Optional[Callable[[Tuple[Layout, ...]], bool]] = None) -> list:
+    """pytest params: every combination of `layouts_for` each shape, on each mesh."""
+    params = []
+    for mesh in meshes:
+        for combo in itertools.product(*(layouts_for(mesh, s) for s in shapes)):
+            if select is None or select(combo):
+                params.append(pytest.param(combo, id=case_id(combo)))
+    return params
+
+
+def spec_params(mesh: Mesh, *cases: Sequence[str]) -> list:
+    """pytest params from short specs: `spec_params(MESH_2X2, ("[x,*]", "[*,y]"), ...)`."""
+    params = []
+    for case in cases:
+        combo = tuple(layout_of(s, mesh) for s in case)
+        params.append(pytest.param(combo, id=case_id(combo)))
+    return params
+
+
+def is_replicated(layout: Layout) -> bool:
+    return all(s == UNSHARDED for s in layout.sharding_specs)
+
+
+# ---------------------------------------------------------------------------------------
+# Making and reading DTensors
+# ---------------------------------------------------------------------------------------
+
+def to_dtensor(value, layout: Layout):
+    """A DTensor holding `value` with `layout`: replicated copy, then relayout."""
+    tensor = tf.convert_to_tensor(value)
+    replicated = dtensor.copy_to_mesh(tensor, Layout.replicated(layout.mesh, layout.rank))
+    return dtensor.relayout(replicated, layout)
+
+
+def _same_device(a: str, b: str) -> bool:
+    spec_a, spec_b = tf.DeviceSpec.from_string(a), tf.DeviceSpec.from_string(b)
+    return (spec_a.device_type, spec_a.device_index) == (spec_b.device_type, spec_b.device_index)
+
+
+def reassemble(actual) -> np.ndarray:
+    """The global value of a DTensor, built from `unpack` and its layout.
+
+    Device i of the mesh holds the block whose index along each tensor axis is the
+    device's mesh coordinate along the mesh dim sharding that axis (0 if unsharded).
+    Fails if a component is on the wrong device or has the wrong shape, if two replicas
+    of one block differ, or if a block is missing.
+    """
+    layout = dtensor.fetch_layout(actual)
+    mesh = layout.mesh
+    shape = tuple(int(d) for d in actual.shape)
+    specs = layout.sharding_specs
+    assert len(specs) == len(shape), (
+        f"layout {layout.short()} has rank {len(specs)} but the tensor has shape {shape}")
+    pieces = [1 if s == UNSHARDED else mesh.dim_size(s) for s in specs]
+    block_shape = tuple(d // p for d, p in zip(shape, pieces))
+    components = dtensor.unpack(actual)
+    assert len(components) == mesh.num_local_devices(), (
+        f"unpack returned {len(components)} components for {mesh.num_local_devices()} devices")
+    out = np.zeros(shape, dtype=actual.dtype.as_numpy_dtype)
+    blocks: Dict[tuple, np.ndarray] = {}
+    for device, device_id, component in zip(mesh.local_devices(), mesh.local_device_ids(),
+                                            components):
+        assert _same_device(component.device, device), (
+            f"component for {device} lives on {component.device}")
+        coords = mesh.coords(device_id)
+        index = tuple(0 if s == UNSHARDED else coords[mesh.dim_names.index(s)] for s in specs)
+        value = component.numpy()
+        assert value.shape == block_shape, (
+            f"component on {device} has shape {value.shape}; {layout.short()} of {list(shape)} "
+            f"needs {list(block_shape)}")
+        if index in blocks:
+            np.testing.assert_array_equal(
+                value, blocks[index],
+                err_msg=f"replicas of block {index} differ ({device}, layout {layout.short()})")
+            continue
+        blocks[index] = value
+        region = tuple(slice(i * b, (i + 1) * b) for i, b in zip(index, block_shape))
+        out[region] = value
+    assert len(blocks) == int(np.prod(pieces)), (
+        f"only blocks {sorted(blocks)} of {pieces} are held by some device")
+    return out
+
+
+def assert_values_equal(expected: np.ndarray, actual: np.ndarray, msg: str = "") -> None:
+    if np.issubdtype(expected.dtype, np.floating) or np.issubdtype(expected.dtype,
+                                                                    np.complexfloating):
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6, err_msg=msg)
+    else:
+        np.testing.assert_array_equal(actual, expected, err_msg=msg)
+
+
+def assert_dtensor_equal(expected, expected_layout: Layout, actual) -> None:
+    """Checks a DTensor's layout, global shape, dtype and global value.
+
+    Args:
+      expected: the global value; a np.ndarray (or tf.Tensor), which also gives the dtype.
+      expected_layout: the layout `actual` must have.
+      actual: the DTensor.
+    """
+    if isinstance(expected, tf.Tensor):
+        expected = expected.numpy()
+    expected = np.asarray(expected)
+    assert dtensor.is_dtensor(actual), f"expected a DTensor, got a tensor on {actual.device}"
+    layout = dtensor.fetch_layout(actual)
+    assert layout == expected_layout, (
+        f"layout is {layout.short()}, expected {expected_layout.short()}")
+    assert tuple(actual.shape) == expected.shape, (
+        f"global shape is {tuple(actual.shape)}, expected {expected.shape}")
+    assert actual.dtype == tf.as_dtype(expected.dtype), (
+        f"dtype is {actual.dtype.name}, expected {tf.as_dtype(expected.dtype).name}")
+    assert_values_equal(expected, reassemble(actual), f"layout {layout.short()}")
+
+
+# ---------------------------------------------------------------------------------------
+# The generic numerical validator
+# ---------------------------------------------------------------------------------------
+
+def planned_output(op_name: str, layouts: Sequence[Layout], shapes: Sequence[Sequence[int]],
+                   host_inputs: Sequence[Tuple[Sequence[int], Sequence[int]]] = (),
+                   attrs: Optional[dict] = None, rank: Optional[int] = None) -> Layout:
+    """The output layout `debug.explain` predicts; host inputs follow the tensor inputs as
+    `(shape, int_values)` pairs."""
+    n = len(layouts)
+    plan = tf_dtensor.debug.explain(
+        op_name, list(layouts) + [None] * len(host_inputs),
+        [list(s) for s in shapes] + [list(s) for s, _ in host_inputs],
+        int_values={n + i: list(v) for i, (_, v) in enumerate(host_inputs)},
+        attrs=attrs or {})
+    if plan["outputs"]:
+        return plan["outputs"][0]
+    # An empty plan means "replicated, whatever the rank".
+    return Layout.replicated(layouts[0].mesh, rank)
+
+
+def run_without_fallback(fn: Callable, *args):
+    """Runs `fn(*args)` and fails if it fell back to the replicated path (missing rule)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args)
+    fallbacks = [str(w.message) for w in caught
+                 if issubclass(w.category, tf_dtensor.UnsupportedOpWarning)]
+    assert not fallbacks, f"ran without a rule: {fallbacks}"
+    return result
+
+
+def check_op(fn: Callable, op_name: str, arrays: Sequence[np.ndarray], layouts: Sequence[Layout],
+             host_inputs: Sequence[Tuple[Sequence[int], Sequence[int]]] = (),
+             attrs: Optional[dict] = None):
+    """Runs `fn` on plain tensors and on DTensors laid out as `layouts`; checks that values,
+    dtype and global shape agree and that the output layout is the one the planner
+    (`debug.explain(op_name, ...)`) predicts. Returns the DTensor result."""
+    expected = fn(*[tf.constant(a) for a in arrays]).numpy()
+    inputs = [to_dtensor(a, l) for a, l in zip(arrays, layouts)]
+    actual = run_without_fallback(fn, *inputs)
+    expected_layout = planned_output(op_name, layouts, [a.shape for a in arrays], host_inputs,
+                                     attrs, rank=expected.ndim)
+    assert_dtensor_equal(expected, expected_layout, actual)
+    return actual
+
+
+def random_array(shape: Sequence[int], dtype=np.float32, low: float = -2.0, high: float = 2.0,
+                 seed: int = 0) -> np.ndarray:
+    """Deterministic test data; integers are drawn from [low, high]."""
+    rng = np.random.default_rng(seed)
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        return rng.integers(int(low), int(high) + 1, size=shape).astype(dtype)
+    if np.dtype(dtype) == np.bool_:
+        return rng.random(shape) < 0.5
+    return rng.uniform(low, high, size=shape).astype(dtype)

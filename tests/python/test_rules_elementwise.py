@@ -1,0 +1,166 @@
+"""Numerical checks of cc/rules/elementwise_rules.cc: unary ops, binary ops with
+broadcasting, SelectV2.
+
+    [x,*] + [x,*] -> [x,*]     [x,*] * [*] -> [x,*]     relu([*,y]) -> [*,y]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dtensor
+from dtensor_testing import (MESH_1D, MESH_2X2, check_op, layout_of, layout_params,
+                             random_array, spec_params)
+
+SHAPE = (4, 8)
+
+# name -> (fn, the TF op it runs, input range)
+UNARY_OPS = {
+    "Relu": (tf.nn.relu, "Relu", (-2.0, 2.0)),
+    "Tanh": (tf.math.tanh, "Tanh", (-2.0, 2.0)),
+    "Sigmoid": (tf.math.sigmoid, "Sigmoid", (-2.0, 2.0)),
+    "Exp": (tf.math.exp, "Exp", (-2.0, 2.0)),
+    "Log": (tf.math.log, "Log", (0.5, 4.0)),
+    "Neg": (tf.math.negative, "Neg", (-2.0, 2.0)),
+    "Square": (tf.math.square, "Square", (-2.0, 2.0)),
+    "Sqrt": (tf.math.sqrt, "Sqrt", (0.5, 4.0)),
+    "Rsqrt": (tf.math.rsqrt, "Rsqrt", (0.5, 4.0)),
+    "Cast": (lambda x: tf.cast(x, tf.int32), "Cast", (-10.0, 10.0)),
+    "Identity": (tf.identity, "Identity", (-2.0, 2.0)),
+    "ZerosLike": (lambda x: tf.raw_ops.ZerosLike(x=x), "ZerosLike", (-2.0, 2.0)),
+    "OnesLike": (lambda x: tf.raw_ops.OnesLike(x=x), "OnesLike", (-2.0, 2.0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY_OPS))
+@pytest.mark.parametrize("layouts", layout_params(SHAPE, meshes=[MESH_2X2]))
+def test_unary(name, layouts):
+    fn, op_name, (low, high) = UNARY_OPS[name]
+    check_op(fn, op_name, [random_array(SHAPE, low=low, high=high)], layouts)
+
+
+@pytest.mark.parametrize("layouts", layout_params(SHAPE, meshes=[MESH_1D]))
+def test_relu_1d(layouts):
+    check_op(tf.nn.relu, "Relu", [random_array(SHAPE)], layouts)
+
+
+def test_cast_to_int32_truncates_on_every_shard(mesh_2x2):
+    x = np.array([[-2.7, -1.5, 0.5, 1.9]] * 4, dtype=np.float32)
+    out = check_op(lambda t: tf.cast(t, tf.int32), "Cast", [x], [layout_of("[x,y]", mesh_2x2)])
+    assert out.dtype == tf.int32
+
+
+# Small integers stored as floats, so that Equal/Greater/Less see ties.
+def _operands(seed):
+    a = random_array(SHAPE, np.int32, -2, 2, seed=seed).astype(np.float32)
+    b = random_array(SHAPE, np.int32, -2, 2, seed=seed + 1).astype(np.float32)
+    return a, b
+
+
+@pytest.mark.parametrize("layouts", layout_params(SHAPE, SHAPE))
+def test_add(layouts):
+    check_op(tf.add, "AddV2", list(_operands(0)), layouts)
+
+
+BINARY_OPS = {
+    "Add": (lambda a, b: tf.raw_ops.Add(x=a, y=b), "Add"),
+    "Sub": (tf.subtract, "Sub"),
+    "Mul": (tf.multiply, "Mul"),
+    "RealDiv": (tf.math.truediv, "RealDiv"),
+    "Maximum": (tf.maximum, "Maximum"),
+    "Minimum": (tf.minimum, "Minimum"),
+    "Equal": (tf.equal, "Equal"),
+    "Greater": (tf.greater, "Greater"),
+    "Less": (tf.less, "Less"),
+}
+
+MIXED_PAIRS = spec_params(MESH_2X2, ("[x,y]", "[x,y]"), ("[x,*]", "[*,y]"), ("[y,x]", "[x,y]"),
+                          ("[*,*]", "[y,*]"), ("[*,x]", "[x,*]"))
+
+
+@pytest.mark.parametrize("name", sorted(BINARY_OPS))
+@pytest.mark.parametrize("layouts", MIXED_PAIRS)
+def test_binary(name, layouts):
+    fn, op_name = BINARY_OPS[name]
+    a, b = _operands(1)
+    if name == "RealDiv":
+        b = random_array(SHAPE, low=0.5, high=2.0, seed=3)
+    check_op(fn, op_name, [a, b], layouts)
+
+
+def test_comparison_outputs_are_bool(mesh_2x2):
+    a, b = _operands(2)
+    out = check_op(tf.equal, "Equal", [a, b], [layout_of("[x,y]", mesh_2x2)] * 2)
+    assert out.dtype == tf.bool
+
+
+@pytest.mark.parametrize("layouts", layout_params((4, 8), (8,)))
+def test_broadcast_matrix_plus_row(layouts):
+    check_op(tf.add, "AddV2", [random_array((4, 8)), random_array((8,), seed=1)], layouts)
+
+
+@pytest.mark.parametrize("layouts", layout_params((4, 8), (4, 1)))
+def test_broadcast_matrix_plus_column(layouts):
+    check_op(tf.add, "AddV2", [random_array((4, 8)), random_array((4, 1), seed=1)], layouts)
+
+
+@pytest.mark.parametrize("layouts", layout_params((4, 1), (1, 8)))
+def test_broadcast_column_plus_row(layouts):
+    check_op(tf.add, "AddV2", [random_array((4, 1)), random_array((1, 8), seed=1)], layouts)
+
+
+@pytest.mark.parametrize("layouts", spec_params(MESH_2X2, ("[x,y]", "[y]"), ("[*,y]", "[x]"),
+                                                ("[x,*]", "[*]")))
+def test_broadcast_maximum_with_row(layouts):
+    check_op(tf.maximum, "Maximum", [random_array((4, 8)), random_array((8,), seed=1)], layouts)
+
+
+def _where(cond, a, b):
+    return tf.where(cond, a, b)
+
+
+@pytest.mark.parametrize("layouts", spec_params(
+    MESH_2X2,
+    ("[x,y]", "[x,y]", "[x,y]"),
+    ("[x,*]", "[*,y]", "[*,*]"),
+    ("[*,*]", "[y,x]", "[x,y]"),
+    ("[y,*]", "[*,*]", "[*,x]"),
+))
+def test_select_v2(layouts):
+    cond = random_array(SHAPE, np.bool_, seed=4)
+    check_op(_where, "SelectV2", [cond, random_array(SHAPE), random_array(SHAPE, seed=1)],
+             layouts)
+
+
+@pytest.mark.parametrize("layouts", spec_params(
+    MESH_2X2,
+    ("[y]", "[x,y]", "[x,*]"),
+    ("[*]", "[x,*]", "[*,y]"),
+    ("[x]", "[*,*]", "[y,*]"),
+))
+def test_select_v2_broadcast_condition(layouts):
+    cond = random_array((8,), np.bool_, seed=5)
+    check_op(_where, "SelectV2", [cond, random_array(SHAPE), random_array(SHAPE, seed=1)],
+             layouts)
+
+
+# Golden plans from the header of elementwise_rules.cc: no communication unless the
+# inputs disagree (slicing a replicated input to the output layout is reported too).
+PLANS = [
+    ("AddV2", ["[x,*]", "[x,*]"], [[4, 8], [4, 8]], "[x,*]", []),
+    ("Mul", ["[x,*]", "[*]"], [[4, 8], [8]], "[x,*]", []),
+    ("Mul", ["[*,*]", "[y]"], [[4, 8], [8]], "[*,y]", ["relayout input 0 [*,*] -> [*,y]"]),
+    ("Relu", ["[*,y]"], [[4, 8]], "[*,y]", []),
+    ("AddV2", ["[x,y]", "[x,y]"], [[4, 8], [4, 8]], "[x,y]", []),
+]
+
+
+@pytest.mark.parametrize("op_name,specs,shapes,expected,collectives", [
+    pytest.param(*case, id=f"{case[0]}-" + "-".join(case[1])) for case in PLANS])
+def test_pointwise_plan(op_name, specs, shapes, expected, collectives, mesh_2x2):
+    layouts = [layout_of(s, mesh_2x2) for s in specs]
+    plan = tf_dtensor.debug.explain(op_name, layouts, shapes)
+    assert plan["outputs"] == [layout_of(expected, mesh_2x2)]
+    assert plan["collectives"] == collectives

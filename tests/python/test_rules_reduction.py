@@ -1,0 +1,124 @@
+"""Numerical checks of cc/rules/reduction_rules.cc: Sum/Mean/Max/Min/Prod, ArgMax,
+Softmax and LogSoftmax.
+
+    sum([x,*], axis=1) -> [x]                       (local)
+    sum([x,*], axis=0) -> partial(x) -> all-reduce -> [*]
+    mean([x,*], axis=0) -> local sum, all-reduce(sum), divide by the global count
+    argmax([x,*], axis=0) -> the input is first gathered along axis 0 -> [*]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dtensor
+from dtensor_testing import (MESH_1D, MESH_2X2, check_op, layout_of, layout_params,
+                             random_array, spec_params, to_dtensor, assert_dtensor_equal)
+
+SHAPE = (4, 8)
+
+REDUCTIONS = {
+    "Sum": tf.reduce_sum,
+    "Mean": tf.reduce_mean,
+    "Max": tf.reduce_max,
+    "Min": tf.reduce_min,
+    "Prod": tf.reduce_prod,
+}
+AXES = {"axis0": [0], "axis1": [1], "both": [0, 1]}
+
+
+def _data(name: str, dtype) -> np.ndarray:
+    if dtype == np.int32:
+        # Negative values make the integer Mean's truncation visible; Prod stays small.
+        low, high = (-1, 2) if name == "Prod" else (-9, 7)
+        return random_array(SHAPE, np.int32, low, high, seed=7)
+    # Positive values: no cancellation in sums, and a well-conditioned product.
+    return random_array(SHAPE, np.float32, 0.5, 1.5, seed=7)
+
+
+def _check_reduction(name, dtype, axes, keepdims, layouts):
+    reduce = REDUCTIONS[name]
+    axis = AXES[axes]
+
+    def fn(x):
+        return reduce(x, axis=axis, keepdims=keepdims)
+
+    check_op(fn, name, [_data(name, dtype)], layouts, host_inputs=[([len(axis)], axis)],
+             attrs={"keep_dims": keepdims})
+
+
+@pytest.mark.parametrize("keepdims", [False, True], ids=["drop", "keep"])
+@pytest.mark.parametrize("axes", sorted(AXES))
+@pytest.mark.parametrize("dtype", [np.float32, np.int32], ids=["f32", "i32"])
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+@pytest.mark.parametrize("layouts", spec_params(MESH_2X2, ("[x,y]",), ("[y,*]",)))
+def test_reduce(layouts, name, dtype, axes, keepdims):
+    _check_reduction(name, dtype, axes, keepdims, layouts)
+
+
+@pytest.mark.parametrize("axes", sorted(AXES))
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+@pytest.mark.parametrize("layouts", spec_params(MESH_1D, ("[*,x]",)))
+def test_reduce_1d(layouts, name, axes):
+    _check_reduction(name, np.float32, axes, False, layouts)
+
+
+@pytest.mark.parametrize("layouts", layout_params(SHAPE, meshes=[MESH_2X2]))
+def test_reduce_sum_every_layout(layouts):
+    _check_reduction("Sum", np.float32, "axis0", False, layouts)
+
+
+def test_integer_mean_truncates_like_tensorflow(mesh_2x2):
+    # Column sums -3 and 5 over 4 rows: TF's integer Mean gives trunc(-0.75)=0, trunc(1.25)=1.
+    x = np.array([[-3, 5], [0, 0], [0, 0], [0, 0]], dtype=np.int32)
+    layout = layout_of("[x,*]", mesh_2x2)
+    out = tf.reduce_mean(to_dtensor(x, layout), axis=0)
+    assert_dtensor_equal(np.array([0, 1], np.int32), layout_of("[*]", mesh_2x2), out)
+    assert tf.reduce_mean(tf.constant(x), axis=0).numpy().tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("layouts", layout_params(SHAPE))
+def test_argmax(layouts, axis):
+    # Distinct values: no ties, so the index is unambiguous.
+    x = np.random.default_rng(9).permutation(32).reshape(SHAPE).astype(np.float32)
+    check_op(lambda t: tf.argmax(t, axis=axis), "ArgMax", [x], layouts,
+             host_inputs=[([], [axis])])
+
+
+@pytest.mark.parametrize("fn,op_name", [(tf.nn.softmax, "Softmax"),
+                                        (tf.nn.log_softmax, "LogSoftmax")],
+                         ids=["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("layouts", layout_params(SHAPE))
+def test_softmax(layouts, fn, op_name):
+    check_op(fn, op_name, [random_array(SHAPE)], layouts)
+
+
+# Golden plans from the header of reduction_rules.cc.
+@pytest.mark.parametrize("op_name,spec,axes,keep_dims,expected,all_reduce", [
+    pytest.param("Sum", "[x,*]", [1], False, "[x]", None, id="Sum-[x,*]-axis1"),
+    pytest.param("Sum", "[x,*]", [0], False, "[*]", "all-reduce(sum)", id="Sum-[x,*]-axis0"),
+    pytest.param("Sum", "[x,y]", [0], True, "[*,y]", "all-reduce(sum)", id="Sum-[x,y]-axis0-keep"),
+    pytest.param("Mean", "[x,*]", [0], False, "[*]", "all-reduce(sum)", id="Mean-[x,*]-axis0"),
+    pytest.param("Max", "[x,y]", [0, 1], False, "[]", "all-reduce(max)", id="Max-[x,y]-both"),
+    pytest.param("Min", "[*,y]", [1], False, "[*]", "all-reduce(min)", id="Min-[*,y]-axis1"),
+    pytest.param("ArgMax", "[x,*]", [0], False, "[*]", None, id="ArgMax-[x,*]-axis0"),
+])
+def test_reduction_plan(op_name, spec, axes, keep_dims, expected, all_reduce, mesh_2x2):
+    plan = tf_dtensor.debug.explain(op_name, [layout_of(spec, mesh_2x2), None],
+                                    [list(SHAPE), [len(axes)]], int_values={1: axes},
+                                    attrs={"keep_dims": keep_dims})
+    assert plan["outputs"] == [layout_of(expected, mesh_2x2)]
+    reduces = [c for c in plan["collectives"] if "all-reduce" in c]
+    if all_reduce is None:
+        assert reduces == []
+    else:
+        assert len(reduces) == 1 and all_reduce in reduces[0], plan["collectives"]
+
+
+def test_reduction_axis_out_of_range_names_the_op(mesh_2x2):
+    with pytest.raises(ValueError, match=r"(?s)out of range.*'Sum'"):
+        tf_dtensor.debug.explain("Sum", [layout_of("[x,*]", mesh_2x2), None], [[4, 8], [1]],
+                                 int_values={1: [2]})
