@@ -1,0 +1,203 @@
+"""Tests of tf_dtensor/mesh.py (and `create_mesh`): construction, errors, value semantics,
+text forms and parity with TF's built-in DTensor Mesh."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dtensor
+from dtensor_testing import cpus
+from tf_dtensor import dtensor
+from tf_dtensor.dtensor import Mesh
+
+tf_dtensor_builtin = tf.experimental.dtensor
+
+
+def _full(device: str) -> str:
+    return f"/job:localhost/replica:0/task:0/device:{device}"
+
+
+def test_create_mesh_2d(mesh_2x2):
+    assert mesh_2x2.dim_names == ["x", "y"]
+    assert mesh_2x2.shape() == [2, 2]
+    assert mesh_2x2.size == 4
+    assert mesh_2x2.dim_size("x") == 2 and mesh_2x2.dim_size("y") == 2
+    assert mesh_2x2.contains_dim("y") and not mesh_2x2.contains_dim("z")
+    assert mesh_2x2.device_type() == "CPU"
+    assert mesh_2x2.num_local_devices() == 4
+    assert mesh_2x2.local_devices() == [_full(d) for d in cpus(4)]
+    assert mesh_2x2.local_device_ids() == [0, 1, 2, 3]
+    np.testing.assert_array_equal(mesh_2x2.global_device_ids(), [[0, 1], [2, 3]])
+    assert not mesh_2x2.is_remote()
+    assert not mesh_2x2.use_xla_spmd()
+    assert mesh_2x2.name == ""
+
+
+def test_coords_first_dim_outermost(mesh_2x2):
+    assert [mesh_2x2.coords(i) for i in range(4)] == [[0, 0], [0, 1], [1, 0], [1, 1]]
+
+
+def test_create_mesh_accepts_a_dict():
+    mesh = dtensor.create_mesh({"a": 2, "b": 3}, devices=cpus(6))
+    assert mesh.dim_names == ["a", "b"] and mesh.shape() == [2, 3]
+
+
+def test_create_mesh_defaults_to_all_cpus_on_x():
+    mesh = dtensor.create_mesh()
+    assert mesh.dim_names == ["x"]
+    assert mesh.shape() == [8]
+    assert mesh.device_type() == "CPU"
+    assert mesh.local_devices() == [_full(d) for d in cpus(8)]
+
+
+def test_create_mesh_with_device_type():
+    mesh = dtensor.create_mesh([("batch", 8)], device_type="CPU", mesh_name="m")
+    assert mesh.name == "m"
+    assert mesh.local_devices() == [_full(d) for d in cpus(8)]
+
+
+def test_create_mesh_records_use_xla_spmd():
+    assert dtensor.create_mesh([("x", 2)], devices=cpus(2), use_xla_spmd=True).use_xla_spmd()
+
+
+def test_mesh_constructor_matches_create_mesh(mesh_2x2):
+    mesh = Mesh(["x", "y"], np.arange(4).reshape(2, 2), [0, 1, 2, 3], cpus(4))
+    assert mesh == mesh_2x2
+
+
+def test_create_distributed_mesh_with_one_client(mesh_2x2):
+    mesh = dtensor.create_distributed_mesh([("x", 2), ("y", 2)], local_devices=cpus(4))
+    assert mesh == mesh_2x2
+
+
+def test_duplicate_dim_names_are_rejected():
+    # TF's built-in DTensor accepts this mesh; a layout on it would be ambiguous.
+    with pytest.raises(tf_dtensor.MeshError, match=r"`x` appears twice"):
+        dtensor.create_mesh([("x", 2), ("x", 2)], devices=cpus(4))
+    assert issubclass(tf_dtensor.MeshError, ValueError)
+
+
+def test_duplicate_dim_names_rejected_by_constructor():
+    with pytest.raises(tf_dtensor.MeshError, match=r"`y` appears twice"):
+        Mesh(["y", "y"], np.arange(4).reshape(2, 2), [0, 1, 2, 3], cpus(4))
+
+
+@pytest.mark.parametrize("name", ["unsharded", "match"])
+def test_reserved_dim_names_are_rejected(name):
+    with pytest.raises(tf_dtensor.MeshError, match=rf"`{name}` is reserved"):
+        dtensor.create_mesh([(name, 2)], devices=cpus(2))
+
+
+def test_empty_dim_name_is_rejected():
+    with pytest.raises(tf_dtensor.MeshError, match="non-empty"):
+        dtensor.create_mesh([("", 2)], devices=cpus(2))
+
+
+def test_device_count_must_match_mesh_shape():
+    with pytest.raises(tf_dtensor.MeshError, match=r"hold 3 devices but 2 devices were given"):
+        dtensor.create_mesh([("x", 3)], devices=cpus(2))
+
+
+def test_device_ids_must_match_local_devices():
+    with pytest.raises(tf_dtensor.MeshError, match=r"4 local device ids but 2 local devices"):
+        Mesh(["x"], np.arange(4), [0, 1, 2, 3], cpus(2))
+
+
+def test_device_id_shape_must_match_dim_names():
+    with pytest.raises(tf_dtensor.MeshError, match=r"shape \[4\] but 2 dimension names"):
+        Mesh(["x", "y"], np.arange(4), [0, 1, 2, 3], cpus(4))
+
+
+def test_repeated_device_is_rejected():
+    with pytest.raises(tf_dtensor.MeshError, match=r"CPU:0` appears twice"):
+        dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:0"])
+
+
+def test_repeated_device_id_is_rejected():
+    with pytest.raises(tf_dtensor.MeshError, match="duplicates"):
+        Mesh(["x"], np.array([0, 0]), [0, 1], cpus(2))
+
+
+def test_mixed_device_types_are_rejected():
+    with pytest.raises(tf_dtensor.MeshError, match="CPU and GPU"):
+        dtensor.create_mesh([("x", 2)], devices=["CPU:0", "GPU:0"])
+
+
+def test_zero_sized_dim_is_rejected():
+    with pytest.raises(tf_dtensor.MeshError, match="size 0"):
+        dtensor.create_mesh([("x", 0)], devices=[])
+
+
+def test_dim_size_of_unknown_dim():
+    mesh = dtensor.create_mesh([("x", 2)], devices=cpus(2))
+    with pytest.raises(ValueError, match="`z`"):
+        mesh.dim_size("z")
+
+
+def test_equality_and_hash(mesh_2x2):
+    same = dtensor.create_mesh([("x", 2), ("y", 2)], devices=cpus(4))
+    assert same == mesh_2x2 and hash(same) == hash(mesh_2x2)
+    assert mesh_2x2 != dtensor.create_mesh([("x", 2), ("z", 2)], devices=cpus(4))
+    assert mesh_2x2 != dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    assert mesh_2x2 != dtensor.create_mesh([("x", 2), ("y", 2)], devices=cpus(8)[4:])
+    assert mesh_2x2 != "mesh(x=2,y=2)"
+    assert len({mesh_2x2, same}) == 1
+
+
+def test_mesh_is_immutable(mesh_2x2):
+    with pytest.raises(AttributeError):
+        mesh_2x2.size = 8
+    with pytest.raises(AttributeError):
+        mesh_2x2.dim_names = ["a", "b"]
+    with pytest.raises(AttributeError):
+        mesh_2x2.anything = 1
+    names = mesh_2x2.dim_names
+    names.append("z")
+    assert mesh_2x2.dim_names == ["x", "y"]
+
+
+def test_repr_and_str_match_the_overview_guide():
+    mesh = dtensor.create_mesh([("x", 6)], devices=cpus(6))
+    text = ("<Mesh object with dims=[('x', 6)], device_type=\"CPU\", num_local_devices=6), "
+            "size=6>")
+    assert repr(mesh) == text
+    assert str(mesh) == text
+    mesh_2d = dtensor.create_mesh([("x", 3), ("y", 2)], devices=cpus(6))
+    assert str(mesh_2d) == ("<Mesh object with dims=[('x', 3), ('y', 2)], device_type=\"CPU\", "
+                            "num_local_devices=6), size=6>")
+
+
+def test_short_form(mesh_2x2, mesh_1d):
+    assert mesh_2x2.short() == "mesh(x=2,y=2)"
+    assert mesh_1d.short() == "mesh(x=2)"
+
+
+def test_to_string_from_string_round_trip(mesh_2x2):
+    text = mesh_2x2.to_string()
+    assert text == ("|x=2,y=2|0,1,2,3|0,1,2,3|" + ",".join(_full(d) for d in cpus(4)))
+    assert Mesh.from_string(text) == mesh_2x2
+    named = dtensor.create_mesh([("x", 2)], devices=cpus(2), mesh_name="named")
+    assert named.to_string().startswith("named|x=2|")
+    assert Mesh.from_string(named.to_string()) == named
+
+
+def test_from_string_garbage():
+    with pytest.raises(tf_dtensor.MeshError, match="Cannot parse mesh 'garbage'"):
+        Mesh.from_string("garbage")
+
+
+@pytest.mark.parametrize("dims,name", [([("x", 2), ("y", 2)], ""), ([("x", 8)], "m8"),
+                                       ([("b", 2), ("x", 1), ("y", 2)], "")])
+def test_to_string_parity_with_tf(dims, name):
+    size = int(np.prod([s for _, s in dims]))
+    ours = dtensor.create_mesh(dims, devices=cpus(size), mesh_name=name)
+    theirs = tf_dtensor_builtin.create_mesh(dims, devices=cpus(size), mesh_name=name)
+    assert ours.to_string() == theirs.to_string()
+    assert Mesh.from_string(theirs.to_string()) == ours
+    assert tf_dtensor_builtin.Mesh.from_string(ours.to_string()) == theirs
+    assert ours.dim_names == theirs.dim_names
+    assert ours.shape() == theirs.shape()
+    assert ours.local_devices() == theirs.local_devices()
+    np.testing.assert_array_equal(ours.global_device_ids(), theirs.global_device_ids())

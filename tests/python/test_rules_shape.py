@@ -1,0 +1,146 @@
+"""Numerical checks of cc/rules/shape_rules.cc: Reshape, Transpose, ExpandDims, Squeeze,
+Shape, Size and Rank.
+
+    Shape/Size/Rank([x,*] of [8,4]) -> the GLOBAL values, replicated
+    transpose([x,y], perm=[1,0]) -> [y,x]
+    expand_dims([x,*], 1) -> [x,*,*]        squeeze([x,*,*] of [8,1,4], [1]) -> [x,*]
+    [B,T,D] [x,*,*] -> [B*T,D] [x,*]      [B*T,D] [x,*] -> [B,T,D] [x,*,*]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dtensor
+from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, check_op, layout_of,
+                             layout_params, random_array, spec_params, to_dtensor)
+from tf_dtensor import dtensor
+
+
+def _reshape_to(target):
+    return lambda x: tf.reshape(x, target)
+
+
+RESHAPES = [
+    ((8, 4), [32]),
+    ((8, 4), [2, 4, 4]),
+    ((2, 4, 4), [8, 4]),
+    ((8, 4), [-1]),
+    ((8, 4), [4, -1]),
+    ((2, 4, 4), [-1, 4]),
+]
+
+
+def _reshape_params():
+    params = []
+    for shape, target in RESHAPES:
+        for param in layout_params(shape):
+            suffix = f"{list(shape)}->{target}".replace(" ", "")
+            params.append(pytest.param(param.values[0], shape, target,
+                                       id=f"{param.id}-{suffix}"))
+    return params
+
+
+@pytest.mark.parametrize("layouts,shape,target", _reshape_params())
+def test_reshape(layouts, shape, target):
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    check_op(_reshape_to(target), "Reshape", [x], layouts, host_inputs=[([len(target)], target)])
+
+
+# Golden plans from the header of shape_rules.cc.
+@pytest.mark.parametrize("spec,shape,target,expected", [
+    pytest.param("[x,*,*]", [2, 4, 4], [8, 4], "[x,*]", id="[x,*,*]-[2,4,4]->[8,4]"),
+    pytest.param("[x,*]", [8, 4], [2, 4, 4], "[x,*,*]", id="[x,*]-[8,4]->[2,4,4]"),
+    pytest.param("[x,*]", [8, 4], [32], "[x]", id="[x,*]-[8,4]->[32]"),
+    pytest.param("[*,x]", [8, 4], [32], "[*]", id="[*,x]-[8,4]->[32]"),
+    pytest.param("[x,y]", [8, 4], [8, 2, 2], "[x,y,*]", id="[x,y]-[8,4]->[8,2,2]"),
+])
+def test_reshape_plan(spec, shape, target, expected, mesh_2x2):
+    plan = tf_dtensor.debug.explain("Reshape", [layout_of(spec, mesh_2x2), None],
+                                    [shape, [len(target)]], int_values={1: target})
+    assert plan["outputs"] == [layout_of(expected, mesh_2x2)]
+
+
+def test_reshape_element_count_mismatch_names_the_op(mesh_2x2):
+    with pytest.raises(ValueError, match=r"(?s)Reshape.*element counts differ"):
+        tf_dtensor.debug.explain("Reshape", [layout_of("[x,*]", mesh_2x2), None],
+                                 [[8, 4], [1]], int_values={1: [31]})
+
+
+@pytest.mark.parametrize("layouts", layout_params((4, 8)))
+def test_transpose_2d(layouts):
+    check_op(lambda x: tf.transpose(x, [1, 0]), "Transpose", [random_array((4, 8))], layouts,
+             host_inputs=[([2], [1, 0])])
+
+
+PERMS = [[2, 0, 1], [1, 0, 2], [0, 2, 1]]
+
+
+@pytest.mark.parametrize("perm", PERMS, ids=[str(p).replace(" ", "") for p in PERMS])
+@pytest.mark.parametrize("layouts", spec_params(
+    MESH_2X2, ("[x,y,*]",), ("[*,x,y]",), ("[y,*,x]",), ("[*,*,*]",), ("[x,*,*]",)))
+def test_transpose_3d(layouts, perm):
+    check_op(lambda x: tf.transpose(x, perm), "Transpose", [random_array((2, 4, 8))], layouts,
+             host_inputs=[([3], perm)])
+
+
+def test_transpose_plan_swaps_specs(mesh_2x2):
+    plan = tf_dtensor.debug.explain("Transpose", [layout_of("[x,y]", mesh_2x2), None],
+                                    [[4, 8], [2]], int_values={1: [1, 0]})
+    assert plan["outputs"] == [layout_of("[y,x]", mesh_2x2)]
+    assert plan["collectives"] == []
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+@pytest.mark.parametrize("layouts", spec_params(MESH_2X2, ("[x,y]",), ("[y,*]",), ("[*,x]",),
+                                                ("[*,*]",)))
+def test_expand_dims(layouts, axis):
+    check_op(lambda x: tf.expand_dims(x, axis), "ExpandDims", [random_array((4, 8))], layouts,
+             host_inputs=[([], [axis])])
+
+
+@pytest.mark.parametrize("squeeze_dims", [[1], [], [-2]], ids=["axis1", "all", "axis-2"])
+@pytest.mark.parametrize("layouts", layout_params((8, 1, 4), meshes=[MESH_2X2]))
+def test_squeeze(layouts, squeeze_dims):
+    def fn(x):
+        return tf.squeeze(x, axis=squeeze_dims or None)
+
+    check_op(fn, "Squeeze", [random_array((8, 1, 4))], layouts,
+             attrs={"squeeze_dims": squeeze_dims})
+
+
+def test_squeeze_plan(mesh_2x2):
+    plan = tf_dtensor.debug.explain("Squeeze", [layout_of("[x,*,*]", mesh_2x2)], [[8, 1, 4]],
+                                    attrs={"squeeze_dims": [1]})
+    assert plan["outputs"] == [layout_of("[x,*]", mesh_2x2)]
+
+
+SHAPE_OPS = {
+    "Shape": (tf.shape, np.array([8, 4], np.int32)),
+    "Shape-int64": (lambda x: tf.shape(x, out_type=tf.int64), np.array([8, 4], np.int64)),
+    "Size": (lambda x: tf.raw_ops.Size(input=x), np.array(32, np.int32)),
+    "Rank": (lambda x: tf.raw_ops.Rank(input=x), np.array(2, np.int32)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPE_OPS))
+@pytest.mark.parametrize("layouts", spec_params(MESH_2X2, ("[x,y]",), ("[y,*]",), ("[*,x]",),
+                                                ("[*,*]",)) + spec_params(MESH_1D, ("[x,*]",)))
+def test_shape_ops_return_global_values(layouts, name):
+    fn, expected = SHAPE_OPS[name]
+    (layout,) = layouts
+    out = fn(to_dtensor(random_array((8, 4)), layout))
+    assert_dtensor_equal(expected, dtensor.Layout.replicated(layout.mesh, expected.ndim), out)
+    op_name = name.split("-")[0]
+    assert check_op(fn, op_name, [random_array((8, 4))], layouts) is not None
+
+
+@pytest.mark.parametrize("layouts", spec_params(MESH_2X2, ("[x,y]",), ("[*,x]",)))
+def test_python_size_and_rank_are_global(layouts):
+    (layout,) = layouts
+    x = to_dtensor(random_array((8, 4)), layout)
+    assert int(tf.size(x)) == 32
+    assert int(tf.rank(x)) == 2
+    assert x.shape == (8, 4)
