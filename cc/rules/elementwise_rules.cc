@@ -51,6 +51,24 @@ class SelectRule : public PointwiseRule {
   }
 };
 
+// BiasAdd adds a rank-1 bias along the channel axis: the last (NHWC) or axis 1 (NCHW).
+class BiasAddRule : public Rule {
+ public:
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    const Layout& value = ctx.layout(0);
+    std::optional<std::string> format = ctx.attrs->GetString("data_format");
+    int channel = format && *format == "NCHW" ? 1 : value.rank() - 1;
+    if (channel < 0 || channel >= value.rank()) {
+      return InvalidArgument("BiasAdd needs a value of rank 2 or more; got " + ctx.Describe(0) +
+                             ".");
+    }
+    Plan plan;
+    plan.inputs = {value, value.WithSpecs({value.spec(channel)})};
+    plan.outputs = {value};
+    return plan;
+  }
+};
+
 const bool kRegistered = RegisterRules({
     {"Abs", Pointwise()},
     {"Acos", Pointwise()},
@@ -152,24 +170,6 @@ const bool kRegistered = RegisterRules({
     {"Xlogy", Pointwise()},
     {"ZerosLike", Pointwise()},
 });
-
-// BiasAdd adds a rank-1 bias along the channel axis: the last (NHWC) or axis 1 (NCHW).
-class BiasAddRule : public Rule {
- public:
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    const Layout& value = ctx.layout(0);
-    std::optional<std::string> format = ctx.attrs->GetString("data_format");
-    int channel = format && *format == "NCHW" ? 1 : value.rank() - 1;
-    if (channel < 0 || channel >= value.rank()) {
-      return InvalidArgument("BiasAdd needs a value of rank 2 or more; got " + ctx.Describe(0) +
-                             ".");
-    }
-    Plan plan;
-    plan.inputs = {value, value.WithSpecs({value.spec(channel)})};
-    plan.outputs = {value};
-    return plan;
-  }
-};
 
 }  // namespace
 
