@@ -257,7 +257,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
     }
     if (strict_) {
       return Unimplemented(
-          "'" + op_name + "' has no tf_dtensor rule (inputs: " + ctx.DescribeOp() +
+          "'" + op_name + "' has no tf_dtensor rule (inputs: " + ctx.DescribeInputs() +
           "). Relayout its inputs to replicated yourself, or leave strict mode "
           "(`tf_dtensor.set_strict_mode(False)` or TF_DTENSOR_STRICT=0) to let tf_dtensor do "
           "that with a warning.");
@@ -265,7 +265,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
     if (gathers) {
       WarnOnce(op_name, "tf_dtensor has no rule for '" + op_name +
                             "': its sharded inputs were gathered to replicated and it ran on "
-                            "every device (inputs: " + ctx.DescribeOp() +
+                            "every device (inputs: " + ctx.DescribeInputs() +
                             "). The result is correct but the work is not distributed.");
     }
   }

@@ -91,7 +91,7 @@ py::dict Explain(const std::string& op_name, const std::vector<std::optional<Lay
   }
   const Rule* rule = RuleRegistry::Global().Find(op_name);
   if (!rule) {
-    Raise(Unimplemented("'" + op_name + "' has no tf_dtensor rule (inputs: " + ctx.DescribeOp() +
+    Raise(Unimplemented("'" + op_name + "' has no tf_dtensor rule (inputs: " + ctx.DescribeInputs() +
                         ")."),
           Subject::kOp);
   }

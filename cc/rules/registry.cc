@@ -37,12 +37,16 @@ std::string OpContext::Describe(int input) const {
   return text + ") of '" + op_name + "'";
 }
 
-std::string OpContext::DescribeOp() const {
+std::string OpContext::DescribeInputs() const {
   std::vector<std::string> parts;
   for (const InputInfo& in : inputs) {
     parts.push_back(in.layout ? in.layout->ShortString() : "host " + ShapeString(in.shape));
   }
-  return "'" + op_name + "' with inputs (" + Join(parts, ", ") + ")";
+  return Join(parts, ", ");
+}
+
+std::string OpContext::DescribeOp() const {
+  return "'" + op_name + "' with inputs (" + DescribeInputs() + ")";
 }
 
 StatusOr<std::vector<int64_t>> OpContext::IntValue(int input, const std::string& what) const {

@@ -45,8 +45,10 @@ struct OpContext {
 
   // "input 1 (shape [4, 8], layout [x,*]) of 'MatMul'", for error messages.
   std::string Describe(int input) const;
-  // "'MatMul' with inputs [x,*] @ mesh(x=2), [*,*] @ mesh(x=2)".
+  // "'MatMul' with inputs ([x,*] @ mesh(x=2), [*,*] @ mesh(x=2))".
   std::string DescribeOp() const;
+  // "[x,*] @ mesh(x=2), host [2]".
+  std::string DescribeInputs() const;
   int rank(int input) const { return static_cast<int>(inputs[input].shape.size()); }
   const Layout& layout(int input) const { return *inputs[input].layout; }
   // The constant integer value of `input` or an error naming the op.
