@@ -12,23 +12,22 @@
 namespace tf_dtensor {
 namespace {
 
-// The shortest text that reads back as the same value (as TF and numpy print floats).
+// TF's float text: the short precision (FLT_DIG / DBL_DIG) when it reads back as the same
+// value, else the full round-trip precision: 0.769825, but 2.66521645.
 template <typename T>
-std::string FormatFloat(T value, int max_digits) {
+std::string FormatFloat(T value, int short_digits, int full_digits) {
   char buffer[64];
-  for (int digits = 1; digits < max_digits; ++digits) {
-    std::snprintf(buffer, sizeof(buffer), "%.*g", digits, static_cast<double>(value));
-    if (static_cast<T>(std::strtod(buffer, nullptr)) == value) return buffer;
-  }
-  std::snprintf(buffer, sizeof(buffer), "%.*g", max_digits, static_cast<double>(value));
+  std::snprintf(buffer, sizeof(buffer), "%.*g", short_digits, static_cast<double>(value));
+  if (static_cast<T>(std::strtod(buffer, nullptr)) == value) return buffer;
+  std::snprintf(buffer, sizeof(buffer), "%.*g", full_digits, static_cast<double>(value));
   return buffer;
 }
 
-// One element as TF prints it: floats with 9 (double: 17) significant digits.
+// One element as TF prints it.
 std::string FormatElement(const char* data, int64_t index, TF_DataType dtype) {
   switch (dtype) {
-    case TF_FLOAT: return FormatFloat(reinterpret_cast<const float*>(data)[index], 9);
-    case TF_DOUBLE: return FormatFloat(reinterpret_cast<const double*>(data)[index], 17);
+    case TF_FLOAT: return FormatFloat(reinterpret_cast<const float*>(data)[index], 6, 9);
+    case TF_DOUBLE: return FormatFloat(reinterpret_cast<const double*>(data)[index], 15, 17);
     case TF_INT32: return std::to_string(reinterpret_cast<const int32_t*>(data)[index]);
     case TF_INT64: return std::to_string(reinterpret_cast<const int64_t*>(data)[index]);
     case TF_INT16: return std::to_string(reinterpret_cast<const int16_t*>(data)[index]);
@@ -54,7 +53,7 @@ std::string FormatElement(const char* data, int64_t index, TF_DataType dtype) {
                              : std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
         if (sign) f = -f;
       }
-      return FormatFloat(f, 5);
+      return FormatFloat(f, 4, 5);
     }
     default: return "?";
   }
