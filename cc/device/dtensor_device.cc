@@ -320,9 +320,9 @@ Status DTensorDevice::Pack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle*
       }
     } else if (shape != local || t != dtype) {
       return InvalidArgument("pack component " + std::to_string(i) + " has shape " +
-                             ShapeString(shape) + " and dtype " + std::to_string(t) +
+                             ShapeString(shape) + " and dtype " + DataTypeName(t) +
                              " but component 0 has shape " + ShapeString(local) + " and dtype " +
-                             std::to_string(dtype) +
+                             DataTypeName(dtype) +
                              "; all components must have one shape and dtype.");
     }
     // Place each component on its device (on virtual CPUs this shares the buffer).

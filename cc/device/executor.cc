@@ -174,10 +174,15 @@ StatusOr<std::vector<ValueId>> EagerBuilder::LocalOp(const std::string& op_name,
                                                      const std::vector<ValueId>& inputs,
                                                      const LocalOpOptions& options,
                                                      const std::vector<Layout>& out_layouts) {
-  std::vector<int> key_dims;
+  // Devices that agree on these mesh coordinates hold the same inputs and outputs.
+  std::vector<int> key_dims = options.distinct_over;
   for (ValueId v : inputs) {
     if (!values_[v].layout) continue;
     for (int d : values_[v].layout->ShardedMeshDims()) key_dims.push_back(d);
+    // A DVariable handle stands for one variable per shard of its value.
+    if (values_[v].resource) {
+      for (int d : values_[v].resource->value_layout.ShardedMeshDims()) key_dims.push_back(d);
+    }
   }
   for (const Layout& l : out_layouts) {
     for (int d : l.ShardedMeshDims()) key_dims.push_back(d);

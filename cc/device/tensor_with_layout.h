@@ -65,6 +65,9 @@ class TensorWithLayout {
 // Text of one host tensor in TF's print format ("[[1 2] [3 4]]", 3 items per edge).
 std::string FormatTensor(TFE_TensorHandle* handle, TF_Status* status);
 
+// "float32" for TF_FLOAT: dtype names as Python shows them, for messages.
+std::string DataTypeName(int dtype);
+
 // A handle sharing `handle`'s tensor (no copy).
 HandlePtr ShareHandle(TFE_TensorHandle* handle, TF_Status* status);
 

@@ -25,9 +25,7 @@ enum class Subject { kMesh, kLayout, kOp };
   switch (status.code()) {
     case Code::kUnimplemented: name = "UnsupportedOpError"; break;
     case Code::kInvalidArgument:
-      name = subject == Subject::kMesh ? "MeshError"
-             : subject == Subject::kLayout ? "LayoutError"
-                                           : "RelayoutError";
+      name = subject == Subject::kMesh ? "MeshError" : "LayoutError";
       break;
     default: name = "RelayoutError"; break;
   }

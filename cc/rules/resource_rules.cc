@@ -34,12 +34,17 @@ class VarHandleRule : public Rule {
   }
   StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                         Builder& builder) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> out, ExpandDefault(ctx, plan, builder));
     const AttrValue* shape_attr = ctx.attrs->Find("shape");
     std::vector<int64_t> shape = shape_attr && shape_attr->shape ? *shape_attr->shape
                                                                  : std::vector<int64_t>{};
     Layout value = ctx.requested ? *ctx.requested
                                  : Layout::Replicated(ctx.mesh, static_cast<int>(shape.size()));
+    // Each shard of the value gets its own variable.
+    LocalOpOptions options;
+    options.overrides = plan.overrides;
+    options.distinct_over = value.ShardedMeshDims();
+    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> out,
+                         builder.LocalOp(ctx.op_name, {}, options, plan.outputs));
     builder.set_resource(out[0], {value, shape, ctx.attrs->GetType("dtype").value_or(0)});
     return out;
   }

@@ -53,6 +53,9 @@ struct LocalOpOptions {
   // Run once and share the result with every device (stateful ops such as RandomUniform
   // whose replicas must agree). Only for fully replicated outputs.
   bool run_once = false;
+  // Mesh dimensions along which the results differ although no layout says so: the
+  // per-device variables a VarHandleOp creates for a sharded DVariable.
+  std::vector<int> distinct_over;
 };
 
 // Metadata for a resource (variable) handle: the layout and shape of the value it holds.

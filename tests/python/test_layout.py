@@ -3,6 +3,8 @@ parity with TF's built-in DTensor Layout."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import tensorflow as tf
 
@@ -61,11 +63,17 @@ def test_match_is_not_a_user_layout_spec(mesh_2x2):
         Layout([dtensor.MATCH, "x"], mesh_2x2)
 
 
-@pytest.mark.parametrize("text", ["garbage", "", "sharding_specs:x, mesh:nonsense",
-                                  "sharding_specs:z, mesh:|x=2|0,1|0,1|/job:localhost/replica:0/"
-                                  "task:0/device:CPU:0,/job:localhost/replica:0/task:0/device:CPU:1"])
-def test_from_string_garbage(text):
-    with pytest.raises(tf_dtensor.LayoutError):
+_DEVICES = ",".join(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(2))
+
+
+@pytest.mark.parametrize("text,message", [
+    pytest.param("garbage", "Cannot parse layout 'garbage'", id="garbage"),
+    pytest.param("", "Cannot parse layout", id="empty"),
+    pytest.param("sharding_specs:x, mesh:nonsense", "Cannot parse mesh 'nonsense'", id="bad-mesh"),
+    pytest.param(f"sharding_specs:z, mesh:|x=2|0,1|0,1|{_DEVICES}", "`z`", id="unknown-dim"),
+])
+def test_from_string_garbage(text, message):
+    with pytest.raises(tf_dtensor.LayoutError, match=re.escape(message)):
         Layout.from_string(text)
 
 

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tf_dtensor
-from dtensor_testing import (MESH_2X2, assert_dtensor_equal, layout_of, layout_params,
+from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, layout_of, layout_params,
                              run_without_fallback, spec_params)
 from tf_dtensor import dtensor
 
@@ -20,28 +20,43 @@ SHAPE = (8, 4)
 # tf.ones/zeros/fill of 1000 elements or more run a Fill op; smaller ones are constants.
 BIG_SHAPE = (64, 32)
 
-CREATORS = {
-    "ones": (tf.ones, {"shape": SHAPE}),
-    "zeros": (tf.zeros, {"shape": SHAPE}),
-    "fill": (tf.fill, {"dims": SHAPE, "value": 3.5}),
+# Random values must equal the single-device draw for every layout; the deterministic
+# creators run on a subset.
+RANDOM = {
     "stateless_normal": (tf.random.stateless_normal, {"shape": SHAPE, "seed": (1, 2)}),
     "stateless_uniform": (tf.random.stateless_uniform, {"shape": SHAPE, "seed": (3, 4)}),
     "stateless_uniform_int": (tf.random.stateless_uniform,
                               {"shape": SHAPE, "seed": (5, 6), "minval": 0, "maxval": 100,
                                "dtype": tf.int32}),
+}
+CONSTANT = {
+    "ones": (tf.ones, {"shape": SHAPE}),
+    "zeros": (tf.zeros, {"shape": SHAPE}),
+    "fill": (tf.fill, {"dims": SHAPE, "value": 3.5}),
     "ones_big": (tf.ones, {"shape": BIG_SHAPE}),
     "fill_big_int": (tf.fill, {"dims": BIG_SHAPE, "value": 7}),
 }
 
 
-@pytest.mark.parametrize("name", sorted(CREATORS))
-@pytest.mark.parametrize("layouts", layout_params(SHAPE))
-def test_call_with_layout_creates_the_single_device_value(layouts, name):
-    fn, kwargs = CREATORS[name]
-    (layout,) = layouts
+def _check_creation(fn, kwargs, layout):
     expected = fn(**kwargs).numpy()
     actual = run_without_fallback(lambda: dtensor.call_with_layout(fn, layout, **kwargs))
     assert_dtensor_equal(expected, layout, actual)
+
+
+@pytest.mark.parametrize("name", sorted(RANDOM))
+@pytest.mark.parametrize("layouts", layout_params(SHAPE))
+def test_random_equals_single_device_value(layouts, name):
+    fn, kwargs = RANDOM[name]
+    _check_creation(fn, kwargs, layouts[0])
+
+
+@pytest.mark.parametrize("name", sorted(CONSTANT))
+@pytest.mark.parametrize("layouts", spec_params(MESH_2X2, ("[x,y]",), ("[y,*]",), ("[*,*]",)) +
+                         spec_params(MESH_1D, ("[*,x]",)))
+def test_constant_creation(layouts, name):
+    fn, kwargs = CONSTANT[name]
+    _check_creation(fn, kwargs, layouts[0])
 
 
 @pytest.mark.parametrize("layouts", layout_params(SHAPE))
@@ -76,3 +91,18 @@ def test_fill_plan_gives_the_requested_layout(layouts):
                                     requested=layout)
     assert plan["outputs"] == [layout]
     assert plan["collectives"] == []
+
+
+@pytest.mark.parametrize("fn,kwargs,op_name", [
+    pytest.param(tf.ones, {"shape": (6, 4)}, "Fill", id="ones"),
+    pytest.param(tf.ones, {"shape": (12, 100)}, "Fill", id="ones_big"),
+    pytest.param(tf.random.stateless_normal, {"shape": (12, 4), "seed": (1, 2)},
+                 "StatelessRandomNormalV2", id="stateless_normal"),
+])
+def test_indivisible_shape_names_the_op(fn, kwargs, op_name, mesh_8):
+    rows = kwargs["shape"][0]
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        dtensor.call_with_layout(fn, dtensor.Layout(["x", dtensor.UNSHARDED], mesh_8), **kwargs)
+    message = str(error.value)
+    assert f"'{op_name}'" in message
+    assert f"(size {rows})" in message and f"{rows} is not divisible by 8" in message

@@ -12,8 +12,9 @@ import pytest
 import tensorflow as tf
 
 import tf_dtensor
-from dtensor_testing import (MESH_2X2, check_op, is_replicated, layout_of, layout_params,
-                             random_array, spec_params, to_dtensor, assert_dtensor_equal)
+from dtensor_testing import (MESH_2X2, MESH_8, assert_dtensor_equal, check_op, is_replicated,
+                             layout_of, layout_params, random_array, spec_params, to_dtensor)
+from tf_dtensor import dtensor
 
 
 @pytest.mark.parametrize("layouts", layout_params((4, 8), (8, 4)))
@@ -28,17 +29,12 @@ def test_matmul_int32(mesh_2x2):
                                           layout_of("[x,*]", mesh_2x2)])
 
 
-# A representative subset for the transposed forms: every layout of one side against a
-# replicated other side, plus a sharded contraction.
-def _transposed_cases(shape_a, shape_b):
-    return layout_params(shape_a, shape_b, meshes=[MESH_2X2],
-                         select=lambda c: is_replicated(c[0]) or is_replicated(c[1]))
-
-
+# A representative subset for the transposed forms: each of m, k, n sharded on either side.
 @pytest.mark.parametrize("transpose_a,transpose_b", [(True, False), (False, True), (True, True)],
                          ids=["ta", "tb", "ta-tb"])
-@pytest.mark.parametrize("layouts", _transposed_cases((8, 8), (8, 8)) + spec_params(
-    MESH_2X2, ("[x,y]", "[x,y]"), ("[y,x]", "[x,y]"), ("[x,*]", "[x,*]"), ("[*,x]", "[*,x]")))
+@pytest.mark.parametrize("layouts", spec_params(
+    MESH_2X2, ("[x,y]", "[x,y]"), ("[y,x]", "[x,y]"), ("[x,*]", "[x,*]"), ("[*,x]", "[*,x]"),
+    ("[x,*]", "[*,*]"), ("[*,*]", "[*,y]")))
 def test_matmul_transposed(layouts, transpose_a, transpose_b):
     def fn(a, b):
         return tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
@@ -48,9 +44,9 @@ def test_matmul_transposed(layouts, transpose_a, transpose_b):
              attrs={"transpose_a": transpose_a, "transpose_b": transpose_b})
 
 
+# Every layout of `a` against a replicated `b`, plus sharded pairs.
 @pytest.mark.parametrize("layouts", layout_params(
-    (2, 4, 8), (2, 8, 4), meshes=[MESH_2X2],
-    select=lambda c: is_replicated(c[0]) or is_replicated(c[1])) + spec_params(
+    (2, 4, 8), (2, 8, 4), meshes=[MESH_2X2], select=lambda c: is_replicated(c[1])) + spec_params(
         MESH_2X2, ("[x,*,y]", "[x,y,*]"), ("[x,y,*]", "[x,*,y]"), ("[y,x,*]", "[*,x,*]"),
         ("[*,*,x]", "[y,x,*]"), ("[x,*,*]", "[y,*,*]")))
 def test_batch_matmul(layouts):
@@ -112,3 +108,18 @@ def test_matmul_rejects_vectors(mesh_2x2):
     with pytest.raises(ValueError, match="MatMul"):
         tf_dtensor.debug.explain("MatMul", [layout_of("[x]", mesh_2x2),
                                             layout_of("[*,*]", mesh_2x2)], [[8], [8, 4]])
+
+
+_MESH_4X2 = dtensor.create_mesh([("x", 4), ("y", 2)], devices=[f"CPU:{i}" for i in range(8)])
+
+
+@pytest.mark.parametrize("layouts", spec_params(
+    _MESH_4X2, ("[x,*]", "[*,y]"), ("[*,x]", "[x,*]"), ("[y,x]", "[x,*]"), ("[x,y]", "[y,*]")))
+def test_matmul_on_a_4x2_mesh(layouts):
+    check_op(tf.matmul, "MatMul", [random_array((8, 8)), random_array((8, 8), seed=1)], layouts)
+
+
+@pytest.mark.parametrize("layouts", spec_params(MESH_8, ("[x,*]", "[*,*]"),
+                                                ("[*,x]", "[x,*]")))
+def test_matmul_on_8_devices(layouts):
+    check_op(tf.matmul, "MatMul", [random_array((8, 8)), random_array((8, 8), seed=1)], layouts)

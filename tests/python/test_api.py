@@ -1,0 +1,367 @@
+"""Tests of tf_dtensor/api.py and tf_dtensor/config.py: pack/unpack, relayout, copy_to_mesh,
+call_with_layout, default meshes, the accelerator-system calls and parity with
+`tf.experimental.dtensor`."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dtensor
+from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal, layout_of,
+                             layout_params, to_dtensor)
+from tf_dtensor import dtensor
+from tf_dtensor.dtensor import UNSHARDED, Layout
+
+builtin = tf.experimental.dtensor
+
+
+def _device(index: int) -> str:
+    return f"/job:localhost/replica:0/task:0/device:CPU:{index}"
+
+
+# --- pack / unpack -----------------------------------------------------------------------
+
+def test_pack_unpack_round_trip_in_mesh_order(mesh_2x2):
+    # [x,*] on x=2,y=2: devices 0,1 (x=0) hold rows 0:2, devices 2,3 (x=1) rows 2:4.
+    layout = Layout(["x", UNSHARDED], mesh_2x2)
+    top = np.array([[0, 1, 2], [3, 4, 5]], np.int32)
+    bottom = top + 10
+    packed = dtensor.pack([top, top, bottom, bottom], layout)
+    assert dtensor.fetch_layout(packed) == layout
+    assert packed.shape == (4, 3)
+    assert packed.dtype == tf.int32
+    components = dtensor.unpack(packed)
+    assert [c.device for c in components] == [_device(i) for i in range(4)]
+    for component, expected in zip(components, [top, top, bottom, bottom]):
+        np.testing.assert_array_equal(component.numpy(), expected)
+    assert_dtensor_equal(np.concatenate([top, bottom]), layout, packed)
+
+
+def test_pack_fully_sharded_places_blocks_by_mesh_coords(mesh_2x2):
+    layout = Layout(["x", "y"], mesh_2x2)
+    blocks = [np.full((2, 2), i, np.float32) for i in range(4)]
+    packed = dtensor.pack(blocks, layout)
+    expected = np.block([[blocks[0], blocks[1]], [blocks[2], blocks[3]]])
+    assert_dtensor_equal(expected, layout, packed)
+
+
+def test_pack_replicated_overview(mesh_2x2):
+    layout = Layout.replicated(mesh_2x2, 1)
+    packed = dtensor.pack([[0, 1]] * 4, layout)
+    assert_dtensor_equal(np.array([0, 1], np.int32), layout, packed)
+    np.testing.assert_array_equal(packed.numpy(), [0, 1])
+
+
+def test_pack_wrong_component_count(mesh_2x2):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"3 components .* 4 local devices"):
+        dtensor.pack([tf.zeros([2, 2])] * 3, Layout(["x", UNSHARDED], mesh_2x2))
+
+
+def test_pack_no_components(mesh_2x2):
+    with pytest.raises(tf_dtensor.LayoutError, match="got none"):
+        dtensor.pack([], Layout(["x", UNSHARDED], mesh_2x2))
+
+
+def test_pack_mismatched_shapes(mesh_2x2):
+    components = [tf.zeros([2, 2])] * 3 + [tf.zeros([3, 2])]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"component 3 has shape \[3, 2\].*component 0 has shape \[2, 2\]"):
+        dtensor.pack(components, Layout(["x", UNSHARDED], mesh_2x2))
+
+
+def test_pack_mismatched_dtypes_names_the_dtypes(mesh_2x2):
+    components = [tf.zeros([2, 2], tf.int32)] * 3 + [tf.zeros([2, 2], tf.float32)]
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        dtensor.pack(components, Layout(["x", UNSHARDED], mesh_2x2))
+    message = str(error.value)
+    assert "component 3" in message
+    assert "float32" in message and "int32" in message, message
+
+
+def test_pack_rank_mismatch(mesh_2x2):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"rank 1 \(shape \[4\]\) but layout \[x,\*\] @ mesh\(x=2,y=2\) has "
+                             r"rank 2"):
+        dtensor.pack([tf.zeros([4])] * 4, Layout(["x", UNSHARDED], mesh_2x2))
+
+
+def test_pack_rejects_dtensor_components(mesh_2x2):
+    component = to_dtensor(np.zeros((2, 2), np.float32), Layout.replicated(mesh_2x2, 2))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="already a DTensor"):
+        dtensor.pack([component] * 4, Layout(["x", UNSHARDED], mesh_2x2))
+
+
+def test_unpack_regular_tensor():
+    with pytest.raises(tf_dtensor.LayoutError, match="expects a DTensor"):
+        dtensor.unpack(tf.zeros([2]))
+
+
+# --- numpy / repr ------------------------------------------------------------------------
+
+def test_numpy_of_replicated(mesh_2x2):
+    x = np.arange(32, dtype=np.float32).reshape(8, 4)
+    np.testing.assert_array_equal(to_dtensor(x, Layout.replicated(mesh_2x2, 2)).numpy(), x)
+
+
+@pytest.mark.parametrize("spec", ["[x,y]", "[x,*]", "[*,y]"])
+def test_numpy_of_sharded_raises(spec, mesh_2x2):
+    t = to_dtensor(np.zeros((8, 4), np.float32), layout_of(spec, mesh_2x2))
+    with pytest.raises(tf.errors.UnimplementedError, match=r"(?s)sharded.*unpack"):
+        t.numpy()
+
+
+@pytest.mark.parametrize("spec", ["[x,y]", "[*,*]"])
+def test_repr_and_str_show_the_layout(spec, mesh_2x2):
+    layout = layout_of(spec, mesh_2x2)
+    t = to_dtensor(np.arange(32, dtype=np.int32).reshape(8, 4), layout)
+    for text in (repr(t), str(t)):
+        assert f'layout="{layout.to_string()}"' in text
+        assert 'layout="sharding_specs:' in text
+
+
+def test_repr_of_sharded_names_each_component(mesh_1d):
+    t = dtensor.pack([np.array([1, 2], np.int32), np.array([3, 4], np.int32)],
+                     Layout(["x"], mesh_1d))
+    assert '{"CPU:0": [1 2], "CPU:1": [3 4]}' in repr(t)
+
+
+def test_repr_prints_floats_as_tensorflow_does(mesh_1d):
+    # TF prints 10.0 as `10` and 0.5 as `0.5`, never `1e+01`.
+    t = dtensor.pack([np.array([10.0, 0.5], np.float32), np.array([20.0, 1234567.0], np.float32)],
+                     Layout(["x"], mesh_1d))
+    assert '{"CPU:0": [10 0.5], "CPU:1": [20 1234567]}' in repr(t), repr(t)
+
+
+# --- fetch_layout / check_layout / is_dtensor ---------------------------------------------
+
+def test_fetch_layout_of_regular_tensor():
+    with pytest.raises(tf_dtensor.LayoutError, match="expects a DTensor"):
+        dtensor.fetch_layout(tf.zeros([2]))
+
+
+def test_check_layout(mesh_2x2):
+    t = to_dtensor(np.zeros((8, 4)), layout_of("[x,y]", mesh_2x2))
+    dtensor.check_layout(t, layout_of("[x,y]", mesh_2x2))
+    with pytest.raises(ValueError, match=r"\[x,y\] @ mesh\(x=2,y=2\).*\[x,\*\] @ mesh"):
+        dtensor.check_layout(t, layout_of("[x,*]", mesh_2x2))
+
+
+def test_is_dtensor(mesh_2x2):
+    t = to_dtensor(np.zeros((8, 4)), layout_of("[x,y]", mesh_2x2))
+    assert dtensor.is_dtensor(t)
+    assert dtensor.is_dtensor(dtensor.DVariable(t))
+    assert not dtensor.is_dtensor(tf.zeros([2]))
+    assert not dtensor.is_dtensor(tf.Variable(1.0))
+    assert not dtensor.is_dtensor(np.zeros(2))
+    assert not dtensor.is_dtensor([1, 2])
+
+
+# --- relayout ------------------------------------------------------------------------------
+
+_X = np.arange(32, dtype=np.float32).reshape(4, 8)
+
+
+@pytest.mark.parametrize("layouts", layout_params((4, 8), (4, 8), meshes=[MESH_2X2]))
+def test_relayout(layouts):
+    source, target = layouts
+    t = to_dtensor(_X, source)
+    assert_dtensor_equal(_X, source, t)
+    assert_dtensor_equal(_X, target, dtensor.relayout(t, target))
+
+
+@pytest.mark.parametrize("layouts", layout_params((4, 8), (4, 8), meshes=[MESH_1D]))
+def test_relayout_1d(layouts):
+    source, target = layouts
+    assert_dtensor_equal(_X, target, dtensor.relayout(to_dtensor(_X, source), target))
+
+
+def test_relayout_int_and_bool(mesh_2x2):
+    for x in (_X.astype(np.int32), _X.astype(np.int64), _X > 10):
+        t = to_dtensor(x, layout_of("[x,y]", mesh_2x2))
+        assert_dtensor_equal(x, layout_of("[y,x]", mesh_2x2),
+                             dtensor.relayout(t, layout_of("[y,x]", mesh_2x2)))
+
+
+def test_relayout_across_meshes_is_rejected(mesh_2x2, mesh_1d):
+    t = to_dtensor(_X, layout_of("[x,y]", mesh_2x2))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="relayout stays on one mesh"):
+        dtensor.relayout(t, Layout(["x", UNSHARDED], mesh_1d))
+
+
+def test_relayout_rank_mismatch(mesh_2x2):
+    t = to_dtensor(_X, layout_of("[x,y]", mesh_2x2))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"rank 1 .* rank 2"):
+        dtensor.relayout(t, Layout(["x"], mesh_2x2))
+
+
+@pytest.mark.parametrize("to_layout", [dtensor.relayout, dtensor.copy_to_mesh],
+                         ids=["relayout", "copy_to_mesh"])
+def test_indivisible_shape_names_the_op(to_layout, mesh_8):
+    # 6 rows cannot be split 8 ways: a clear error, never a crash or a wrong answer.
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"(?s)'TfDTensorRelayout'.*size 6.*not divisible by 8"):
+        to_layout(tf.zeros([6, 4]), Layout(["x", UNSHARDED], mesh_8))
+
+
+def test_relayout_like(mesh_2x2):
+    t = to_dtensor(_X, layout_of("[*,*]", mesh_2x2))
+    like = to_dtensor(np.zeros((4, 8)), layout_of("[y,x]", mesh_2x2))
+    assert_dtensor_equal(_X, layout_of("[y,x]", mesh_2x2), dtensor.relayout_like(t, like))
+
+
+def test_mesh_device_order_is_respected():
+    # The first mesh position is CPU:1: it holds rows 0:2.
+    mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:1", "CPU:0"])
+    layout = Layout(["x", UNSHARDED], mesh)
+    t = to_dtensor(_X, layout)
+    components = dtensor.unpack(t)
+    assert [c.device for c in components] == [_device(1), _device(0)]
+    np.testing.assert_array_equal(components[0].numpy(), _X[:2])
+    assert_dtensor_equal(_X.sum(axis=0), Layout.replicated(mesh, 1), tf.reduce_sum(t, axis=0))
+
+
+def test_mesh_on_the_upper_devices():
+    mesh = dtensor.create_mesh([("x", 2), ("y", 2)], devices=[f"CPU:{i}" for i in range(4, 8)])
+    t = to_dtensor(_X, layout_of("[y,x]", mesh))
+    assert [c.device for c in dtensor.unpack(t)] == [_device(i) for i in range(4, 8)]
+    assert_dtensor_equal(_X @ _X.T, layout_of("[y,*]", mesh), tf.matmul(t, to_dtensor(
+        _X.T, layout_of("[x,*]", mesh))))
+
+
+# --- copy_to_mesh / call_with_layout -------------------------------------------------------
+
+@pytest.mark.parametrize("layouts", layout_params((4, 8), meshes=[MESH_2X2]))
+def test_copy_to_mesh(layouts):
+    (layout,) = layouts
+    assert_dtensor_equal(_X, layout, dtensor.copy_to_mesh(tf.constant(_X), layout))
+
+
+def test_copy_to_mesh_from_numpy_and_lists(mesh_2x2):
+    assert_dtensor_equal(_X, layout_of("[x,y]", mesh_2x2),
+                         dtensor.copy_to_mesh(_X, layout_of("[x,y]", mesh_2x2)))
+    assert_dtensor_equal(np.array([1, 2], np.int32), layout_of("[x]", mesh_2x2),
+                         dtensor.copy_to_mesh([1, 2], layout_of("[x]", mesh_2x2)))
+
+
+def test_copy_to_mesh_of_a_dtensor_relayouts(mesh_2x2):
+    t = to_dtensor(_X, layout_of("[x,*]", mesh_2x2))
+    assert_dtensor_equal(_X, layout_of("[*,y]", mesh_2x2),
+                         dtensor.copy_to_mesh(t, layout_of("[*,y]", mesh_2x2)))
+
+
+def test_call_with_layout_relayouts_a_computed_result(mesh_2x2):
+    layout = layout_of("[y,x]", mesh_2x2)
+    out = dtensor.call_with_layout(lambda: tf.ones([4, 8]) * 3.0 + 1.0, layout)
+    assert_dtensor_equal(np.full((4, 8), 4.0, np.float32), layout, out)
+
+
+def test_call_with_layout_without_layout_is_a_plain_call():
+    out = dtensor.call_with_layout(tf.ones, None, shape=(2, 2))
+    assert not dtensor.is_dtensor(out)
+    np.testing.assert_array_equal(out.numpy(), np.ones((2, 2)))
+
+
+# --- default meshes --------------------------------------------------------------------------
+
+def test_default_mesh_runs_ops_on_the_mesh(mesh_2x2, mesh_1d):
+    assert dtensor.get_default_mesh() is None
+    with dtensor.default_mesh(mesh_2x2):
+        assert dtensor.get_default_mesh() == mesh_2x2
+        out = tf.ones([2, 2]) + 1.0
+        assert_dtensor_equal(np.full((2, 2), 2.0, np.float32), Layout.replicated(mesh_2x2, 2), out)
+        with dtensor.run_on(mesh_1d):
+            assert dtensor.get_default_mesh() == mesh_1d
+            inner = tf.zeros([3]) - 1.0
+            assert_dtensor_equal(np.full(3, -1.0, np.float32), Layout.replicated(mesh_1d, 1), inner)
+        assert dtensor.get_default_mesh() == mesh_2x2
+    assert dtensor.get_default_mesh() is None
+    assert not dtensor.is_dtensor(tf.ones([2]))
+
+
+def test_default_mesh_is_restored_after_an_error(mesh_2x2):
+    with pytest.raises(RuntimeError):
+        with dtensor.default_mesh(mesh_2x2):
+            raise RuntimeError("boom")
+    assert dtensor.get_default_mesh() is None
+
+
+def test_regular_tensor_operand_is_replicated(mesh_2x2):
+    t = to_dtensor(_X, layout_of("[x,y]", mesh_2x2))
+    out = t + tf.ones([4, 8])
+    assert_dtensor_equal(_X + 1, layout_of("[x,y]", mesh_2x2), out)
+
+
+def test_ops_on_two_meshes_are_rejected(mesh_2x2, mesh_1d):
+    a = to_dtensor(_X, layout_of("[x,y]", mesh_2x2))
+    b = to_dtensor(_X, Layout.replicated(mesh_1d, 2))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"'AddV2' got inputs on different meshes: mesh\(x=2,y=2\) and "
+                             r"mesh\(x=2\)"):
+        tf.add(a, b)
+
+
+# --- devices and clients -----------------------------------------------------------------
+
+def test_device_name():
+    assert dtensor.device_name() == "/job:localhost/replica:0/task:0/device:TFDTENSOR:0"
+
+
+def test_clients_and_devices():
+    assert dtensor.client_id() == 0
+    assert dtensor.num_clients() == 1
+    assert dtensor.preferred_device_type() == "CPU"
+    assert dtensor.num_local_devices("CPU") == 8
+    assert dtensor.num_global_devices("CPU") == 8
+    devices = dtensor.local_devices("CPU")
+    assert [(d.device_type, d.device_index) for d in devices] == [("CPU", i) for i in range(8)]
+    assert dtensor.local_devices("cpu") == devices
+    assert dtensor.num_local_devices("GPU") == 0
+
+
+@pytest.mark.parametrize("mesh", [MESH_1D, MESH_2X2, MESH_8], ids=lambda m: m.short())
+def test_barrier(mesh):
+    assert dtensor.barrier(mesh) is None
+
+
+def test_accelerator_system():
+    assert dtensor.initialize_accelerator_system("CPU") == "CPU"
+    dtensor.shutdown_accelerator_system()
+    with pytest.raises(ValueError, match="not initialized"):
+        dtensor.shutdown_accelerator_system()
+
+
+# --- parity with tf.experimental.dtensor ---------------------------------------------------
+
+_FUNCTIONS = [n for n in dtensor.__all__
+              if inspect.isfunction(getattr(dtensor, n)) and hasattr(builtin, n)]
+
+
+def test_public_names_exist_in_tf():
+    ours_only = sorted(n for n in dtensor.__all__ if not hasattr(builtin, n))
+    assert ours_only == ["set_strict_mode"]
+
+
+@pytest.mark.parametrize("name", _FUNCTIONS)
+def test_signature_parity(name):
+    ours = list(inspect.signature(getattr(dtensor, name)).parameters)
+    theirs = list(inspect.signature(getattr(builtin, name)).parameters)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("name", ["Mesh", "Layout", "DVariable"])
+def test_class_constructor_parity(name):
+    ours = list(inspect.signature(getattr(dtensor, name).__init__).parameters)
+    theirs = list(inspect.signature(getattr(builtin, name).__init__).parameters)
+    assert ours == theirs
+
+
+def test_tf_parses_the_layout_of_a_dtensor(mesh_2x2):
+    t = to_dtensor(_X, layout_of("[y,x]", mesh_2x2))
+    theirs = builtin.Layout.from_string(dtensor.fetch_layout(t).to_string())
+    assert theirs.sharding_specs == ["y", "x"]
+    assert theirs.mesh.to_string() == mesh_2x2.to_string()
