@@ -125,6 +125,12 @@ def initialize_accelerator_system(device_type: Optional[str] = None,
         if not context.context()._context_handle:  # pylint: disable=protected-access
             tf.config.set_logical_device_configuration(
                 cpu, [tf.config.LogicalDeviceConfiguration()] * num_logical_cpu_devices)
+        elif len(tf.config.list_logical_devices("CPU")) != num_logical_cpu_devices:
+            raise RuntimeError(
+                f"TensorFlow's runtime already started with "
+                f"{len(tf.config.list_logical_devices('CPU'))} CPUs; "
+                f"`num_logical_cpu_devices={num_logical_cpu_devices}` must be set before any "
+                f"TensorFlow op runs (or pass `experimental_reset_context=True`).")
     _device.get()
     _initialized_device_type = device_type
     return device_type
@@ -142,13 +148,15 @@ def shutdown_accelerator_system() -> None:
 def barrier(mesh: Mesh, barrier_name: Optional[str] = None, timeout_in_ms: Optional[int] = None) -> None:
     """Waits until every device of `mesh` has finished the work queued before it.
 
-    Runs an all-reduce over the mesh and reads the result.
+    Sums one value per device with an all-reduce over the whole mesh and reads the result.
     """
     del barrier_name, timeout_in_ms
     from tf_dtensor import api  # pylint: disable=import-outside-toplevel
     from tf_dtensor.layout import Layout  # pylint: disable=import-outside-toplevel
-    n = mesh.num_local_devices()
-    shards = api.pack([tf.ones([1])] * n, Layout([mesh.dim_names[0]] if mesh.dim_names else [], mesh)
-                      if mesh.dim_names else Layout.replicated(mesh, 1))
-    total = tf.reduce_sum(shards)
-    total.numpy()
+    # One element per device: [n] sharded over every mesh dimension, via a [d0, d1, ...]
+    # tensor sharded axis by axis.
+    ones = api.call_with_layout(tf.ones, Layout(mesh.dim_names, mesh), shape=mesh.shape())
+    total = tf.reduce_sum(ones)
+    if int(total.numpy()) != mesh.size:
+        raise RuntimeError(f"barrier on {mesh.short()} counted {int(total.numpy())} devices, "
+                           f"expected {mesh.size}.")

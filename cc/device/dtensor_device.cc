@@ -276,9 +276,13 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   if (!results.ok()) return WithContext(results.status(), "DTensor op " + ctx.DescribeOp());
   std::vector<ValueId> out = std::move(results).value();
 
-  // call_with_layout: the single output takes the requested layout.
-  if (ctx.requested && out.size() == 1 && builder.layout(out[0]) &&
-      !builder.resource(out[0]) && builder.layout(out[0])->rank() == ctx.requested->rank()) {
+  // call_with_layout: a single output of the requested rank takes the requested layout,
+  // where its shape allows. Constants made from Python values (_EagerConst) are mostly
+  // arguments (shapes, seeds) and stay replicated; call_with_layout relayouts its final
+  // result, so a constant returned as the result still gets the layout, or a clear error.
+  if (ctx.requested && out.size() == 1 && op_name != "_EagerConst" && builder.layout(out[0]) &&
+      !builder.resource(out[0]) && builder.layout(out[0])->rank() == ctx.requested->rank() &&
+      ctx.requested->LocalShape(builder.shape(out[0]), "").ok()) {
     TFD_ASSIGN_OR_RETURN(out[0], Relayout(builder, out[0], *ctx.requested,
                                           "the output of '" + op_name + "'"));
   }

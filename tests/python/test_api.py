@@ -365,3 +365,25 @@ def test_tf_parses_the_layout_of_a_dtensor(mesh_2x2):
     theirs = builtin.Layout.from_string(dtensor.fetch_layout(t).to_string())
     assert theirs.sharding_specs == ["y", "x"]
     assert theirs.mesh.to_string() == mesh_2x2.to_string()
+
+
+def test_call_with_layout_keeps_shape_arguments_whole(mesh_1d):
+    # Regression: the shape argument [2] of tf.ones was itself given layout [x].
+    layout = dtensor.Layout(["x"], mesh_1d)
+    ones = dtensor.call_with_layout(tf.ones, layout, shape=[2])
+    assert dtensor.fetch_layout(ones) == layout
+    np.testing.assert_array_equal(np.concatenate([c.numpy() for c in dtensor.unpack(ones)]),
+                                  np.ones([2], np.float32))
+
+
+def test_call_with_layout_random_rank_1(mesh_1d):
+    # Regression: the random key [1] and counter [2] must not take the requested layout.
+    layout = dtensor.Layout(["x"], mesh_1d)
+    value = dtensor.call_with_layout(tf.random.stateless_normal, layout, shape=[8], seed=[1, 2])
+    expected = tf.random.stateless_normal([8], seed=[1, 2]).numpy()
+    np.testing.assert_allclose(np.concatenate([c.numpy() for c in dtensor.unpack(value)]),
+                               expected)
+
+
+def test_barrier_on_2d_mesh(mesh_2x2):
+    dtensor.barrier(mesh_2x2)
