@@ -90,6 +90,13 @@ StatusOr<std::unique_ptr<TensorWithLayout>> EagerBuilder::Release(ValueId value)
   return tensor;
 }
 
+bool EagerBuilder::SameCoords(int a, int b, const std::vector<int>& mesh_dims) const {
+  for (int k : mesh_dims) {
+    if (mesh_.LocalCoord(a, k) != mesh_.LocalCoord(b, k)) return false;
+  }
+  return true;
+}
+
 std::vector<int> EagerBuilder::Leaders(const std::vector<int>& key_dims) const {
   const int n = mesh_.num_local_devices();
   std::vector<int> leaders(n);
@@ -97,9 +104,7 @@ std::vector<int> EagerBuilder::Leaders(const std::vector<int>& key_dims) const {
     leaders[d] = d;
     if (!mesh_.shares_host_memory()) continue;
     for (int e = 0; e < d; ++e) {
-      bool same = true;
-      for (int k : key_dims) same = same && mesh_.LocalCoord(d, k) == mesh_.LocalCoord(e, k);
-      if (same) {
+      if (SameCoords(d, e, key_dims)) {
         leaders[d] = e;
         break;
       }
@@ -259,9 +264,7 @@ StatusOr<ValueId> EagerBuilder::AllReduce(ValueId value, const std::vector<int>&
     // One partial value per coordinate tuple along `mesh_dims`, within d's group.
     std::map<std::vector<int64_t>, TFE_TensorHandle*> partials;
     for (int e = 0; e < n; ++e) {
-      bool same_group = true;
-      for (int k : key_dims) same_group = same_group && mesh_.LocalCoord(e, k) == mesh_.LocalCoord(d, k);
-      if (!same_group) continue;
+      if (!SameCoords(d, e, key_dims)) continue;
       std::vector<int64_t> coords;
       for (int k : mesh_dims) coords.push_back(mesh_.LocalCoord(e, k));
       partials.emplace(coords, values_[value].handles[e]);
@@ -317,10 +320,8 @@ StatusOr<ValueId> EagerBuilder::AllGather(ValueId value, int dim) {
     }
     std::vector<TFE_TensorHandle*> parts(pieces, nullptr);
     for (int e = 0; e < n; ++e) {
-      bool same_group = true;
-      for (int k : key_dims) same_group = same_group && mesh_.LocalCoord(e, k) == mesh_.LocalCoord(d, k);
       int64_t c = mesh_.LocalCoord(e, mesh_dim);
-      if (same_group && !parts[c]) parts[c] = values_[value].handles[e];
+      if (SameCoords(d, e, key_dims) && !parts[c]) parts[c] = values_[value].handles[e];
     }
     parts.push_back(values_[axis].host);
     TFD_ASSIGN_OR_RETURN(std::vector<TFE_TensorHandle*> r, Run("ConcatV2", parts, options, d, 1));

@@ -76,6 +76,8 @@ class EagerBuilder : public Builder {
   // Devices that compute: leader[d] is the device whose result device d shares. Devices
   // share when they agree on the coordinates along `key_dims` (and memory is shared).
   std::vector<int> Leaders(const std::vector<int>& key_dims) const;
+  // Whether local devices a and b sit at the same coordinates along `mesh_dims`.
+  bool SameCoords(int a, int b, const std::vector<int>& mesh_dims) const;
   // Runs one TFE op on local device `device`; returns its outputs.
   StatusOr<std::vector<TFE_TensorHandle*>> Run(const std::string& op_name,
                                                const std::vector<TFE_TensorHandle*>& inputs,
