@@ -2,61 +2,10 @@
 
 #include <cstring>
 
+#include "cc/core/wire.h"
+
 namespace tf_dtensor {
 namespace {
-
-// Minimal protobuf wire-format reader over a byte span.
-class WireReader {
- public:
-  explicit WireReader(std::string_view bytes) : data_(bytes) {}
-  bool done() const { return pos_ >= data_.size(); }
-
-  bool ReadVarint(uint64_t* value) {
-    *value = 0;
-    for (int shift = 0; shift < 64 && pos_ < data_.size(); shift += 7) {
-      uint8_t byte = static_cast<uint8_t>(data_[pos_++]);
-      *value |= static_cast<uint64_t>(byte & 0x7f) << shift;
-      if (!(byte & 0x80)) return true;
-    }
-    return false;
-  }
-  bool ReadTag(int* field, int* wire_type) {
-    uint64_t tag;
-    if (!ReadVarint(&tag)) return false;
-    *field = static_cast<int>(tag >> 3);
-    *wire_type = static_cast<int>(tag & 7);
-    return true;
-  }
-  bool ReadBytes(std::string_view* out) {
-    uint64_t length;
-    if (!ReadVarint(&length) || pos_ + length > data_.size()) return false;
-    *out = data_.substr(pos_, length);
-    pos_ += length;
-    return true;
-  }
-  bool ReadFixed32(uint32_t* out) {
-    if (pos_ + 4 > data_.size()) return false;
-    std::memcpy(out, data_.data() + pos_, 4);
-    pos_ += 4;
-    return true;
-  }
-  bool Skip(int wire_type) {
-    uint64_t ignored;
-    std::string_view bytes;
-    uint32_t fixed;
-    switch (wire_type) {
-      case 0: return ReadVarint(&ignored);
-      case 1: pos_ += 8; return pos_ <= data_.size();
-      case 2: return ReadBytes(&bytes);
-      case 5: return ReadFixed32(&fixed);
-      default: return false;
-    }
-  }
-
- private:
-  std::string_view data_;
-  size_t pos_ = 0;
-};
 
 Status Malformed() { return Internal("Cannot decode the attributes of an operation."); }
 

@@ -205,6 +205,9 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
                            "DTensor and no mesh is set. Run it under `dtensor.run_on(mesh)` or "
                            "use `dtensor.call_with_layout(fn, layout, ...)`.");
   }
+  if (TFE_ContextHasFunction(context, op_name.c_str())) {
+    return ExecuteFunction(op, op_name, *mesh, handles, dtensors, requested, num_outputs, outputs);
+  }
   OpContext ctx(op_name, &attrs, *mesh);
   ctx.requested = requested;
   ctx.num_outputs = *num_outputs;
@@ -244,31 +247,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   }
   builder.SetInputs(inputs);
 
-  if (!has_rule) {
-    bool gathers = false;
-    for (const InputInfo& in : ctx.inputs) {
-      if (in.resource && !in.resource->value_layout.IsFullyReplicated()) {
-        return Unimplemented("'" + op_name + "' has no tf_dtensor rule and uses a DVariable with "
-                             "sharded layout " + in.resource->value_layout.ShortString() +
-                             "; it cannot run on a replicated copy. Read the variable first "
-                             "and pass the value instead.");
-      }
-      gathers = gathers || (in.layout && !in.resource && !in.layout->IsFullyReplicated());
-    }
-    if (strict_) {
-      return Unimplemented(
-          "'" + op_name + "' has no tf_dtensor rule (inputs: " + ctx.DescribeInputs() +
-          "). Relayout its inputs to replicated yourself, or leave strict mode "
-          "(`tf_dtensor.set_strict_mode(False)` or TF_DTENSOR_STRICT=0) to let tf_dtensor do "
-          "that with a warning.");
-    }
-    if (gathers) {
-      WarnOnce(op_name, "tf_dtensor has no rule for '" + op_name +
-                            "': its sharded inputs were gathered to replicated and it ran on "
-                            "every device (inputs: " + ctx.DescribeInputs() +
-                            "). The result is correct but the work is not distributed.");
-    }
-  }
+  if (!has_rule) TFD_RETURN_IF_ERROR(ApplyFallbackPolicy(ctx, policy()));
 
   StatusOr<Plan> plan = rule->Forward(ctx);
   if (!plan.ok()) return WithContext(plan.status(), "DTensor op " + ctx.DescribeOp());
@@ -287,6 +266,83 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
                                           "the output of '" + op_name + "'"));
   }
   return EmitOutputs(builder, out, context, name_, num_outputs, outputs);
+}
+
+FallbackPolicy DTensorDevice::policy() {
+  FallbackPolicy p;
+  p.strict = strict_;
+  p.warn = [this](const std::string& op_name, const std::string& message) {
+    WarnOnce(op_name, message);
+  };
+  return p;
+}
+
+Status DTensorDevice::ExecuteFunction(const TFE_Op* op, const std::string& function,
+                                      const Mesh& mesh,
+                                      const std::vector<TFE_TensorHandle*>& handles,
+                                      const std::vector<const TensorWithLayout*>& dtensors,
+                                      std::optional<Layout> requested, int* num_outputs,
+                                      TFE_TensorHandle** outputs) {
+  StatusPtr status(TF_NewStatus());
+  TFE_Context* context = TFE_OpGetContext(op, status.get());
+  std::vector<ValueMeta> metas;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    ValueMeta m;
+    if (dtensors[i]) {
+      m.layout = dtensors[i]->layout();
+      m.shape = dtensors[i]->shape();
+      m.dtype = dtensors[i]->dtype();
+      m.resource = dtensors[i]->resource();
+    } else {
+      m.shape = HandleShape(handles[i], status.get());
+      m.dtype = TFE_TensorHandleDataType(handles[i]);
+    }
+    metas.push_back(std::move(m));
+  }
+  OutputRequest request;
+  if (requested && requested->mesh() == mesh) request.single = requested;
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
+                       expander_.Expand(context, function, mesh, metas, request, policy()));
+
+  struct OpDeleter {
+    void operator()(TFE_Op* o) const { TFE_DeleteOp(o); }
+  };
+  std::unique_ptr<TFE_Op, OpDeleter> call(TFE_NewOp(context, expanded->name.c_str(), status.get()));
+  TFD_RETURN_IF_ERROR(FromTF(status.get(), "calling the SPMD function of '" + function + "'"));
+  TFE_OpSetDevice(call.get(), mesh.local_devices()[0].c_str(), status.get());
+  for (size_t i = 0; i < handles.size(); ++i) {
+    if (!dtensors[i]) {
+      TFE_OpAddInput(call.get(), handles[i], status.get());
+    } else {
+      for (int d = 0; d < dtensors[i]->num_components(); ++d) {
+        TFE_OpAddInput(call.get(), dtensors[i]->component(d), status.get());
+      }
+    }
+    TFD_RETURN_IF_ERROR(FromTF(status.get(), "passing input " + std::to_string(i) + " to '" +
+                                                 function + "'"));
+  }
+  const int n = mesh.num_local_devices();
+  if (static_cast<int>(expanded->outputs.size()) > *num_outputs) {
+    return Internal("The SPMD function of '" + function + "' returns more results than TensorFlow expects.");
+  }
+  int flat = static_cast<int>(expanded->outputs.size()) * n;
+  std::vector<TFE_TensorHandle*> results(flat, nullptr);
+  TFE_Execute(call.get(), results.data(), &flat, status.get());
+  TFD_RETURN_IF_ERROR(FromTF(status.get(), "running tf.function '" + function + "' on " +
+                                               mesh.ShortString()));
+  for (size_t k = 0; k < expanded->outputs.size(); ++k) {
+    const ValueMeta& m = expanded->outputs[k];
+    std::vector<HandlePtr> components;
+    for (int d = 0; d < n; ++d) components.emplace_back(results[k * n + d]);
+    auto tensor = std::make_unique<TensorWithLayout>(*m.layout, m.shape,
+                                                     static_cast<TF_DataType>(m.dtype),
+                                                     std::move(components));
+    tensor->set_resource(m.resource);
+    outputs[k] = TensorWithLayout::MakeHandle(context, name_, std::move(tensor), status.get());
+    TFD_RETURN_IF_ERROR(FromTF(status.get(), "wrapping a result of '" + function + "'"));
+  }
+  *num_outputs = static_cast<int>(expanded->outputs.size());
+  return Status::Ok();
 }
 
 Status DTensorDevice::Pack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs) {

@@ -15,6 +15,7 @@
 #include "cc/core/layout.h"
 #include "cc/core/status.h"
 #include "cc/device/tensor_with_layout.h"
+#include "cc/graph/function_expander.h"
 
 namespace tf_dtensor {
 
@@ -34,6 +35,8 @@ class DTensorDevice {
   void set_strict(bool strict) { strict_ = strict; }
   bool strict() const { return strict_; }
   // Receives the one-time warnings (the binding forwards them to Python's warnings).
+  // Expanded tf.functions held in the cache (for tests and debugging).
+  int num_expanded_functions() const { return expander_.cache_size(); }
   void set_warning_handler(std::function<void(const std::string&)> handler) {
     warning_handler_ = std::move(handler);
   }
@@ -49,6 +52,14 @@ class DTensorDevice {
   Status Pack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs);
   Status Unpack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs);
   Status FetchLayout(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs);
+  // A tf.function call: expands the function for its input layouts (cached) and runs the
+  // SPMD function on the mesh in one call.
+  Status ExecuteFunction(const TFE_Op* op, const std::string& function, const Mesh& mesh,
+                         const std::vector<TFE_TensorHandle*>& handles,
+                         const std::vector<const TensorWithLayout*>& dtensors,
+                         std::optional<Layout> requested, int* num_outputs,
+                         TFE_TensorHandle** outputs);
+  FallbackPolicy policy();
   std::optional<Layout> default_layout() const;
   void WarnOnce(const std::string& op_name, const std::string& message);
 
@@ -59,6 +70,7 @@ class DTensorDevice {
   bool strict_ = false;
   std::set<std::string> warned_;
   std::function<void(const std::string&)> warning_handler_;
+  FunctionExpander expander_;
 };
 
 // Sets `status` from ours.

@@ -1,0 +1,627 @@
+#include "cc/graph/function_expander.h"
+
+#include <set>
+#include <unordered_map>
+
+#include "cc/core/strings.h"
+#include "cc/device/executor.h"
+#include "cc/device/ops.h"
+#include "cc/graph/function_def.h"
+#include "cc/graph/graph_builder.h"
+#include "cc/rules/registry.h"
+#include "cc/spmd/relayout.h"
+
+namespace tensorflow {
+// Exported by libtensorflow_cc (declared in c_api_internal.h, which pulls in the C++
+// runtime headers): sets the shape and dtype of the value a resource handle points to,
+// so shape inference of ReadVariableOp sees the local shape of a DVariable.
+void TF_GraphSetOutputHandleShapesAndTypes(TF_Graph* graph, TF_Output output,
+                                           int num_shapes_and_types, const int64_t** shapes,
+                                           const int* ranks, const TF_DataType* types,
+                                           TF_Status* status);
+}  // namespace tensorflow
+
+namespace tf_dtensor {
+namespace {
+
+constexpr int kMaxDepth = 32;
+
+// Ops a layout request passes through unchanged, from output to inputs.
+bool PassesRequest(const std::string& op) {
+  static const std::set<std::string>* ops = new std::set<std::string>{
+      "Abs", "Add", "AddV2", "Cast", "Exp", "Identity", "Log", "Maximum", "Minimum", "Mul",
+      "Neg", "RealDiv", "Relu", "Sigmoid", "Sqrt", "Square", "StopGradient", "Sub", "Tanh"};
+  return ops->count(op) > 0;
+}
+
+bool IsCall(const std::string& op) {
+  return op == "PartitionedCall" || op == "StatefulPartitionedCall";
+}
+
+std::string MetaKey(const ValueMeta& m) {
+  std::string key = m.layout ? m.layout->ToString() : "host";
+  key += "|" + ShapeString(m.shape) + "|" + std::to_string(m.dtype);
+  if (m.resource) {
+    key += "|r:" + m.resource->value_layout.ToString() + ShapeString(m.resource->value_shape) +
+           std::to_string(m.resource->value_dtype);
+  }
+  return key;
+}
+
+// Splits "node:out_arg:3" into ("node", "out_arg", 3); "arg" into ("arg", "", 0).
+struct TensorName {
+  std::string node;
+  std::string arg;
+  int index = 0;
+  bool control = false;
+};
+
+TensorName SplitName(const std::string& text) {
+  TensorName t;
+  if (!text.empty() && text[0] == '^') {
+    t.control = true;
+    t.node = text.substr(1);
+    return t;
+  }
+  size_t first = text.find(':');
+  if (first == std::string::npos) {
+    t.node = text;
+    return t;
+  }
+  t.node = text.substr(0, first);
+  size_t second = text.find(':', first + 1);
+  if (second == std::string::npos) {
+    t.index = std::stoi(text.substr(first + 1));
+  } else {
+    t.arg = text.substr(first + 1, second - first - 1);
+    t.index = std::stoi(text.substr(second + 1));
+  }
+  return t;
+}
+
+struct GraphDeleter {
+  void operator()(TF_Graph* g) const { TF_DeleteGraph(g); }
+};
+
+}  // namespace
+
+std::string OutputRequest::Key() const {
+  std::string key = single ? single->ToString() : "-";
+  for (const auto& l : each) key += "|" + (l ? l->ToString() : std::string("-"));
+  return key;
+}
+
+Status ApplyFallbackPolicy(const OpContext& ctx, const FallbackPolicy& policy) {
+  bool gathers = false;
+  for (const InputInfo& in : ctx.inputs) {
+    if (in.resource && !in.resource->value_layout.IsFullyReplicated()) {
+      return Unimplemented("'" + ctx.op_name + "' has no tf_dtensor rule and uses a DVariable with "
+                           "sharded layout " + in.resource->value_layout.ShortString() +
+                           "; it cannot run on a replicated copy. Read the variable first "
+                           "and pass the value instead.");
+    }
+    gathers = gathers || (in.layout && !in.resource && !in.layout->IsFullyReplicated());
+  }
+  if (policy.strict) {
+    return Unimplemented(
+        "'" + ctx.op_name + "' has no tf_dtensor rule (inputs: " + ctx.DescribeInputs() +
+        "). Relayout its inputs to replicated yourself, or leave strict mode "
+        "(`tf_dtensor.set_strict_mode(False)` or TF_DTENSOR_STRICT=0) to let tf_dtensor do "
+        "that with a warning.");
+  }
+  if (gathers && policy.warn) {
+    policy.warn(ctx.op_name, "tf_dtensor has no rule for '" + ctx.op_name +
+                                 "': its sharded inputs were gathered to replicated and it ran "
+                                 "on every device (inputs: " + ctx.DescribeInputs() +
+                                 "). The result is correct but the work is not distributed.");
+  }
+  return Status::Ok();
+}
+
+// One expansion of one function body.
+class FunctionExpansion {
+ public:
+  FunctionExpansion(FunctionExpander* owner, TFE_Context* context, const Mesh& mesh,
+                    const FallbackPolicy& policy, int depth)
+      : owner_(owner),
+        context_(context),
+        mesh_(mesh),
+        policy_(policy),
+        depth_(depth),
+        graph_(TF_NewGraph()),
+        builder_(graph_.get(), mesh),
+        status_(TF_NewStatus()) {}
+  ~FunctionExpansion() { TF_DeleteStatus(status_); }
+
+  StatusOr<std::shared_ptr<const ExpandedFunction>> Run(const std::string& function,
+                                                        const std::vector<ValueMeta>& inputs,
+                                                        const OutputRequest& request,
+                                                        const std::string& expanded_name);
+
+ private:
+  Status AddInputs(const std::vector<ValueMeta>& inputs);
+  Status Order();
+  void Requests(const OutputRequest& request);
+  Status ExpandNode(const NodeSpec& node);
+  Status ExpandCall(const NodeSpec& node, const std::string& callee,
+                    const std::vector<ValueId>& inputs);
+  Status ExpandWithRule(const NodeSpec& node, std::vector<ValueId> inputs);
+  Status EmitHostOp(const NodeSpec& node, const std::vector<ValueId>& inputs);
+  StatusOr<ValueId> Resolve(const std::string& name);
+  StatusOr<int> FlatIndex(const NodeSpec& node, const std::string& arg, int index);
+  ValueMeta MetaOf(ValueId value) const;
+
+  FunctionExpander* owner_;
+  TFE_Context* context_;
+  Mesh mesh_;
+  FallbackPolicy policy_;
+  int depth_;
+  std::unique_ptr<TF_Graph, GraphDeleter> graph_;
+  GraphBuilder builder_;
+  TF_Status* status_;
+  std::string function_;
+  FunctionSpec spec_;
+  std::vector<const NodeSpec*> order_;
+  std::unordered_map<std::string, const NodeSpec*> by_name_;
+  std::unordered_map<std::string, ValueId> args_;
+  std::unordered_map<std::string, std::vector<ValueId>> outputs_;
+  std::unordered_map<std::string, std::vector<TF_Operation*>> ops_;
+  std::unordered_map<std::string, Layout> requests_;
+  std::unordered_map<std::string, std::shared_ptr<const ExpandedFunction>> callees_;
+  std::vector<TF_Output> flat_inputs_;
+};
+
+ValueMeta FunctionExpansion::MetaOf(ValueId value) const {
+  ValueMeta m;
+  m.layout = builder_.layout(value);
+  m.shape = builder_.shape(value);
+  m.dtype = builder_.dtype(value);
+  m.resource = builder_.resource(value);
+  return m;
+}
+
+Status FunctionExpansion::AddInputs(const std::vector<ValueMeta>& inputs) {
+  const std::vector<ArgSpec>& args = spec_.signature.inputs;
+  if (args.size() != inputs.size()) {
+    return InvalidArgument("Function '" + function_ + "' takes " + std::to_string(args.size()) +
+                           " inputs but was called with " + std::to_string(inputs.size()) + ".");
+  }
+  builder_.BeginNode("input", "", nullptr, {});
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const ValueMeta& m = inputs[i];
+    auto placeholder = [&](const std::string& device, const std::vector<int64_t>& shape)
+        -> StatusOr<TF_Output> {
+      LocalOpOptions options;
+      options.copy_attrs = false;
+      options.overrides = {AttrOverride::Type("dtype", m.dtype)};
+      if (!m.resource) options.overrides.push_back(AttrOverride::Shape("shape", shape));
+      TFD_ASSIGN_OR_RETURN(TF_Operation * op,
+                           builder_.Emit("Placeholder", {}, options, device));
+      TF_Output out{op, 0};
+      if (m.resource) {
+        std::vector<int64_t> local = m.resource->value_shape;
+        StatusOr<std::vector<int64_t>> l =
+            m.resource->value_layout.LocalShape(m.resource->value_shape, "a DVariable");
+        if (l.ok()) local = *l;
+        const int64_t* dims = local.data();
+        int rank = static_cast<int>(local.size());
+        TF_DataType type = static_cast<TF_DataType>(m.resource->value_dtype);
+        tensorflow::TF_GraphSetOutputHandleShapesAndTypes(graph_.get(), out, 1, &dims, &rank,
+                                                          &type, status_);
+        TFD_RETURN_IF_ERROR(FromTF(status_, "describing a DVariable input"));
+      }
+      flat_inputs_.push_back(out);
+      return out;
+    };
+    if (!m.layout) {
+      TFD_ASSIGN_OR_RETURN(TF_Output out, placeholder(builder_.host_device(), m.shape));
+      args_[args[i].name] = builder_.AddHost(out);
+      continue;
+    }
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> local,
+                         m.layout->LocalShape(m.shape, "input " + std::to_string(i)));
+    std::vector<TF_Output> components;
+    for (int d = 0; d < mesh_.num_local_devices(); ++d) {
+      TFD_ASSIGN_OR_RETURN(TF_Output out, placeholder(mesh_.local_devices()[d], local));
+      components.push_back(out);
+    }
+    args_[args[i].name] = builder_.AddDTensor(*m.layout, m.shape, m.dtype, m.resource,
+                                              std::move(components));
+  }
+  return Status::Ok();
+}
+
+Status FunctionExpansion::Order() {
+  for (const NodeSpec& node : spec_.nodes) by_name_[node.name] = &node;
+  // Kahn's algorithm over data and control edges, keeping the FunctionDef's order among
+  // ready nodes.
+  std::unordered_map<std::string, int> pending;
+  std::unordered_map<std::string, std::vector<const NodeSpec*>> users;
+  for (const NodeSpec& node : spec_.nodes) {
+    int count = 0;
+    for (const std::string& in : node.inputs) {
+      TensorName t = SplitName(in);
+      if (!by_name_.count(t.node) || (!t.control && t.arg.empty() && args_.count(t.node))) {
+        continue;
+      }
+      users[t.node].push_back(&node);
+      ++count;
+    }
+    pending[node.name] = count;
+  }
+  std::vector<const NodeSpec*> ready;
+  for (const NodeSpec& node : spec_.nodes) {
+    if (pending[node.name] == 0) ready.push_back(&node);
+  }
+  for (size_t i = 0; i < ready.size(); ++i) {
+    order_.push_back(ready[i]);
+    for (const NodeSpec* user : users[ready[i]->name]) {
+      if (--pending[user->name] == 0) ready.push_back(user);
+    }
+  }
+  if (order_.size() != spec_.nodes.size()) {
+    return InvalidArgument("Function '" + function_ + "' has a cycle; tf_dtensor expands acyclic "
+                           "functions (loops arrive as While ops).");
+  }
+  return Status::Ok();
+}
+
+void FunctionExpansion::Requests(const OutputRequest& request) {
+  auto ask = [&](const std::string& tensor, const Layout& layout) {
+    TensorName t = SplitName(tensor);
+    if (t.control || t.index != 0 || !by_name_.count(t.node)) return;
+    requests_.emplace(t.node, layout);
+  };
+  for (size_t i = 0; i < spec_.ret.size() && i < spec_.signature.outputs.size(); ++i) {
+    const std::string& name = spec_.signature.outputs[i].name;
+    for (const auto& [out, tensor] : spec_.ret) {
+      if (out != name) continue;
+      if (i < request.each.size() && request.each[i]) ask(tensor, *request.each[i]);
+      if (request.single && spec_.signature.outputs.size() == 1) ask(tensor, *request.single);
+    }
+  }
+  for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+    const NodeSpec& node = **it;
+    std::optional<Layout> layout;
+    if (node.op == kRelayoutOp) {
+      AttrMap attrs = DecodeAttrs(node.attrs);
+      std::optional<std::string> text = attrs.GetString("layout");
+      if (text) {
+        StatusOr<Layout> parsed = Layout::FromString(*text);
+        if (parsed.ok()) layout = *parsed;
+      }
+    } else if (PassesRequest(node.op) && requests_.count(node.name)) {
+      layout = requests_.at(node.name);
+    }
+    if (!layout) continue;
+    for (const std::string& in : node.inputs) ask(in, *layout);
+  }
+}
+
+StatusOr<int> FunctionExpansion::FlatIndex(const NodeSpec& node, const std::string& arg,
+                                           int index) {
+  if (arg.empty()) return index;
+  if (IsCall(node.op)) return index;  // "output" is the only (list) output
+  auto callee = callees_.find(node.name);
+  const OpSpec* spec = builder_.FindOp(node.op);
+  if (!spec) {
+    // A direct call of a function: one output per result, named as in its signature.
+    TF_Buffer* buffer = TF_NewBuffer();
+    TFE_ContextGetFunctionDef(context_, node.op.c_str(), buffer, status_);
+    StatusOr<FunctionSpec> callee_spec =
+        ParseFunctionDef(std::string_view(static_cast<const char*>(buffer->data), buffer->length));
+    TF_DeleteBuffer(buffer);
+    (void)callee;
+    if (TF_GetCode(status_) != TF_OK || !callee_spec.ok()) {
+      return Internal("Cannot find the outputs of '" + node.op + "'.");
+    }
+    const auto& outs = callee_spec->signature.outputs;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (outs[i].name == arg) return static_cast<int>(i) + index;
+    }
+    return Internal("'" + node.op + "' has no output '" + arg + "'.");
+  }
+  AttrMap attrs;
+  bool decoded = false;
+  int offset = 0;
+  for (const ArgSpec& out : spec->outputs) {
+    if (out.name == arg) return offset + index;
+    int64_t length = 1;
+    if (!out.number_attr.empty() || !out.type_list_attr.empty()) {
+      if (!decoded) {
+        attrs = DecodeAttrs(node.attrs);
+        decoded = true;
+      }
+      const AttrValue* v = attrs.Find(out.number_attr.empty() ? out.type_list_attr : out.number_attr);
+      if (!v) return Internal("'" + node.name + "' lacks attribute for output '" + out.name + "'.");
+      length = out.number_attr.empty() ? static_cast<int64_t>(v->list_type.size()) : v->i.value_or(0);
+    }
+    offset += static_cast<int>(length);
+  }
+  return Internal("'" + node.op + "' has no output '" + arg + "'.");
+}
+
+StatusOr<ValueId> FunctionExpansion::Resolve(const std::string& name) {
+  TensorName t = SplitName(name);
+  if (t.arg.empty() && !name.empty() && name.find(':') == std::string::npos) {
+    auto it = args_.find(t.node);
+    if (it != args_.end()) return it->second;
+  }
+  auto node = by_name_.find(t.node);
+  auto outs = outputs_.find(t.node);
+  if (node == by_name_.end() || outs == outputs_.end()) {
+    return Internal("Function '" + function_ + "' refers to an unknown tensor '" + name + "'.");
+  }
+  TFD_ASSIGN_OR_RETURN(int index, FlatIndex(*node->second, t.arg, t.index));
+  if (index < 0 || index >= static_cast<int>(outs->second.size())) {
+    return Internal("Output " + std::to_string(index) + " of '" + t.node + "' (" +
+                    node->second->op + ") is missing after expansion.");
+  }
+  return outs->second[index];
+}
+
+Status FunctionExpansion::EmitHostOp(const NodeSpec& node, const std::vector<ValueId>& inputs) {
+  std::vector<TF_Output> flat;
+  bool uses_resource = false;
+  for (ValueId v : inputs) {
+    flat.push_back(builder_.host(v));
+    uses_resource = uses_resource || builder_.dtype(v) == TF_RESOURCE;
+  }
+  LocalOpOptions options;
+  // Ops on a plain resource run where the resource lives; the placer finds it.
+  TFD_ASSIGN_OR_RETURN(TF_Operation * op,
+                       builder_.Emit(node.op, flat, options,
+                                     uses_resource ? std::string() : builder_.host_device()));
+  std::vector<ValueId>& outs = outputs_[node.name];
+  for (int i = 0; i < TF_OperationNumOutputs(op); ++i) {
+    outs.push_back(builder_.AddHost(TF_Output{op, i}));
+  }
+  return Status::Ok();
+}
+
+Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<ValueId> inputs) {
+  AttrMap attrs = DecodeAttrs(node.attrs);
+  const Rule* rule = RuleRegistry::Global().Find(node.op);
+  const bool has_rule = rule != nullptr;
+  static const std::shared_ptr<const Rule> fallback = Replicated();
+  if (!rule) rule = fallback.get();
+
+  OpContext ctx(node.op, &attrs, mesh_);
+  auto request = requests_.find(node.name);
+  if (request != requests_.end() && request->second.mesh() == mesh_) ctx.requested = request->second;
+  const OpSpec* op_spec = builder_.FindOp(node.op);
+  ctx.num_outputs = op_spec ? static_cast<int>(op_spec->outputs.size()) : 1;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ValueId& v = inputs[i];
+    InputInfo info;
+    info.shape = builder_.shape(v);
+    info.dtype = builder_.dtype(v);
+    info.layout = builder_.layout(v);
+    info.resource = builder_.resource(v);
+    if (rule->IsHostArgument(static_cast<int>(i))) {
+      info.int_value = builder_.IntValue(v);
+    } else if (builder_.is_host(v)) {
+      // A host tensor used as data joins the mesh replicated.
+      TFD_ASSIGN_OR_RETURN(v, builder_.Broadcast(v, mesh_));
+      info.layout = Layout::Replicated(mesh_, static_cast<int>(info.shape.size()));
+    }
+    ctx.inputs.push_back(std::move(info));
+  }
+  builder_.SetInputs(inputs);
+  if (!has_rule) TFD_RETURN_IF_ERROR(ApplyFallbackPolicy(ctx, policy_));
+  const std::string where = "DTensor op " + ctx.DescribeOp() + " (node '" + node.name +
+                            "' of tf.function '" + function_ + "')";
+  StatusOr<Plan> plan = rule->Forward(ctx);
+  if (!plan.ok()) return WithContext(plan.status(), where);
+  StatusOr<std::vector<ValueId>> results = rule->Expand(ctx, *plan, builder_);
+  if (!results.ok()) return WithContext(results.status(), where);
+  outputs_[node.name] = std::move(results).value();
+  return Status::Ok();
+}
+
+Status FunctionExpansion::ExpandCall(const NodeSpec& node, const std::string& callee,
+                                     const std::vector<ValueId>& inputs) {
+  std::vector<ValueMeta> metas;
+  std::vector<TF_Output> flat;
+  std::vector<int> types;
+  for (ValueId v : inputs) {
+    metas.push_back(MetaOf(v));
+    if (builder_.is_host(v)) {
+      flat.push_back(builder_.host(v));
+    } else {
+      for (int d = 0; d < mesh_.num_local_devices(); ++d) flat.push_back(builder_.component(v, d));
+    }
+  }
+  for (const TF_Output& o : flat) types.push_back(TF_OperationOutputType(o));
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
+                       owner_->ExpandUncached(context_, callee, mesh_, metas, OutputRequest(),
+                                              policy_, depth_ + 1));
+  callees_[node.name] = expanded;
+  std::vector<int> out_types;
+  for (const ValueMeta& m : expanded->outputs) {
+    for (int d = 0; d < mesh_.num_local_devices(); ++d) out_types.push_back(m.dtype);
+  }
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  RawAttrs attrs = {{"f", FunctionAttr(expanded->name)},
+                    {"Tin", TypeListAttr(types)},
+                    {"Tout", TypeListAttr(out_types)}};
+  TFD_ASSIGN_OR_RETURN(TF_Operation * op, builder_.Emit("StatefulPartitionedCall", flat, options,
+                                                        builder_.host_device(), attrs));
+  std::vector<ValueId>& outs = outputs_[node.name];
+  int next = 0;
+  for (const ValueMeta& m : expanded->outputs) {
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> local, m.layout->LocalShape(m.shape, "a result"));
+    std::vector<TF_Output> components;
+    for (int d = 0; d < mesh_.num_local_devices(); ++d) {
+      TF_Output o{op, next++};
+      TF_GraphSetTensorShape(graph_.get(), o, local.data(), static_cast<int>(local.size()),
+                             status_);
+      TFD_RETURN_IF_ERROR(FromTF(status_, "setting the shape of a call result"));
+      components.push_back(o);
+    }
+    outs.push_back(builder_.AddDTensor(*m.layout, m.shape, m.dtype, m.resource,
+                                       std::move(components)));
+  }
+  return Status::Ok();
+}
+
+Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
+  std::vector<ValueId> inputs;
+  std::vector<TF_Operation*> control;
+  for (const std::string& in : node.inputs) {
+    TensorName t = SplitName(in);
+    if (t.control) {
+      auto it = ops_.find(t.node);
+      if (it != ops_.end()) control.insert(control.end(), it->second.begin(), it->second.end());
+      continue;
+    }
+    TFD_ASSIGN_OR_RETURN(ValueId v, Resolve(in));
+    inputs.push_back(v);
+  }
+  builder_.BeginNode(node.name, node.op, &node.attrs, std::move(control));
+  Status s = [&]() -> Status {
+    if (node.op == kPackOp || node.op == kUnpackOp || node.op == kFetchLayoutOp) {
+      return Unimplemented("'" + node.op + "' (pack, unpack or fetch_layout) inside tf.function '" +
+                           function_ + "': these move tensors between the host and the mesh "
+                           "and run eagerly. Call them outside the function and pass DTensors in.");
+    }
+    if (IsCall(node.op)) {
+      const std::string* f = FindRawAttr(node.attrs, "f");
+      std::optional<std::string> callee = f ? FunctionNameOf(*f) : std::nullopt;
+      if (!callee) return Internal("Call '" + node.name + "' names no function.");
+      return ExpandCall(node, *callee, inputs);
+    }
+    if (!builder_.FindOp(node.op) && TFE_ContextHasFunction(context_, node.op.c_str())) {
+      return ExpandCall(node, node.op, inputs);
+    }
+    bool any_dtensor = requests_.count(node.name) > 0;
+    for (ValueId v : inputs) any_dtensor = any_dtensor || !builder_.is_host(v);
+    if (!any_dtensor) return EmitHostOp(node, inputs);
+    return ExpandWithRule(node, inputs);
+  }();
+  if (!s.ok()) return s;
+  ops_[node.name] = builder_.created();
+  return Status::Ok();
+}
+
+StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Run(
+    const std::string& function, const std::vector<ValueMeta>& inputs,
+    const OutputRequest& request, const std::string& expanded_name) {
+  function_ = function;
+  TF_Buffer* buffer = TF_NewBuffer();
+  TFE_ContextGetFunctionDef(context_, function.c_str(), buffer, status_);
+  Status fetched = FromTF(status_, "fetching tf.function '" + function + "'");
+  StatusOr<FunctionSpec> spec =
+      fetched.ok() ? ParseFunctionDef(std::string_view(static_cast<const char*>(buffer->data),
+                                                       buffer->length))
+                   : StatusOr<FunctionSpec>(fetched);
+  TF_DeleteBuffer(buffer);
+  TFD_RETURN_IF_ERROR(spec.status());
+  spec_ = std::move(spec).value();
+
+  TFD_RETURN_IF_ERROR(AddInputs(inputs));
+  TFD_RETURN_IF_ERROR(Order());
+  Requests(request);
+  for (const NodeSpec* node : order_) TFD_RETURN_IF_ERROR(ExpandNode(*node));
+
+  auto result = std::make_shared<ExpandedFunction>();
+  result->name = expanded_name;
+  result->inputs = inputs;
+  builder_.BeginNode("output", "", nullptr, {});
+  std::vector<TF_Output> flat_outputs;
+  const auto& outs = spec_.signature.outputs;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const std::string* tensor = nullptr;
+    for (const auto& [name, t] : spec_.ret) {
+      if (name == outs[i].name) tensor = &t;
+    }
+    if (!tensor) return Internal("Function '" + function + "' does not return '" + outs[i].name + "'.");
+    TFD_ASSIGN_OR_RETURN(ValueId v, Resolve(*tensor));
+    if (builder_.is_host(v)) {
+      TFD_ASSIGN_OR_RETURN(v, builder_.Broadcast(v, mesh_));
+    }
+    std::optional<Layout> target;
+    if (i < request.each.size()) target = request.each[i];
+    if (!target && request.single && outs.size() == 1 && !builder_.resource(v) &&
+        request.single->rank() == static_cast<int>(builder_.shape(v).size())) {
+      target = request.single;
+    }
+    if (target && *target != *builder_.layout(v)) {
+      TFD_ASSIGN_OR_RETURN(v, Relayout(builder_, v, *target,
+                                       "result " + std::to_string(i) + " of '" + function + "'"));
+    }
+    for (int d = 0; d < mesh_.num_local_devices(); ++d) {
+      TFD_ASSIGN_OR_RETURN(TF_Output o, builder_.OnDevice(v, d));
+      flat_outputs.push_back(o);
+    }
+    result->outputs.push_back(MetaOf(v));
+  }
+  std::vector<TF_Operation*> control_outputs;
+  std::vector<std::string> control_names;
+  for (const auto& [name, node] : spec_.control_ret) {
+    auto it = ops_.find(node);
+    if (it == ops_.end()) continue;
+    for (TF_Operation* op : it->second) {
+      control_outputs.push_back(op);
+      control_names.push_back(TF_OperationName(op));
+    }
+  }
+  std::vector<const char*> control_name_ptrs;
+  for (const std::string& n : control_names) control_name_ptrs.push_back(n.c_str());
+
+  TF_Function* fn = TF_GraphToFunctionWithControlOutputs(
+      graph_.get(), expanded_name.c_str(), 0, -1, nullptr,
+      static_cast<int>(flat_inputs_.size()), flat_inputs_.data(),
+      static_cast<int>(flat_outputs.size()), flat_outputs.data(), nullptr,
+      static_cast<int>(control_outputs.size()), control_outputs.data(),
+      control_name_ptrs.data(), nullptr, nullptr, status_);
+  TFD_RETURN_IF_ERROR(FromTF(status_, "building the SPMD function for '" + function + "'"));
+  TFE_ContextAddFunction(context_, fn, status_);
+  TF_DeleteFunction(fn);
+  TFD_RETURN_IF_ERROR(FromTF(status_, "registering the SPMD function for '" + function + "'"));
+  size_t pos = 0;
+  int count = 0;
+  while (TF_GraphNextOperation(graph_.get(), &pos)) ++count;
+  result->num_nodes = count;
+  return std::shared_ptr<const ExpandedFunction>(std::move(result));
+}
+
+StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
+    TFE_Context* context, const std::string& function, const Mesh& mesh,
+    const std::vector<ValueMeta>& inputs, const OutputRequest& request,
+    const FallbackPolicy& policy) {
+  return ExpandUncached(context, function, mesh, inputs, request, policy, 0);
+}
+
+StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncached(
+    TFE_Context* context, const std::string& function, const Mesh& mesh,
+    const std::vector<ValueMeta>& inputs, const OutputRequest& request,
+    const FallbackPolicy& policy, int depth) {
+  std::string key = function + "#" + mesh.ToString() + "#" + request.Key();
+  for (const ValueMeta& m : inputs) key += "#" + MetaKey(m);
+  std::string name;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    name = function + "_tfd_spmd_" + std::to_string(counter_++);
+  }
+  if (depth > kMaxDepth) {
+    return InvalidArgument("tf.function '" + function + "' nests calls deeper than " +
+                           std::to_string(kMaxDepth) + " levels (recursion?).");
+  }
+  FunctionExpansion expansion(this, context, mesh, policy, depth);
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
+                       expansion.Run(function, inputs, request, name));
+  std::lock_guard<std::mutex> lock(mutex_);
+  cache_[key] = expanded;
+  return expanded;
+}
+
+int FunctionExpander::cache_size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int>(cache_.size());
+}
+
+}  // namespace tf_dtensor

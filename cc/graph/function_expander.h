@@ -1,0 +1,101 @@
+// tf.function SPMD expansion: a function traced with global shapes becomes one
+// multi-device function over the mesh.
+//
+// The pass pipeline, run once per (function, input layouts and shapes, requested layout)
+// and cached:
+//   1. parse the FunctionDef and order its nodes (data and control edges);
+//   2. layout requests, backward: a `relayout` inside the function, or call_with_layout
+//      around it, asks the producer of that value for the layout; the request passes back
+//      through pointwise ops to the op that creates the value (Fill, random ops,
+//      constants), which then makes its blocks directly in that layout;
+//   3. forward, in topological order: each node's rule (the eager path's registry)
+//      plans the output layouts from the input layouts (and the request), and expands
+//      the node into local ops on each device plus collectives, with local shapes for
+//      Reshape, Fill, random ops and constants. A DAG visited in order is at its fixed
+//      point after one pass. Merge rule: the layout computed forward from the inputs wins;
+//      a request that disagrees is met by a relayout where it was made;
+//   4. the outputs go to their devices, and the graph becomes a function whose
+//      components run on every device of the mesh in one call.
+// Nested calls (PartitionedCall, direct calls) are expanded recursively with the layouts
+// of their arguments. Control edges keep their order: every op a node expands into waits
+// for every op its control inputs expanded into, so an assign followed by a read of the
+// same variable reads the new value.
+#ifndef TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANDER_H_
+#define TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANDER_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cc/core/layout.h"
+#include "cc/core/status.h"
+#include "cc/rules/rule.h"
+#include "cc/spmd/builder.h"
+#include "tensorflow/c/eager/c_api.h"
+
+namespace tf_dtensor {
+
+// A function argument or result: a DTensor (with layout) or a host tensor.
+struct ValueMeta {
+  std::optional<Layout> layout;  // nullopt: a host tensor
+  std::vector<int64_t> shape;    // global shape
+  int dtype = 0;
+  std::optional<ResourceInfo> resource;
+  // Flat inputs or outputs it takes in the expanded function: one per local device, or one.
+  int num_flat(const Mesh& mesh) const { return layout ? mesh.num_local_devices() : 1; }
+};
+
+struct ExpandedFunction {
+  std::string name;  // registered with the context
+  std::vector<ValueMeta> inputs;
+  std::vector<ValueMeta> outputs;  // always DTensors
+  int num_nodes = 0;               // nodes of the expanded graph, for debugging
+};
+
+// What the caller asks of the results: call_with_layout's layout for a single result,
+// and/or an exact layout per result (loop bodies, branches).
+struct OutputRequest {
+  std::optional<Layout> single;
+  std::vector<std::optional<Layout>> each;
+  std::string Key() const;
+};
+
+// How ops without a rule are treated (the eager policy, shared).
+struct FallbackPolicy {
+  bool strict = false;
+  std::function<void(const std::string& op_name, const std::string& message)> warn;
+};
+
+// Checks an op with no rule against the policy: strict mode raises, a sharded DVariable
+// cannot be used, and gathering sharded inputs warns once per op name.
+Status ApplyFallbackPolicy(const OpContext& ctx, const FallbackPolicy& policy);
+
+class FunctionExpander {
+ public:
+  StatusOr<std::shared_ptr<const ExpandedFunction>> Expand(TFE_Context* context,
+                                                           const std::string& function,
+                                                           const Mesh& mesh,
+                                                           const std::vector<ValueMeta>& inputs,
+                                                           const OutputRequest& request,
+                                                           const FallbackPolicy& policy);
+  int cache_size() const;
+
+ private:
+  StatusOr<std::shared_ptr<const ExpandedFunction>> ExpandUncached(
+      TFE_Context* context, const std::string& function, const Mesh& mesh,
+      const std::vector<ValueMeta>& inputs, const OutputRequest& request,
+      const FallbackPolicy& policy, int depth);
+
+  mutable std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<const ExpandedFunction>> cache_;
+  int counter_ = 0;
+  friend class FunctionExpansion;
+};
+
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANDER_H_

@@ -1,0 +1,481 @@
+#include "cc/graph/graph_builder.h"
+
+#include <set>
+
+#include "cc/core/strings.h"
+#include "cc/device/executor.h"
+#include "tensorflow/c/tf_tensor.h"
+
+namespace tf_dtensor {
+namespace {
+
+// The host CPU of the task that owns `device`: ".../device:GPU:1" -> ".../device:CPU:0".
+std::string HostDeviceOf(const std::string& device) {
+  size_t pos = device.rfind("/device:");
+  if (pos == std::string::npos) return device;
+  return device.substr(0, pos) + "/device:CPU:0";
+}
+
+// Attributes that name other nodes of the original graph, or describe its shapes.
+bool DropsAttr(const std::string& name) {
+  return name == "_class" || name == "_output_shapes";
+}
+
+}  // namespace
+
+GraphBuilder::GraphBuilder(TF_Graph* graph, Mesh mesh)
+    : graph_(graph),
+      mesh_(std::move(mesh)),
+      host_device_(mesh_.shares_host_memory() ? mesh_.local_devices()[0]
+                                              : HostDeviceOf(mesh_.local_devices()[0])),
+      status_(TF_NewStatus()) {}
+
+GraphBuilder::~GraphBuilder() { TF_DeleteStatus(status_); }
+
+ValueId GraphBuilder::Add(Value value) {
+  values_.push_back(std::move(value));
+  return static_cast<ValueId>(values_.size() - 1);
+}
+
+ValueId GraphBuilder::AddDTensor(Layout layout, std::vector<int64_t> shape, int dtype,
+                                 std::optional<ResourceInfo> resource,
+                                 std::vector<TF_Output> components) {
+  Value v;
+  v.layout = std::move(layout);
+  v.shape = std::move(shape);
+  v.dtype = dtype;
+  v.resource = std::move(resource);
+  v.outputs = std::move(components);
+  return Add(std::move(v));
+}
+
+ValueId GraphBuilder::AddHost(TF_Output output) {
+  Value v;
+  v.host = output;
+  v.dtype = TF_OperationOutputType(output);
+  v.shape = InferredShape(output).value_or(std::vector<int64_t>{});
+  return Add(std::move(v));
+}
+
+std::optional<std::vector<int64_t>> GraphBuilder::InferredShape(TF_Output output) const {
+  TF_Status* status = TF_NewStatus();
+  int rank = TF_GraphGetTensorNumDims(graph_, output, status);
+  std::optional<std::vector<int64_t>> shape;
+  if (TF_GetCode(status) == TF_OK && rank >= 0) {
+    std::vector<int64_t> dims(rank);
+    TF_GraphGetTensorShape(graph_, output, dims.data(), rank, status);
+    if (TF_GetCode(status) == TF_OK) shape = std::move(dims);
+  }
+  TF_DeleteStatus(status);
+  return shape;
+}
+
+std::optional<std::vector<int64_t>> GraphBuilder::IntValue(ValueId value) {
+  Value& v = values_[value];
+  if (v.int_value_read) return v.int_value;
+  v.int_value_read = true;
+  if ((v.dtype != TF_INT32 && v.dtype != TF_INT64) || v.resource) return std::nullopt;
+  if (v.layout && !v.layout->IsFullyReplicated()) return std::nullopt;
+  TF_Output out = v.layout ? v.outputs[0] : v.host;
+  TF_Tensor* tensor = nullptr;
+  if (!TF_TryEvaluateConstant(graph_, out, &tensor, status_) || !tensor) return std::nullopt;
+  const int64_t count = TF_TensorElementCount(tensor);
+  std::vector<int64_t> values(count);
+  for (int64_t i = 0; i < count; ++i) {
+    values[i] = v.dtype == TF_INT32 ? static_cast<const int32_t*>(TF_TensorData(tensor))[i]
+                                    : static_cast<const int64_t*>(TF_TensorData(tensor))[i];
+  }
+  TF_DeleteTensor(tensor);
+  v.int_value = std::move(values);
+  return v.int_value;
+}
+
+void GraphBuilder::BeginNode(const std::string& name, const std::string& op,
+                             const RawAttrs* attrs, std::vector<TF_Operation*> control_inputs) {
+  node_name_ = name;
+  node_op_ = op;
+  node_attrs_ = attrs;
+  node_attr_map_.reset();
+  control_inputs_ = std::move(control_inputs);
+  created_.clear();
+}
+
+const OpSpec* GraphBuilder::FindOp(const std::string& op_type) {
+  auto it = op_specs_.find(op_type);
+  if (it != op_specs_.end()) return it->second.get();
+  TF_Buffer* buffer = TF_NewBuffer();
+  TF_GraphGetOpDef(graph_, op_type.c_str(), buffer, status_);
+  std::unique_ptr<OpSpec> spec;
+  if (TF_GetCode(status_) == TF_OK) {
+    StatusOr<OpSpec> parsed =
+        ParseOpDef(std::string_view(static_cast<const char*>(buffer->data), buffer->length));
+    if (parsed.ok()) spec = std::make_unique<OpSpec>(std::move(parsed).value());
+  }
+  TF_DeleteBuffer(buffer);
+  const OpSpec* result = spec.get();
+  op_specs_[op_type] = std::move(spec);
+  return result;
+}
+
+std::string GraphBuilder::UniqueName(const std::string& op_type) {
+  std::string base = node_name_.empty() ? "tfd" : node_name_;
+  return base + "/" + op_type + "_" + std::to_string(counter_++);
+}
+
+StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
+                                           const std::vector<TF_Output>& inputs,
+                                           const LocalOpOptions& options,
+                                           const std::string& device,
+                                           const RawAttrs& extra_attrs) {
+  const OpSpec* spec = FindOp(op_type);
+  TF_OperationDescription* desc =
+      TF_NewOperation(graph_, op_type.c_str(), UniqueName(op_type).c_str());
+  TF_SetDevice(desc, device.c_str());
+
+  std::set<std::string> set_names;
+  for (const AttrOverride& a : options.overrides) set_names.insert(a.name);
+  for (const auto& [name, value] : extra_attrs) set_names.insert(name);
+  auto set_raw = [&](const std::string& name, const std::string& value) {
+    TF_SetAttrValueProto(desc, name.c_str(), value.data(), value.size(), status_);
+  };
+  for (const auto& [name, value] : extra_attrs) set_raw(name, value);
+  if (options.copy_attrs && node_attrs_) {
+    const bool same_op = op_type == node_op_;
+    for (const auto& [name, value] : *node_attrs_) {
+      if (set_names.count(name) || DropsAttr(name)) continue;
+      bool known = same_op && !name.empty() && name[0] == '_';
+      if (!known && spec) {
+        for (const std::string& a : spec->attrs) known = known || a == name;
+      }
+      if (known || (!spec && same_op)) set_raw(name, value);
+    }
+  }
+  for (const AttrOverride& a : options.overrides) {
+    switch (a.kind) {
+      case AttrOverride::Kind::kShape:
+        TF_SetAttrShape(desc, a.name.c_str(), a.ints.data(), static_cast<int>(a.ints.size()));
+        break;
+      case AttrOverride::Kind::kType:
+        TF_SetAttrType(desc, a.name.c_str(), static_cast<TF_DataType>(a.type));
+        break;
+      case AttrOverride::Kind::kInt:
+        TF_SetAttrInt(desc, a.name.c_str(), a.ints[0]);
+        break;
+      case AttrOverride::Kind::kBool:
+        TF_SetAttrBool(desc, a.name.c_str(), a.boolean);
+        break;
+      case AttrOverride::Kind::kString:
+        TF_SetAttrString(desc, a.name.c_str(), a.text.data(), a.text.size());
+        break;
+    }
+  }
+
+  // Flat inputs go into the op's arguments; list arguments take as many as their
+  // length attribute says (from the overrides, the copied attributes, or what is left).
+  if (!spec) {
+    for (const TF_Output& in : inputs) TF_AddInput(desc, in);
+  } else {
+    int num_lists = 0;
+    for (const ArgSpec& arg : spec->inputs) {
+      num_lists += !arg.number_attr.empty() || !arg.type_list_attr.empty();
+    }
+    const int singles = static_cast<int>(spec->inputs.size()) - num_lists;
+    size_t next = 0;
+    for (const ArgSpec& arg : spec->inputs) {
+      if (arg.number_attr.empty() && arg.type_list_attr.empty()) {
+        if (next < inputs.size()) TF_AddInput(desc, inputs[next++]);
+        continue;
+      }
+      int64_t length = -1;
+      const std::string& len_attr = arg.number_attr.empty() ? arg.type_list_attr : arg.number_attr;
+      for (const AttrOverride& a : options.overrides) {
+        if (a.name == len_attr && a.kind == AttrOverride::Kind::kInt) length = a.ints[0];
+      }
+      if (length < 0 && options.copy_attrs && node_attrs_) {
+        if (!node_attr_map_) node_attr_map_ = DecodeAttrs(*node_attrs_);
+        if (const AttrValue* v = node_attr_map_->Find(len_attr)) {
+          length = arg.number_attr.empty() ? static_cast<int64_t>(v->list_type.size())
+                                           : v->i.value_or(-1);
+        }
+      }
+      if (length < 0 && num_lists == 1) {
+        length = static_cast<int64_t>(inputs.size()) - singles;
+      }
+      if (length < 0 || next + length > inputs.size()) {
+        return Internal("Cannot group the inputs of '" + op_type + "' into its arguments.");
+      }
+      std::vector<TF_Output> list(inputs.begin() + next, inputs.begin() + next + length);
+      TF_AddInputList(desc, list.data(), static_cast<int>(list.size()));
+      next += length;
+    }
+  }
+  for (TF_Operation* control : control_inputs_) TF_AddControlInput(desc, control);
+  TF_Operation* op = TF_FinishOperation(desc, status_);
+  TFD_RETURN_IF_ERROR(FromTF(status_, "adding '" + op_type + "' to the SPMD graph"));
+  created_.push_back(op);
+  return op;
+}
+
+bool GraphBuilder::SameCoords(int a, int b, const std::vector<int>& mesh_dims) const {
+  for (int k : mesh_dims) {
+    if (mesh_.LocalCoord(a, k) != mesh_.LocalCoord(b, k)) return false;
+  }
+  return true;
+}
+
+std::vector<int> GraphBuilder::Leaders(const std::vector<int>& key_dims) const {
+  const int n = mesh_.num_local_devices();
+  std::vector<int> leaders(n);
+  for (int d = 0; d < n; ++d) {
+    leaders[d] = d;
+    if (!mesh_.shares_host_memory()) continue;
+    for (int e = 0; e < d; ++e) {
+      if (SameCoords(d, e, key_dims)) {
+        leaders[d] = e;
+        break;
+      }
+    }
+  }
+  return leaders;
+}
+
+StatusOr<TF_Output> GraphBuilder::FromLeader(TF_Output leader_output, int device) {
+  if (mesh_.shares_host_memory()) return leader_output;
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  TFD_ASSIGN_OR_RETURN(TF_Operation * op,
+                       Emit("Identity", {leader_output}, options, mesh_.local_devices()[device]));
+  return TF_Output{op, 0};
+}
+
+StatusOr<TF_Output> GraphBuilder::OnDevice(ValueId value, int device) {
+  const Value& v = values_[value];
+  TF_Output out = v.layout ? v.outputs[device] : v.host;
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  TFD_ASSIGN_OR_RETURN(TF_Operation * op,
+                       Emit("Identity", {out}, options, mesh_.local_devices()[device]));
+  return TF_Output{op, 0};
+}
+
+StatusOr<std::vector<TF_Output>> GraphBuilder::Run(const std::string& op_type,
+                                                   const std::vector<TF_Output>& inputs,
+                                                   const LocalOpOptions& options, int device) {
+  TFD_ASSIGN_OR_RETURN(TF_Operation * op,
+                       Emit(op_type, inputs, options, mesh_.local_devices()[device]));
+  std::vector<TF_Output> outputs;
+  for (int i = 0; i < TF_OperationNumOutputs(op); ++i) outputs.push_back(TF_Output{op, i});
+  return outputs;
+}
+
+StatusOr<std::vector<ValueId>> GraphBuilder::LocalOp(const std::string& op_name,
+                                                     const std::vector<ValueId>& inputs,
+                                                     const LocalOpOptions& options,
+                                                     const std::vector<Layout>& out_layouts) {
+  std::vector<int> key_dims = options.distinct_over;
+  for (ValueId v : inputs) {
+    if (!values_[v].layout) continue;
+    for (int d : values_[v].layout->ShardedMeshDims()) key_dims.push_back(d);
+    if (values_[v].resource) {
+      for (int d : values_[v].resource->value_layout.ShardedMeshDims()) key_dims.push_back(d);
+    }
+  }
+  for (const Layout& l : out_layouts) {
+    for (int d : l.ShardedMeshDims()) key_dims.push_back(d);
+  }
+  const int n = mesh_.num_local_devices();
+  std::vector<int> leaders = options.run_once ? std::vector<int>(n, 0) : Leaders(key_dims);
+  std::vector<std::vector<TF_Output>> per_device(n);
+  for (int d = 0; d < n; ++d) {
+    if (leaders[d] != d) {
+      for (const TF_Output& out : per_device[leaders[d]]) {
+        TFD_ASSIGN_OR_RETURN(TF_Output shared, FromLeader(out, d));
+        per_device[d].push_back(shared);
+      }
+      continue;
+    }
+    std::vector<TF_Output> local_inputs;
+    for (ValueId v : inputs) {
+      local_inputs.push_back(values_[v].layout ? values_[v].outputs[d] : values_[v].host);
+    }
+    TFD_ASSIGN_OR_RETURN(per_device[d], Run(op_name, local_inputs, options, d));
+  }
+  std::vector<ValueId> result;
+  for (size_t j = 0; j < per_device[0].size(); ++j) {
+    Value v;
+    const TF_Output first = per_device[0][j];
+    v.dtype = TF_OperationOutputType(first);
+    std::optional<std::vector<int64_t>> local = InferredShape(first);
+    if (!local) {
+      return FailedPrecondition("The shape of output " + std::to_string(j) + " of '" + op_name +
+                                "' is unknown; tf_dtensor needs static shapes inside "
+                                "tf.function. Give the function inputs of fixed shape.");
+    }
+    v.layout = j < out_layouts.size() ? out_layouts[j]
+                                      : Layout::Replicated(mesh_, static_cast<int>(local->size()));
+    bool known = true;
+    for (int64_t dim : *local) known = known && dim >= 0;
+    v.shape = v.layout->rank() == static_cast<int>(local->size()) && known
+                  ? v.layout->GlobalShape(*local)
+                  : *local;
+    for (int d = 0; d < n; ++d) v.outputs.push_back(per_device[d][j]);
+    result.push_back(Add(std::move(v)));
+  }
+  return result;
+}
+
+StatusOr<ValueId> GraphBuilder::AllReduce(ValueId value, const std::vector<int>& mesh_dims,
+                                          ReduceOp op) {
+  const Layout layout = *values_[value].layout;
+  std::vector<int> key_dims = layout.ShardedMeshDims();
+  const int n = mesh_.num_local_devices();
+  std::vector<int> leaders = Leaders(key_dims);
+  const int dtype = values_[value].dtype;
+  Value out{layout, values_[value].shape, dtype};
+  out.outputs.assign(n, TF_Output{nullptr, 0});
+  for (int d = 0; d < n; ++d) {
+    if (leaders[d] != d) {
+      TFD_ASSIGN_OR_RETURN(out.outputs[d], FromLeader(out.outputs[leaders[d]], d));
+      continue;
+    }
+    // One partial value per coordinate tuple along `mesh_dims`, within d's group.
+    std::map<std::vector<int64_t>, TF_Output> partials;
+    for (int e = 0; e < n; ++e) {
+      if (!SameCoords(d, e, key_dims)) continue;
+      std::vector<int64_t> coords;
+      for (int k : mesh_dims) coords.push_back(mesh_.LocalCoord(e, k));
+      partials.emplace(coords, values_[value].outputs[e]);
+    }
+    std::vector<TF_Output> parts;
+    for (auto& [coords, h] : partials) parts.push_back(h);
+    LocalOpOptions options;
+    options.copy_attrs = false;
+    if (parts.size() == 1) {
+      TFD_ASSIGN_OR_RETURN(out.outputs[d], FromLeader(parts[0], d));
+      continue;
+    }
+    if (op == ReduceOp::kSum) {
+      options.overrides = {AttrOverride::Int("N", static_cast<int64_t>(parts.size()))};
+      TFD_ASSIGN_OR_RETURN(std::vector<TF_Output> r, Run("AddN", parts, options, d));
+      out.outputs[d] = r[0];
+      continue;
+    }
+    const char* binary = op == ReduceOp::kMax ? "Maximum" : op == ReduceOp::kMin ? "Minimum" : "Mul";
+    TF_Output acc = parts[0];
+    for (size_t i = 1; i < parts.size(); ++i) {
+      TFD_ASSIGN_OR_RETURN(std::vector<TF_Output> r, Run(binary, {acc, parts[i]}, options, d));
+      acc = r[0];
+    }
+    out.outputs[d] = acc;
+  }
+  return Add(std::move(out));
+}
+
+StatusOr<ValueId> GraphBuilder::AllGather(ValueId value, int dim) {
+  const Layout layout = *values_[value].layout;
+  const int mesh_dim = layout.spec(dim).mesh_dim;
+  std::vector<DimSpec> specs = layout.specs();
+  specs[dim] = DimSpec::Replicated();
+  Layout out_layout = layout.WithSpecs(specs);
+  std::vector<int> key_dims = out_layout.ShardedMeshDims();
+  const int n = mesh_.num_local_devices();
+  std::vector<int> leaders = Leaders(key_dims);
+  const int64_t pieces = mesh_.DimSize(mesh_dim);
+  TFD_ASSIGN_OR_RETURN(ValueId axis, HostConstant({dim}, {}, TF_INT32));
+  Value out{out_layout, values_[value].shape, values_[value].dtype};
+  out.outputs.assign(n, TF_Output{nullptr, 0});
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = {AttrOverride::Int("N", pieces)};
+  for (int d = 0; d < n; ++d) {
+    if (leaders[d] != d) {
+      TFD_ASSIGN_OR_RETURN(out.outputs[d], FromLeader(out.outputs[leaders[d]], d));
+      continue;
+    }
+    std::vector<TF_Output> parts(pieces, TF_Output{nullptr, 0});
+    for (int e = 0; e < n; ++e) {
+      int64_t c = mesh_.LocalCoord(e, mesh_dim);
+      if (SameCoords(d, e, key_dims) && !parts[c].oper) parts[c] = values_[value].outputs[e];
+    }
+    parts.push_back(values_[axis].host);
+    TFD_ASSIGN_OR_RETURN(std::vector<TF_Output> r, Run("ConcatV2", parts, options, d));
+    out.outputs[d] = r[0];
+  }
+  return Add(std::move(out));
+}
+
+StatusOr<ValueId> GraphBuilder::Slice(ValueId value, int dim, int mesh_dim) {
+  const Layout layout = *values_[value].layout;
+  std::vector<DimSpec> specs = layout.specs();
+  specs[dim] = DimSpec::Sharded(mesh_dim);
+  TFD_ASSIGN_OR_RETURN(Layout out_layout, Layout::FromSpecs(specs, layout.mesh()));
+  TFD_RETURN_IF_ERROR(out_layout.LocalShape(values_[value].shape, "the relaid-out tensor").status());
+  std::vector<int> leaders = Leaders(layout.ShardedMeshDims());
+  const int n = mesh_.num_local_devices();
+  const int64_t pieces = mesh_.DimSize(mesh_dim);
+  TFD_ASSIGN_OR_RETURN(ValueId axis, HostConstant({dim}, {}, TF_INT32));
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = {AttrOverride::Int("num_split", pieces)};
+  Value out{out_layout, values_[value].shape, values_[value].dtype};
+  out.outputs.assign(n, TF_Output{nullptr, 0});
+  std::map<int, std::vector<TF_Output>> splits;  // leader -> pieces
+  for (int d = 0; d < n; ++d) {
+    int leader = leaders[d];
+    if (!splits.count(leader)) {
+      TFD_ASSIGN_OR_RETURN(splits[leader],
+                           Run("Split", {values_[axis].host, values_[value].outputs[leader]},
+                               options, leader));
+    }
+    TFD_ASSIGN_OR_RETURN(out.outputs[d],
+                         FromLeader(splits[leader][mesh_.LocalCoord(d, mesh_dim)], d));
+  }
+  return Add(std::move(out));
+}
+
+StatusOr<ValueId> GraphBuilder::HostConstant(const std::vector<int64_t>& values,
+                                             const std::vector<int64_t>& shape, int dtype) {
+  if (dtype != TF_INT32 && dtype != TF_INT64) {
+    return Internal("Host constants are int32 or int64.");
+  }
+  size_t width = dtype == TF_INT32 ? 4 : 8;
+  TF_Tensor* tensor = TF_AllocateTensor(static_cast<TF_DataType>(dtype), shape.data(),
+                                        static_cast<int>(shape.size()), width * values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (dtype == TF_INT32) {
+      static_cast<int32_t*>(TF_TensorData(tensor))[i] = static_cast<int32_t>(values[i]);
+    } else {
+      static_cast<int64_t*>(TF_TensorData(tensor))[i] = values[i];
+    }
+  }
+  TF_OperationDescription* desc = TF_NewOperation(graph_, "Const", UniqueName("Const").c_str());
+  TF_SetDevice(desc, host_device_.c_str());
+  TF_SetAttrTensor(desc, "value", tensor, status_);
+  TF_DeleteTensor(tensor);
+  TFD_RETURN_IF_ERROR(FromTF(status_, "creating a host constant"));
+  TF_SetAttrType(desc, "dtype", static_cast<TF_DataType>(dtype));
+  TF_Operation* op = TF_FinishOperation(desc, status_);
+  TFD_RETURN_IF_ERROR(FromTF(status_, "creating a host constant"));
+  created_.push_back(op);
+  Value v;
+  v.shape = shape;
+  v.dtype = dtype;
+  v.host = TF_Output{op, 0};
+  v.int_value_read = true;
+  v.int_value = values;
+  return Add(std::move(v));
+}
+
+StatusOr<ValueId> GraphBuilder::Broadcast(ValueId host_value, const Mesh& mesh) {
+  const Value host = values_[host_value];
+  Value out{Layout::Replicated(mesh, static_cast<int>(host.shape.size())), host.shape, host.dtype};
+  for (int d = 0; d < mesh_.num_local_devices(); ++d) {
+    TFD_ASSIGN_OR_RETURN(TF_Output o, FromLeader(host.host, d));
+    out.outputs.push_back(o);
+  }
+  out.int_value_read = host.int_value_read;
+  out.int_value = host.int_value;
+  return Add(std::move(out));
+}
+
+}  // namespace tf_dtensor
