@@ -49,6 +49,11 @@ def get() -> _core.Device:
 def run(op_name: str, inputs, attrs, num_outputs: int = 1):
     """Runs one of tf_dtensor's ops (or any op) on the DTensor device."""
     get()
+    if not context.executing_eagerly():
+        raise RuntimeError(
+            f"`{op_name}` moves tensors between the host and the mesh and runs eagerly only; "
+            f"it was called while tracing a tf.function. Call pack, unpack and fetch_layout "
+            f"outside the function and pass DTensors in.")
     with ops.device(DEVICE_NAME):
         return execute.execute(op_name, num_outputs, inputs, attrs, context.context())
 

@@ -11,6 +11,8 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow.python.eager import context
+from tensorflow.python.eager import execute
+from tensorflow.python.framework import op_def_library
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import resource_variable_ops
 
@@ -105,9 +107,23 @@ def unpack(tensor: Any) -> Sequence[Any]:
 
 
 def _relayout(tensor, layout: Layout):
-    (out,) = _device.run(_core.RELAYOUT_OP, [tensor],
-                         ("T", tensor.dtype.as_datatype_enum, "layout", layout.to_string()))
+    attrs = ("T", tensor.dtype.as_datatype_enum, "layout", layout.to_string())
+    if not context.executing_eagerly():
+        # Inside tf.function: a node of the traced graph; expansion honours it (and asks
+        # the op that produced `tensor` for this layout).
+        _, _, _, outputs = op_def_library._apply_op_helper(  # pylint: disable=protected-access
+            _core.RELAYOUT_OP, input=tensor, layout=layout.to_string())
+        return outputs[0]
+    (out,) = _device.run(_core.RELAYOUT_OP, [tensor], attrs)
+    execute.record_gradient(_core.RELAYOUT_OP, [tensor], attrs, [out])
     return out
+
+
+@ops.RegisterGradient(_core.RELAYOUT_OP)
+def _relayout_grad(op, grad):
+    """The gradient of a relayout is the gradient itself, in whatever layout it arrives."""
+    del op
+    return grad
 
 
 def copy_to_mesh(tensor: Any, layout: Layout, source_layout: Optional[Layout] = None) -> tf.Tensor:

@@ -28,13 +28,16 @@ class DVariable(resource_variable_ops.ResourceVariable):
     """
 
     def __init__(self, initial_value, *args, dtype=None, **kwargs):
+        if not context.executing_eagerly():
+            # Created while tracing a tf.function: the variable is made once, eagerly, as
+            # tf.function lifts tf.Variables (create it on the first call only).
+            with ops.init_scope():
+                self.__init__(initial_value, *args, dtype=dtype, **kwargs)
+            return
         layout = kwargs.pop("layout", None)
         if callable(initial_value):
             initial_value = api.call_with_layout(initial_value, layout) if layout else initial_value()
-        with ops.init_scope():
-            initial_value = ops.convert_to_tensor(initial_value, dtype=dtype)
-        if not context.executing_eagerly():
-            raise RuntimeError("DVariable is created eagerly; create it outside tf.function.")
+        initial_value = ops.convert_to_tensor(initial_value, dtype=dtype)
         if api.is_dtensor(initial_value):
             value_layout = api.fetch_layout(initial_value)
             if layout is not None and layout != value_layout:

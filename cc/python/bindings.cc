@@ -189,6 +189,7 @@ PYBIND11_MODULE(_core, m) {
           },
           py::return_value_policy::reference)
       .def_property_readonly("name", &DTensorDevice::name)
+      .def_property_readonly("num_expanded_functions", &DTensorDevice::num_expanded_functions)
       .def("push_default_mesh", &DTensorDevice::PushDefaultMesh)
       .def("pop_default_mesh", &DTensorDevice::PopDefaultMesh)
       .def("push_default_layout", &DTensorDevice::PushDefaultLayout)
