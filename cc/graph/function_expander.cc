@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "cc/core/strings.h"
+#include "cc/core/wire.h"
 #include "cc/device/executor.h"
 #include "cc/device/ops.h"
 #include "cc/graph/function_def.h"
@@ -36,6 +37,16 @@ bool PassesRequest(const std::string& op) {
 
 bool IsCall(const std::string& op) {
   return op == "PartitionedCall" || op == "StatefulPartitionedCall";
+}
+
+bool IsIf(const std::string& op) { return op == "If" || op == "StatelessIf"; }
+bool IsWhile(const std::string& op) { return op == "While" || op == "StatelessWhile"; }
+
+// An empty list AttrValue (e.g. output_shapes: "not given").
+std::string EmptyListAttr() {
+  WireWriter value;
+  value.Bytes(1, "");
+  return value.Take();
 }
 
 std::string MetaKey(const ValueMeta& m) {
@@ -87,6 +98,7 @@ struct GraphDeleter {
 
 std::string OutputRequest::Key() const {
   std::string key = single ? single->ToString() : "-";
+  if (host_outputs) key += "|host";
   for (const auto& l : each) key += "|" + (l ? l->ToString() : std::string("-"));
   return key;
 }
@@ -145,6 +157,19 @@ class FunctionExpansion {
   Status ExpandNode(const NodeSpec& node);
   Status ExpandCall(const NodeSpec& node, const std::string& callee,
                     const std::vector<ValueId>& inputs);
+  Status ExpandIf(const NodeSpec& node, const std::vector<ValueId>& inputs);
+  Status ExpandWhile(const NodeSpec& node, std::vector<ValueId> inputs);
+  // Emits a functional op (a call, If, While) over the flat components of `inputs`
+  // after `prefix` (e.g. If's predicate); its results are `results`' values.
+  Status EmitFunctional(const NodeSpec& node, const std::string& op_type,
+                        const std::vector<TF_Output>& prefix, const std::vector<ValueId>& inputs,
+                        RawAttrs attrs, const std::vector<ValueMeta>& results,
+                        bool copy_attrs);
+  StatusOr<std::shared_ptr<const ExpandedFunction>> Callee(const std::string& name,
+                                                         const std::vector<ValueId>& inputs,
+                                                         const OutputRequest& request);
+  // A scalar predicate as one host tensor: a host value, or a replicated DTensor's.
+  StatusOr<TF_Output> Predicate(const NodeSpec& node, ValueId value);
   Status ExpandWithRule(const NodeSpec& node, std::vector<ValueId> inputs);
   Status EmitHostOp(const NodeSpec& node, const std::vector<ValueId>& inputs);
   StatusOr<ValueId> Resolve(const std::string& name);
@@ -419,51 +444,139 @@ Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<Value
   return Status::Ok();
 }
 
-Status FunctionExpansion::ExpandCall(const NodeSpec& node, const std::string& callee,
-                                     const std::vector<ValueId>& inputs) {
+StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Callee(
+    const std::string& name, const std::vector<ValueId>& inputs, const OutputRequest& request) {
   std::vector<ValueMeta> metas;
+  for (ValueId v : inputs) metas.push_back(MetaOf(v));
+  return owner_->ExpandUncached(context_, name, mesh_, metas, request, policy_, depth_ + 1);
+}
+
+Status FunctionExpansion::EmitFunctional(const NodeSpec& node, const std::string& op_type,
+                                         const std::vector<TF_Output>& prefix,
+                                         const std::vector<ValueId>& inputs, RawAttrs attrs,
+                                         const std::vector<ValueMeta>& results, bool copy_attrs) {
   std::vector<TF_Output> flat;
-  std::vector<int> types;
   for (ValueId v : inputs) {
-    metas.push_back(MetaOf(v));
     if (builder_.is_host(v)) {
       flat.push_back(builder_.host(v));
     } else {
       for (int d = 0; d < mesh_.num_local_devices(); ++d) flat.push_back(builder_.component(v, d));
     }
   }
+  std::vector<int> types;
   for (const TF_Output& o : flat) types.push_back(TF_OperationOutputType(o));
-  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
-                       owner_->ExpandUncached(context_, callee, mesh_, metas, OutputRequest(),
-                                              policy_, depth_ + 1));
-  callees_[node.name] = expanded;
   std::vector<int> out_types;
-  for (const ValueMeta& m : expanded->outputs) {
-    for (int d = 0; d < mesh_.num_local_devices(); ++d) out_types.push_back(m.dtype);
+  for (const ValueMeta& m : results) {
+    for (int k = 0; k < m.num_flat(mesh_); ++k) {
+      out_types.push_back(m.resource ? TF_RESOURCE : m.dtype);
+    }
   }
+  if (IsWhile(op_type)) {
+    attrs.emplace_back("T", TypeListAttr(types));
+  } else {
+    attrs.emplace_back("Tin", TypeListAttr(types));
+    attrs.emplace_back("Tout", TypeListAttr(out_types));
+  }
+  if (!IsCall(op_type)) attrs.emplace_back("output_shapes", EmptyListAttr());
+  std::vector<TF_Output> all = prefix;
+  all.insert(all.end(), flat.begin(), flat.end());
   LocalOpOptions options;
-  options.copy_attrs = false;
-  RawAttrs attrs = {{"f", FunctionAttr(expanded->name)},
-                    {"Tin", TypeListAttr(types)},
-                    {"Tout", TypeListAttr(out_types)}};
-  TFD_ASSIGN_OR_RETURN(TF_Operation * op, builder_.Emit("StatefulPartitionedCall", flat, options,
-                                                        builder_.host_device(), attrs));
+  options.copy_attrs = copy_attrs;
+  TFD_ASSIGN_OR_RETURN(TF_Operation * op,
+                       builder_.Emit(op_type, all, options, builder_.host_device(), attrs));
   std::vector<ValueId>& outs = outputs_[node.name];
   int next = 0;
-  for (const ValueMeta& m : expanded->outputs) {
+  for (const ValueMeta& m : results) {
+    if (!m.layout) {
+      outs.push_back(builder_.AddHost(TF_Output{op, next++}));
+      continue;
+    }
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> local, m.layout->LocalShape(m.shape, "a result"));
     std::vector<TF_Output> components;
     for (int d = 0; d < mesh_.num_local_devices(); ++d) {
       TF_Output o{op, next++};
-      TF_GraphSetTensorShape(graph_.get(), o, local.data(), static_cast<int>(local.size()),
-                             status_);
-      TFD_RETURN_IF_ERROR(FromTF(status_, "setting the shape of a call result"));
+      if (!m.resource) {
+        TF_GraphSetTensorShape(graph_.get(), o, local.data(), static_cast<int>(local.size()),
+                               status_);
+        TFD_RETURN_IF_ERROR(FromTF(status_, "setting the shape of a result of '" + node.name + "'"));
+      }
       components.push_back(o);
     }
     outs.push_back(builder_.AddDTensor(*m.layout, m.shape, m.dtype, m.resource,
                                        std::move(components)));
   }
   return Status::Ok();
+}
+
+Status FunctionExpansion::ExpandCall(const NodeSpec& node, const std::string& callee,
+                                     const std::vector<ValueId>& inputs) {
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
+                       Callee(callee, inputs, OutputRequest()));
+  callees_[node.name] = expanded;
+  return EmitFunctional(node, "StatefulPartitionedCall", {}, inputs,
+                        {{"f", FunctionAttr(expanded->name)}}, expanded->outputs, false);
+}
+
+StatusOr<TF_Output> FunctionExpansion::Predicate(const NodeSpec& node, ValueId value) {
+  if (builder_.is_host(value)) return builder_.host(value);
+  if (!builder_.layout(value)->IsFullyReplicated() || !builder_.shape(value).empty()) {
+    return InvalidArgument("The condition of '" + node.name + "' (" + node.op + ") in tf.function '" +
+                           function_ + "' must be a replicated scalar; got layout " +
+                           builder_.layout(value)->ShortString() + " and shape " +
+                           ShapeString(builder_.shape(value)) + ".");
+  }
+  return builder_.component(value, 0);
+}
+
+Status FunctionExpansion::ExpandIf(const NodeSpec& node, const std::vector<ValueId>& inputs) {
+  const std::string* then_attr = FindRawAttr(node.attrs, "then_branch");
+  const std::string* else_attr = FindRawAttr(node.attrs, "else_branch");
+  std::optional<std::string> then_name = then_attr ? FunctionNameOf(*then_attr) : std::nullopt;
+  std::optional<std::string> else_name = else_attr ? FunctionNameOf(*else_attr) : std::nullopt;
+  if (!then_name || !else_name || inputs.empty()) {
+    return Internal("'" + node.name + "' (" + node.op + ") lacks its branches.");
+  }
+  TFD_ASSIGN_OR_RETURN(TF_Output predicate, Predicate(node, inputs[0]));
+  std::vector<ValueId> args(inputs.begin() + 1, inputs.end());
+  // The then-branch decides the result layouts; the else-branch is asked for the same.
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> then_fn,
+                       Callee(*then_name, args, OutputRequest()));
+  OutputRequest same;
+  for (const ValueMeta& m : then_fn->outputs) same.each.push_back(m.layout);
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> else_fn,
+                       Callee(*else_name, args, same));
+  return EmitFunctional(node, node.op, {predicate}, args,
+                        {{"then_branch", FunctionAttr(then_fn->name)},
+                         {"else_branch", FunctionAttr(else_fn->name)}},
+                        then_fn->outputs, true);
+}
+
+Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId> inputs) {
+  const std::string* cond_attr = FindRawAttr(node.attrs, "cond");
+  const std::string* body_attr = FindRawAttr(node.attrs, "body");
+  std::optional<std::string> cond_name = cond_attr ? FunctionNameOf(*cond_attr) : std::nullopt;
+  std::optional<std::string> body_name = body_attr ? FunctionNameOf(*body_attr) : std::nullopt;
+  if (!cond_name || !body_name) return Internal("'" + node.name + "' lacks cond or body.");
+  // Loop variables are DTensors with the layouts they enter with; the body is asked to
+  // return them in the same layouts (a relayout at the end of the body where it would
+  // not), which is the fixed point of the loop.
+  OutputRequest keep;
+  for (ValueId& v : inputs) {
+    if (builder_.is_host(v)) {
+      TFD_ASSIGN_OR_RETURN(v, builder_.Broadcast(v, mesh_));
+    }
+    keep.each.push_back(builder_.layout(v));
+  }
+  OutputRequest predicate;
+  predicate.host_outputs = true;
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> cond_fn,
+                       Callee(*cond_name, inputs, predicate));
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> body_fn,
+                       Callee(*body_name, inputs, keep));
+  return EmitFunctional(node, node.op, {}, inputs,
+                        {{"cond", FunctionAttr(cond_fn->name)},
+                         {"body", FunctionAttr(body_fn->name)}},
+                        body_fn->outputs, true);
 }
 
 Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
@@ -495,6 +608,8 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
     if (!builder_.FindOp(node.op) && TFE_ContextHasFunction(context_, node.op.c_str())) {
       return ExpandCall(node, node.op, inputs);
     }
+    if (IsIf(node.op)) return ExpandIf(node, inputs);
+    if (IsWhile(node.op)) return ExpandWhile(node, inputs);
     bool any_dtensor = requests_.count(node.name) > 0;
     for (ValueId v : inputs) any_dtensor = any_dtensor || !builder_.is_host(v);
     if (!any_dtensor) return EmitHostOp(node, inputs);
@@ -538,18 +653,33 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Run(
     }
     if (!tensor) return Internal("Function '" + function + "' does not return '" + outs[i].name + "'.");
     TFD_ASSIGN_OR_RETURN(ValueId v, Resolve(*tensor));
-    if (builder_.is_host(v)) {
-      TFD_ASSIGN_OR_RETURN(v, builder_.Broadcast(v, mesh_));
-    }
     std::optional<Layout> target;
     if (i < request.each.size()) target = request.each[i];
     if (!target && request.single && outs.size() == 1 && !builder_.resource(v) &&
         request.single->rank() == static_cast<int>(builder_.shape(v).size())) {
       target = request.single;
     }
+    if (target && builder_.is_host(v)) {
+      TFD_ASSIGN_OR_RETURN(v, builder_.Broadcast(v, mesh_));
+    }
     if (target && *target != *builder_.layout(v)) {
       TFD_ASSIGN_OR_RETURN(v, Relayout(builder_, v, *target,
                                        "result " + std::to_string(i) + " of '" + function + "'"));
+    }
+    if (request.host_outputs) {
+      if (!builder_.is_host(v) && !builder_.layout(v)->IsFullyReplicated()) {
+        TFD_ASSIGN_OR_RETURN(v, Relayout(builder_, v,
+                                         Layout::Replicated(mesh_, builder_.layout(v)->rank()),
+                                         "result " + std::to_string(i) + " of '" + function + "'"));
+      }
+      flat_outputs.push_back(builder_.is_host(v) ? builder_.host(v) : builder_.component(v, 0));
+      ValueMeta m = MetaOf(v);
+      m.layout.reset();
+      result->outputs.push_back(std::move(m));
+      continue;
+    }
+    if (builder_.is_host(v)) {
+      TFD_ASSIGN_OR_RETURN(v, builder_.Broadcast(v, mesh_));
     }
     for (int d = 0; d < mesh_.num_local_devices(); ++d) {
       TFD_ASSIGN_OR_RETURN(TF_Output o, builder_.OnDevice(v, d));

@@ -52,7 +52,7 @@ struct ValueMeta {
 struct ExpandedFunction {
   std::string name;  // registered with the context
   std::vector<ValueMeta> inputs;
-  std::vector<ValueMeta> outputs;  // always DTensors
+  std::vector<ValueMeta> outputs;  // DTensors, unless host outputs were requested
   int num_nodes = 0;               // nodes of the expanded graph, for debugging
 };
 
@@ -61,6 +61,9 @@ struct ExpandedFunction {
 struct OutputRequest {
   std::optional<Layout> single;
   std::vector<std::optional<Layout>> each;
+  // Results leave as one host tensor each (a While condition's predicate); DTensor results
+  // are gathered to replicated first.
+  bool host_outputs = false;
   std::string Key() const;
 };
 

@@ -18,7 +18,8 @@ std::string HostDeviceOf(const std::string& device) {
 
 // Attributes that name other nodes of the original graph, or describe its shapes.
 bool DropsAttr(const std::string& name) {
-  return name == "_class" || name == "_output_shapes";
+  return name == "_class" || name == "_output_shapes" || name == "_read_only_resource_inputs" ||
+         name == "_num_original_outputs";
 }
 
 }  // namespace
