@@ -8,6 +8,7 @@ from tensorflow.python.ops import resource_variable_ops
 
 from tf_dtensor import _device
 from tf_dtensor import api
+from tf_dtensor import checkpoint
 from tf_dtensor._errors import LayoutError
 
 
@@ -16,6 +17,10 @@ class DVariable(resource_variable_ops.ResourceVariable):
 
     Assigning a value of another layout or mesh raises `tf.errors.InvalidArgumentError`
     (relayout the value first). Reads return DTensors with the variable's layout.
+
+    `tf.train.Checkpoint` saves the variable's global value under the ordinary key, so
+    the checkpoint is the one a `tf.Variable` of the same shape writes; restoring lays the
+    saved value out as this variable, whatever layout or mesh it was saved from.
 
     Args:
       initial_value: a DTensor (its layout becomes the variable's), a callable, or a
@@ -54,3 +59,14 @@ class DVariable(resource_variable_ops.ResourceVariable):
         self.layout = layout
         with ops.device(_device.DEVICE_NAME), _device.layout_scope(layout):
             super().__init__(initial_value, *args, dtype=dtype, **kwargs)
+
+    # Checkpointing (see checkpoint.py): the global value, on the host, under the usual key.
+
+    def _serialize_to_tensors(self):
+        return checkpoint.serialize_to_tensors(self)
+
+    def _restore_from_tensors(self, restored_tensors):
+        return checkpoint.restore_from_tensors(self, restored_tensors)
+
+    def _copy_trackable_to_cpu(self, object_map):
+        checkpoint.copy_trackable_to_cpu(self, object_map)

@@ -54,3 +54,10 @@ def test_overview_prints_what_the_guide_shows():
         assert line in out, f"missing from the overview's output: {line}"
     # The contracted-axis matmul: every device holds the full [[20 14] [56 41]].
     assert out.count("[[20 14]\n [56 41]]") == 6
+
+
+def test_checkpoint_example_restores_into_another_mesh_and_a_plain_variable():
+    out = run_example("checkpoint.py")
+    assert "('model/kernel/.ATTRIBUTES/VARIABLE_VALUE', [4, 6])" in out
+    assert "restored layout: [x,y] @ mesh(x=2,y=3)" in out
+    assert "plain bias: [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]" in out
