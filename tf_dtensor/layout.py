@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Union
 
 from tf_dtensor import _core
 from tf_dtensor.mesh import Mesh
@@ -84,6 +84,19 @@ class Layout:
 
     def is_fully_replicated(self) -> bool:
         return self._layout.is_fully_replicated()
+
+    def delete(self, dims: Union[int, List[int]]) -> "Layout":
+        """This layout without the tensor axes `dims` (an index or a list), as in TF.
+
+        The guide derives a bias layout from its weight's: `[*,*] -> delete([0]) -> [*]`.
+
+        Example:
+          >>> Layout(["x", UNSHARDED], mesh).delete([0]).short()
+          '[*] @ mesh(x=2)'
+        """
+        dropped = dims if isinstance(dims, list) else [dims]
+        specs = [spec for i, spec in enumerate(self.sharding_specs) if i not in dropped]
+        return Layout(specs, self._mesh)
 
     def local_shape(self, global_shape) -> List[int]:
         """The shape of one component for a tensor of `global_shape`."""

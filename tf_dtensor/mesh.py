@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -135,6 +135,22 @@ class Mesh:
     def coords(self, device_id: int) -> List[int]:
         """Coordinates of a device id in the grid (first dimension outermost)."""
         return list(self._mesh.coords(device_id))
+
+    def unravel_index(self) -> Dict[int, Dict[str, int]]:
+        """Every global device id mapped to its coordinates, `{id: {dim_name: index}}`."""
+        names = self.dim_names
+        return {int(device_id): dict(zip(names, self.coords(int(device_id))))
+                for device_id in self._mesh.global_device_ids}
+
+    def local_device_locations(self) -> List[Dict[str, int]]:
+        """The coordinates `{dim_name: index}` of each local device, in local device order.
+
+        Example:
+          >>> Mesh(["x"], np.arange(2), [0, 1], ["CPU:0", "CPU:1"]).local_device_locations()
+          [{'x': 0}, {'x': 1}]
+        """
+        mapping = self.unravel_index()
+        return [mapping[device_id] for device_id in self.local_device_ids()]
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Mesh) and self._mesh == other._mesh

@@ -11,14 +11,14 @@ import tf_dtensor
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
 
-def run_example(name: str) -> str:
+def run_example(name: str, *args: str) -> str:
     # A fresh process (the example configures its own virtual CPUs) that imports the same
     # tf_dtensor as this one, installed or from the source tree.
     env = dict(os.environ)
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(tf_dtensor.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, os.path.join(EXAMPLES, name)], capture_output=True,
-                            text=True, timeout=600, check=False, env=env)
+    result = subprocess.run([sys.executable, os.path.join(EXAMPLES, name), *args],
+                            capture_output=True, text=True, timeout=600, check=False, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 

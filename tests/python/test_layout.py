@@ -162,3 +162,17 @@ def test_constructor_parity_with_tf(mesh_2x2):
 def test_constants_match_tf():
     assert dtensor.UNSHARDED == builtin.UNSHARDED == "unsharded"
     assert dtensor.MATCH == builtin.MATCH == "match"
+
+
+@pytest.mark.parametrize("dims", [[0], [1], [0, 2], 2], ids=str)
+def test_delete_matches_tf(dims, mesh_2x2):
+    tf_mesh = builtin.Mesh.from_string(mesh_2x2.to_string())
+    specs = ["x", UNSHARDED, "y"]
+    ours = Layout(specs, mesh_2x2).delete(dims)
+    assert ours.to_string() == builtin.Layout(specs, tf_mesh).delete(dims).to_string()
+    assert ours.mesh == mesh_2x2
+
+
+def test_delete_gives_the_guide_bias_layout(mesh_1d):
+    weight_layout = Layout.replicated(mesh_1d, 2)
+    assert weight_layout.delete([0]) == Layout.replicated(mesh_1d, 1)

@@ -201,3 +201,17 @@ def test_to_string_parity_with_tf(dims, name):
     assert ours.shape() == theirs.shape()
     assert ours.local_devices() == theirs.local_devices()
     np.testing.assert_array_equal(ours.global_device_ids(), theirs.global_device_ids())
+
+
+def test_local_device_locations_match_tf(mesh_2x2):
+    tf_mesh = tf_dtensor_builtin.Mesh.from_string(mesh_2x2.to_string())
+    assert mesh_2x2.local_device_locations() == tf_mesh.local_device_locations() == [
+        {"x": 0, "y": 0}, {"x": 0, "y": 1}, {"x": 1, "y": 0}, {"x": 1, "y": 1}]
+    assert mesh_2x2.unravel_index() == tf_mesh.unravel_index()
+
+
+def test_local_device_locations_follow_the_device_ids():
+    # Ids laid out column-major: device id 1 sits at x=1, y=0.
+    mesh = Mesh(["x", "y"], np.array([[0, 2], [1, 3]]), [0, 1, 2, 3], cpus(4))
+    assert mesh.local_device_locations() == [
+        {"x": 0, "y": 0}, {"x": 1, "y": 0}, {"x": 0, "y": 1}, {"x": 1, "y": 1}]
