@@ -192,6 +192,12 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
       for (const AttrOverride& a : options.overrides) {
         if (a.name == len_attr && a.kind == AttrOverride::Kind::kInt) length = a.ints[0];
       }
+      if (length < 0 && FindRawAttr(extra_attrs, len_attr)) {
+        if (const AttrValue* v = DecodeAttrs(extra_attrs).Find(len_attr)) {
+          length = arg.number_attr.empty() ? static_cast<int64_t>(v->list_type.size())
+                                           : v->i.value_or(-1);
+        }
+      }
       if (length < 0 && options.copy_attrs && node_attrs_) {
         if (!node_attr_map_) node_attr_map_ = DecodeAttrs(*node_attrs_);
         if (const AttrValue* v = node_attr_map_->Find(len_attr)) {
