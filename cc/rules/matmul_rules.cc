@@ -3,10 +3,14 @@
 //   [*,x] @ [x,*] -> partial(x) -> all-reduce -> [*,*]   (contracted axis sharded)
 //   [y,x] @ [x,*] -> partial(x) -> all-reduce -> [y,*]
 //   [*,*] @ [*,y] -> [*,y]
+// On virtual CPUs (shared memory) a large product with a sharded contracted axis gathers
+// its operands instead (see Forward).
 // A mesh dimension shards at most one of m, n, k: on a clash the earlier of m, n, k
 // keeps it and the later axis is relaid out to unsharded. When only one side of k is
 // sharded the other is sliced to match (free), rather than gathering.
 // Batch matmuls merge their batch axes like broadcasting elementwise ops.
+#include <algorithm>
+
 #include "cc/propagation/merge.h"
 #include "cc/rules/registry.h"
 
@@ -17,6 +21,28 @@ struct MatmulAxes {
   int m, k;  // axes of a
   int kb, n;  // axes of b
 };
+
+int64_t NumElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Elements of the product: batch (broadcast) x m x n.
+std::vector<int64_t> OutputShape(const OpContext& ctx, const MatmulAxes& ax) {
+  const std::vector<int64_t>& a = ctx.inputs[0].shape;
+  const std::vector<int64_t>& b = ctx.inputs[1].shape;
+  std::vector<int64_t> out;
+  const size_t batch = std::max(a.size(), b.size()) - 2;
+  for (size_t i = 0; i < batch; ++i) {
+    int64_t da = i + a.size() >= batch + 2 ? a[i + a.size() - batch - 2] : 1;
+    int64_t db = i + b.size() >= batch + 2 ? b[i + b.size() - batch - 2] : 1;
+    out.push_back(std::max(da, db));
+  }
+  out.push_back(a[ax.m]);
+  out.push_back(b[ax.n]);
+  return out;
+}
 
 class MatmulRule : public Rule {
  public:
@@ -57,6 +83,16 @@ class MatmulRule : public Rule {
     // The contracted axis: prefer a's sharding, else b's.
     DimSpec k = take(a.spec(ax.k));
     if (!k.sharded()) k = take(b.spec(ax.kb));
+    // On devices that share host memory an all-gather is one concatenation whose result
+    // every device shares, while an all-reduce reads every partial product. When the
+    // product is larger than its operands (a weight gradient x^T @ dy under a sharded
+    // batch: [*,x] @ [x,*]), gathering the operands and multiplying once is cheaper:
+    //   [*,x] @ [x,*] -> gather k -> [*,*] @ [*,*] -> [*,*]   (no partial, no all-reduce)
+    if (k.sharded() && ctx.mesh.shares_host_memory() &&
+        NumElements(OutputShape(ctx, ax)) > NumElements(ctx.inputs[0].shape) +
+                                                NumElements(ctx.inputs[1].shape)) {
+      k = DimSpec::Replicated();
+    }
 
     std::vector<DimSpec> a_specs = ProjectBroadcast(out, batch_a, batch_out);
     std::vector<DimSpec> b_specs = ProjectBroadcast(out, batch_b, batch_out);
