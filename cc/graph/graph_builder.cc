@@ -25,18 +25,13 @@ bool DropsAttr(const std::string& name) {
 }  // namespace
 
 GraphBuilder::GraphBuilder(TF_Graph* graph, Mesh mesh)
-    : graph_(graph),
-      mesh_(std::move(mesh)),
+    : ComponentBuilder(std::move(mesh)),
+      graph_(graph),
       host_device_(mesh_.shares_host_memory() ? mesh_.local_devices()[0]
                                               : HostDeviceOf(mesh_.local_devices()[0])),
       status_(TF_NewStatus()) {}
 
 GraphBuilder::~GraphBuilder() { TF_DeleteStatus(status_); }
-
-ValueId GraphBuilder::Add(Value value) {
-  values_.push_back(std::move(value));
-  return static_cast<ValueId>(values_.size() - 1);
-}
 
 ValueId GraphBuilder::AddDTensor(Layout layout, std::vector<int64_t> shape, int dtype,
                                  std::optional<ResourceInfo> resource,
@@ -46,7 +41,7 @@ ValueId GraphBuilder::AddDTensor(Layout layout, std::vector<int64_t> shape, int 
   v.shape = std::move(shape);
   v.dtype = dtype;
   v.resource = std::move(resource);
-  v.outputs = std::move(components);
+  v.handles = std::move(components);
   return Add(std::move(v));
 }
 
@@ -77,7 +72,7 @@ std::optional<std::vector<int64_t>> GraphBuilder::IntValue(ValueId value) {
   v.int_value_read = true;
   if ((v.dtype != TF_INT32 && v.dtype != TF_INT64) || v.resource) return std::nullopt;
   if (v.layout && !v.layout->IsFullyReplicated()) return std::nullopt;
-  TF_Output out = v.layout ? v.outputs[0] : v.host;
+  TF_Output out = v.layout ? v.handles[0] : v.host;
   TF_Tensor* tensor = nullptr;
   if (!TF_TryEvaluateConstant(graph_, out, &tensor, status_) || !tensor) return std::nullopt;
   const int64_t count = TF_TensorElementCount(tensor);
@@ -223,30 +218,7 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
   return op;
 }
 
-bool GraphBuilder::SameCoords(int a, int b, const std::vector<int>& mesh_dims) const {
-  for (int k : mesh_dims) {
-    if (mesh_.LocalCoord(a, k) != mesh_.LocalCoord(b, k)) return false;
-  }
-  return true;
-}
-
-std::vector<int> GraphBuilder::Leaders(const std::vector<int>& key_dims) const {
-  const int n = mesh_.num_local_devices();
-  std::vector<int> leaders(n);
-  for (int d = 0; d < n; ++d) {
-    leaders[d] = d;
-    if (!mesh_.shares_host_memory()) continue;
-    for (int e = 0; e < d; ++e) {
-      if (SameCoords(d, e, key_dims)) {
-        leaders[d] = e;
-        break;
-      }
-    }
-  }
-  return leaders;
-}
-
-StatusOr<TF_Output> GraphBuilder::FromLeader(TF_Output leader_output, int device) {
+StatusOr<TF_Output> GraphBuilder::Share(TF_Output leader_output, int device) {
   if (mesh_.shares_host_memory()) return leader_output;
   LocalOpOptions options;
   options.copy_attrs = false;
@@ -256,8 +228,7 @@ StatusOr<TF_Output> GraphBuilder::FromLeader(TF_Output leader_output, int device
 }
 
 StatusOr<TF_Output> GraphBuilder::OnDevice(ValueId value, int device) {
-  const Value& v = values_[value];
-  TF_Output out = v.layout ? v.outputs[device] : v.host;
+  TF_Output out = local(value, device);
   LocalOpOptions options;
   options.copy_attrs = false;
   TFD_ASSIGN_OR_RETURN(TF_Operation * op,
@@ -265,179 +236,15 @@ StatusOr<TF_Output> GraphBuilder::OnDevice(ValueId value, int device) {
   return TF_Output{op, 0};
 }
 
-StatusOr<std::vector<TF_Output>> GraphBuilder::Run(const std::string& op_type,
-                                                   const std::vector<TF_Output>& inputs,
-                                                   const LocalOpOptions& options, int device) {
+StatusOr<std::vector<TF_Output>> GraphBuilder::RunOn(const std::string& op_type,
+                                                     const std::vector<TF_Output>& inputs,
+                                                     const LocalOpOptions& options, int device,
+                                                     int num_outputs) {
   TFD_ASSIGN_OR_RETURN(TF_Operation * op,
                        Emit(op_type, inputs, options, mesh_.local_devices()[device]));
   std::vector<TF_Output> outputs;
   for (int i = 0; i < TF_OperationNumOutputs(op); ++i) outputs.push_back(TF_Output{op, i});
   return outputs;
-}
-
-StatusOr<std::vector<ValueId>> GraphBuilder::LocalOp(const std::string& op_name,
-                                                     const std::vector<ValueId>& inputs,
-                                                     const LocalOpOptions& options,
-                                                     const std::vector<Layout>& out_layouts) {
-  std::vector<int> key_dims = options.distinct_over;
-  for (ValueId v : inputs) {
-    if (!values_[v].layout) continue;
-    for (int d : values_[v].layout->ShardedMeshDims()) key_dims.push_back(d);
-    if (values_[v].resource) {
-      for (int d : values_[v].resource->value_layout.ShardedMeshDims()) key_dims.push_back(d);
-    }
-  }
-  for (const Layout& l : out_layouts) {
-    for (int d : l.ShardedMeshDims()) key_dims.push_back(d);
-  }
-  const int n = mesh_.num_local_devices();
-  std::vector<int> leaders = options.run_once ? std::vector<int>(n, 0) : Leaders(key_dims);
-  std::vector<std::vector<TF_Output>> per_device(n);
-  for (int d = 0; d < n; ++d) {
-    if (leaders[d] != d) {
-      for (const TF_Output& out : per_device[leaders[d]]) {
-        TFD_ASSIGN_OR_RETURN(TF_Output shared, FromLeader(out, d));
-        per_device[d].push_back(shared);
-      }
-      continue;
-    }
-    std::vector<TF_Output> local_inputs;
-    for (ValueId v : inputs) {
-      local_inputs.push_back(values_[v].layout ? values_[v].outputs[d] : values_[v].host);
-    }
-    TFD_ASSIGN_OR_RETURN(per_device[d], Run(op_name, local_inputs, options, d));
-  }
-  std::vector<ValueId> result;
-  for (size_t j = 0; j < per_device[0].size(); ++j) {
-    Value v;
-    const TF_Output first = per_device[0][j];
-    v.dtype = TF_OperationOutputType(first);
-    std::optional<std::vector<int64_t>> local = InferredShape(first);
-    if (!local) {
-      return FailedPrecondition("The shape of output " + std::to_string(j) + " of '" + op_name +
-                                "' is unknown; tf_dtensor needs static shapes inside "
-                                "tf.function. Give the function inputs of fixed shape.");
-    }
-    v.layout = j < out_layouts.size() ? out_layouts[j]
-                                      : Layout::Replicated(mesh_, static_cast<int>(local->size()));
-    bool known = true;
-    for (int64_t dim : *local) known = known && dim >= 0;
-    v.shape = v.layout->rank() == static_cast<int>(local->size()) && known
-                  ? v.layout->GlobalShape(*local)
-                  : *local;
-    for (int d = 0; d < n; ++d) v.outputs.push_back(per_device[d][j]);
-    result.push_back(Add(std::move(v)));
-  }
-  return result;
-}
-
-StatusOr<ValueId> GraphBuilder::AllReduce(ValueId value, const std::vector<int>& mesh_dims,
-                                          ReduceOp op) {
-  const Layout layout = *values_[value].layout;
-  std::vector<int> key_dims = layout.ShardedMeshDims();
-  const int n = mesh_.num_local_devices();
-  std::vector<int> leaders = Leaders(key_dims);
-  const int dtype = values_[value].dtype;
-  Value out{layout, values_[value].shape, dtype};
-  out.outputs.assign(n, TF_Output{nullptr, 0});
-  for (int d = 0; d < n; ++d) {
-    if (leaders[d] != d) {
-      TFD_ASSIGN_OR_RETURN(out.outputs[d], FromLeader(out.outputs[leaders[d]], d));
-      continue;
-    }
-    // One partial value per coordinate tuple along `mesh_dims`, within d's group.
-    std::map<std::vector<int64_t>, TF_Output> partials;
-    for (int e = 0; e < n; ++e) {
-      if (!SameCoords(d, e, key_dims)) continue;
-      std::vector<int64_t> coords;
-      for (int k : mesh_dims) coords.push_back(mesh_.LocalCoord(e, k));
-      partials.emplace(coords, values_[value].outputs[e]);
-    }
-    std::vector<TF_Output> parts;
-    for (auto& [coords, h] : partials) parts.push_back(h);
-    LocalOpOptions options;
-    options.copy_attrs = false;
-    if (parts.size() == 1) {
-      TFD_ASSIGN_OR_RETURN(out.outputs[d], FromLeader(parts[0], d));
-      continue;
-    }
-    if (op == ReduceOp::kSum) {
-      options.overrides = {AttrOverride::Int("N", static_cast<int64_t>(parts.size()))};
-      TFD_ASSIGN_OR_RETURN(std::vector<TF_Output> r, Run("AddN", parts, options, d));
-      out.outputs[d] = r[0];
-      continue;
-    }
-    const char* binary = op == ReduceOp::kMax ? "Maximum" : op == ReduceOp::kMin ? "Minimum" : "Mul";
-    TF_Output acc = parts[0];
-    for (size_t i = 1; i < parts.size(); ++i) {
-      TFD_ASSIGN_OR_RETURN(std::vector<TF_Output> r, Run(binary, {acc, parts[i]}, options, d));
-      acc = r[0];
-    }
-    out.outputs[d] = acc;
-  }
-  return Add(std::move(out));
-}
-
-StatusOr<ValueId> GraphBuilder::AllGather(ValueId value, int dim) {
-  const Layout layout = *values_[value].layout;
-  const int mesh_dim = layout.spec(dim).mesh_dim;
-  std::vector<DimSpec> specs = layout.specs();
-  specs[dim] = DimSpec::Replicated();
-  Layout out_layout = layout.WithSpecs(specs);
-  std::vector<int> key_dims = out_layout.ShardedMeshDims();
-  const int n = mesh_.num_local_devices();
-  std::vector<int> leaders = Leaders(key_dims);
-  const int64_t pieces = mesh_.DimSize(mesh_dim);
-  TFD_ASSIGN_OR_RETURN(ValueId axis, HostConstant({dim}, {}, TF_INT32));
-  Value out{out_layout, values_[value].shape, values_[value].dtype};
-  out.outputs.assign(n, TF_Output{nullptr, 0});
-  LocalOpOptions options;
-  options.copy_attrs = false;
-  options.overrides = {AttrOverride::Int("N", pieces)};
-  for (int d = 0; d < n; ++d) {
-    if (leaders[d] != d) {
-      TFD_ASSIGN_OR_RETURN(out.outputs[d], FromLeader(out.outputs[leaders[d]], d));
-      continue;
-    }
-    std::vector<TF_Output> parts(pieces, TF_Output{nullptr, 0});
-    for (int e = 0; e < n; ++e) {
-      int64_t c = mesh_.LocalCoord(e, mesh_dim);
-      if (SameCoords(d, e, key_dims) && !parts[c].oper) parts[c] = values_[value].outputs[e];
-    }
-    parts.push_back(values_[axis].host);
-    TFD_ASSIGN_OR_RETURN(std::vector<TF_Output> r, Run("ConcatV2", parts, options, d));
-    out.outputs[d] = r[0];
-  }
-  return Add(std::move(out));
-}
-
-StatusOr<ValueId> GraphBuilder::Slice(ValueId value, int dim, int mesh_dim) {
-  const Layout layout = *values_[value].layout;
-  std::vector<DimSpec> specs = layout.specs();
-  specs[dim] = DimSpec::Sharded(mesh_dim);
-  TFD_ASSIGN_OR_RETURN(Layout out_layout, Layout::FromSpecs(specs, layout.mesh()));
-  TFD_RETURN_IF_ERROR(out_layout.LocalShape(values_[value].shape, "the relaid-out tensor").status());
-  std::vector<int> leaders = Leaders(layout.ShardedMeshDims());
-  const int n = mesh_.num_local_devices();
-  const int64_t pieces = mesh_.DimSize(mesh_dim);
-  TFD_ASSIGN_OR_RETURN(ValueId axis, HostConstant({dim}, {}, TF_INT32));
-  LocalOpOptions options;
-  options.copy_attrs = false;
-  options.overrides = {AttrOverride::Int("num_split", pieces)};
-  Value out{out_layout, values_[value].shape, values_[value].dtype};
-  out.outputs.assign(n, TF_Output{nullptr, 0});
-  std::map<int, std::vector<TF_Output>> splits;  // leader -> pieces
-  for (int d = 0; d < n; ++d) {
-    int leader = leaders[d];
-    if (!splits.count(leader)) {
-      TFD_ASSIGN_OR_RETURN(splits[leader],
-                           Run("Split", {values_[axis].host, values_[value].outputs[leader]},
-                               options, leader));
-    }
-    TFD_ASSIGN_OR_RETURN(out.outputs[d],
-                         FromLeader(splits[leader][mesh_.LocalCoord(d, mesh_dim)], d));
-  }
-  return Add(std::move(out));
 }
 
 StatusOr<ValueId> GraphBuilder::HostConstant(const std::vector<int64_t>& values,
@@ -471,18 +278,6 @@ StatusOr<ValueId> GraphBuilder::HostConstant(const std::vector<int64_t>& values,
   v.int_value_read = true;
   v.int_value = values;
   return Add(std::move(v));
-}
-
-StatusOr<ValueId> GraphBuilder::Broadcast(ValueId host_value, const Mesh& mesh) {
-  const Value host = values_[host_value];
-  Value out{Layout::Replicated(mesh, static_cast<int>(host.shape.size())), host.shape, host.dtype};
-  for (int d = 0; d < mesh_.num_local_devices(); ++d) {
-    TFD_ASSIGN_OR_RETURN(TF_Output o, FromLeader(host.host, d));
-    out.outputs.push_back(o);
-  }
-  out.int_value_read = host.int_value_read;
-  out.int_value = host.int_value;
-  return Add(std::move(out));
 }
 
 }  // namespace tf_dtensor

@@ -1,0 +1,344 @@
+// The part of a Builder that is the same whether the SPMD program runs at once (eager)
+// or is written down as a graph (tf.function): which devices compute a value, and the
+// collectives in terms of local ops.
+//
+// A value is one handle per local device. On meshes whose devices share host memory
+// (virtual CPUs), devices that agree on every mesh coordinate a value is sharded over
+// hold the same block, so only one of them (the leader) computes it and the others share
+// the leader's result: a replicated op runs once, a [x,*] op once per x.
+#ifndef TF_DTENSOR_CC_SPMD_COMPONENT_BUILDER_H_
+#define TF_DTENSOR_CC_SPMD_COMPONENT_BUILDER_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cc/spmd/builder.h"
+#include "tensorflow/c/tf_datatype.h"
+
+namespace tf_dtensor {
+
+template <typename Handle>
+class ComponentBuilder : public Builder {
+ public:
+  explicit ComponentBuilder(Mesh mesh) : mesh_(std::move(mesh)) {}
+
+  const Mesh& mesh() const { return mesh_; }
+  void SetInputs(std::vector<ValueId> inputs) { inputs_ = std::move(inputs); }
+
+  int num_inputs() const override { return static_cast<int>(inputs_.size()); }
+  ValueId input(int index) const override { return inputs_[index]; }
+  const std::optional<Layout>& layout(ValueId value) const override {
+    return values_[value].layout;
+  }
+  const std::vector<int64_t>& shape(ValueId value) const override { return values_[value].shape; }
+  int dtype(ValueId value) const override { return values_[value].dtype; }
+  const std::optional<ResourceInfo>& resource(ValueId value) const override {
+    return values_[value].resource;
+  }
+  void set_resource(ValueId value, ResourceInfo info) override {
+    values_[value].resource = std::move(info);
+  }
+
+  StatusOr<std::vector<ValueId>> LocalOp(const std::string& op_name,
+                                         const std::vector<ValueId>& inputs,
+                                         const LocalOpOptions& options,
+                                         const std::vector<Layout>& out_layouts) override;
+  StatusOr<ValueId> AllReduce(ValueId value, const std::vector<int>& mesh_dims,
+                              ReduceOp op) override;
+  StatusOr<ValueId> AllGather(ValueId value, int dim) override;
+  StatusOr<ValueId> Slice(ValueId value, int dim, int mesh_dim) override;
+  StatusOr<ValueId> Broadcast(ValueId host_value, const Mesh& mesh) override;
+
+ protected:
+  struct Value {
+    std::optional<Layout> layout;  // nullopt for a host value
+    std::vector<int64_t> shape;    // global shape
+    int dtype = 0;
+    std::vector<Handle> handles;  // per local device, for DTensor values
+    Handle host{};                // for host values
+    std::optional<ResourceInfo> resource;
+    bool owned = true;  // the builder created the handles (and releases them)
+    bool int_value_read = false;
+    std::optional<std::vector<int64_t>> int_value;
+  };
+
+  // Runs one local op on `device`. `num_outputs` is what the op is expected to produce
+  // (-1: as many as it has).
+  virtual StatusOr<std::vector<Handle>> RunOn(const std::string& op_type,
+                                              const std::vector<Handle>& inputs,
+                                              const LocalOpOptions& options, int device,
+                                              int num_outputs) = 0;
+  // Device `device`'s handle for a value its leader computed: shared, or copied over.
+  virtual StatusOr<Handle> Share(Handle leader, int device) = 0;
+  virtual std::optional<std::vector<int64_t>> LocalShapeOf(Handle handle) = 0;
+  virtual int DTypeOf(Handle handle) = 0;
+  // Drops a handle the builder made and no value keeps.
+  virtual void Discard(Handle handle) {}
+  // Outputs a local op has when no output layouts are given (-1: as many as it makes).
+  virtual int default_num_outputs() const { return -1; }
+
+  ValueId Add(Value value) {
+    values_.push_back(std::move(value));
+    return static_cast<ValueId>(values_.size() - 1);
+  }
+  bool SameCoords(int a, int b, const std::vector<int>& mesh_dims) const {
+    for (int k : mesh_dims) {
+      if (mesh_.LocalCoord(a, k) != mesh_.LocalCoord(b, k)) return false;
+    }
+    return true;
+  }
+  // leader[d]: the device whose result device d shares (agreeing along `key_dims`).
+  std::vector<int> Leaders(const std::vector<int>& key_dims) const {
+    const int n = mesh_.num_local_devices();
+    std::vector<int> leaders(n);
+    for (int d = 0; d < n; ++d) {
+      leaders[d] = d;
+      if (!mesh_.shares_host_memory()) continue;
+      for (int e = 0; e < d; ++e) {
+        if (SameCoords(d, e, key_dims)) {
+          leaders[d] = e;
+          break;
+        }
+      }
+    }
+    return leaders;
+  }
+  Handle local(ValueId v, int device) const {
+    return values_[v].layout ? values_[v].handles[device] : values_[v].host;
+  }
+  void DiscardAll(const std::vector<Handle>& handles) {
+    for (const Handle& h : handles) Discard(h);
+  }
+
+  Mesh mesh_;
+  std::vector<Value> values_;
+  std::vector<ValueId> inputs_;
+};
+
+template <typename Handle>
+StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
+    const std::string& op_name, const std::vector<ValueId>& inputs, const LocalOpOptions& options,
+    const std::vector<Layout>& out_layouts) {
+  // Devices that agree on these mesh coordinates hold the same inputs and outputs.
+  std::vector<int> key_dims = options.distinct_over;
+  for (ValueId v : inputs) {
+    if (!values_[v].layout) continue;
+    for (int d : values_[v].layout->ShardedMeshDims()) key_dims.push_back(d);
+    // A DVariable handle stands for one variable per shard of its value.
+    if (values_[v].resource) {
+      for (int d : values_[v].resource->value_layout.ShardedMeshDims()) key_dims.push_back(d);
+    }
+  }
+  for (const Layout& l : out_layouts) {
+    for (int d : l.ShardedMeshDims()) key_dims.push_back(d);
+  }
+  const int n = mesh_.num_local_devices();
+  std::vector<int> leaders = options.run_once ? std::vector<int>(n, 0) : Leaders(key_dims);
+  const int num_outputs =
+      out_layouts.empty() ? default_num_outputs() : static_cast<int>(out_layouts.size());
+
+  std::vector<std::vector<Handle>> per_device(n);
+  auto fail = [&](const Status& status) {
+    for (const auto& hs : per_device) DiscardAll(hs);
+    return status;
+  };
+  for (int d = 0; d < n; ++d) {
+    if (leaders[d] != d) {
+      for (const Handle& h : per_device[leaders[d]]) {
+        StatusOr<Handle> shared = Share(h, d);
+        if (!shared.ok()) return fail(shared.status());
+        per_device[d].push_back(*shared);
+      }
+      continue;
+    }
+    std::vector<Handle> local_inputs;
+    for (ValueId v : inputs) local_inputs.push_back(local(v, d));
+    StatusOr<std::vector<Handle>> outs = RunOn(op_name, local_inputs, options, d, num_outputs);
+    if (!outs.ok()) return fail(outs.status());
+    per_device[d] = std::move(outs).value();
+  }
+  std::vector<ValueId> result;
+  for (size_t j = 0; j < per_device[0].size(); ++j) {
+    const Handle first = per_device[0][j];
+    std::optional<std::vector<int64_t>> local_shape = LocalShapeOf(first);
+    if (!local_shape) {
+      return fail(FailedPrecondition(
+          "The shape of output " + std::to_string(j) + " of '" + op_name +
+          "' is unknown; tf_dtensor needs static shapes. Give the function inputs of fixed "
+          "shape."));
+    }
+    Value v;
+    v.dtype = DTypeOf(first);
+    v.layout = j < out_layouts.size()
+                   ? out_layouts[j]
+                   : Layout::Replicated(mesh_, static_cast<int>(local_shape->size()));
+    bool known = true;
+    for (int64_t dim : *local_shape) known = known && dim >= 0;
+    v.shape = v.layout->rank() == static_cast<int>(local_shape->size()) && known
+                  ? v.layout->GlobalShape(*local_shape)
+                  : *local_shape;
+    for (int d = 0; d < n; ++d) v.handles.push_back(per_device[d][j]);
+    result.push_back(Add(std::move(v)));
+  }
+  return result;
+}
+
+template <typename Handle>
+StatusOr<ValueId> ComponentBuilder<Handle>::AllReduce(ValueId value,
+                                                      const std::vector<int>& mesh_dims,
+                                                      ReduceOp op) {
+  const Layout layout = *values_[value].layout;
+  std::vector<int> key_dims = layout.ShardedMeshDims();
+  const int n = mesh_.num_local_devices();
+  std::vector<int> leaders = Leaders(key_dims);
+  const int dtype = values_[value].dtype;
+  Value out{layout, values_[value].shape, dtype};
+  out.handles.assign(n, Handle{});
+  for (int d = 0; d < n; ++d) {
+    if (leaders[d] != d) {
+      TFD_ASSIGN_OR_RETURN(out.handles[d], Share(out.handles[leaders[d]], d));
+      continue;
+    }
+    // One partial value per coordinate tuple along `mesh_dims`, within d's group.
+    std::map<std::vector<int64_t>, Handle> partials;
+    for (int e = 0; e < n; ++e) {
+      if (!SameCoords(d, e, key_dims)) continue;
+      std::vector<int64_t> coords;
+      for (int k : mesh_dims) coords.push_back(mesh_.LocalCoord(e, k));
+      partials.emplace(coords, values_[value].handles[e]);
+    }
+    std::vector<Handle> parts;
+    for (auto& [coords, h] : partials) parts.push_back(h);
+    LocalOpOptions options;
+    options.copy_attrs = false;
+    options.overrides = {AttrOverride::Type("T", dtype)};
+    if (parts.size() == 1) {
+      TFD_ASSIGN_OR_RETURN(out.handles[d], Share(parts[0], d));
+      continue;
+    }
+    if (op == ReduceOp::kSum) {
+      options.overrides.push_back(AttrOverride::Int("N", static_cast<int64_t>(parts.size())));
+      TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn("AddN", parts, options, d, 1));
+      out.handles[d] = r[0];
+      continue;
+    }
+    const char* binary = op == ReduceOp::kMax ? "Maximum" : op == ReduceOp::kMin ? "Minimum" : "Mul";
+    Handle acc = parts[0];
+    for (size_t i = 1; i < parts.size(); ++i) {
+      TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn(binary, {acc, parts[i]}, options, d, 1));
+      if (i > 1) Discard(acc);
+      acc = r[0];
+    }
+    out.handles[d] = acc;
+  }
+  return Add(std::move(out));
+}
+
+template <typename Handle>
+StatusOr<ValueId> ComponentBuilder<Handle>::AllGather(ValueId value, int dim) {
+  const Layout layout = *values_[value].layout;
+  const int mesh_dim = layout.spec(dim).mesh_dim;
+  std::vector<DimSpec> specs = layout.specs();
+  specs[dim] = DimSpec::Replicated();
+  Layout out_layout = layout.WithSpecs(specs);
+  std::vector<int> key_dims = out_layout.ShardedMeshDims();
+  const int n = mesh_.num_local_devices();
+  std::vector<int> leaders = Leaders(key_dims);
+  const int64_t pieces = mesh_.DimSize(mesh_dim);
+  TFD_ASSIGN_OR_RETURN(ValueId axis, HostConstant({dim}, {}, TF_INT32));
+  Value out{out_layout, values_[value].shape, values_[value].dtype};
+  out.handles.assign(n, Handle{});
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = {AttrOverride::Type("T", values_[value].dtype),
+                       AttrOverride::Type("Tidx", TF_INT32), AttrOverride::Int("N", pieces)};
+  for (int d = 0; d < n; ++d) {
+    if (leaders[d] != d) {
+      TFD_ASSIGN_OR_RETURN(out.handles[d], Share(out.handles[leaders[d]], d));
+      continue;
+    }
+    std::vector<Handle> parts(pieces, Handle{});
+    std::vector<bool> found(pieces, false);
+    for (int e = 0; e < n; ++e) {
+      int64_t c = mesh_.LocalCoord(e, mesh_dim);
+      if (SameCoords(d, e, key_dims) && !found[c]) {
+        parts[c] = values_[value].handles[e];
+        found[c] = true;
+      }
+    }
+    parts.push_back(values_[axis].host);
+    TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn("ConcatV2", parts, options, d, 1));
+    out.handles[d] = r[0];
+  }
+  return Add(std::move(out));
+}
+
+template <typename Handle>
+StatusOr<ValueId> ComponentBuilder<Handle>::Slice(ValueId value, int dim, int mesh_dim) {
+  const Layout layout = *values_[value].layout;
+  std::vector<DimSpec> specs = layout.specs();
+  specs[dim] = DimSpec::Sharded(mesh_dim);
+  TFD_ASSIGN_OR_RETURN(Layout out_layout, Layout::FromSpecs(specs, layout.mesh()));
+  TFD_RETURN_IF_ERROR(out_layout.LocalShape(values_[value].shape, "the relaid-out tensor").status());
+  // Split once per distinct input shard; each device keeps its piece.
+  std::vector<int> leaders = Leaders(layout.ShardedMeshDims());
+  const int n = mesh_.num_local_devices();
+  const int64_t pieces = mesh_.DimSize(mesh_dim);
+  TFD_ASSIGN_OR_RETURN(ValueId axis, HostConstant({dim}, {}, TF_INT32));
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = {AttrOverride::Type("T", values_[value].dtype),
+                       AttrOverride::Int("num_split", pieces)};
+  Value out{out_layout, values_[value].shape, values_[value].dtype};
+  out.handles.assign(n, Handle{});
+  std::map<int, std::vector<Handle>> splits;  // leader -> pieces
+  std::vector<bool> filled(n, false);
+  Status failure;
+  for (int d = 0; d < n && failure.ok(); ++d) {
+    int leader = leaders[d];
+    if (!splits.count(leader)) {
+      StatusOr<std::vector<Handle>> r = RunOn(
+          "Split", {values_[axis].host, values_[value].handles[leader]}, options, leader, pieces);
+      if (!r.ok()) {
+        failure = r.status();
+        break;
+      }
+      splits[leader] = std::move(r).value();
+    }
+    StatusOr<Handle> piece = Share(splits[leader][mesh_.LocalCoord(d, mesh_dim)], d);
+    if (!piece.ok()) {
+      failure = piece.status();
+      break;
+    }
+    out.handles[d] = *piece;
+    filled[d] = true;
+  }
+  // Each device holds its own reference to its piece; the split results go.
+  for (auto& [leader, hs] : splits) DiscardAll(hs);
+  if (!failure.ok()) {
+    for (int d = 0; d < n; ++d) {
+      if (filled[d]) Discard(out.handles[d]);
+    }
+    return failure;
+  }
+  return Add(std::move(out));
+}
+
+template <typename Handle>
+StatusOr<ValueId> ComponentBuilder<Handle>::Broadcast(ValueId host_value, const Mesh& mesh) {
+  const Value host = values_[host_value];
+  Value out{Layout::Replicated(mesh, static_cast<int>(host.shape.size())), host.shape, host.dtype};
+  for (int d = 0; d < mesh_.num_local_devices(); ++d) {
+    TFD_ASSIGN_OR_RETURN(Handle h, Share(host.host, d));
+    out.handles.push_back(h);
+  }
+  out.int_value_read = host.int_value_read;
+  out.int_value = host.int_value;
+  return Add(std::move(out));
+}
+
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_SPMD_COMPONENT_BUILDER_H_
