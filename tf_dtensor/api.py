@@ -48,6 +48,14 @@ def is_dtensor(tensor) -> bool:
     return tensor.device == _device.DEVICE_NAME
 
 
+def _refuse_while_tracing(name: str) -> None:
+    if not context.executing_eagerly():
+        raise RuntimeError(
+            f"`{name}` reads the components of a DTensor, which exist only when it runs; it "
+            f"was called while tracing a tf.function. Call `{name}` outside the function on "
+            f"its result (inside, use `relayout` to change a layout).")
+
+
 @functools.lru_cache(maxsize=1024)
 def _parse_layout(text: str) -> Layout:
     return Layout.from_string(text)
@@ -62,6 +70,7 @@ def fetch_layout(tensor) -> Layout:
     layout = getattr(tensor, "layout", None)
     if isinstance(layout, Layout):
         return layout
+    _refuse_while_tracing("fetch_layout")
     if not is_dtensor(tensor):
         raise LayoutError(f"fetch_layout expects a DTensor; got a regular tensor on "
                           f"`{getattr(tensor, 'device', '?')}`. Create one with `pack`, "
@@ -99,6 +108,7 @@ def pack(tensors: Sequence[Any], layout: Layout) -> Any:
 
 def unpack(tensor: Any) -> Sequence[Any]:
     """The components of a DTensor, one per local device in mesh order (first dim outermost)."""
+    _refuse_while_tracing("unpack")
     if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
         tensor = tensor.handle
     layout = fetch_layout(tensor)
@@ -110,9 +120,14 @@ def _relayout(tensor, layout: Layout):
     attrs = ("T", tensor.dtype.as_datatype_enum, "layout", layout.to_string())
     if not context.executing_eagerly():
         # Inside tf.function: a node of the traced graph; expansion honours it (and asks
-        # the op that produced `tensor` for this layout).
-        _, _, _, outputs = op_def_library._apply_op_helper(  # pylint: disable=protected-access
+        # the op that produced `tensor` for this layout). The device registers the op.
+        _device.get()
+        _, _, op, outputs = op_def_library._apply_op_helper(  # pylint: disable=protected-access
             _core.RELAYOUT_OP, input=tensor, layout=layout.to_string())
+        if execute.must_record_gradient():
+            execute.record_gradient(_core.RELAYOUT_OP, op.inputs,
+                                    ("T", op._get_attr_type("T"),  # pylint: disable=protected-access
+                                     "layout", op.get_attr("layout")), outputs)
         return outputs[0]
     (out,) = _device.run(_core.RELAYOUT_OP, [tensor], attrs)
     execute.record_gradient(_core.RELAYOUT_OP, [tensor], attrs, [out])

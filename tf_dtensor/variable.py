@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tensorflow.python.eager import context
 from tensorflow.python.framework import ops
+from tensorflow.python.framework import tensor as tensor_lib
 from tensorflow.python.ops import resource_variable_ops
 
 from tf_dtensor import _device
@@ -36,6 +37,12 @@ class DVariable(resource_variable_ops.ResourceVariable):
         if not context.executing_eagerly():
             # Created while tracing a tf.function: the variable is made once, eagerly, as
             # tf.function lifts tf.Variables (create it on the first call only).
+            if isinstance(initial_value, tensor_lib.Tensor) and initial_value.graph.building_function:
+                raise RuntimeError(
+                    "A DVariable created inside a tf.function is created eagerly, once, so its "
+                    "initial value cannot be a tensor computed in the function. Pass a callable "
+                    "(`DVariable(lambda: tf.zeros(shape), layout=layout)`) or a value made "
+                    "outside the function.")
             with ops.init_scope():
                 self.__init__(initial_value, *args, dtype=dtype, **kwargs)
             return

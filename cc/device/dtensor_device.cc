@@ -162,10 +162,12 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   // A replicated scalar, or a replicated value read as a host argument (a shape, an
   // axis), may come from another mesh: TF caches small constants per device, and one
   // device serves every mesh. Such inputs move to the op's mesh; nothing else does.
+  // A tf.function call reads every input as data: only scalars move.
+  const bool is_function = !has_rule && TFE_ContextHasFunction(context, op_name.c_str());
   auto movable = [&](int i) {
     const TensorWithLayout* t = dtensors[i];
     return t && !t->resource() && t->layout().IsFullyReplicated() &&
-           (t->shape().empty() || rule->IsHostArgument(i));
+           (t->shape().empty() || (!is_function && rule->IsHostArgument(i)));
   };
   // The mesh: the inputs' (all must agree), else the requested layout's, else the default.
   std::optional<Mesh> mesh;
@@ -205,7 +207,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
                            "DTensor and no mesh is set. Run it under `dtensor.run_on(mesh)` or "
                            "use `dtensor.call_with_layout(fn, layout, ...)`.");
   }
-  if (TFE_ContextHasFunction(context, op_name.c_str())) {
+  if (is_function) {
     return ExecuteFunction(op, op_name, *mesh, handles, dtensors, requested, num_outputs, outputs);
   }
   OpContext ctx(op_name, &attrs, *mesh);

@@ -1,7 +1,9 @@
 #include "cc/device/ops.h"
 
 #include <initializer_list>
+#include <string>
 
+#include "tensorflow/c/kernels.h"
 #include "tensorflow/c/ops.h"
 #include "tensorflow/c/tf_status.h"
 
@@ -30,6 +32,20 @@ void Register(const char* name, std::initializer_list<const char*> inputs,
   TF_RegisterOpDefinition(builder, status);  // takes ownership of the builder
 }
 
+// A relayout that reaches a plain device ran outside tf_dtensor: a tf.function whose
+// only DTensors are made inside it, called with no mesh in scope.
+void* NoState(TF_OpKernelConstruction*) { return nullptr; }
+void NoDelete(void*) {}
+void RelayoutOffMesh(void*, TF_OpKernelContext* ctx) {
+  TF_Status* status = TF_NewStatus();
+  TF_SetStatus(status, TF_INVALID_ARGUMENT,
+               "`relayout` ran on a regular device: the tf.function that holds it was called "
+               "without DTensor inputs and outside any mesh, so tf_dtensor never saw it. Call "
+               "the function under `dtensor.run_on(mesh)`, or pass a DTensor in.");
+  TF_OpKernelContext_Failure(ctx, status);
+  TF_DeleteStatus(status);
+}
+
 }  // namespace
 
 void RegisterOps() {
@@ -43,6 +59,11 @@ void RegisterOps() {
              SameShapeAsInput, status);
     Register(kFetchLayoutOp, {"input: T"}, {"layout: string"}, {"T: type"}, UnknownShape,
              status);
+    for (const char* device : {"CPU", "GPU"}) {
+      TF_KernelBuilder* kernel =
+          TF_NewKernelBuilder(kRelayoutOp, device, NoState, RelayoutOffMesh, NoDelete);
+      TF_RegisterKernelBuilder((std::string(kRelayoutOp) + device).c_str(), kernel, status);
+    }
     TF_DeleteStatus(status);
     return true;
   }();

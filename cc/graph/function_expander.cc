@@ -728,7 +728,8 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncach
     TFE_Context* context, const std::string& function, const Mesh& mesh,
     const std::vector<ValueMeta>& inputs, const OutputRequest& request,
     const FallbackPolicy& policy, int depth) {
-  std::string key = function + "#" + mesh.ToString() + "#" + request.Key();
+  std::string key = function + "#" + mesh.ToString() + "#" + request.Key() +
+                    (policy.strict ? "#strict" : "");
   for (const ValueMeta& m : inputs) key += "#" + MetaKey(m);
   std::string name;
   {
