@@ -165,7 +165,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   auto movable = [&](int i) {
     const TensorWithLayout* t = dtensors[i];
     return t && !t->resource() && t->layout().IsFullyReplicated() &&
-           (t->shape().empty() || rule->IsHostArgument(i));
+           (t->shape().empty() || rule->IsHostArgument(i, num_inputs));
   };
   // The mesh: the inputs' (all must agree), else the requested layout's, else the default.
   std::optional<Mesh> mesh;
@@ -229,7 +229,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   }
   for (int i = 0; i < num_inputs; ++i) {
     InputInfo& info = ctx.inputs[i];
-    if (rule->IsHostArgument(i)) {
+    if (rule->IsHostArgument(i, num_inputs)) {
       if (!dtensors[i]) {
         info.int_value = ReadIntValue(handles[i]);
       } else if (info.layout->IsFullyReplicated() && !info.resource) {

@@ -32,7 +32,7 @@ class ReduceRule : public Rule {
   // `op`: how partial results combine; nullopt gathers reduced axes instead.
   explicit ReduceRule(std::optional<ReduceOp> op, bool mean = false) : op_(op), mean_(mean) {}
 
-  bool IsHostArgument(int input) const override { return input == 1; }
+  bool IsHostArgument(int input, int) const override { return input == 1; }
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::set<int> axes, ReducedAxes(ctx));

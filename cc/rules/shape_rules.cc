@@ -58,7 +58,7 @@ class ShapeInfoRule : public Rule {
 
 class TransposeRule : public Rule {
  public:
-  bool IsHostArgument(int input) const override { return input == 1; }
+  bool IsHostArgument(int input, int) const override { return input == 1; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> perm, ctx.IntValue(1, "permutation"));
     const Layout& in = ctx.layout(0);
@@ -83,7 +83,7 @@ class TransposeRule : public Rule {
 
 class ExpandDimsRule : public Rule {
  public:
-  bool IsHostArgument(int input) const override { return input == 1; }
+  bool IsHostArgument(int input, int) const override { return input == 1; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(1, "axis"));
     const Layout& in = ctx.layout(0);
@@ -126,7 +126,7 @@ class SqueezeRule : public Rule {
 
 class ReshapeRule : public Rule {
  public:
-  bool IsHostArgument(int input) const override { return input == 1; }
+  bool IsHostArgument(int input, int) const override { return input == 1; }
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> target, ctx.IntValue(1, "shape"));
