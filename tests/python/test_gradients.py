@@ -197,3 +197,81 @@ def test_accuracy_metric_has_rules(mesh_2x2):
                       output_type=tf.int32),
             to_dtensor(labels, layout_of("[x]", mesh_2x2))), tf.float32))
     assert_dtensor_equal(expected, layout_of("[]", mesh_2x2), actual)
+
+
+# Losses of x [8,4] (sharded), labels [8], w [4,6] and b [6] (replicated) that send the
+# gradient through the other families' rules.
+GRADIENT_CASES = {
+    "sigmoid_tanh": lambda x, y, w, b: tf.reduce_sum(tf.sigmoid(x @ w) * tf.tanh(x @ w)),
+    "softmax": lambda x, y, w, b: tf.reduce_mean(tf.nn.softmax(x @ w) + tf.nn.log_softmax(x @ w)),
+    "moments": lambda x, y, w, b: tf.reduce_sum(
+        tf.nn.batch_normalization(x, *tf.nn.moments(x, [0]), None, None, 1e-3)),
+    "stack_unstack": lambda x, y, w, b: tf.reduce_sum(
+        tf.stack([x, x * 2]) * tf.stack(tf.unstack(x, axis=1), axis=1)[None]),
+    "concat_split": lambda x, y, w, b: tf.reduce_sum(
+        tf.concat([x, x * 2], axis=1) ** 2) + tf.reduce_sum(
+            tf.split(x, 2, axis=1)[0] * tf.split(x, [1, 3], axis=1)[1][:, :1]),
+    "slice_pad": lambda x, y, w, b: tf.reduce_sum(
+        x[:, 1:3] * tf.slice(x, [0, 0], [8, 2])) + tf.reduce_sum(tf.pad(x, [[1, 1], [0, 0]]) ** 2),
+    "gather": lambda x, y, w, b: tf.reduce_sum(tf.gather(x @ w, [0, 2, 3], axis=1) ** 2) +
+    tf.reduce_sum(tf.gather(w, [0, 2, 3]) ** 2),
+    "one_hot": lambda x, y, w, b: tf.reduce_sum(tf.one_hot(y, 6) * (x @ w)),
+    "tile_broadcast_to": lambda x, y, w, b: tf.reduce_sum(tf.tile(x, [2, 1]) ** 2) +
+    tf.reduce_sum(tf.broadcast_to(b, [8, 6]) * (x @ w)),
+    "keepdims": lambda x, y, w, b: tf.reduce_sum(x / tf.reduce_sum(x, axis=1, keepdims=True)),
+    "reduce_axis": lambda x, y, w, b: tf.reduce_sum(tf.reduce_sum(x, axis=0) ** 2) +
+    tf.reduce_sum(tf.reduce_max(x, axis=1)),
+    "reshape_transpose": lambda x, y, w, b: tf.reduce_sum(tf.reshape(x, [4, 8]) ** 2) +
+    tf.reduce_sum(tf.transpose(x) @ x),
+    "maximum_where": lambda x, y, w, b: tf.reduce_sum(tf.maximum(x, 0.1) + tf.minimum(x, 0.2)) +
+    tf.reduce_sum(tf.where(x > 0, x, 0.1 * x)),
+    "sigmoid_cross_entropy": lambda x, y, w, b: tf.reduce_mean(
+        tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.ones_like(x), logits=x)),
+    "expand_squeeze_identity": lambda x, y, w, b: tf.reduce_sum(
+        tf.squeeze(tf.expand_dims(x, 1), 1) ** 2) + tf.reduce_sum(
+            tf.identity_n([x, x])[0] + tf.stop_gradient(x)),
+    "cast_reverse_cumsum": lambda x, y, w, b: tf.reduce_sum(
+        tf.cast(tf.cast(x, tf.float64), tf.float32) * tf.reverse(x, [1])) + tf.reduce_sum(
+            tf.cumsum(x, axis=1) ** 2),
+    "norms_and_clipping": lambda x, y, w, b: tf.norm(x) + tf.reduce_sum(
+        tf.math.l2_normalize(x, axis=1)) + tf.reduce_sum(tf.clip_by_norm(x, 1.0)) +
+    tf.reduce_sum(tf.clip_by_value(x, -1, 1)),
+    "logsumexp": lambda x, y, w, b: tf.reduce_sum(tf.reduce_logsumexp(x, axis=1)),
+}
+
+X_LAYOUTS = [
+    pytest.param(MESH_1D, "[x,*]", id="[x,*]@mesh(x=2)"),
+    pytest.param(MESH_2X2, "[x,*]", id="[x,*]"),
+    pytest.param(MESH_2X2, "[*,y]", id="[*,y]"),
+    pytest.param(MESH_2X2, "[x,y]", id="[x,y]"),
+    pytest.param(MESH_2X2, "[y,x]", id="[y,x]"),
+]
+
+
+@pytest.mark.parametrize("name", sorted(GRADIENT_CASES))
+@pytest.mark.parametrize("mesh,spec", X_LAYOUTS)
+def test_gradients_through_every_family(mesh, spec, name):
+    loss_fn = GRADIENT_CASES[name]
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=(8, 4)).astype(np.float32),
+              rng.integers(0, 3, size=(8,)).astype(np.int64),
+              rng.normal(size=(4, 6)).astype(np.float32), np.zeros(6, np.float32)]
+
+    def run(x, y, w, b):
+        with tf.GradientTape() as tape:
+            tape.watch([x, w, b])
+            loss = loss_fn(x, y, w, b)
+        return [loss] + [None if g is None else tf.convert_to_tensor(g)
+                         for g in tape.gradient(loss, [x, w, b])]
+
+    expected = run(*[tf.constant(a) for a in arrays])
+    batch = layout_of(spec, mesh).sharding_specs[0]
+    layouts = [layout_of(spec, mesh),
+               layout_of("[*]" if batch == dtensor.UNSHARDED else f"[{batch}]", mesh),
+               layout_of("[*,*]", mesh), layout_of("[*]", mesh)]
+    with no_fallback():
+        actual = run(*[to_dtensor(a, l) for a, l in zip(arrays, layouts)])
+    for want, got in zip(expected, actual):
+        assert (want is None) == (got is None)
+        if want is not None:
+            assert_dtensor_equal(want, dtensor.fetch_layout(got), got)
