@@ -185,10 +185,11 @@ SHAPE_PAIRS = [
 @pytest.mark.parametrize("s0,s1", SHAPE_PAIRS,
                          ids=[f"{a}-{b}".replace(" ", "") for a, b in SHAPE_PAIRS])
 @pytest.mark.parametrize("host", [False, True], ids=["dtensor", "host"])
-def test_broadcast_gradient_args(s0, s1, host, mesh_2x2):
-    expected = tf.raw_ops.BroadcastGradientArgs(s0=tf.constant(s0, tf.int32),
-                                                s1=tf.constant(s1, tf.int32))
-    args = [tf.constant(s, tf.int32) for s in (s0, s1)]
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64], ids=["i32", "i64"])
+def test_broadcast_gradient_args(s0, s1, dtype, host, mesh_2x2):
+    expected = tf.raw_ops.BroadcastGradientArgs(s0=tf.constant(s0, dtype),
+                                                s1=tf.constant(s1, dtype))
+    args = [tf.constant(s, dtype) for s in (s0, s1)]
     if not host:
         args = [to_dtensor(a, layout_of("[*]", mesh_2x2)) for a in args]
 
