@@ -167,7 +167,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   auto movable = [&](int i) {
     const TensorWithLayout* t = dtensors[i];
     return t && !t->resource() && t->layout().IsFullyReplicated() &&
-           (t->shape().empty() || (!is_function && rule->IsHostArgument(i)));
+           (t->shape().empty() || (!is_function && rule->IsHostArgument(i, num_inputs)));
   };
   // The mesh: the inputs' (all must agree), else the requested layout's, else the default.
   std::optional<Mesh> mesh;
@@ -234,7 +234,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   }
   for (int i = 0; i < num_inputs; ++i) {
     InputInfo& info = ctx.inputs[i];
-    if (rule->IsHostArgument(i)) {
+    if (rule->IsHostArgument(i, num_inputs)) {
       if (!dtensors[i]) {
         info.int_value = ReadIntValue(handles[i]);
       } else if (info.layout->IsFullyReplicated() && !info.resource) {
@@ -246,6 +246,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
     // A plain tensor used as data joins the mesh replicated.
     TFD_ASSIGN_OR_RETURN(inputs[i], builder.Broadcast(inputs[i], ctx.mesh));
     info.layout = Layout::Replicated(ctx.mesh, static_cast<int>(info.shape.size()));
+    info.from_host = true;
   }
   builder.SetInputs(inputs);
 

@@ -99,6 +99,7 @@ struct GraphDeleter {
 std::string OutputRequest::Key() const {
   std::string key = single ? single->ToString() : "-";
   if (host_outputs) key += "|host";
+  for (bool h : host_each) key += h ? "h" : ".";
   for (const auto& l : each) key += "|" + (l ? l->ToString() : std::string("-"));
   return key;
 }
@@ -423,12 +424,13 @@ Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<Value
     info.dtype = builder_.dtype(v);
     info.layout = builder_.layout(v);
     info.resource = builder_.resource(v);
-    if (rule->IsHostArgument(static_cast<int>(i))) {
+    if (rule->IsHostArgument(static_cast<int>(i), static_cast<int>(inputs.size()))) {
       info.int_value = builder_.IntValue(v);
     } else if (builder_.is_host(v)) {
       // A host tensor used as data joins the mesh replicated.
       TFD_ASSIGN_OR_RETURN(v, builder_.Broadcast(v, mesh_));
       info.layout = Layout::Replicated(mesh_, static_cast<int>(info.shape.size()));
+      info.from_host = true;
     }
     ctx.inputs.push_back(std::move(info));
   }
@@ -557,15 +559,13 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
   std::optional<std::string> cond_name = cond_attr ? FunctionNameOf(*cond_attr) : std::nullopt;
   std::optional<std::string> body_name = body_attr ? FunctionNameOf(*body_attr) : std::nullopt;
   if (!cond_name || !body_name) return Internal("'" + node.name + "' lacks cond or body.");
-  // Loop variables are DTensors with the layouts they enter with; the body is asked to
-  // return them in the same layouts (a relayout at the end of the body where it would
+  // Loop variables keep the layouts they enter with (host values stay host values); the
+  // body is asked to return them so (a relayout at the end of the body where it would
   // not), which is the fixed point of the loop.
   OutputRequest keep;
-  for (ValueId& v : inputs) {
-    if (builder_.is_host(v)) {
-      TFD_ASSIGN_OR_RETURN(v, builder_.Broadcast(v, mesh_));
-    }
+  for (ValueId v : inputs) {
     keep.each.push_back(builder_.layout(v));
+    keep.host_each.push_back(builder_.is_host(v));
   }
   OutputRequest predicate;
   predicate.host_outputs = true;
@@ -610,9 +610,13 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
     }
     if (IsIf(node.op)) return ExpandIf(node, inputs);
     if (IsWhile(node.op)) return ExpandWhile(node, inputs);
-    bool any_dtensor = requests_.count(node.name) > 0;
+    // Ops on host values alone stay on the host, unless a layout was requested of an op
+    // that can make its blocks directly (Fill, random ops: those have rules).
+    bool any_dtensor = false;
     for (ValueId v : inputs) any_dtensor = any_dtensor || !builder_.is_host(v);
-    if (!any_dtensor) return EmitHostOp(node, inputs);
+    const bool made_in_layout = requests_.count(node.name) > 0 && node.op != "Const" &&
+                                RuleRegistry::Global().Find(node.op) != nullptr;
+    if (!any_dtensor && !made_in_layout) return EmitHostOp(node, inputs);
     return ExpandWithRule(node, inputs);
   }();
   if (!s.ok()) return s;
@@ -666,7 +670,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Run(
       TFD_ASSIGN_OR_RETURN(v, Relayout(builder_, v, *target,
                                        "result " + std::to_string(i) + " of '" + function + "'"));
     }
-    if (request.host_outputs) {
+    if (request.host(i)) {
       if (!builder_.is_host(v) && !builder_.layout(v)->IsFullyReplicated()) {
         TFD_ASSIGN_OR_RETURN(v, Relayout(builder_, v,
                                          Layout::Replicated(mesh_, builder_.layout(v)->rank()),

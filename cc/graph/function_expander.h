@@ -64,6 +64,9 @@ struct OutputRequest {
   // Results leave as one host tensor each (a While condition's predicate); DTensor results
   // are gathered to replicated first.
   bool host_outputs = false;
+  // Per result: it leaves as a host tensor (a loop variable that entered as one).
+  std::vector<bool> host_each;
+  bool host(size_t i) const { return host_outputs || (i < host_each.size() && host_each[i]); }
   std::string Key() const;
 };
 

@@ -4,6 +4,8 @@
 //     once and sliced, so values equal the single-device result for every layout
 // Ops whose inputs are all host arguments and whose outputs are replicated use
 // Replicated(); the requested layout is then reached by slicing (no communication).
+// _EagerConst (a constant made from a Python value under a mesh scope, such as a shape
+// argument inside call_with_layout) is one of them.
 #include "cc/rules/registry.h"
 
 namespace tf_dtensor {
@@ -13,7 +15,7 @@ namespace {
 class ReplicatedRule : public Rule {
  public:
   explicit ReplicatedRule(bool stateful) : stateful_(stateful) {}
-  bool IsHostArgument(int) const override { return true; }
+  bool IsHostArgument(int, int) const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     Plan plan;
     for (const InputInfo& in : ctx.inputs) {
@@ -40,7 +42,7 @@ class ReplicatedRule : public Rule {
 // Fill(dims, value): each device fills its own block of the requested layout.
 class FillRule : public Rule {
  public:
-  bool IsHostArgument(int) const override { return true; }
+  bool IsHostArgument(int, int) const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ctx.IntValue(0, "dims"));
     Layout out = Layout::Replicated(ctx.mesh, static_cast<int>(dims.size()));
@@ -81,6 +83,7 @@ const bool kRegistered = RegisterRules({
     {"StatelessTruncatedNormal", Replicated()},
     {"StatelessTruncatedNormalV2", Replicated()},
     {"TruncatedNormal", ReplicatedStateful()},
+    {"_EagerConst", Replicated()},
 });
 
 }  // namespace

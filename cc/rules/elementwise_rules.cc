@@ -1,5 +1,6 @@
 // Elementwise ops, unary and binary with broadcasting:
 //   [x,*] + [x,*] -> [x,*]     [x,*] * [*] -> [x,*]     relu([*,y]) -> [*,y]
+//   identity_n([x,*], [*,y]) -> [x,*], [*,y]
 // No collectives unless the inputs disagree; then the merge rule in
 // propagation/merge.h picks the output and the other inputs are relaid out.
 #include "cc/propagation/merge.h"
@@ -47,6 +48,17 @@ class SelectRule : public PointwiseRule {
     Plan plan;
     plan.inputs = {out_layout.WithSpecs({out[0]}), out_layout, out_layout};
     plan.outputs = {out_layout};
+    return plan;
+  }
+};
+
+// IdentityN passes each input through with its layout.
+class IdentityNRule : public Rule {
+ public:
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    Plan plan;
+    plan.inputs.assign(ctx.inputs.size(), std::nullopt);
+    for (size_t i = 0; i < ctx.inputs.size(); ++i) plan.outputs.push_back(ctx.layout(i));
     return plan;
   }
 };
@@ -106,6 +118,7 @@ const bool kRegistered = RegisterRules({
     {"Greater", Pointwise()},
     {"GreaterEqual", Pointwise()},
     {"Identity", Pointwise()},
+    {"IdentityN", std::make_shared<IdentityNRule>()},
     {"Inv", Pointwise()},
     {"Invert", Pointwise()},
     {"IsFinite", Pointwise()},

@@ -4,9 +4,17 @@
 //   mean([x,*], axis=0) -> local sum, all-reduce(sum), divide by the global count
 //   argmax([x,*], axis=0) -> the input is first gathered along axis 0 -> [*]
 // keep_dims keeps reduced axes as unsharded size-1 axes.
-// Softmax and LogSoftmax normalise over the last axis, which they gather if sharded.
+//   l2_loss([x,y]) -> partial(x,y) -> all-reduce -> []
+//   bias_add_grad([x,y]) (channels last) -> partial(x) -> all-reduce -> [y]
+// Softmax and LogSoftmax normalise over the last axis, which they gather if sharded; so do
+// the softmax cross entropies, whose batch axis keeps its sharding:
+//   sparse_softmax_cross_entropy(logits [x,y], labels [x]) -> gather y -> loss [x],
+//     backprop [x,*]
+// Cumsum and Cumprod scan along an axis, which they gather if sharded.
 #include <set>
 
+#include "cc/core/strings.h"
+#include "cc/propagation/merge.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -32,7 +40,7 @@ class ReduceRule : public Rule {
   // `op`: how partial results combine; nullopt gathers reduced axes instead.
   explicit ReduceRule(std::optional<ReduceOp> op, bool mean = false) : op_(op), mean_(mean) {}
 
-  bool IsHostArgument(int input) const override { return input == 1; }
+  bool IsHostArgument(int input, int) const override { return input == 1; }
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::set<int> axes, ReducedAxes(ctx));
@@ -109,6 +117,100 @@ class LastAxisRule : public Rule {
   }
 };
 
+// SoftmaxCrossEntropyWithLogits(features [B,C], labels [B,C]) -> loss [B], backprop [B,C].
+// SparseSoftmaxCrossEntropyWithLogits(features [B,C], labels [B]) -> the same outputs.
+// Each example's softmax needs its whole class row, so the class axis is gathered; the
+// batch axis keeps a sharding of either input ([x,*] with labels [x] runs locally).
+// Dense labels may broadcast against the features along either axis.
+class CrossEntropyRule : public Rule {
+ public:
+  explicit CrossEntropyRule(bool sparse) : sparse_(sparse) {}
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    if (ctx.inputs.size() != 2 || ctx.rank(0) != 2 || ctx.rank(1) != (sparse_ ? 1 : 2)) {
+      return InvalidArgument("'" + ctx.op_name + "' takes logits of rank 2 and labels of rank " +
+                             (sparse_ ? "1" : "2") + "; got " + ctx.Describe(0) + " and " +
+                             ctx.Describe(1) + ".");
+    }
+    const int64_t batch = std::max(ctx.inputs[0].shape[0], ctx.inputs[1].shape[0]);
+    // Only an input that spans the whole batch axis can lend it its sharding.
+    std::vector<const Layout*> sources;
+    for (int k = 0; k < 2; ++k) {
+      sources.push_back(ctx.inputs[k].shape[0] == batch ? &ctx.layout(k) : nullptr);
+    }
+    std::vector<bool> used(ctx.mesh.num_dims(), false);
+    DimSpec spec = MergeAligned(sources, 1, {}, &used)[0];
+    auto batch_spec = [&](int k) {
+      return ctx.inputs[k].shape[0] == batch ? spec : DimSpec::Replicated();
+    };
+    const Layout& logits = ctx.layout(0);
+    Plan plan;
+    plan.inputs = {logits.WithSpecs({batch_spec(0), DimSpec::Replicated()}),
+                   sparse_ ? logits.WithSpecs({batch_spec(1)})
+                           : logits.WithSpecs({batch_spec(1), DimSpec::Replicated()})};
+    plan.outputs = {logits.WithSpecs({spec}), logits.WithSpecs({spec, DimSpec::Replicated()})};
+    return plan;
+  }
+
+ private:
+  bool sparse_;
+};
+
+// Sums over every axis that is sharded away: L2Loss (all axes) and BiasAddGrad (all but
+// the channel axis). Sharded summed axes leave partial sums, all-reduced over their mesh
+// dimensions; the channel axis keeps its sharding.
+class SumToChannelRule : public Rule {
+ public:
+  explicit SumToChannelRule(bool keep_channel) : keep_channel_(keep_channel) {}
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    const Layout& in = ctx.layout(0);
+    int channel = -1;
+    if (keep_channel_) {
+      std::optional<std::string> format = ctx.attrs->GetString("data_format");
+      channel = format && *format == "NCHW" ? 1 : in.rank() - 1;
+      if (in.rank() < 2 || channel >= in.rank()) {
+        return InvalidArgument("'" + ctx.op_name + "' needs a value of rank 2 or more; got " +
+                               ctx.Describe(0) + ".");
+      }
+    }
+    std::vector<int> partial;
+    for (int d = 0; d < in.rank(); ++d) {
+      if (d != channel && in.spec(d).sharded()) partial.push_back(in.spec(d).mesh_dim);
+    }
+    Plan plan;
+    plan.inputs = {in};
+    plan.outputs = {channel >= 0 ? in.WithSpecs({in.spec(channel)}) : in.WithSpecs({})};
+    plan.partial_dims = {partial};
+    return plan;
+  }
+
+ private:
+  bool keep_channel_;
+};
+
+// Cumsum(x, axis) / Cumprod: each element depends on every earlier one along the axis, so a
+// sharded scan axis is gathered; other axes keep their sharding.
+class ScanRule : public Rule {
+ public:
+  bool IsHostArgument(int input, int) const override { return input == 1; }
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(1, "axis"));
+    const Layout& in = ctx.layout(0);
+    if (axis.size() != 1 || axis[0] < -in.rank() || axis[0] >= in.rank()) {
+      return InvalidArgument("'" + ctx.op_name + "' axis " + ShapeString(axis) +
+                             " is out of range for " + ctx.Describe(0) + ".");
+    }
+    std::vector<DimSpec> specs = in.specs();
+    specs[axis[0] < 0 ? axis[0] + in.rank() : axis[0]] = DimSpec::Replicated();
+    Plan plan;
+    plan.inputs = {in.WithSpecs(specs), std::nullopt};
+    plan.outputs = {in.WithSpecs(specs)};
+    return plan;
+  }
+};
+
 std::shared_ptr<const Rule> ReduceOver(std::optional<ReduceOp> op) {
   return std::make_shared<ReduceRule>(op);
 }
@@ -118,13 +220,19 @@ const bool kRegistered = RegisterRules({
     {"Any", ReduceOver(std::nullopt)},
     {"ArgMax", ReduceOver(std::nullopt)},
     {"ArgMin", ReduceOver(std::nullopt)},
+    {"BiasAddGrad", std::make_shared<SumToChannelRule>(/*keep_channel=*/true)},
+    {"Cumprod", std::make_shared<ScanRule>()},
+    {"Cumsum", std::make_shared<ScanRule>()},
     {"EuclideanNorm", ReduceOver(std::nullopt)},
+    {"L2Loss", std::make_shared<SumToChannelRule>(/*keep_channel=*/false)},
     {"LogSoftmax", std::make_shared<LastAxisRule>()},
     {"Max", ReduceOver(ReduceOp::kMax)},
     {"Mean", std::make_shared<ReduceRule>(ReduceOp::kSum, /*mean=*/true)},
     {"Min", ReduceOver(ReduceOp::kMin)},
     {"Prod", ReduceOver(ReduceOp::kProd)},
     {"Softmax", std::make_shared<LastAxisRule>()},
+    {"SoftmaxCrossEntropyWithLogits", std::make_shared<CrossEntropyRule>(/*sparse=*/false)},
+    {"SparseSoftmaxCrossEntropyWithLogits", std::make_shared<CrossEntropyRule>(/*sparse=*/true)},
     {"Sum", ReduceOver(ReduceOp::kSum)},
 });
 

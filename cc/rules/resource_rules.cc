@@ -66,7 +66,9 @@ class AssignVariableRule : public Rule {
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(ResourceInfo resource, Resource(ctx));
     const InputInfo& value = ctx.inputs[1];
-    if (value.layout && *value.layout != resource.value_layout) {
+    // A regular tensor (a Python value, tf.zeros(shape)) is sliced into the variable's
+    // layout; a DTensor must already have it.
+    if (value.layout && !value.from_host && *value.layout != resource.value_layout) {
       return InvalidArgument(
           "Cannot " + ctx.op_name + ": the value has layout " + value.layout->ShortString() +
           " but the DVariable has layout " + resource.value_layout.ShortString() +

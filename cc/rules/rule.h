@@ -30,6 +30,9 @@ struct InputInfo {
   // The value of a small integer tensor that is on the host or replicated: axes, shapes.
   std::optional<std::vector<int64_t>> int_value;
   std::optional<ResourceInfo> resource;  // set for DVariable handles
+  // A regular (non-DTensor) tensor used as data: it joined the mesh replicated, and any
+  // layout of it is a local slice.
+  bool from_host = false;
 };
 
 struct OpContext {
@@ -76,8 +79,9 @@ class Rule {
  public:
   virtual ~Rule() = default;
   // Inputs read as values (shapes, axes, permutations) rather than data; they stay on the
-  // host or replicated and are never resharded.
-  virtual bool IsHostArgument(int input) const { return false; }
+  // host or replicated and are never resharded. `num_inputs` locates arguments at the end
+  // of a variable-length input list (ConcatV2's axis follows its N values).
+  virtual bool IsHostArgument(int input, int num_inputs) const { return false; }
   virtual StatusOr<Plan> Forward(const OpContext& ctx) const = 0;
   virtual StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                                 Builder& builder) const;

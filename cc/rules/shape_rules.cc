@@ -1,14 +1,19 @@
 // Ops on shapes and axis order.
-//   Shape/Size/Rank([x,*] of [8,4]) -> the GLOBAL values, replicated
+//   Shape/Size/Rank/ShapeN([x,*] of [8,4]) -> the GLOBAL values, replicated
+//   BroadcastGradientArgs, InvertPermutation: computed from their host arguments, replicated
 //   transpose([x,y], perm=[1,0]) -> [y,x]
 //   expand_dims([x,*], 1) -> [x,*,*]        squeeze([x,*,*] of [8,1,4], [1]) -> [x,*]
 //   reshape keeps a sharding when it maps cleanly:
 //     [B,T,D] [x,*,*] -> [B*T,D] [x,*]      (the sharded axis leads its merged block)
 //     [B*T,D] [x,*]   -> [B,T,D] [x,*,*]    (B divisible by |x|)
 //   otherwise the blocking axes are gathered first.
+//   broadcast_to([x] of [8], [4,8]) -> [*,x]   (new and size-1 axes: unsharded, or the
+//     requested layout's sharding, as each device fills only its own block)
+//   tile([x,*], [1,3]) -> [x,*]        tile([x,*], [2,1]) -> gather axis 0 -> [*,*]
 #include <numeric>
 
 #include "cc/core/strings.h"
+#include "cc/propagation/merge.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -17,39 +22,46 @@ namespace {
 
 class ShapeInfoRule : public Rule {
  public:
-  enum class Kind { kShape, kSize, kRank };
+  enum class Kind { kShape, kShapeN, kSize, kRank };
   explicit ShapeInfoRule(Kind kind) : kind_(kind) {}
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     Plan plan;
-    plan.inputs = {std::nullopt};
-    plan.outputs = {Layout::Replicated(ctx.mesh, kind_ == Kind::kShape ? 1 : 0)};
+    plan.inputs.assign(ctx.inputs.size(), std::nullopt);
+    const bool vector = kind_ == Kind::kShape || kind_ == Kind::kShapeN;
+    const size_t count = kind_ == Kind::kShapeN ? ctx.inputs.size() : 1;
+    plan.outputs.assign(count, Layout::Replicated(ctx.mesh, vector ? 1 : 0));
     return plan;
   }
 
-  StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan&,
+  StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                         Builder& builder) const override {
-    const std::vector<int64_t>& shape = ctx.inputs[0].shape;
-    int dtype = ctx.attrs->GetType("out_type").value_or(TF_INT32);
-    std::vector<int64_t> values;
-    std::vector<int64_t> dims;
-    switch (kind_) {
-      case Kind::kShape:
-        values = shape;
-        dims = {static_cast<int64_t>(shape.size())};
-        break;
-      case Kind::kSize:
-        values = {std::accumulate(shape.begin(), shape.end(), int64_t{1},
-                                  std::multiplies<int64_t>())};
-        break;
-      case Kind::kRank:
-        values = {static_cast<int64_t>(shape.size())};
-        dtype = TF_INT32;
-        break;
+    std::vector<ValueId> outputs;
+    for (size_t i = 0; i < plan.outputs.size(); ++i) {
+      const std::vector<int64_t>& shape = ctx.inputs[i].shape;
+      int dtype = ctx.attrs->GetType("out_type").value_or(TF_INT32);
+      std::vector<int64_t> values;
+      std::vector<int64_t> dims;
+      switch (kind_) {
+        case Kind::kShape:
+        case Kind::kShapeN:
+          values = shape;
+          dims = {static_cast<int64_t>(shape.size())};
+          break;
+        case Kind::kSize:
+          values = {std::accumulate(shape.begin(), shape.end(), int64_t{1},
+                                    std::multiplies<int64_t>())};
+          break;
+        case Kind::kRank:
+          values = {static_cast<int64_t>(shape.size())};
+          dtype = TF_INT32;
+          break;
+      }
+      TFD_ASSIGN_OR_RETURN(ValueId host, builder.HostConstant(values, dims, dtype));
+      TFD_ASSIGN_OR_RETURN(ValueId out, builder.Broadcast(host, ctx.mesh));
+      outputs.push_back(out);
     }
-    TFD_ASSIGN_OR_RETURN(ValueId host, builder.HostConstant(values, dims, dtype));
-    TFD_ASSIGN_OR_RETURN(ValueId out, builder.Broadcast(host, ctx.mesh));
-    return std::vector<ValueId>{out};
+    return outputs;
   }
 
  private:
@@ -58,7 +70,7 @@ class ShapeInfoRule : public Rule {
 
 class TransposeRule : public Rule {
  public:
-  bool IsHostArgument(int input) const override { return input == 1; }
+  bool IsHostArgument(int input, int) const override { return input == 1; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> perm, ctx.IntValue(1, "permutation"));
     const Layout& in = ctx.layout(0);
@@ -83,7 +95,7 @@ class TransposeRule : public Rule {
 
 class ExpandDimsRule : public Rule {
  public:
-  bool IsHostArgument(int input) const override { return input == 1; }
+  bool IsHostArgument(int input, int) const override { return input == 1; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(1, "axis"));
     const Layout& in = ctx.layout(0);
@@ -126,7 +138,7 @@ class SqueezeRule : public Rule {
 
 class ReshapeRule : public Rule {
  public:
-  bool IsHostArgument(int input) const override { return input == 1; }
+  bool IsHostArgument(int input, int) const override { return input == 1; }
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> target, ctx.IntValue(1, "shape"));
@@ -169,13 +181,17 @@ class ReshapeRule : public Rule {
         }
       }
       // Only the leading input axis of a block may stay sharded, and only if the leading
-      // output axis of the block divides evenly.
+      // output axis of the block divides evenly. Size-1 axes lead nothing: [1,4] [*,y] ->
+      // [4] [y] and [4] [y] -> [1,4] [*,y], as gradients reshape to and from kept dims.
+      size_t lead_in = i0, lead_out = j0;
+      while (lead_in + 1 < i && in_shape[lead_in] == 1) ++lead_in;
+      while (lead_out + 1 < j && target[lead_out] == 1) ++lead_out;
       for (size_t k = i0; k < i; ++k) {
         if (!in_specs[k].sharded()) continue;
-        bool keeps = k == i0 && j0 < target.size() &&
-                     target[j0] % in.NumShards(static_cast<int>(k)) == 0 && a == b;
+        bool keeps = k == lead_in && lead_out < target.size() &&
+                     target[lead_out] % in.NumShards(static_cast<int>(k)) == 0 && a == b;
         if (keeps) {
-          out[j0] = in_specs[k];
+          out[lead_out] = in_specs[k];
         } else {
           in_specs[k] = DimSpec::Replicated();
         }
@@ -191,13 +207,183 @@ class ReshapeRule : public Rule {
   }
 };
 
+// Ops whose outputs are small integer vectors computed from their (host) integer inputs:
+// the values are computed here and broadcast, with no per-device work. An input that is
+// sharded (or not an integer constant) is gathered and the op runs on every device.
+class IntFunctionRule : public Rule {
+ public:
+  bool IsHostArgument(int, int) const override { return true; }
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    Plan plan;
+    for (const InputInfo& in : ctx.inputs) {
+      bool sharded = in.layout && !in.layout->IsFullyReplicated();
+      plan.inputs.push_back(sharded ? std::optional<Layout>(Layout::Replicated(
+                                          ctx.mesh, static_cast<int>(in.shape.size())))
+                                    : std::nullopt);
+    }
+    plan.outputs.assign(NumOutputs(), Layout::Replicated(ctx.mesh, 1));
+    return plan;
+  }
+
+  StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
+                                        Builder& builder) const override {
+    std::vector<std::vector<int64_t>> values;
+    for (const InputInfo& in : ctx.inputs) {
+      if (!in.int_value) return ExpandDefault(ctx, plan, builder);
+      values.push_back(*in.int_value);
+    }
+    TFD_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> results, Compute(ctx, values));
+    int dtype = ctx.attrs->GetType("T").value_or(ctx.inputs[0].dtype);
+    std::vector<ValueId> outputs;
+    for (const std::vector<int64_t>& r : results) {
+      TFD_ASSIGN_OR_RETURN(ValueId host,
+                           builder.HostConstant(r, {static_cast<int64_t>(r.size())}, dtype));
+      TFD_ASSIGN_OR_RETURN(ValueId out, builder.Broadcast(host, ctx.mesh));
+      outputs.push_back(out);
+    }
+    return outputs;
+  }
+
+ protected:
+  virtual int NumOutputs() const = 0;
+  virtual StatusOr<std::vector<std::vector<int64_t>>> Compute(
+      const OpContext& ctx, const std::vector<std::vector<int64_t>>& inputs) const = 0;
+};
+
+// The axes along which each operand of a broadcasting binary op was broadcast, which its
+// gradient sums over: [8,4] vs [4] -> r0 = [], r1 = [0]. Matches TensorFlow's BCast: equal
+// shapes give no axes; otherwise each operand reduces every (left-padded) axis where it
+// has size 1.
+class BroadcastGradientArgsRule : public IntFunctionRule {
+ protected:
+  int NumOutputs() const override { return 2; }
+  StatusOr<std::vector<std::vector<int64_t>>> Compute(
+      const OpContext& ctx, const std::vector<std::vector<int64_t>>& shapes) const override {
+    if (shapes.size() != 2) return InvalidArgument("BroadcastGradientArgs takes two shapes.");
+    std::vector<std::vector<int64_t>> axes(2);
+    if (shapes[0] == shapes[1]) return axes;
+    TFD_RETURN_IF_ERROR(BroadcastShapes(shapes, ctx.op_name).status());
+    const size_t rank = std::max(shapes[0].size(), shapes[1].size());
+    for (int k = 0; k < 2; ++k) {
+      const size_t offset = rank - shapes[k].size();
+      for (size_t d = 0; d < rank; ++d) {
+        if (d < offset || shapes[k][d - offset] == 1) axes[k].push_back(static_cast<int64_t>(d));
+      }
+    }
+    return axes;
+  }
+};
+
+class InvertPermutationRule : public IntFunctionRule {
+ protected:
+  int NumOutputs() const override { return 1; }
+  StatusOr<std::vector<std::vector<int64_t>>> Compute(
+      const OpContext& ctx, const std::vector<std::vector<int64_t>>& inputs) const override {
+    const std::vector<int64_t>& perm = inputs[0];
+    std::vector<int64_t> inverse(perm.size(), -1);
+    for (size_t i = 0; i < perm.size(); ++i) {
+      int64_t p = perm[i];
+      if (p < 0 || p >= static_cast<int64_t>(perm.size()) || inverse[p] >= 0) {
+        return InvalidArgument("InvertPermutation got " + ShapeString(perm) +
+                               ", which is not a permutation of 0.." +
+                               std::to_string(static_cast<int64_t>(perm.size()) - 1) + ".");
+      }
+      inverse[p] = static_cast<int64_t>(i);
+    }
+    return std::vector<std::vector<int64_t>>{inverse};
+  }
+};
+
+// BroadcastTo(input, shape): axes the input spans keep their sharding; broadcast axes are
+// unsharded unless the requested layout shards them, which costs nothing (each device
+// broadcasts to its own block).
+class BroadcastToRule : public Rule {
+ public:
+  bool IsHostArgument(int input, int) const override { return input == 1; }
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> target, ctx.IntValue(1, "shape"));
+    const Layout& in = ctx.layout(0);
+    const std::vector<int64_t>& in_shape = ctx.inputs[0].shape;
+    const int rank = static_cast<int>(target.size());
+    const int offset = rank - in.rank();
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> merged,
+                         BroadcastShapes({in_shape, target}, ctx.op_name));
+    if (offset < 0 || merged != target) {
+      return InvalidArgument("Cannot broadcast " + ctx.Describe(0) + " to " +
+                             ShapeString(target) + ".");
+    }
+    std::vector<bool> used(ctx.mesh.num_dims(), false);
+    std::vector<DimSpec> in_specs = in.specs();
+    std::vector<DimSpec> out(rank, DimSpec::Replicated());
+    std::vector<bool> broadcast(rank, true);
+    for (int i = 0; i < in.rank(); ++i) {
+      if (in_shape[i] != target[offset + i]) {
+        in_specs[i] = DimSpec::Replicated();
+        continue;
+      }
+      broadcast[offset + i] = false;
+      out[offset + i] = in_specs[i];
+      if (in_specs[i].sharded()) used[in_specs[i].mesh_dim] = true;
+    }
+    if (ctx.requested && ctx.requested->rank() == rank && ctx.requested->mesh() == ctx.mesh) {
+      for (int d = 0; d < rank; ++d) {
+        const DimSpec& want = ctx.requested->spec(d);
+        if (!broadcast[d] || !want.sharded() || used[want.mesh_dim] ||
+            target[d] % ctx.mesh.DimSize(want.mesh_dim) != 0) {
+          continue;
+        }
+        out[d] = want;
+        used[want.mesh_dim] = true;
+      }
+    }
+    Plan plan;
+    Layout out_layout = in.WithSpecs(out);
+    plan.inputs = {in.WithSpecs(in_specs), std::nullopt};
+    plan.outputs = {out_layout};
+    TFD_ASSIGN_OR_RETURN(plan.host_inputs[1],
+                         out_layout.LocalShape(target, "the output of '" + ctx.op_name + "'"));
+    return plan;
+  }
+};
+
+// Tile(input, multiples): an axis tiled once keeps its sharding; a sharded axis tiled more
+// than once is gathered first ([a0 a1] tiled twice is [a0 a1 a0 a1], not blocks).
+class TileRule : public Rule {
+ public:
+  bool IsHostArgument(int input, int) const override { return input == 1; }
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> multiples, ctx.IntValue(1, "multiples"));
+    const Layout& in = ctx.layout(0);
+    if (static_cast<int>(multiples.size()) != in.rank()) {
+      return InvalidArgument("Tile multiples " + ShapeString(multiples) + " do not match " +
+                             ctx.Describe(0) + ": give one multiple per axis.");
+    }
+    std::vector<DimSpec> specs = in.specs();
+    for (int d = 0; d < in.rank(); ++d) {
+      if (multiples[d] != 1) specs[d] = DimSpec::Replicated();
+    }
+    Plan plan;
+    plan.inputs = {in.WithSpecs(specs), std::nullopt};
+    plan.outputs = {in.WithSpecs(specs)};
+    return plan;
+  }
+};
+
 const bool kRegistered = RegisterRules({
+    {"BroadcastGradientArgs", std::make_shared<BroadcastGradientArgsRule>()},
+    {"BroadcastTo", std::make_shared<BroadcastToRule>()},
     {"ExpandDims", std::make_shared<ExpandDimsRule>()},
+    {"InvertPermutation", std::make_shared<InvertPermutationRule>()},
     {"Rank", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kRank)},
     {"Reshape", std::make_shared<ReshapeRule>()},
     {"Shape", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kShape)},
+    {"ShapeN", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kShapeN)},
     {"Size", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kSize)},
     {"Squeeze", std::make_shared<SqueezeRule>()},
+    {"Tile", std::make_shared<TileRule>()},
     {"Transpose", std::make_shared<TransposeRule>()},
 });
 

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import tf_dtensor
+from tf_dtensor import _device as dtensor_device
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout, Mesh
 
@@ -188,26 +189,43 @@ def assert_dtensor_equal(expected, expected_layout: Layout, actual) -> None:
 
 def planned_output(op_name: str, layouts: Sequence[Layout], shapes: Sequence[Sequence[int]],
                    host_inputs: Sequence[Tuple[Sequence[int], Sequence[int]]] = (),
-                   attrs: Optional[dict] = None, rank: Optional[int] = None) -> Layout:
-    """The output layout `debug.explain` predicts; host inputs follow the tensor inputs as
-    `(shape, int_values)` pairs."""
-    n = len(layouts)
+                   attrs: Optional[dict] = None, rank: Optional[int] = None,
+                   host_first: bool = False, output: int = 0) -> Layout:
+    """The layout of output `output` that `debug.explain` predicts; host inputs follow the
+    tensor inputs as `(shape, int_values)` pairs, or precede them with `host_first` (Split's
+    axis, StridedSliceGrad's shape and slice spec)."""
+    tensors = [(l, list(s), None) for l, s in zip(layouts, shapes)]
+    hosts = [(None, list(s), list(v)) for s, v in host_inputs]
+    inputs = hosts + tensors if host_first else tensors + hosts
     plan = tf_dtensor.debug.explain(
-        op_name, list(layouts) + [None] * len(host_inputs),
-        [list(s) for s in shapes] + [list(s) for s, _ in host_inputs],
-        int_values={n + i: list(v) for i, (_, v) in enumerate(host_inputs)},
+        op_name, [l for l, _, _ in inputs], [s for _, s, _ in inputs],
+        int_values={i: v for i, (_, _, v) in enumerate(inputs) if v is not None},
         attrs=attrs or {})
     if plan["outputs"]:
-        return plan["outputs"][0]
+        return plan["outputs"][min(output, len(plan["outputs"]) - 1)]
     # An empty plan means "replicated, whatever the rank".
     return Layout.replicated(layouts[0].mesh, rank)
 
 
 def run_without_fallback(fn: Callable, *args):
-    """Runs `fn(*args)` and fails if it fell back to the replicated path (missing rule)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = fn(*args)
+    """Runs `fn(*args)` and fails if an op in it has no rule.
+
+    Runs in strict mode, so an op without a rule is caught even when its inputs are
+    replicated (no gather, no warning) or its one-time warning was already given.
+    """
+    device = dtensor_device.get()
+    strict = device.strict
+    device.strict = True
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = fn(*args)
+    except tf.errors.UnimplementedError as error:
+        if "has no tf_dtensor rule" in str(error):
+            pytest.fail(f"ran without a rule: {error}")
+        raise
+    finally:
+        device.strict = strict
     fallbacks = [str(w.message) for w in caught
                  if issubclass(w.category, tf_dtensor.UnsupportedOpWarning)]
     assert not fallbacks, f"ran without a rule: {fallbacks}"
@@ -216,15 +234,17 @@ def run_without_fallback(fn: Callable, *args):
 
 def check_op(fn: Callable, op_name: str, arrays: Sequence[np.ndarray], layouts: Sequence[Layout],
              host_inputs: Sequence[Tuple[Sequence[int], Sequence[int]]] = (),
-             attrs: Optional[dict] = None):
+             attrs: Optional[dict] = None, host_first: bool = False, output: int = 0):
     """Runs `fn` on plain tensors and on DTensors laid out as `layouts`; checks that values,
     dtype and global shape agree and that the output layout is the one the planner
-    (`debug.explain(op_name, ...)`) predicts. Returns the DTensor result."""
+    (`debug.explain(op_name, ...)`) predicts for output `output` of the op (`fn` returns
+    that output). Returns the DTensor result."""
     expected = fn(*[tf.constant(a) for a in arrays]).numpy()
     inputs = [to_dtensor(a, l) for a, l in zip(arrays, layouts)]
     actual = run_without_fallback(fn, *inputs)
     expected_layout = planned_output(op_name, layouts, [a.shape for a in arrays], host_inputs,
-                                     attrs, rank=expected.ndim)
+                                     attrs, rank=expected.ndim, host_first=host_first,
+                                     output=output)
     assert_dtensor_equal(expected, expected_layout, actual)
     return actual
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, case_id, layout_of,
-                             layouts_for, reassemble, spec_id, to_dtensor)
+                             layouts_for, reassemble, run_without_fallback, spec_id, to_dtensor)
+from tf_dtensor import _device as dtensor_device
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
 
@@ -74,3 +76,16 @@ def test_integers_compare_exactly():
     with pytest.raises(AssertionError):
         assert_dtensor_equal(x + np.array([[1, 0], [0, 0]], np.int32), layout_of("[x,*]", MESH_2X2),
                              t)
+
+
+def test_flags_a_missing_rule_on_replicated_inputs():
+    # Roll has no rule; on replicated inputs the fallback gathers nothing and never warns.
+    t = to_dtensor(_X, layout_of("[*,*]", MESH_2X2))
+    with pytest.raises(pytest.fail.Exception, match="ran without a rule"):
+        run_without_fallback(lambda x: tf.roll(x, 1, axis=0), t)
+
+
+def test_strict_mode_is_restored_after_a_check():
+    before = dtensor_device.get().strict
+    run_without_fallback(lambda x: x + 1, to_dtensor(_X, layout_of("[x,*]", MESH_2X2)))
+    assert dtensor_device.get().strict == before

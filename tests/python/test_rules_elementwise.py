@@ -1,5 +1,5 @@
 """Numerical checks of cc/rules/elementwise_rules.cc: unary ops, binary ops with
-broadcasting, SelectV2.
+broadcasting, the activation gradients, SelectV2, IdentityN.
 
     [x,*] + [x,*] -> [x,*]     [x,*] * [*] -> [x,*]     relu([*,y]) -> [*,y]
 """
@@ -145,6 +145,55 @@ def test_select_v2_broadcast_condition(layouts):
     cond = random_array((8,), np.bool_, seed=5)
     check_op(_where, "SelectV2", [cond, random_array(SHAPE), random_array(SHAPE, seed=1)],
              layouts)
+
+
+# Activation gradients: Pointwise like their ops. Each takes the upstream gradient and the
+# op's input or output; the lambdas take the two in the op's input order, and the range
+# applies to the input or output.
+GRAD_OPS = {
+    "ReluGrad": (lambda g, x: tf.raw_ops.ReluGrad(gradients=g, features=x), 1, (-2.0, 2.0)),
+    "Relu6Grad": (lambda g, x: tf.raw_ops.Relu6Grad(gradients=g, features=x), 1, (-2.0, 8.0)),
+    "EluGrad": (lambda g, y: tf.raw_ops.EluGrad(gradients=g, outputs=y), 1, (-0.9, 2.0)),
+    "SeluGrad": (lambda g, y: tf.raw_ops.SeluGrad(gradients=g, outputs=y), 1, (-0.9, 2.0)),
+    "SoftplusGrad": (lambda g, x: tf.raw_ops.SoftplusGrad(gradients=g, features=x), 1,
+                     (-2.0, 2.0)),
+    "LeakyReluGrad": (lambda g, x: tf.raw_ops.LeakyReluGrad(gradients=g, features=x), 1,
+                      (-2.0, 2.0)),
+    "SigmoidGrad": (lambda y, g: tf.raw_ops.SigmoidGrad(y=y, dy=g), 0, (0.1, 0.9)),
+    "TanhGrad": (lambda y, g: tf.raw_ops.TanhGrad(y=y, dy=g), 0, (-0.9, 0.9)),
+    "SqrtGrad": (lambda y, g: tf.raw_ops.SqrtGrad(y=y, dy=g), 0, (0.5, 2.0)),
+    "RsqrtGrad": (lambda y, g: tf.raw_ops.RsqrtGrad(y=y, dy=g), 0, (0.5, 2.0)),
+    "ReciprocalGrad": (lambda y, g: tf.raw_ops.ReciprocalGrad(y=y, dy=g), 0, (0.5, 2.0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRAD_OPS))
+@pytest.mark.parametrize("layouts", MIXED_PAIRS)
+def test_activation_gradient(name, layouts):
+    fn, value_index, (low, high) = GRAD_OPS[name]
+    arrays = [random_array(SHAPE, seed=1), random_array(SHAPE, seed=1)]
+    arrays[value_index] = random_array(SHAPE, low=low, high=high)
+    check_op(fn, name, arrays, layouts)
+
+
+@pytest.mark.parametrize("layouts", spec_params(MESH_2X2, ("[x,y]", "[*,x]"), ("[*,*]", "[y,*]")))
+def test_identity_n_keeps_each_layout(layouts):
+    def first(a, b):
+        return tf.identity_n([a, b])[0]
+
+    def second(a, b):
+        return tf.identity_n([a, b])[1]
+
+    arrays = [random_array(SHAPE), random_array(SHAPE, seed=1)]
+    check_op(first, "IdentityN", arrays, layouts, output=0)
+    check_op(second, "IdentityN", arrays, layouts, output=1)
+
+
+def test_stop_gradient_and_zeros_like_follow_the_input(mesh_2x2):
+    layout = [layout_of("[x,y]", mesh_2x2)]
+    check_op(tf.stop_gradient, "StopGradient", [random_array(SHAPE)], layout)
+    check_op(tf.zeros_like, "ZerosLike", [random_array(SHAPE)], layout)
+    check_op(tf.ones_like, "OnesLike", [random_array(SHAPE)], layout)
 
 
 # Golden plans from the header of elementwise_rules.cc: no communication unless the

@@ -1,5 +1,6 @@
 """Numerical checks of cc/rules/reduction_rules.cc: Sum/Mean/Max/Min/Prod, ArgMax,
-Softmax and LogSoftmax.
+Softmax and LogSoftmax, the softmax cross entropies, BiasAddGrad, L2Loss, Cumsum and
+Cumprod.
 
     sum([x,*], axis=1) -> [x]                       (local)
     sum([x,*], axis=0) -> partial(x) -> all-reduce -> [*]
@@ -14,8 +15,9 @@ import pytest
 import tensorflow as tf
 
 import tf_dtensor
-from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, check_op, layout_of,
-                             layout_params, random_array, spec_params, to_dtensor)
+from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, check_op, is_replicated,
+                             layout_of, layout_params, random_array, run_without_fallback,
+                             spec_params, to_dtensor)
 
 SHAPE = (4, 8)
 
@@ -128,3 +130,87 @@ def test_reduction_axis_out_of_range_names_the_op(mesh_2x2):
     with pytest.raises(ValueError, match=r"(?s)out of range.*'Sum'"):
         tf_dtensor.debug.explain("Sum", [layout_of("[x,*]", mesh_2x2), None], [[4, 8], [1]],
                                  int_values={1: [2]})
+
+
+# Cross entropies: the class axis is gathered, the batch axis keeps either input's sharding.
+LOGITS = (8, 4)
+
+
+def _labels(seed=3):
+    return random_array((LOGITS[0],), np.int32, 0, LOGITS[1] - 1, seed=seed)
+
+
+@pytest.mark.parametrize("output", [0, 1], ids=["loss", "backprop"])
+@pytest.mark.parametrize("layouts", layout_params(LOGITS, (LOGITS[0],)))
+def test_sparse_softmax_cross_entropy(layouts, output):
+    def fn(logits, labels):
+        return tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=logits,
+                                                              labels=labels)[output]
+
+    check_op(fn, "SparseSoftmaxCrossEntropyWithLogits", [random_array(LOGITS), _labels()],
+             layouts, output=output)
+
+
+@pytest.mark.parametrize("output", [0, 1], ids=["loss", "backprop"])
+@pytest.mark.parametrize("layouts", layout_params(
+    LOGITS, LOGITS, meshes=[MESH_2X2],
+    select=lambda c: c[0] == c[1] or is_replicated(c[0]) or is_replicated(c[1])))
+def test_softmax_cross_entropy(layouts, output):
+    labels = tf.nn.softmax(random_array(LOGITS, seed=4)).numpy()
+
+    def fn(logits, labels_):
+        return tf.raw_ops.SoftmaxCrossEntropyWithLogits(features=logits, labels=labels_)[output]
+
+    check_op(fn, "SoftmaxCrossEntropyWithLogits", [random_array(LOGITS), labels], layouts,
+             output=output)
+
+
+@pytest.mark.parametrize("layouts", layout_params(LOGITS, (1, LOGITS[1]), meshes=[MESH_2X2]))
+def test_softmax_cross_entropy_broadcasts_labels(layouts):
+    labels = tf.nn.softmax(random_array((1, LOGITS[1]), seed=4)).numpy()
+    check_op(lambda l, t: tf.raw_ops.SoftmaxCrossEntropyWithLogits(features=l, labels=t)[0],
+             "SoftmaxCrossEntropyWithLogits", [random_array(LOGITS), labels], layouts)
+
+
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("layouts", layout_params((4, 8, 2)))
+def test_bias_add_grad(layouts, data_format):
+    check_op(lambda g: tf.raw_ops.BiasAddGrad(out_backprop=g, data_format=data_format),
+             "BiasAddGrad", [random_array((4, 8, 2))], layouts, attrs={"data_format": data_format})
+
+
+@pytest.mark.parametrize("layouts", layout_params(SHAPE))
+def test_l2_loss(layouts):
+    check_op(tf.nn.l2_loss, "L2Loss", [random_array(SHAPE)], layouts)
+
+
+SCANS = {"Cumsum": tf.math.cumsum, "Cumprod": tf.math.cumprod}
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("op_name", sorted(SCANS))
+@pytest.mark.parametrize("layouts", layout_params(SHAPE, meshes=[MESH_2X2]))
+def test_scan(layouts, op_name, axis):
+    check_op(lambda x: SCANS[op_name](x, axis=axis), op_name,
+             [random_array(SHAPE, low=0.5, high=1.5)], layouts, host_inputs=[([], [axis])])
+
+
+@pytest.mark.parametrize("options", [{"exclusive": True}, {"reverse": True},
+                                     {"exclusive": True, "reverse": True}],
+                         ids=["exclusive", "reverse", "both"])
+@pytest.mark.parametrize("axis", [0, -1])
+@pytest.mark.parametrize("layouts", spec_params(MESH_2X2, ("[x,y]",), ("[*,x]",)))
+def test_scan_options(layouts, axis, options):
+    check_op(lambda x: tf.math.cumsum(x, axis=axis, **options), "Cumsum",
+             [random_array(SHAPE)], layouts, host_inputs=[([], [axis])])
+
+
+@pytest.mark.parametrize("layouts", spec_params(MESH_2X2, ("[x,y]",), ("[*,y]",)))
+def test_sum_keep_dims_as_in_gradients(layouts):
+    # softmax's gradient: sum(grad * softmax, -1, keepdims=True), then broadcast back.
+    x = random_array(SHAPE)
+    check_op(lambda t: tf.reduce_sum(t, axis=-1, keepdims=True), "Sum", [x], layouts,
+             host_inputs=[([1], [-1])], attrs={"keep_dims": True})
+    out = run_without_fallback(lambda t: t - tf.reduce_sum(t, axis=-1, keepdims=True),
+                               to_dtensor(x, layouts[0]))
+    assert_dtensor_equal(x - x.sum(axis=-1, keepdims=True), layouts[0], out)

@@ -1,7 +1,8 @@
 """Numerical checks of cc/rules/shape_rules.cc: Reshape, Transpose, ExpandDims, Squeeze,
-Shape, Size and Rank.
+Shape, ShapeN, Size, Rank, BroadcastGradientArgs, InvertPermutation, BroadcastTo and Tile.
 
     Shape/Size/Rank([x,*] of [8,4]) -> the GLOBAL values, replicated
+    broadcast_to([x] of [8], [4,8]) -> [*,x]       tile([x,*], [1,3]) -> [x,*]
     transpose([x,y], perm=[1,0]) -> [y,x]
     expand_dims([x,*], 1) -> [x,*,*]        squeeze([x,*,*] of [8,1,4], [1]) -> [x,*]
     [B,T,D] [x,*,*] -> [B*T,D] [x,*]      [B*T,D] [x,*] -> [B,T,D] [x,*,*]
@@ -14,8 +15,9 @@ import pytest
 import tensorflow as tf
 
 import tf_dtensor
-from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, check_op, is_replicated,
-                             layout_of, layout_params, random_array, spec_params, to_dtensor)
+from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal, check_op,
+                             is_replicated, layout_of, layout_params, random_array,
+                             run_without_fallback, spec_params, to_dtensor)
 from tf_dtensor import dtensor
 
 
@@ -150,3 +152,128 @@ def test_python_size_and_rank_are_global(layouts):
     assert int(tf.size(x)) == 32
     assert int(tf.rank(x)) == 2
     assert x.shape == (8, 4)
+
+
+# Reshapes that gradients make: keep_dims shapes, scalars to [1, 1], and back.
+GRADIENT_RESHAPES = [
+    ((8,), [8, 1], "[x]", "[x,*]"),
+    ((8, 1), [8], "[x,*]", "[x]"),
+    ((), [1, 1], "[]", "[*,*]"),
+    ((8, 4), [8, 4, 1], "[x,y]", "[x,y,*]"),
+    ((1, 4), [4], "[*,y]", "[y]"),
+    ((4,), [1, 4], "[y]", "[*,y]"),
+    ((8, 1, 4), [8, 4], "[x,*,y]", "[x,y]"),
+]
+
+
+@pytest.mark.parametrize("shape,target,spec,expected", GRADIENT_RESHAPES,
+                         ids=[f"{c[2]}{list(c[0])}->{c[1]}".replace(" ", "")
+                              for c in GRADIENT_RESHAPES])
+def test_gradient_reshapes_keep_the_sharding(shape, target, spec, expected, mesh_2x2):
+    x = random_array(shape)
+    out = check_op(lambda t: tf.reshape(t, target), "Reshape", [x], [layout_of(spec, mesh_2x2)],
+                   host_inputs=[([len(target)], target)])
+    assert dtensor.fetch_layout(out) == layout_of(expected, mesh_2x2)
+
+
+SHAPE_PAIRS = [
+    ([8, 4], [4]), ([4], [8, 4]), ([8, 4], [8, 4]), ([8, 1], [1, 4]), ([2, 1, 4], [8, 1]),
+    ([], [8, 4]), ([1, 1], [1]), ([8, 4], [1, 1]),
+]
+
+
+@pytest.mark.parametrize("s0,s1", SHAPE_PAIRS,
+                         ids=[f"{a}-{b}".replace(" ", "") for a, b in SHAPE_PAIRS])
+@pytest.mark.parametrize("host", [False, True], ids=["dtensor", "host"])
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64], ids=["i32", "i64"])
+def test_broadcast_gradient_args(s0, s1, dtype, host, mesh_2x2):
+    expected = tf.raw_ops.BroadcastGradientArgs(s0=tf.constant(s0, dtype),
+                                                s1=tf.constant(s1, dtype))
+    args = [tf.constant(s, dtype) for s in (s0, s1)]
+    if not host:
+        args = [to_dtensor(a, layout_of("[*]", mesh_2x2)) for a in args]
+
+    def fn():
+        with dtensor.run_on(mesh_2x2):
+            return tf.raw_ops.BroadcastGradientArgs(s0=args[0], s1=args[1])
+
+    actual = run_without_fallback(fn)
+    for want, got in zip(expected, actual):
+        assert_dtensor_equal(want, layout_of("[*]", mesh_2x2), got)
+
+
+def test_broadcast_gradient_args_of_a_sharded_shape(mesh_2x2):
+    # Not a constant: gathered, then run on every device.
+    s0 = to_dtensor(np.array([8, 1, 4, 1], np.int64), layout_of("[x]", mesh_2x2))
+    s1 = to_dtensor(np.array([1, 4, 1], np.int64), layout_of("[*]", mesh_2x2))
+    r0, r1 = run_without_fallback(lambda: tf.raw_ops.BroadcastGradientArgs(s0=s0, s1=s1))
+    assert_dtensor_equal(np.array([1, 3], np.int64), layout_of("[*]", mesh_2x2), r0)
+    assert_dtensor_equal(np.array([0, 1, 3], np.int64), layout_of("[*]", mesh_2x2), r1)
+
+
+def test_broadcast_gradient_args_rejects_incompatible_shapes(mesh_2x2):
+    s0 = to_dtensor(np.array([8, 4], np.int32), layout_of("[*]", mesh_2x2))
+    s1 = to_dtensor(np.array([3], np.int32), layout_of("[*]", mesh_2x2))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Incompatible shapes"):
+        tf.raw_ops.BroadcastGradientArgs(s0=s0, s1=s1)
+
+
+def test_invert_permutation(mesh_2x2):
+    perm = to_dtensor(np.array([2, 0, 3, 1], np.int32), layout_of("[*]", mesh_2x2))
+    out = run_without_fallback(tf.math.invert_permutation, perm)
+    assert_dtensor_equal(np.array([1, 3, 0, 2], np.int32), layout_of("[*]", mesh_2x2), out)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not a permutation"):
+        tf.math.invert_permutation(to_dtensor(np.array([0, 0], np.int32),
+                                              layout_of("[*]", mesh_2x2)))
+
+
+def test_shape_n_gives_global_shapes(mesh_2x2):
+    a = to_dtensor(random_array((8, 4)), layout_of("[x,y]", mesh_2x2))
+    b = to_dtensor(random_array((2, 4, 6)), layout_of("[*,x,*]", mesh_2x2))
+    sa, sb = run_without_fallback(lambda: tf.shape_n([a, b]))
+    assert_dtensor_equal(np.array([8, 4], np.int32), layout_of("[*]", mesh_2x2), sa)
+    assert_dtensor_equal(np.array([2, 4, 6], np.int32), layout_of("[*]", mesh_2x2), sb)
+
+
+BROADCASTS = [((8,), [4, 8]), ((4, 1), [4, 8]), ((1, 8), [4, 8]), ((), [4, 8]),
+              ((4, 8), [4, 8]), ((8,), [2, 4, 8])]
+
+
+@pytest.mark.parametrize("shape,target", BROADCASTS,
+                         ids=[f"{list(a)}->{b}".replace(" ", "") for a, b in BROADCASTS])
+@pytest.mark.parametrize("mesh", [MESH_1D, MESH_2X2], ids=["mesh(x=2)", "mesh(x=2,y=2)"])
+def test_broadcast_to(mesh, shape, target):
+    for (layout,) in (p.values[0] for p in layout_params(shape, meshes=[mesh])):
+        check_op(lambda t: tf.broadcast_to(t, target), "BroadcastTo", [random_array(shape)],
+                 [layout], host_inputs=[([len(target)], target)])
+
+
+@pytest.mark.parametrize("spec", ["[x,*]", "[*,y]", "[x,y]", "[y,x]"])
+def test_broadcast_to_honours_the_requested_layout(spec, mesh_2x2):
+    # Broadcast axes take the requested sharding directly: each device fills its own block.
+    row = random_array((8,))
+    layout = layout_of(spec, mesh_2x2)
+    value = to_dtensor(row, layout_of("[*]", mesh_2x2))
+    out = run_without_fallback(
+        lambda: dtensor.call_with_layout(tf.broadcast_to, layout, value, [4, 8]))
+    assert_dtensor_equal(np.broadcast_to(row, (4, 8)), layout, out)
+    plan = tf_dtensor.debug.explain("BroadcastTo", [layout_of("[*]", mesh_2x2), None],
+                                    [[8], [2]], int_values={1: [4, 8]}, requested=layout)
+    assert plan["outputs"][0].sharding_specs[0] == layout.sharding_specs[0]
+
+
+MULTIPLES = [[1, 1], [1, 3], [2, 1], [2, 2]]
+
+
+@pytest.mark.parametrize("multiples", MULTIPLES, ids=[str(m).replace(" ", "") for m in MULTIPLES])
+@pytest.mark.parametrize("layouts", layout_params((4, 8)))
+def test_tile(layouts, multiples):
+    check_op(lambda t: tf.tile(t, multiples), "Tile", [random_array((4, 8))], layouts,
+             host_inputs=[([2], multiples)])
+
+
+def test_tile_of_a_reduced_scalar_on_a_large_mesh(mesh_8):
+    # reduce_mean's gradient: the scalar is reshaped to [1] and tiled to the batch.
+    grad = to_dtensor(np.array([0.5], np.float32), layout_of("[*]", mesh_8))
+    out = run_without_fallback(lambda g: tf.tile(g, [16]), grad)
+    assert_dtensor_equal(np.full((16,), 0.5, np.float32), layout_of("[*]", mesh_8), out)

@@ -39,3 +39,42 @@ def test_softmax_gathers_the_last_axis(op):
     inputs, outputs, emitted = plan(op, ["[x,y]"], [[8, 8]])
     assert outputs == ["[x,*]"]
     assert emitted == ["relayout input 0 [x,y] -> [x,*]"]
+
+
+@pytest.mark.parametrize("op,labels,label_shape", [
+    ("SparseSoftmaxCrossEntropyWithLogits", "[*]", [8]),
+    ("SoftmaxCrossEntropyWithLogits", "[*,*]", [8, 8]),
+])
+def test_cross_entropy_gathers_classes_and_keeps_the_batch(op, labels, label_shape):
+    inputs, outputs, emitted = plan(op, ["[x,y]", labels], [[8, 8], label_shape])
+    assert inputs[0] == "[x,*]"
+    assert inputs[1] == labels.replace("[*", "[x", 1)
+    assert outputs == ["[x]", "[x,*]"]
+    assert emitted[0] == "relayout input 0 [x,y] -> [x,*]"
+
+
+def test_sparse_cross_entropy_follows_sharded_labels():
+    inputs, outputs, _ = plan("SparseSoftmaxCrossEntropyWithLogits", ["[*,*]", "[y]"],
+                              [[8, 8], [8]])
+    assert inputs == ["[y,*]", "[y]"]
+    assert outputs == ["[y]", "[y,*]"]
+
+
+@pytest.mark.parametrize("data_format,out,over", [("NHWC", "[y]", "x"), ("NCHW", "[*]", "x,y")])
+def test_bias_add_grad(data_format, out, over):
+    _, outputs, emitted = plan("BiasAddGrad", ["[x,*,y]"], [[8, 8, 8]],
+                               attrs={"data_format": data_format})
+    assert outputs == [out]
+    assert emitted == [f"all-reduce(sum) of output 0 over {over}"]
+
+
+def test_l2_loss_all_reduces_every_sharded_axis():
+    _, outputs, emitted = plan("L2Loss", ["[x,y]"], [[8, 8]])
+    assert outputs == ["[]"]
+    assert emitted == ["all-reduce(sum) of output 0 over x,y"]
+
+
+def test_cumsum_gathers_the_scanned_axis():
+    inputs, outputs, _ = plan("Cumsum", ["[x,y]", "[]"], [[8, 8], []], int_values={1: [1]})
+    assert inputs == ["[x,*]", None]
+    assert outputs == ["[x,*]"]

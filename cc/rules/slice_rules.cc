@@ -1,0 +1,269 @@
+// Slicing, padding and reversing. An axis taken whole keeps its sharding and every device
+// slices its own block; an axis that is cut, padded or reversed is gathered first, since
+// its result does not line up with the shards.
+//   x[:, 1:3] of [x,y] -> gather y -> [x,*]        x[..., 0] of [x,y] -> gather y -> [x]
+//   tf.slice([x,*] of [8,4], [0,1], [-1,2]) -> [x,*]  (each device: begin [0,1], size [4,2])
+//   x[:, None] of [x,*] -> [x,*,*]                    pad([x,*], [[0,0],[1,1]]) -> [x,*]
+//   StridedSliceGrad (x[:, 1:3]'s gradient) with dy [x,*] -> [x,*]
+#include <algorithm>
+
+#include "cc/core/strings.h"
+#include "cc/rules/registry.h"
+
+namespace tf_dtensor {
+namespace {
+
+// How a StridedSlice spec (begin, end, strides and the five masks) maps the axes of the
+// sliced tensor ("dense" axes) to the axes of its result.
+struct StridedSliceAxes {
+  // Per dense axis: taken whole (start 0, stop its size, stride 1, not shrunk).
+  std::vector<bool> whole;
+  // Per result axis: the dense axis it comes from, or -1 for a new (size-1) axis.
+  std::vector<int> result_source;
+  // Per entry of begin/end/strides: the dense axis it addresses, or -1 (ellipsis, new axis).
+  std::vector<int> entry_axis;
+};
+
+bool Bit(int64_t mask, int i) { return (mask >> i) & 1; }
+
+// Follows TensorFlow's BuildDenseSpec: an ellipsis (implied after the last entry when
+// absent) stands for as many whole axes as the other entries leave.
+StatusOr<StridedSliceAxes> AnalyzeStridedSlice(const OpContext& ctx,
+                                               const std::vector<int64_t>& shape,
+                                               const std::vector<int64_t>& begin,
+                                               const std::vector<int64_t>& end,
+                                               const std::vector<int64_t>& strides) {
+  const int n = static_cast<int>(begin.size());
+  if (static_cast<int>(end.size()) != n || static_cast<int>(strides.size()) != n) {
+    return InvalidArgument("'" + ctx.op_name + "' needs begin, end and strides of one length; got " +
+                           ShapeString(begin) + ", " + ShapeString(end) + ", " +
+                           ShapeString(strides) + ".");
+  }
+  const int64_t begin_mask = ctx.attrs->GetInt("begin_mask", 0);
+  const int64_t end_mask = ctx.attrs->GetInt("end_mask", 0);
+  const int64_t ellipsis_mask = ctx.attrs->GetInt("ellipsis_mask", 0);
+  const int64_t new_axis_mask = ctx.attrs->GetInt("new_axis_mask", 0);
+  const int64_t shrink_mask = ctx.attrs->GetInt("shrink_axis_mask", 0);
+  int ellipsis = -1;
+  int new_after_ellipsis = 0;
+  for (int i = 0; i < n; ++i) {
+    if (ellipsis >= 0 && Bit(new_axis_mask, i)) ++new_after_ellipsis;
+    if (Bit(ellipsis_mask, i) && ellipsis < 0) ellipsis = i;
+  }
+  const int entries = ellipsis >= 0 ? n : n + 1;
+  if (ellipsis < 0) ellipsis = n;
+  const int rank = static_cast<int>(shape.size());
+  StridedSliceAxes axes;
+  axes.whole.assign(rank, true);
+  axes.entry_axis.assign(n, -1);
+  int dense = 0;
+  for (int i = 0; i < entries; ++i) {
+    if (i == ellipsis) {
+      int next = std::min(rank - (entries - i) + 1 + new_after_ellipsis, rank);
+      for (; dense < next; ++dense) axes.result_source.push_back(dense);
+      continue;
+    }
+    if (Bit(new_axis_mask, i)) {
+      axes.result_source.push_back(-1);
+      continue;
+    }
+    if (dense >= rank) {
+      return InvalidArgument("'" + ctx.op_name + "' has more slice entries than " +
+                             ctx.Describe(0) + " has axes.");
+    }
+    const int d = dense++;
+    axes.entry_axis[i] = d;
+    if (Bit(shrink_mask, i)) {
+      axes.whole[d] = false;
+      continue;
+    }
+    axes.result_source.push_back(d);
+    const int64_t size = shape[d];
+    auto clamp = [size](int64_t v) { return std::clamp(v < 0 ? v + size : v, int64_t{0}, size); };
+    int64_t start = Bit(begin_mask, i) ? 0 : clamp(begin[i]);
+    int64_t stop = Bit(end_mask, i) ? size : clamp(end[i]);
+    axes.whole[d] = strides[i] == 1 && start == 0 && stop == size;
+  }
+  return axes;
+}
+
+// Local begin/end for the entries that address whole, sharded axes: [0, local size).
+void LocalizeEntries(const StridedSliceAxes& axes, const Layout& layout,
+                     const std::vector<int64_t>& shape, std::vector<int64_t>* begin,
+                     std::vector<int64_t>* end) {
+  for (size_t i = 0; i < axes.entry_axis.size(); ++i) {
+    int d = axes.entry_axis[i];
+    if (d < 0 || !layout.spec(d).sharded()) continue;
+    (*begin)[i] = 0;
+    (*end)[i] = shape[d] / layout.NumShards(d);
+  }
+}
+
+// StridedSlice(input, begin, end, strides).
+class StridedSliceRule : public Rule {
+ public:
+  bool IsHostArgument(int input, int) const override { return input >= 1; }
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> begin, ctx.IntValue(1, "begin"));
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> end, ctx.IntValue(2, "end"));
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> strides, ctx.IntValue(3, "strides"));
+    const std::vector<int64_t>& shape = ctx.inputs[0].shape;
+    TFD_ASSIGN_OR_RETURN(StridedSliceAxes axes,
+                         AnalyzeStridedSlice(ctx, shape, begin, end, strides));
+    const Layout& in = ctx.layout(0);
+    std::vector<DimSpec> specs = in.specs();
+    for (int d = 0; d < in.rank(); ++d) {
+      if (!axes.whole[d]) specs[d] = DimSpec::Replicated();
+    }
+    std::vector<DimSpec> out;
+    for (int source : axes.result_source) {
+      out.push_back(source < 0 ? DimSpec::Replicated() : specs[source]);
+    }
+    Plan plan;
+    Layout runs = in.WithSpecs(specs);
+    plan.inputs = {runs, std::nullopt, std::nullopt, std::nullopt};
+    plan.outputs = {in.WithSpecs(out)};
+    if (!runs.IsFullyReplicated()) {
+      LocalizeEntries(axes, runs, shape, &begin, &end);
+      plan.host_inputs[1] = begin;
+      plan.host_inputs[2] = end;
+    }
+    return plan;
+  }
+};
+
+// StridedSliceGrad(shape, begin, end, strides, dy): dy written into zeros of `shape` where
+// StridedSlice took it from. A result axis that came from a whole axis keeps dy's sharding.
+class StridedSliceGradRule : public Rule {
+ public:
+  bool IsHostArgument(int input, int) const override { return input <= 3; }
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ctx.IntValue(0, "shape"));
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> begin, ctx.IntValue(1, "begin"));
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> end, ctx.IntValue(2, "end"));
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> strides, ctx.IntValue(3, "strides"));
+    TFD_ASSIGN_OR_RETURN(StridedSliceAxes axes,
+                         AnalyzeStridedSlice(ctx, shape, begin, end, strides));
+    const Layout& dy = ctx.layout(4);
+    if (static_cast<int>(axes.result_source.size()) != dy.rank()) {
+      return InvalidArgument("'" + ctx.op_name + "' got " + ctx.Describe(4) +
+                             " but the slice gives rank " +
+                             std::to_string(axes.result_source.size()) + ".");
+    }
+    std::vector<DimSpec> out(shape.size(), DimSpec::Replicated());
+    std::vector<DimSpec> dy_specs(dy.rank(), DimSpec::Replicated());
+    for (int j = 0; j < dy.rank(); ++j) {
+      int source = axes.result_source[j];
+      if (source >= 0 && axes.whole[source]) out[source] = dy_specs[j] = dy.spec(j);
+    }
+    Layout out_layout = dy.WithSpecs(out);
+    Plan plan;
+    plan.inputs = {std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                   dy.WithSpecs(dy_specs)};
+    plan.outputs = {out_layout};
+    if (!out_layout.IsFullyReplicated()) {
+      TFD_ASSIGN_OR_RETURN(plan.host_inputs[0],
+                           out_layout.LocalShape(shape, "the output of '" + ctx.op_name + "'"));
+      LocalizeEntries(axes, out_layout, shape, &begin, &end);
+      plan.host_inputs[1] = begin;
+      plan.host_inputs[2] = end;
+    }
+    return plan;
+  }
+};
+
+// Slice(input, begin, size); a size of -1 runs to the end of the axis.
+class SliceRule : public Rule {
+ public:
+  bool IsHostArgument(int input, int) const override { return input >= 1; }
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> begin, ctx.IntValue(1, "begin"));
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> size, ctx.IntValue(2, "size"));
+    const Layout& in = ctx.layout(0);
+    const std::vector<int64_t>& shape = ctx.inputs[0].shape;
+    if (static_cast<int>(begin.size()) != in.rank() || static_cast<int>(size.size()) != in.rank()) {
+      return InvalidArgument("'Slice' needs one begin and size per axis of " + ctx.Describe(0) +
+                             "; got begin " + ShapeString(begin) + " and size " +
+                             ShapeString(size) + ".");
+    }
+    std::vector<DimSpec> specs = in.specs();
+    for (int d = 0; d < in.rank(); ++d) {
+      bool whole = begin[d] == 0 && (size[d] == -1 || size[d] == shape[d]);
+      if (!whole) {
+        specs[d] = DimSpec::Replicated();
+      } else if (specs[d].sharded()) {
+        size[d] = shape[d] / in.NumShards(d);
+      }
+    }
+    Layout runs = in.WithSpecs(specs);
+    Plan plan;
+    plan.inputs = {runs, std::nullopt, std::nullopt};
+    plan.outputs = {runs};
+    if (!runs.IsFullyReplicated()) plan.host_inputs[2] = size;
+    return plan;
+  }
+};
+
+// Pad/PadV2/MirrorPad(input, paddings [rank, 2], ...): padded axes are gathered.
+class PadRule : public Rule {
+ public:
+  bool IsHostArgument(int input, int) const override { return input == 1; }
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> paddings, ctx.IntValue(1, "paddings"));
+    const Layout& in = ctx.layout(0);
+    if (static_cast<int>(paddings.size()) != 2 * in.rank()) {
+      return InvalidArgument("'" + ctx.op_name + "' needs paddings of shape [" +
+                             std::to_string(in.rank()) + ", 2] for " + ctx.Describe(0) +
+                             "; got " + std::to_string(paddings.size()) + " values.");
+    }
+    std::vector<DimSpec> specs = in.specs();
+    for (int d = 0; d < in.rank(); ++d) {
+      if (paddings[2 * d] != 0 || paddings[2 * d + 1] != 0) specs[d] = DimSpec::Replicated();
+    }
+    Plan plan;
+    plan.inputs.assign(ctx.inputs.size(), std::nullopt);
+    plan.inputs[0] = in.WithSpecs(specs);
+    plan.outputs = {in.WithSpecs(specs)};
+    return plan;
+  }
+};
+
+// ReverseV2(tensor, axis): reversed axes are gathered.
+class ReverseRule : public Rule {
+ public:
+  bool IsHostArgument(int input, int) const override { return input == 1; }
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axes, ctx.IntValue(1, "axis"));
+    const Layout& in = ctx.layout(0);
+    std::vector<DimSpec> specs = in.specs();
+    for (int64_t a : axes) {
+      if (a < -in.rank() || a >= in.rank()) {
+        return InvalidArgument("'" + ctx.op_name + "' axis " + std::to_string(a) +
+                               " is out of range for " + ctx.Describe(0) + ".");
+      }
+      specs[a < 0 ? a + in.rank() : a] = DimSpec::Replicated();
+    }
+    Plan plan;
+    plan.inputs = {in.WithSpecs(specs), std::nullopt};
+    plan.outputs = {in.WithSpecs(specs)};
+    return plan;
+  }
+};
+
+const bool kRegistered = RegisterRules({
+    {"MirrorPad", std::make_shared<PadRule>()},
+    {"Pad", std::make_shared<PadRule>()},
+    {"PadV2", std::make_shared<PadRule>()},
+    {"ReverseV2", std::make_shared<ReverseRule>()},
+    {"Slice", std::make_shared<SliceRule>()},
+    {"StridedSlice", std::make_shared<StridedSliceRule>()},
+    {"StridedSliceGrad", std::make_shared<StridedSliceGradRule>()},
+});
+
+}  // namespace
+}  // namespace tf_dtensor

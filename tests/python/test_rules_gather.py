@@ -1,0 +1,114 @@
+"""Numerical checks of cc/rules/gather_rules.cc: GatherV2, Gather, OneHot and the unsorted
+segment reductions.
+
+    gather(params [V,D] [*,y], indices [B] [x]) -> [x,y]
+    gather(params [x,*], ...) -> gather axis 0 of params first
+    one_hot(indices [x], depth) -> [x,*]
+    unsorted_segment_sum(data [x,y], ids [x], n) -> partial(x) -> all-reduce -> [*,y]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, check_op, layout_of,
+                             layout_params, random_array, run_without_fallback, spec_params,
+                             to_dtensor)
+
+PARAMS = (6, 4)
+INDICES = np.array([[5, 0, 2, 2], [1, 4, 3, 0]], np.int32)  # [2, 4]
+
+
+@pytest.mark.parametrize("layouts", layout_params(PARAMS, INDICES.shape))
+def test_gather_axis0(layouts):
+    check_op(lambda p, i: tf.gather(p, i), "GatherV2", [random_array(PARAMS), INDICES], layouts,
+             host_inputs=[([], [0])])
+
+
+@pytest.mark.parametrize("layouts", layout_params((4, 6), INDICES.shape, meshes=[MESH_2X2]))
+def test_gather_axis1(layouts):
+    check_op(lambda p, i: tf.gather(p, i, axis=1), "GatherV2", [random_array((4, 6)), INDICES],
+             layouts, host_inputs=[([], [1])])
+
+
+@pytest.mark.parametrize("layouts", layout_params((4, 6, 2), (4, 3), meshes=[MESH_2X2]))
+def test_gather_with_batch_dims(layouts):
+    indices = np.array([[0, 5, 1], [2, 2, 3], [4, 0, 1], [5, 5, 5]], np.int32)
+    check_op(lambda p, i: tf.gather(p, i, axis=1, batch_dims=1), "GatherV2",
+             [random_array((4, 6, 2)), indices], layouts, host_inputs=[([], [1])],
+             attrs={"batch_dims": 1})
+
+
+@pytest.mark.parametrize("layouts", layout_params(PARAMS, (4,), meshes=[MESH_2X2]))
+def test_gather_v1(layouts):
+    indices = np.array([5, 0, 2, 2], np.int32)
+    check_op(lambda p, i: tf.raw_ops.Gather(params=p, indices=i), "Gather",
+             [random_array(PARAMS), indices], layouts)
+
+
+def test_embedding_lookup_gradient_sums_over_the_batch(mesh_2x2):
+    """tf.gather's gradient on sharded ids: a segment sum, all-reduced to replicated rows."""
+    table = random_array(PARAMS)
+    ids = np.array([5, 0, 2, 2, 1, 4, 3, 0], np.int32)
+
+    def gradient(t, i):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            loss = tf.reduce_sum(tf.square(tf.gather(t, i)))
+        return tf.convert_to_tensor(tape.gradient(loss, t))
+
+    expected = gradient(tf.constant(table), tf.constant(ids))
+    actual = run_without_fallback(gradient, to_dtensor(table, layout_of("[*,*]", mesh_2x2)),
+                                  to_dtensor(ids, layout_of("[x]", mesh_2x2)))
+    assert_dtensor_equal(expected, layout_of("[*,*]", mesh_2x2), actual)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+@pytest.mark.parametrize("layouts", layout_params(INDICES.shape))
+def test_one_hot(layouts, axis):
+    check_op(lambda i: tf.one_hot(i, 6, axis=axis), "OneHot", [INDICES], layouts,
+             host_inputs=[([], [6])], attrs={"axis": axis})
+
+
+def test_one_hot_with_int64_labels_and_values(mesh_2x2):
+    labels = INDICES.astype(np.int64)
+    check_op(lambda i: tf.one_hot(i, 6, on_value=3, off_value=-1, dtype=tf.int32), "OneHot",
+             [labels], [layout_of("[x,y]", mesh_2x2)], host_inputs=[([], [6])])
+
+
+SEGMENT_OPS = {
+    "UnsortedSegmentSum": tf.math.unsorted_segment_sum,
+    "UnsortedSegmentMax": tf.math.unsorted_segment_max,
+    "UnsortedSegmentMin": tf.math.unsorted_segment_min,
+    "UnsortedSegmentProd": tf.math.unsorted_segment_prod,
+}
+
+
+def _check_segment_op(op_name, layouts):
+    ids = np.array([3, 0, 2, 2, 1, 0, 3, 0], np.int32)
+    data = random_array((8, 4), low=0.5, high=1.5)
+    # Segment 4 is empty: every op fills it with its identity.
+    check_op(lambda d, i: SEGMENT_OPS[op_name](d, i, num_segments=5), op_name, [data, ids],
+             layouts, host_inputs=[([], [5])])
+
+
+@pytest.mark.parametrize("layouts", layout_params((8, 4), (8,)))
+def test_unsorted_segment_sum(layouts):
+    _check_segment_op("UnsortedSegmentSum", layouts)
+
+
+@pytest.mark.parametrize("op_name", sorted(SEGMENT_OPS))
+@pytest.mark.parametrize("layouts", spec_params(MESH_2X2, ("[x,y]", "[x]"), ("[*,y]", "[x]"),
+                                                ("[y,*]", "[*]"), ("[x,*]", "[y]")))
+def test_unsorted_segment(layouts, op_name):
+    _check_segment_op(op_name, layouts)
+
+
+@pytest.mark.parametrize("layouts", layout_params((4, 2, 3), (4, 2), meshes=[MESH_1D]))
+def test_unsorted_segment_sum_with_2d_ids(layouts):
+    ids = np.array([[0, 1], [1, 2], [2, 0], [0, 0]], np.int32)
+    check_op(lambda d, i: tf.math.unsorted_segment_sum(d, i, num_segments=3),
+             "UnsortedSegmentSum", [random_array((4, 2, 3)), ids], layouts,
+             host_inputs=[([], [3])])

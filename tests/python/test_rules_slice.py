@@ -1,0 +1,157 @@
+"""Numerical checks of cc/rules/slice_rules.cc: StridedSlice, StridedSliceGrad, Slice,
+Pad/PadV2/MirrorPad and ReverseV2.
+
+    x[:, 1:3] of [x,y] -> gather y -> [x,*]        x[..., 0] of [x,y] -> gather y -> [x]
+    tf.slice([x,*], [0,1], [-1,2]) -> [x,*]         x[:, None] of [x,*] -> [x,*,*]
+    pad([x,*], [[0,0],[1,1]]) -> [x,*]              reverse([x,y], [1]) -> [x,*]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, check_op, layout_of,
+                             layout_params, layouts_for, random_array, run_without_fallback,
+                             spec_id, to_dtensor)
+
+SHAPE = (4, 8)
+MASKS = ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")
+
+# name -> (begin, end, strides, masks): what Python slicing of a [4, 8] tensor builds.
+STRIDED_SLICES = {
+    "[:,2:6]": ([0, 2], [0, 6], [1, 1], {"begin_mask": 1, "end_mask": 1}),
+    "[1:3]": ([1], [3], [1], {}),
+    "[...,0]": ([0, 0], [0, 1], [1, 1], {"ellipsis_mask": 1, "shrink_axis_mask": 2}),
+    "[:,3]": ([0, 3], [0, 4], [1, 1], {"begin_mask": 1, "end_mask": 1, "shrink_axis_mask": 2}),
+    "[:,None]": ([0, 0], [0, 0], [1, 1], {"begin_mask": 1, "end_mask": 1, "new_axis_mask": 2}),
+    "[...,None]": ([0, 0], [0, 0], [1, 1], {"ellipsis_mask": 1, "new_axis_mask": 2}),
+    "[None,...,1:]": ([0, 0, 1], [0, 0, 0], [1, 1, 1],
+                      {"new_axis_mask": 1, "ellipsis_mask": 2, "end_mask": 4}),
+    "[::2]": ([0], [0], [2], {"begin_mask": 1, "end_mask": 1}),
+    "[-2:]": ([-2], [0], [1], {"end_mask": 1}),
+    "[:,::-1]": ([0, 0], [0, 0], [1, -1], {"begin_mask": 3, "end_mask": 3}),
+    "[0:4,0:8]": ([0, 0], [4, 8], [1, 1], {}),
+    "[-100:100]": ([-100], [100], [1], {}),
+}
+
+
+def _attrs(masks):
+    return {m: masks.get(m, 0) for m in MASKS}
+
+
+def _strided_slice(name):
+    begin, end, strides, masks = STRIDED_SLICES[name]
+    return lambda x: tf.strided_slice(x, begin, end, strides, **_attrs(masks))
+
+
+def _slice_hosts(name):
+    begin, end, strides, _ = STRIDED_SLICES[name]
+    n = len(begin)
+    return [([n], begin), ([n], end), ([n], strides)]
+
+
+@pytest.mark.parametrize("name", list(STRIDED_SLICES))
+@pytest.mark.parametrize("layouts", layout_params(SHAPE))
+def test_strided_slice(layouts, name):
+    check_op(_strided_slice(name), "StridedSlice", [random_array(SHAPE)], layouts,
+             host_inputs=_slice_hosts(name), attrs=_attrs(STRIDED_SLICES[name][3]))
+
+
+def _strided_slice_grad_params():
+    params = []
+    for name, (begin, end, strides, masks) in STRIDED_SLICES.items():
+        dy_shape = tf.strided_slice(np.zeros(SHAPE, np.float32), begin, end, strides,
+                                    **_attrs(masks)).shape
+        for layout in layouts_for(MESH_2X2, tuple(dy_shape)):
+            params.append(pytest.param(name, layout, id=f"{name}-{spec_id(layout)}"))
+    return params
+
+
+@pytest.mark.parametrize("name,dy_layout", _strided_slice_grad_params())
+def test_strided_slice_grad(name, dy_layout):
+    begin, end, strides, masks = STRIDED_SLICES[name]
+    dy_shape = tf.strided_slice(np.zeros(SHAPE, np.float32), begin, end, strides,
+                                **_attrs(masks)).shape
+
+    def grad(dy):
+        return tf.raw_ops.StridedSliceGrad(shape=list(SHAPE), begin=begin, end=end,
+                                           strides=strides, dy=dy, **_attrs(masks))
+
+    check_op(grad, "StridedSliceGrad", [random_array(tuple(dy_shape))], [dy_layout],
+             host_inputs=[([2], list(SHAPE))] + _slice_hosts(name), attrs=_attrs(masks),
+             host_first=True)
+
+
+def test_python_slicing_keeps_the_batch_sharding(mesh_2x2):
+    x = random_array(SHAPE)
+    t = to_dtensor(x, layout_of("[x,y]", mesh_2x2))
+    out = run_without_fallback(lambda v: v[:, 1:3], t)
+    assert_dtensor_equal(x[:, 1:3], layout_of("[x,*]", mesh_2x2), out)
+    out = run_without_fallback(lambda v: v[..., 0], t)
+    assert_dtensor_equal(x[..., 0], layout_of("[x]", mesh_2x2), out)
+    out = run_without_fallback(lambda v: v[:, None], t)
+    assert_dtensor_equal(x[:, None], layout_of("[x,*,y]", mesh_2x2), out)
+
+
+def test_slice_gradient_keeps_the_batch_sharding(mesh_2x2):
+    x = random_array(SHAPE)
+    layout = layout_of("[x,*]", mesh_2x2)
+
+    def gradient(v):
+        with tf.GradientTape() as tape:
+            tape.watch(v)
+            loss = tf.reduce_sum(v[:, 1:3] * v[:, 4:6])
+        return tape.gradient(loss, v)
+
+    expected = gradient(tf.constant(x))
+    actual = run_without_fallback(gradient, to_dtensor(x, layout))
+    assert_dtensor_equal(expected, layout, actual)
+
+
+@pytest.mark.parametrize("begin,size", [([0, 0], [-1, -1]), ([0, 2], [4, 4]), ([1, 0], [2, -1]),
+                                        ([0, 0], [4, 8]), ([2, 7], [-1, 1])],
+                         ids=["all", "cols", "rows", "whole", "corner"])
+@pytest.mark.parametrize("layouts", layout_params(SHAPE))
+def test_slice(layouts, begin, size):
+    check_op(lambda x: tf.slice(x, begin, size), "Slice", [random_array(SHAPE)], layouts,
+             host_inputs=[([2], begin), ([2], size)])
+
+
+PADDINGS = {
+    "cols": [[0, 0], [1, 2]],
+    "rows": [[1, 0], [0, 0]],
+    "none": [[0, 0], [0, 0]],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PADDINGS))
+@pytest.mark.parametrize("layouts", layout_params(SHAPE))
+def test_pad(layouts, name):
+    paddings = PADDINGS[name]
+    flat = [v for row in paddings for v in row]
+    check_op(lambda x: tf.pad(x, paddings), "Pad", [random_array(SHAPE)], layouts,
+             host_inputs=[([2, 2], flat)])
+
+
+@pytest.mark.parametrize("layouts", layout_params(SHAPE, meshes=[MESH_2X2]))
+def test_pad_with_a_constant(layouts):
+    paddings = [[0, 0], [1, 1]]
+    check_op(lambda x: tf.pad(x, paddings, constant_values=7.0), "PadV2",
+             [random_array(SHAPE)], layouts, host_inputs=[([2, 2], [0, 0, 1, 1])])
+
+
+@pytest.mark.parametrize("mode", ["REFLECT", "SYMMETRIC"])
+@pytest.mark.parametrize("layouts", layout_params(SHAPE, meshes=[MESH_2X2]))
+def test_mirror_pad(layouts, mode):
+    paddings = [[1, 1], [0, 0]]
+    check_op(lambda x: tf.pad(x, paddings, mode=mode), "MirrorPad", [random_array(SHAPE)],
+             layouts, host_inputs=[([2, 2], [1, 1, 0, 0])], attrs={"mode": mode})
+
+
+@pytest.mark.parametrize("axes", [[0], [1], [0, 1], [-1]], ids=["0", "1", "both", "-1"])
+@pytest.mark.parametrize("layouts", layout_params(SHAPE, meshes=[MESH_1D, MESH_2X2]))
+def test_reverse(layouts, axes):
+    check_op(lambda x: tf.reverse(x, axes), "ReverseV2", [random_array(SHAPE)], layouts,
+             host_inputs=[([len(axes)], axes)])
