@@ -46,7 +46,12 @@ class FillRule : public Rule {
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ctx.IntValue(0, "dims"));
     Layout out = Layout::Replicated(ctx.mesh, static_cast<int>(dims.size()));
-    if (ctx.requested && ctx.requested->rank() == out.rank()) out = *ctx.requested;
+    // A request the shape cannot take (a size-1 axis that broadcasts later) leaves the
+    // fill replicated; the result is relaid out where the request was made.
+    if (ctx.requested && ctx.requested->rank() == out.rank() &&
+        ctx.requested->LocalShape(dims, "").ok()) {
+      out = *ctx.requested;
+    }
     Plan plan;
     plan.inputs = {std::nullopt, ctx.inputs[1].layout ? std::optional<Layout>(
                                                             Layout::Replicated(ctx.mesh, 0))

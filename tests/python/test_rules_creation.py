@@ -94,10 +94,11 @@ def test_fill_plan_gives_the_requested_layout(layouts):
 
 
 @pytest.mark.parametrize("fn,kwargs,op_name", [
-    pytest.param(tf.ones, {"shape": (6, 4)}, "Fill", id="ones"),
-    pytest.param(tf.ones, {"shape": (12, 100)}, "Fill", id="ones_big"),
-    # Drawn replicated (its key and counter must stay whole), then relaid out: the
-    # relayout names the problem.
+    # Fill makes its blocks in the requested layout only where the shape divides; here
+    # it fills replicated and the final relayout names the problem, as for random ops
+    # (drawn replicated: their key and counter must stay whole).
+    pytest.param(tf.ones, {"shape": (6, 4)}, "TfDTensorRelayout", id="ones"),
+    pytest.param(tf.ones, {"shape": (12, 100)}, "TfDTensorRelayout", id="ones_big"),
     pytest.param(tf.random.stateless_normal, {"shape": (12, 4), "seed": (1, 2)},
                  "TfDTensorRelayout", id="stateless_normal"),
 ])
@@ -108,3 +109,15 @@ def test_indivisible_shape_names_the_op(fn, kwargs, op_name, mesh_8):
     message = str(error.value)
     assert f"'{op_name}'" in message
     assert f"(size {rows})" in message and f"{rows} is not divisible by 8" in message
+
+
+def test_fill_keeps_replicated_when_the_requested_layout_cannot_divide_it(mesh_2x2):
+    # call_with_layout asks every creation op for its layout; a [1,4] operand that
+    # broadcasts later cannot be split over x, so it is made replicated and only the
+    # final result takes the layout.
+    layout = dtensor.Layout(["x", "y"], mesh_2x2)
+    got = dtensor.call_with_layout(lambda: tf.ones([1, 4]) * 3.0 + tf.zeros([8, 4]), layout)
+    assert dtensor.fetch_layout(got) == layout
+    np.testing.assert_array_equal(np.concatenate(
+        [np.concatenate([c.numpy() for c in dtensor.unpack(got)[r * 2:r * 2 + 2]], axis=1)
+         for r in range(2)]), np.full((8, 4), 3.0, np.float32))
