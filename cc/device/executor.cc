@@ -145,19 +145,7 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunOn(
 
 StatusOr<ValueId> EagerBuilder::HostConstant(const std::vector<int64_t>& values,
                                              const std::vector<int64_t>& shape, int dtype) {
-  if (dtype != TF_INT32 && dtype != TF_INT64) {
-    return Internal("Host constants are int32 or int64.");
-  }
-  size_t width = dtype == TF_INT32 ? 4 : 8;
-  TF_Tensor* tensor = TF_AllocateTensor(static_cast<TF_DataType>(dtype), shape.data(),
-                                        static_cast<int>(shape.size()), width * values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (dtype == TF_INT32) {
-      static_cast<int32_t*>(TF_TensorData(tensor))[i] = static_cast<int32_t>(values[i]);
-    } else {
-      static_cast<int64_t*>(TF_TensorData(tensor))[i] = values[i];
-    }
-  }
+  TFD_ASSIGN_OR_RETURN(TF_Tensor * tensor, IntTensor(values, shape, dtype));
   TFE_TensorHandle* handle = TFE_NewTensorHandle(tensor, status_);
   TF_DeleteTensor(tensor);
   TFD_RETURN_IF_ERROR(FromTF(status_, "creating a host constant"));

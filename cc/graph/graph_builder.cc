@@ -249,19 +249,7 @@ StatusOr<std::vector<TF_Output>> GraphBuilder::RunOn(const std::string& op_type,
 
 StatusOr<ValueId> GraphBuilder::HostConstant(const std::vector<int64_t>& values,
                                              const std::vector<int64_t>& shape, int dtype) {
-  if (dtype != TF_INT32 && dtype != TF_INT64) {
-    return Internal("Host constants are int32 or int64.");
-  }
-  size_t width = dtype == TF_INT32 ? 4 : 8;
-  TF_Tensor* tensor = TF_AllocateTensor(static_cast<TF_DataType>(dtype), shape.data(),
-                                        static_cast<int>(shape.size()), width * values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (dtype == TF_INT32) {
-      static_cast<int32_t*>(TF_TensorData(tensor))[i] = static_cast<int32_t>(values[i]);
-    } else {
-      static_cast<int64_t*>(TF_TensorData(tensor))[i] = values[i];
-    }
-  }
+  TFD_ASSIGN_OR_RETURN(TF_Tensor * tensor, IntTensor(values, shape, dtype));
   TF_OperationDescription* desc = TF_NewOperation(graph_, "Const", UniqueName("Const").c_str());
   TF_SetDevice(desc, host_device_.c_str());
   TF_SetAttrTensor(desc, "value", tensor, status_);

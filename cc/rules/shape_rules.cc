@@ -136,6 +136,18 @@ class SqueezeRule : public Rule {
   }
 };
 
+// The plan of an op whose input 1 is its output's global shape (Reshape, BroadcastTo):
+// the input relaid out to `in`, the output in `out`, and the shape made local.
+StatusOr<Plan> ShapedPlan(const OpContext& ctx, const Layout& in, const Layout& out,
+                          const std::vector<int64_t>& target) {
+  Plan plan;
+  plan.inputs = {in, std::nullopt};
+  plan.outputs = {out};
+  TFD_ASSIGN_OR_RETURN(plan.host_inputs[1],
+                       out.LocalShape(target, "the output of '" + ctx.op_name + "'"));
+  return plan;
+}
+
 class ReshapeRule : public Rule {
  public:
   bool IsHostArgument(int input, int) const override { return input == 1; }
@@ -197,13 +209,7 @@ class ReshapeRule : public Rule {
         }
       }
     }
-    Plan plan;
-    Layout out_layout = in.WithSpecs(out);
-    plan.inputs = {in.WithSpecs(in_specs), std::nullopt};
-    plan.outputs = {out_layout};
-    TFD_ASSIGN_OR_RETURN(plan.host_inputs[1],
-                         out_layout.LocalShape(target, "the output of '" + ctx.op_name + "'"));
-    return plan;
+    return ShapedPlan(ctx, in.WithSpecs(in_specs), in.WithSpecs(out), target);
   }
 };
 
@@ -338,13 +344,7 @@ class BroadcastToRule : public Rule {
         used[want.mesh_dim] = true;
       }
     }
-    Plan plan;
-    Layout out_layout = in.WithSpecs(out);
-    plan.inputs = {in.WithSpecs(in_specs), std::nullopt};
-    plan.outputs = {out_layout};
-    TFD_ASSIGN_OR_RETURN(plan.host_inputs[1],
-                         out_layout.LocalShape(target, "the output of '" + ctx.op_name + "'"));
-    return plan;
+    return ShapedPlan(ctx, in.WithSpecs(in_specs), in.WithSpecs(out), target);
   }
 };
 

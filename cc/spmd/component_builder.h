@@ -16,6 +16,7 @@
 
 #include "cc/spmd/builder.h"
 #include "tensorflow/c/tf_datatype.h"
+#include "tensorflow/c/tf_tensor.h"
 
 namespace tf_dtensor {
 
@@ -107,6 +108,24 @@ class ComponentBuilder : public Builder {
   }
   Handle local(ValueId v, int device) const {
     return values_[v].layout ? values_[v].handles[device] : values_[v].host;
+  }
+  // An int32 or int64 tensor holding `values` (a host constant), or an error.
+  static StatusOr<TF_Tensor*> IntTensor(const std::vector<int64_t>& values,
+                                        const std::vector<int64_t>& shape, int dtype) {
+    if (dtype != TF_INT32 && dtype != TF_INT64) {
+      return Internal("Host constants are int32 or int64.");
+    }
+    size_t width = dtype == TF_INT32 ? 4 : 8;
+    TF_Tensor* tensor = TF_AllocateTensor(static_cast<TF_DataType>(dtype), shape.data(),
+                                          static_cast<int>(shape.size()), width * values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (dtype == TF_INT32) {
+        static_cast<int32_t*>(TF_TensorData(tensor))[i] = static_cast<int32_t>(values[i]);
+      } else {
+        static_cast<int64_t*>(TF_TensorData(tensor))[i] = values[i];
+      }
+    }
+    return tensor;
   }
   void DiscardAll(const std::vector<Handle>& handles) {
     for (const Handle& h : handles) Discard(h);
