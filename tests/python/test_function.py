@@ -878,8 +878,10 @@ def test_relayout_traced_before_the_device_is_first_used():
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(tf_dtensor.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    # Run from the package's parent: `python -c` puts the working directory first on the
+    # path, and a source checkout there has no built module.
     result = subprocess.run([sys.executable, "-c", _TRACE_FIRST], capture_output=True,
-                            text=True, timeout=300, check=False, env=env)
+                            text=True, timeout=300, check=False, env=env, cwd=package_root)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
 
 
