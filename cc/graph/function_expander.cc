@@ -328,22 +328,15 @@ StatusOr<int> FunctionExpansion::FlatIndex(const NodeSpec& node, const std::stri
                                            int index) {
   if (arg.empty()) return index;
   if (IsCall(node.op)) return index;  // "output" is the only (list) output
-  auto callee = callees_.find(node.name);
   const OpSpec* spec = builder_.FindOp(node.op);
   if (!spec) {
-    // A direct call of a function: one output per result, named as in its signature.
-    TF_Buffer* buffer = TF_NewBuffer();
-    TFE_ContextGetFunctionDef(context_, node.op.c_str(), buffer, status_);
-    StatusOr<FunctionSpec> callee_spec =
-        ParseFunctionDef(std::string_view(static_cast<const char*>(buffer->data), buffer->length));
-    TF_DeleteBuffer(buffer);
-    (void)callee;
-    if (TF_GetCode(status_) != TF_OK || !callee_spec.ok()) {
-      return Internal("Cannot find the outputs of '" + node.op + "'.");
-    }
-    const auto& outs = callee_spec->signature.outputs;
-    for (size_t i = 0; i < outs.size(); ++i) {
-      if (outs[i].name == arg) return static_cast<int>(i) + index;
+    // A direct call of a function (expanded already): one output per result, named as
+    // in its signature.
+    auto callee = callees_.find(node.name);
+    if (callee == callees_.end()) return Internal("Cannot find the outputs of '" + node.op + "'.");
+    const std::vector<std::string>& names = callee->second->output_names;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == arg) return static_cast<int>(i) + index;
     }
     return Internal("'" + node.op + "' has no output '" + arg + "'.");
   }
@@ -691,6 +684,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Run(
     }
     result->outputs.push_back(MetaOf(v));
   }
+  for (const ArgSpec& out : outs) result->output_names.push_back(out.name);
   std::vector<TF_Operation*> control_outputs;
   std::vector<std::string> control_names;
   for (const auto& [name, node] : spec_.control_ret) {

@@ -53,6 +53,7 @@ struct ExpandedFunction {
   std::string name;  // registered with the context
   std::vector<ValueMeta> inputs;
   std::vector<ValueMeta> outputs;  // DTensors, unless host outputs were requested
+  std::vector<std::string> output_names;  // the original function's result names
   int num_nodes = 0;               // nodes of the expanded graph, for debugging
 };
 
