@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from tensorflow.dtensor.proto import layout_pb2
@@ -24,6 +24,16 @@ def _shape_list(shape) -> List[int]:
     return [-1 if d is None else int(d) for d in shape]
 
 
+def _partial_items(partial) -> List[Tuple[str, str]]:
+    """{'y': 'sum'} or [('y', 'sum')] -> [('y', 'sum')]; the C++ layout checks the values."""
+    items = partial.items() if isinstance(partial, Mapping) else partial
+    try:
+        return [(str(dim), str(op)) for dim, op in items]
+    except (TypeError, ValueError):
+        raise TypeError(f"`partial` must map mesh dimension names to reductions, e.g. "
+                        f"{{'y': 'sum'}}; got {partial!r}.") from None
+
+
 def _rank(rank, where: str) -> int:
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 0:
         raise LayoutError(f"{where}: `rank` must be a non-negative integer; got {rank!r}.")
@@ -40,6 +50,14 @@ class Layout:
     Raises:
       LayoutError: an unknown mesh dimension, or one that shards two axes.
 
+    A static layout may also carry pending reductions (`partial`): per mesh dimension a
+    reduction (`"sum"`, `"mean"`, `"max"`, `"min"`, `"prod"`) that combines the values the
+    devices along it hold, as a PyTorch `Partial` placement does. Its short form is
+    `[x,*] +partial(y:sum) @ mesh(x=2,y=2)`. A mesh dimension shards an axis or is partial,
+    never both. Axes need not divide evenly: a size-n axis over k devices is cut like
+    `torch.chunk` (ceil(n / k)-sized blocks, the last ones smaller or empty); see
+    `shard_geometry`.
+
     Besides these static layouts there are single-device layouts (`from_device`,
     `from_single_device_mesh`: no specs, the whole tensor on one device) and parted layouts
     (`to_parted`); `type` tells them apart.
@@ -53,7 +71,8 @@ class Layout:
 
     __slots__ = ("_layout", "_mesh")
 
-    def __init__(self, sharding_specs: List[str], mesh: Mesh):
+    def __init__(self, sharding_specs: List[str], mesh: Mesh, *,
+                 partial: Optional[Mapping[str, str]] = None):
         if isinstance(sharding_specs, (str, bytes)):
             raise TypeError(f"`sharding_specs` must be a list with one mesh dimension name (or "
                             f"UNSHARDED) per tensor axis; got the string {sharding_specs!r}. "
@@ -62,6 +81,8 @@ class Layout:
             raise LayoutError(f"`mesh` must be a Mesh, got {type(mesh).__name__}; build one "
                               f"with `dtensor.create_mesh`.")
         self._layout = _core.Layout.create(list(sharding_specs), mesh._mesh)
+        if partial:
+            self._layout = self._layout.with_partial(_partial_items(partial))
         self._mesh = mesh
 
     @classmethod
@@ -237,7 +258,7 @@ class Layout:
           >>> Layout(["x", UNSHARDED], mesh).local_shape_from_global_shape([4, 3])
           (2, 3)
         """
-        return tuple(self._layout.local_shape(_shape_list(global_shape)))
+        return tuple(self._layout.uniform_local_shape(_shape_list(global_shape)))
 
     def global_shape_from_local_shape(self, local_shape: Sequence[int]) -> Tuple[int, ...]:
         """The global shape of a tensor whose shards have `local_shape`.
@@ -265,8 +286,56 @@ class Layout:
         return Layout(specs, self._mesh)
 
     def local_shape(self, global_shape) -> List[int]:
-        """The shape of one component for a tensor of `global_shape`."""
+        """The shape of the first (largest) block of a tensor of `global_shape`."""
         return list(self._layout.local_shape([int(d) for d in global_shape]))
+
+    @property
+    def partial(self) -> Dict[str, str]:
+        """Pending reductions: mesh dimension name -> `"sum"`/`"mean"`/`"max"`/`"min"`/`"prod"`.
+
+        Example:
+          >>> Layout([UNSHARDED], mesh, partial={"x": "sum"}).partial
+          {'x': 'sum'}
+        """
+        return dict(self._layout.partial)
+
+    @property
+    def is_partial(self) -> bool:
+        """Whether the layout carries pending reductions."""
+        return bool(self._layout.partial)
+
+    def with_partial(self, partial: Mapping[str, str]) -> "Layout":
+        """This layout with more pending reductions (checked as at construction)."""
+        return Layout._wrap(self._layout.with_partial(_partial_items(partial)))
+
+    def without_partial(self) -> "Layout":
+        """The same sharding with nothing pending: the layout after the reductions."""
+        return Layout._wrap(self._layout.without_partial())
+
+    def shard_geometry(self, global_shape: Sequence[int],
+                       shard_index: Sequence[int]) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+        """(block shape, block offset) of the block at `shard_index` of `global_shape`.
+
+        The one shard-geometry function: checkpoints, debug printing and pack/unpack use it.
+        A size-n axis over k shards is cut in ceil(n / k)-sized pieces, the last ones
+        smaller or empty.
+
+        Example:
+          >>> Layout(["x"], mesh).shard_geometry([3], [1])
+          ((1,), (2,))
+        """
+        shape, offset = self._layout.shard_geometry(_shape_list(global_shape),
+                                                    [int(i) for i in shard_index])
+        return tuple(shape), tuple(offset)
+
+    def device_blocks(self, global_shape: Sequence[int]
+                      ) -> List[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
+        """(block shape, block offset) of each device of the mesh, in device-offset order."""
+        return [self.shard_geometry(global_shape, shard) for shard in self.offset_to_shard()]
+
+    def is_even(self, global_shape: Sequence[int]) -> bool:
+        """Whether every sharded axis of `global_shape` divides evenly."""
+        return self._layout.is_even(_shape_list(global_shape))
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Layout) and self._layout == other._layout
@@ -282,4 +351,7 @@ class Layout:
         # layouts, which that form cannot show, as TF DTensor 2.21 prints every layout.
         if self.type != LayoutType.STATIC:
             return f"Layout.from_string({self.to_string()})"
+        if self.is_partial:
+            return (f"Layout(sharding_specs={self.sharding_specs}, mesh={self.mesh!r}, "
+                    f"partial={self.partial!r})")
         return f"Layout(sharding_specs={self.sharding_specs}, mesh={self.mesh!r})"

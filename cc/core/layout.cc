@@ -1,9 +1,30 @@
 #include "cc/core/layout.h"
 
+#include <algorithm>
+
 #include "cc/core/strings.h"
 #include "cc/core/wire.h"
 
 namespace tf_dtensor {
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kProd: return "prod";
+    case ReduceOp::kMean: return "mean";
+  }
+  return "?";
+}
+
+std::optional<ReduceOp> ReduceOpFromName(std::string_view name) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kProd,
+                      ReduceOp::kMean}) {
+    if (name == ReduceOpName(op)) return op;
+  }
+  return std::nullopt;
+}
 
 StatusOr<Layout> Layout::Create(const std::vector<std::string>& sharding_specs, Mesh mesh,
                                 LayoutType type) {
@@ -31,7 +52,12 @@ StatusOr<Layout> Layout::Create(const std::vector<std::string>& sharding_specs, 
   return FromSpecs(std::move(specs), std::move(mesh), type);
 }
 
-StatusOr<Layout> Layout::FromSpecs(std::vector<DimSpec> specs, Mesh mesh, LayoutType type) {
+StatusOr<Layout> Layout::FromSpecs(std::vector<DimSpec> specs, Mesh mesh, LayoutType type,
+                                   std::vector<PartialSpec> partial) {
+  if (!partial.empty()) {
+    TFD_ASSIGN_OR_RETURN(Layout plain, FromSpecs(std::move(specs), std::move(mesh), type));
+    return plain.WithPartial(std::move(partial));
+  }
   if (type == LayoutType::kSingleDevice) {
     if (!specs.empty()) {
       return InvalidArgument("A single-device layout has no sharding specs, but " +
@@ -111,11 +137,36 @@ StatusOr<Layout> Layout::FromString(std::string_view text) {
     }
     return FromSingleDeviceMesh(std::move(mesh));
   }
+  // "x,unsharded, partial:y=sum,z=max" -> specs, then pending reductions.
+  std::vector<PartialSpec> partial;
+  constexpr std::string_view kPartialMarker = "partial:";
+  size_t partial_pos = specs_text.find(kPartialMarker);
+  if (partial_pos != std::string_view::npos) {
+    std::string_view pending = Trim(specs_text.substr(partial_pos + kPartialMarker.size()));
+    specs_text = Trim(specs_text.substr(0, partial_pos));
+    if (!specs_text.empty() && specs_text.back() == ',') specs_text.remove_suffix(1);
+    for (const std::string& item : Split(pending, ',')) {
+      std::string_view entry = Trim(item);
+      if (entry.empty()) continue;
+      size_t eq = entry.find('=');
+      std::optional<ReduceOp> op =
+          eq == std::string_view::npos ? std::nullopt : ReduceOpFromName(Trim(entry.substr(eq + 1)));
+      int dim = eq == std::string_view::npos ? -1 : mesh.DimIndex(std::string(Trim(entry.substr(0, eq))));
+      if (!op || dim < 0) {
+        return InvalidArgument("Cannot parse layout '" + std::string(text) + "': partial entry '" +
+                               std::string(entry) + "' must be `<mesh dimension>=<sum|mean|max|"
+                               "min|prod>` with a dimension of " + mesh.ShortString() + ".");
+      }
+      partial.push_back({dim, *op});
+    }
+  }
   std::vector<std::string> names;
   if (!Trim(specs_text).empty()) {
     for (const std::string& s : Split(specs_text, ',')) names.emplace_back(Trim(s));
   }
-  return Create(names, std::move(mesh), type);
+  TFD_ASSIGN_OR_RETURN(Layout layout, Create(names, std::move(mesh), type));
+  if (partial.empty()) return layout;
+  return layout.WithPartial(std::move(partial));
 }
 
 namespace {
@@ -128,7 +179,12 @@ constexpr int kProtoSingleDevice = 3;
 }  // namespace
 
 // LayoutProto fields: 1 sharding_specs {2 sharding_spec}, 2 mesh_config, 3 type.
-std::string Layout::ToProto() const {
+StatusOr<std::string> Layout::ToProto() const {
+  if (is_partial()) {
+    return InvalidArgument("Layout " + ShortString() + " has pending reductions, which a "
+                           "LayoutProto cannot hold. Relayout to " + WithoutPartial().SpecString() +
+                           " first.");
+  }
   WireWriter out;
   for (const std::string& name : sharding_specs()) {
     WireWriter spec;
@@ -218,17 +274,73 @@ std::vector<std::string> Layout::sharding_specs() const {
   return out;
 }
 
+namespace {
+
+// "y=sum,z=max" (separator "=") or "y:sum,z:max" (separator ":").
+std::string PartialText(const Mesh& mesh, const std::vector<PartialSpec>& partial,
+                        const char* separator) {
+  std::vector<std::string> parts;
+  for (const PartialSpec& p : partial) {
+    parts.push_back(mesh.dims()[p.mesh_dim].name + separator + ReduceOpName(p.op));
+  }
+  return Join(parts, ",");
+}
+
+}  // namespace
+
 std::string Layout::ToString() const {
   if (is_single_device()) return "maximal:true, mesh:" + mesh_.ToString();
   std::string specs = Join(sharding_specs(), ",");
+  std::string pending = partial_.empty() ? "" : " partial:" + PartialText(mesh_, partial_, "=") + ",";
   return std::string(is_parted() ? "parted:" : "sharding_specs:") + specs +
-         (specs.empty() ? "" : ",") + " mesh:" + mesh_.ToString();
+         (specs.empty() ? "" : ",") + pending + " mesh:" + mesh_.ToString();
 }
 
 std::string Layout::SpecString() const {
   std::vector<std::string> parts;
   for (const DimSpec& s : specs_) parts.push_back(s.sharded() ? mesh_.dims()[s.mesh_dim].name : "*");
-  return std::string(is_parted() ? "parted" : "") + "[" + Join(parts, ",") + "]";
+  std::string text = std::string(is_parted() ? "parted" : "") + "[" + Join(parts, ",") + "]";
+  if (!partial_.empty()) text += " +partial(" + PartialText(mesh_, partial_, ":") + ")";
+  return text;
+}
+
+std::vector<int> Layout::PartialMeshDims() const {
+  std::vector<int> dims;
+  for (const PartialSpec& p : partial_) dims.push_back(p.mesh_dim);
+  return dims;
+}
+
+StatusOr<Layout> Layout::WithPartial(std::vector<PartialSpec> partial) const {
+  std::vector<PartialSpec> all = partial_;
+  for (const PartialSpec& p : partial) {
+    if (p.mesh_dim < 0 || p.mesh_dim >= mesh_.num_dims()) {
+      return InvalidArgument("A partial mesh dimension is out of range for " +
+                             mesh_.ShortString() + ".");
+    }
+    const std::string& name = mesh_.dims()[p.mesh_dim].name;
+    if (is_single_device() || is_parted()) {
+      return InvalidArgument("Layout " + ShortString() + " cannot be partial over `" + name +
+                             "`: only static layouts carry pending reductions.");
+    }
+    for (const DimSpec& s : specs_) {
+      if (s.mesh_dim == p.mesh_dim) {
+        return InvalidArgument("Layout " + ShortString() + " cannot be partial over `" + name +
+                               "`: that mesh dimension already shards an axis, and a mesh "
+                               "dimension either shards an axis or holds partial values. Use "
+                               "another mesh dimension, or relayout the axis first.");
+      }
+    }
+    for (const PartialSpec& q : all) {
+      if (q.mesh_dim == p.mesh_dim) {
+        return InvalidArgument("Layout " + ShortString() + " names `" + name +
+                               "` as partial twice; give each mesh dimension one reduction.");
+      }
+    }
+    all.push_back(p);
+  }
+  std::sort(all.begin(), all.end(),
+            [](const PartialSpec& a, const PartialSpec& b) { return a.mesh_dim < b.mesh_dim; });
+  return Layout(mesh_, specs_, type_, std::move(all));
 }
 
 std::string Layout::ShortString() const { return SpecString() + " @ " + mesh_.ShortString(); }
@@ -303,6 +415,60 @@ std::vector<int> Layout::ShardedMeshDims() const {
   return dims;
 }
 
+std::pair<int64_t, int64_t> Layout::Piece(int64_t size, int64_t pieces, int64_t index) {
+  if (pieces <= 1 || size < 0) return {size, 0};
+  const int64_t chunk = (size + pieces - 1) / pieces;
+  const int64_t begin = std::min(size, chunk * index);
+  const int64_t end = std::min(size, begin + chunk);
+  return {end - begin, begin};
+}
+
+ShardGeometry Layout::GeometryOfShard(const std::vector<int64_t>& global_shape,
+                                      const std::vector<int64_t>& shard_index) const {
+  ShardGeometry g{global_shape, std::vector<int64_t>(global_shape.size(), 0)};
+  if (is_single_device()) return g;
+  for (int d = 0; d < rank() && d < static_cast<int>(global_shape.size()); ++d) {
+    auto [size, offset] = Piece(global_shape[d], NumShards(d), shard_index[d]);
+    g.shape[d] = size;
+    g.offset[d] = offset;
+  }
+  return g;
+}
+
+ShardGeometry Layout::GeometryOfDevice(const std::vector<int64_t>& global_shape,
+                                       int local_device) const {
+  std::vector<int64_t> index(specs_.size());
+  for (int d = 0; d < rank(); ++d) index[d] = ShardIndex(local_device, d);
+  return GeometryOfShard(global_shape, index);
+}
+
+std::vector<int64_t> Layout::PieceSizes(const std::vector<int64_t>& global_shape, int dim) const {
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < NumShards(dim); ++i) {
+    sizes.push_back(Piece(global_shape[dim], NumShards(dim), i).first);
+  }
+  return sizes;
+}
+
+bool Layout::IsEven(const std::vector<int64_t>& global_shape) const {
+  if (is_single_device()) return true;
+  for (int d = 0; d < rank() && d < static_cast<int>(global_shape.size()); ++d) {
+    if (global_shape[d] >= 0 && global_shape[d] % NumShards(d) != 0) return false;
+  }
+  return true;
+}
+
+Layout Layout::EvenPart(const std::vector<int64_t>& global_shape) const {
+  if (IsEven(global_shape)) return *this;
+  std::vector<DimSpec> specs = specs_;
+  for (int d = 0; d < rank() && d < static_cast<int>(global_shape.size()); ++d) {
+    if (global_shape[d] >= 0 && global_shape[d] % NumShards(d) != 0) {
+      specs[d] = DimSpec::Replicated();
+    }
+  }
+  return Layout(mesh_, std::move(specs), type_, partial_);
+}
+
 StatusOr<std::vector<int64_t>> Layout::LocalShape(const std::vector<int64_t>& global_shape,
                                                   const std::string& what) const {
   if (is_single_device()) return global_shape;
@@ -312,7 +478,13 @@ StatusOr<std::vector<int64_t>> Layout::LocalShape(const std::vector<int64_t>& gl
                            " (shape " + ShapeString(global_shape) +
                            "). Give one sharding spec per tensor axis.");
   }
-  std::vector<int64_t> local = global_shape;
+  return GeometryOfShard(global_shape, std::vector<int64_t>(global_shape.size(), 0)).shape;
+}
+
+StatusOr<std::vector<int64_t>> Layout::UniformLocalShape(const std::vector<int64_t>& global_shape,
+                                                         const std::string& what) const {
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> local, LocalShape(global_shape, what));
+  if (is_single_device()) return local;
   for (int d = 0; d < rank(); ++d) {
     int64_t n = NumShards(d);
     if (n == 1 || global_shape[d] < 0) continue;
@@ -324,7 +496,6 @@ StatusOr<std::vector<int64_t>> Layout::LocalShape(const std::vector<int64_t>& gl
                              std::to_string(global_shape[d]) + " is not divisible by " +
                              std::to_string(m.size) + ". Leave that axis `unsharded` or pad it.");
     }
-    local[d] = global_shape[d] / n;
   }
   return local;
 }
@@ -352,6 +523,9 @@ StatusOr<std::vector<int64_t>> Layout::GlobalShapeChecked(const std::vector<int6
 size_t Layout::Hash() const {
   size_t h = mesh_.Hash() * 7 + static_cast<size_t>(type_);
   for (const DimSpec& s : specs_) h = h * 31 + static_cast<size_t>(s.mesh_dim + 2);
+  for (const PartialSpec& p : partial_) {
+    h = h * 37 + static_cast<size_t>(p.mesh_dim) * 8 + static_cast<size_t>(p.op);
+  }
   return h;
 }
 

@@ -4,6 +4,7 @@
 #define TF_DTENSOR_CC_CORE_LAYOUT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +15,31 @@
 namespace tf_dtensor {
 
 inline constexpr char kUnsharded[] = "unsharded";
+
+// How pending (partial) values along a mesh dimension combine into the tensor's value.
+// kMean is the sum divided by the number of devices along the dimension.
+enum class ReduceOp { kSum, kMax, kMin, kProd, kMean };
+
+const char* ReduceOpName(ReduceOp op);
+// "sum", "mean", "max", "min", "prod" -> the op; nullopt for anything else.
+std::optional<ReduceOp> ReduceOpFromName(std::string_view name);
+
+// A pending reduction: every device along `mesh_dim` holds a term, and the tensor is the
+// reduction of the terms (PyTorch's `Partial`, JAX's `unreduced`).
+struct PartialSpec {
+  int mesh_dim;
+  ReduceOp op;
+  bool operator==(const PartialSpec& o) const { return mesh_dim == o.mesh_dim && op == o.op; }
+  bool operator!=(const PartialSpec& o) const { return !(*this == o); }
+};
+
+// Where one device's block sits in the global tensor: its shape and the index of its first
+// element. Axes split like `torch.chunk`: ceil(n / k)-sized pieces, so with n % k != 0 the
+// trailing pieces are smaller or empty ([5] over 4 devices -> 2, 2, 1, 0).
+struct ShardGeometry {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> offset;
+};
 
 // One tensor axis: sharded over a mesh dimension (its index), or replicated.
 struct DimSpec {
@@ -38,12 +64,14 @@ class Layout {
   static StatusOr<Layout> Create(const std::vector<std::string>& sharding_specs, Mesh mesh,
                                  LayoutType type = LayoutType::kStatic);
   static StatusOr<Layout> FromSpecs(std::vector<DimSpec> specs, Mesh mesh,
-                                    LayoutType type = LayoutType::kStatic);
+                                    LayoutType type = LayoutType::kStatic,
+                                    std::vector<PartialSpec> partial = {});
   // The layout of a tensor on the one device of a single-device mesh.
   static StatusOr<Layout> FromSingleDeviceMesh(Mesh mesh);
   // All axes replicated; on a single-device mesh, the single-device layout (any rank).
   static Layout Replicated(Mesh mesh, int rank);
   // Parses TF DTensor's forms: "sharding_specs:x,unsharded, mesh:|x=2|0,1|0,1|/job:...",
+  // with an optional "partial:y=sum," before "mesh:" for pending reductions,
   // "parted:x,unsharded, mesh:..." and "maximal:true, mesh:/job:.../device:CPU:0".
   static StatusOr<Layout> FromString(std::string_view text);
   // Parses a serialized `tensorflow.dtensor.LayoutProto`.
@@ -51,15 +79,26 @@ class Layout {
 
   std::string ToString() const;     // TF DTensor's form; FromString(ToString()) == *this.
   std::string ShortString() const;  // "[x,*] @ mesh(x=2,y=4)", for messages and test ids.
-  std::string SpecString() const;   // "[x,*]", "parted[x,*]", "[]" (single device).
-  // A serialized `tensorflow.dtensor.LayoutProto` with the fields TF DTensor sets.
-  std::string ToProto() const;
+  // "[x,*]", "parted[x,*]", "[]" (single device), "[x,*] +partial(y:sum)".
+  std::string SpecString() const;
+  // A serialized `tensorflow.dtensor.LayoutProto` with the fields TF DTensor sets. The
+  // proto cannot say Partial: an error for a partial layout.
+  StatusOr<std::string> ToProto() const;
 
   LayoutType type() const { return type_; }
   bool is_single_device() const { return type_ == LayoutType::kSingleDevice; }
   bool is_parted() const { return type_ == LayoutType::kParted; }
   // This layout as parted (same specs and mesh); an error for a single-device layout.
   StatusOr<Layout> ToParted() const;
+
+  // Pending reductions, sorted by mesh dimension; disjoint from the sharded dimensions.
+  const std::vector<PartialSpec>& partial() const { return partial_; }
+  bool is_partial() const { return !partial_.empty(); }
+  std::vector<int> PartialMeshDims() const;
+  // This layout with pending reductions added (checked: no sharded or repeated mesh dim).
+  StatusOr<Layout> WithPartial(std::vector<PartialSpec> partial) const;
+  // The same sharding with nothing pending: the layout after the reductions.
+  Layout WithoutPartial() const { return Layout(mesh_, specs_, type_); }
 
   const Mesh& mesh() const { return mesh_; }
   int rank() const { return static_cast<int>(specs_.size()); }
@@ -90,10 +129,30 @@ class Layout {
   // Mesh dimensions that shard some axis.
   std::vector<int> ShardedMeshDims() const;
 
-  // Checks `global_shape` against this layout (rank, divisibility) and returns the shape
-  // of one component. `what` names the tensor in error messages ("input 1 of 'MatMul'").
+  // The one shard-geometry function: the block of `global_shape` at `shard_index` (one
+  // piece index per axis) or held by the `local_device`-th local device of the mesh.
+  // Everything that needs block shapes or offsets asks these.
+  static std::pair<int64_t, int64_t> Piece(int64_t size, int64_t pieces, int64_t index);
+  ShardGeometry GeometryOfShard(const std::vector<int64_t>& global_shape,
+                                const std::vector<int64_t>& shard_index) const;
+  ShardGeometry GeometryOfDevice(const std::vector<int64_t>& global_shape,
+                                 int local_device) const;
+  // Sizes of the pieces of axis `dim` (one per shard along it).
+  std::vector<int64_t> PieceSizes(const std::vector<int64_t>& global_shape, int dim) const;
+  // Every sharded axis divides evenly (all blocks have one shape).
+  bool IsEven(const std::vector<int64_t>& global_shape) const;
+  // This layout with the axes that `global_shape` does not divide evenly replicated.
+  Layout EvenPart(const std::vector<int64_t>& global_shape) const;
+
+  // Checks `global_shape` against this layout (rank) and returns the shape of the first
+  // block (the largest). `what` names the tensor in error messages ("input 1 of 'MatMul'").
   StatusOr<std::vector<int64_t>> LocalShape(const std::vector<int64_t>& global_shape,
                                             const std::string& what) const;
+  // LocalShape, but an error when the axes do not divide evenly: for ops that give every
+  // device one local shape (an attribute such as Reshape's shape).
+  StatusOr<std::vector<int64_t>> UniformLocalShape(const std::vector<int64_t>& global_shape,
+                                                   const std::string& what) const;
+  // The global shape from an evenly sharded block's shape.
   std::vector<int64_t> GlobalShape(const std::vector<int64_t>& local_shape) const;
   // GlobalShape with the rank of `local_shape` checked. A single-device layout holds the
   // whole tensor, so both shape conversions return any shape unchanged.
@@ -102,23 +161,30 @@ class Layout {
 
   // A layout of another rank over the same mesh, e.g. after a reduction. Keeps the type;
   // a single-device layout stays the single-device layout (it has no specs).
+  // Pending reductions are dropped: they belong to a value, not to a sharding pattern.
   Layout WithSpecs(std::vector<DimSpec> specs) const {
-    if (is_single_device()) return *this;
+    if (is_single_device()) return Layout(mesh_, {}, type_);
     return Layout(mesh_, std::move(specs), type_);
   }
 
   bool operator==(const Layout& other) const {
-    return type_ == other.type_ && specs_ == other.specs_ && mesh_ == other.mesh_;
+    return type_ == other.type_ && specs_ == other.specs_ && mesh_ == other.mesh_ &&
+           partial_ == other.partial_;
   }
   bool operator!=(const Layout& other) const { return !(*this == other); }
   size_t Hash() const;
 
  private:
-  Layout(Mesh mesh, std::vector<DimSpec> specs, LayoutType type = LayoutType::kStatic)
-      : mesh_(std::move(mesh)), specs_(std::move(specs)), type_(type) {}
+  Layout(Mesh mesh, std::vector<DimSpec> specs, LayoutType type = LayoutType::kStatic,
+         std::vector<PartialSpec> partial = {})
+      : mesh_(std::move(mesh)),
+        specs_(std::move(specs)),
+        type_(type),
+        partial_(std::move(partial)) {}
   Mesh mesh_;
   std::vector<DimSpec> specs_;
   LayoutType type_ = LayoutType::kStatic;
+  std::vector<PartialSpec> partial_;
 };
 
 }  // namespace tf_dtensor

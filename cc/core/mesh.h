@@ -2,6 +2,7 @@
 #ifndef TF_DTENSOR_CC_CORE_MESH_H_
 #define TF_DTENSOR_CC_CORE_MESH_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -89,6 +90,21 @@ class Mesh {
   // Coordinate along mesh dimension `dim` of the i-th local device.
   int64_t LocalCoord(int local_index, int dim) const {
     return rep_->local_coords[local_index][dim];
+  }
+  // For each coordinate along mesh dimension `dim` (0, 1, ...), the first local device
+  // that has it: one device per piece of an axis sharded over `dim`.
+  std::vector<int> FirstDeviceAlong(int dim) const {
+    std::vector<int> first(DimSize(dim), -1);
+    int found = 0;
+    for (int d = 0; d < num_local_devices() && found < static_cast<int>(first.size()); ++d) {
+      int64_t c = LocalCoord(d, dim);
+      if (first[c] < 0) {
+        first[c] = d;
+        ++found;
+      }
+    }
+    first.erase(std::remove(first.begin(), first.end(), -1), first.end());
+    return first;
   }
   // Whether all local devices share one host memory (virtual CPUs): then replicas can
   // share one buffer and each distinct shard is computed once.

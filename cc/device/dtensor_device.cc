@@ -494,6 +494,7 @@ Status DTensorDevice::Pack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle*
                            " local devices; pass one component per local device.");
   }
   std::vector<int64_t> local;
+  std::vector<std::vector<int64_t>> shapes;
   TF_DataType dtype = TF_FLOAT;
   std::vector<HandlePtr> components;
   for (int i = 0; i < n; ++i) {
@@ -513,20 +514,50 @@ Status DTensorDevice::Pack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle*
                                layout.ShortString() + " has rank " +
                                std::to_string(layout.rank()) + ".");
       }
-    } else if (shape != local || t != dtype) {
+    } else if (t != dtype || shape.size() != local.size() ||
+               (user_layout.is_parted() && shape != local)) {
       return InvalidArgument("pack component " + std::to_string(i) + " has shape " +
                              ShapeString(shape) + " and dtype " + DataTypeName(t) +
                              " but component 0 has shape " + ShapeString(local) + " and dtype " +
                              DataTypeName(dtype) +
-                             "; all components must have one shape and dtype.");
+                             "; all components must have one rank and dtype" +
+                             (user_layout.is_parted() ? " and, parted, one shape." : "."));
     }
+    shapes.push_back(shape);
     // Place each component on its device (on virtual CPUs this shares the buffer).
     TFE_TensorHandle* placed =
         TFE_TensorHandleCopyToDevice(h, context, mesh.local_devices()[i].c_str(), status.get());
     TFD_RETURN_IF_ERROR(FromTF(status.get(), "copying pack component " + std::to_string(i)));
     components.emplace_back(placed);
   }
-  auto tensor = std::make_unique<TensorWithLayout>(layout, layout.GlobalShape(local), dtype,
+  // The global shape adds up the blocks along each sharded axis; then every component must
+  // be exactly the block the shard geometry gives its device (uneven shards included).
+  std::vector<int64_t> global = local;
+  for (int axis = 0; axis < layout.rank() && !layout.is_single_device(); ++axis) {
+    if (!layout.spec(axis).sharded()) continue;
+    if (user_layout.is_parted()) {
+      global[axis] = local[axis] * layout.NumShards(axis);
+      continue;
+    }
+    global[axis] = 0;
+    for (int device : mesh.FirstDeviceAlong(layout.spec(axis).mesh_dim)) {
+      global[axis] += shapes[device][axis];
+    }
+  }
+  for (int i = 0; i < n && !user_layout.is_parted() && !layout.is_single_device(); ++i) {
+    ShardGeometry block = layout.GeometryOfDevice(global, i);
+    if (block.shape != shapes[i]) {
+      return InvalidArgument(
+          "pack component " + std::to_string(i) + " has shape " + ShapeString(shapes[i]) +
+          ", but layout " + layout.ShortString() + " with the global shape " +
+          ShapeString(global) + " these components add up to puts a block of shape " +
+          ShapeString(block.shape) + " at offset " + ShapeString(block.offset) + " on " +
+          ShortDeviceName(mesh.local_devices()[i]) +
+          ". Give each device its block: ceil(n / k)-sized pieces along each sharded axis, "
+          "the last ones smaller or empty.");
+    }
+  }
+  auto tensor = std::make_unique<TensorWithLayout>(layout, std::move(global), dtype,
                                                    std::move(components));
   tensor->set_parted(user_layout.is_parted());
   outputs[0] = TensorWithLayout::MakeHandle(context, name_, std::move(tensor), status.get());

@@ -237,7 +237,55 @@ PYBIND11_MODULE(_core, m) {
                     return ValueOrRaise(Layout::FromSingleDeviceMesh(mesh), Subject::kLayout);
                   })
       .def_static("replicated", &Layout::Replicated)
-      .def("to_proto", [](const Layout& layout) { return py::bytes(layout.ToProto()); })
+      .def("to_proto",
+           [](const Layout& layout) {
+             return py::bytes(ValueOrRaise(layout.ToProto(), Subject::kLayout));
+           })
+      .def("with_partial",
+           [](const Layout& layout, const std::vector<std::pair<std::string, std::string>>& partial) {
+             // [(mesh dimension name, reduce op name)], checked by Layout::WithPartial.
+             std::vector<PartialSpec> specs;
+             for (const auto& [name, op_name] : partial) {
+               int dim = layout.mesh().DimIndex(name);
+               std::optional<ReduceOp> op = ReduceOpFromName(op_name);
+               if (dim < 0) {
+                 Raise(InvalidArgument("Partial names mesh dimension `" + name + "`, which " +
+                                       layout.mesh().ShortString() + " does not have."),
+                       Subject::kLayout);
+               }
+               if (!op) {
+                 Raise(InvalidArgument("Partial reduction `" + op_name + "` for `" + name +
+                                       "` is not one of `sum`, `mean`, `max`, `min`, `prod`."),
+                       Subject::kLayout);
+               }
+               specs.push_back({dim, *op});
+             }
+             return ValueOrRaise(layout.WithPartial(std::move(specs)), Subject::kLayout);
+           })
+      .def("without_partial", &Layout::WithoutPartial)
+      .def_property_readonly("partial",
+                             [](const Layout& layout) {
+                               std::vector<std::pair<std::string, std::string>> out;
+                               for (const PartialSpec& p : layout.partial()) {
+                                 out.emplace_back(layout.mesh().dims()[p.mesh_dim].name,
+                                                  ReduceOpName(p.op));
+                               }
+                               return out;
+                             })
+      .def("shard_geometry",
+           [](const Layout& layout, const std::vector<int64_t>& global_shape,
+              const std::vector<int64_t>& shard_index) {
+             if (!layout.is_single_device() &&
+                 (static_cast<int>(global_shape.size()) != layout.rank() ||
+                  static_cast<int>(shard_index.size()) != layout.rank())) {
+               Raise(InvalidArgument("Layout " + layout.ShortString() + " has rank " +
+                                     std::to_string(layout.rank()) + "; give a global shape and "
+                                     "a shard index with one entry per axis."),
+                     Subject::kLayout);
+             }
+             ShardGeometry g = layout.GeometryOfShard(global_shape, shard_index);
+             return std::make_pair(g.shape, g.offset);
+           })
       .def("to_parted",
            [](const Layout& layout) { return ValueOrRaise(layout.ToParted(), Subject::kLayout); })
       .def_property_readonly("type", &Layout::type)
@@ -268,6 +316,11 @@ PYBIND11_MODULE(_core, m) {
            [](const Layout& layout, const std::vector<int64_t>& shape) {
              return ValueOrRaise(layout.LocalShape(shape, "the tensor"), Subject::kLayout);
            })
+      .def("uniform_local_shape",
+           [](const Layout& layout, const std::vector<int64_t>& shape) {
+             return ValueOrRaise(layout.UniformLocalShape(shape, "the tensor"), Subject::kLayout);
+           })
+      .def("is_even", &Layout::IsEven)
       .def("__eq__", [](const Layout& a, const Layout& b) { return a == b; })
       .def("__hash__", [](const Layout& layout) { return layout.Hash(); });
 

@@ -20,9 +20,6 @@ namespace tf_dtensor {
 // A value in the program under construction. Host values (shapes, axes) have no layout.
 using ValueId = int;
 
-enum class ReduceOp { kSum, kMax, kMin, kProd };
-
-const char* ReduceOpName(ReduceOp op);
 
 // One attribute of a local op that differs from the original op's.
 struct AttrOverride {
@@ -86,8 +83,17 @@ class Builder {
                                                  const std::vector<Layout>& out_layouts) = 0;
 
   // Combines the partial values held along `mesh_dims` (e.g. after a contraction over a
-  // sharded axis): every device ends with the reduction of its group. Keeps the layout.
+  // sharded axis): every device ends with the reduction of its group. Keeps the sharding;
+  // the layout's pending reductions over `mesh_dims`, if any, are done.
   virtual StatusOr<ValueId> AllReduce(ValueId value, const std::vector<int>& mesh_dims,
+                                      ReduceOp op) = 0;
+  // Reduces the pending values along `mesh_dim` and leaves each device its piece of axis
+  // `dim`: [*] +partial(x:sum) -> [x]. Default: all-reduce, then slice.
+  virtual StatusOr<ValueId> ReduceScatter(ValueId value, int dim, int mesh_dim, ReduceOp op);
+  // The inverse of an all-reduce: a value that is whole along `mesh_dims` becomes pending
+  // reductions `op` over them ([*] -> [*] +partial(x:sum)): for a sum the first device of
+  // each group keeps the value and the others hold zeros; max, min and mean keep it.
+  virtual StatusOr<ValueId> ToPartial(ValueId value, const std::vector<int>& mesh_dims,
                                       ReduceOp op) = 0;
   // Unshards tensor axis `dim`: [x,*] -> [*,*] by concatenating the pieces along `dim`.
   virtual StatusOr<ValueId> AllGather(ValueId value, int dim) = 0;

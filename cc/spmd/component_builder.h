@@ -9,6 +9,7 @@
 #ifndef TF_DTENSOR_CC_SPMD_COMPONENT_BUILDER_H_
 #define TF_DTENSOR_CC_SPMD_COMPONENT_BUILDER_H_
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -47,6 +48,8 @@ class ComponentBuilder : public Builder {
                                          const LocalOpOptions& options,
                                          const std::vector<Layout>& out_layouts) override;
   StatusOr<ValueId> AllReduce(ValueId value, const std::vector<int>& mesh_dims,
+                              ReduceOp op) override;
+  StatusOr<ValueId> ToPartial(ValueId value, const std::vector<int>& mesh_dims,
                               ReduceOp op) override;
   StatusOr<ValueId> AllGather(ValueId value, int dim) override;
   StatusOr<ValueId> Slice(ValueId value, int dim, int mesh_dim) override;
@@ -196,11 +199,25 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
     v.layout = j < out_layouts.size()
                    ? out_layouts[j]
                    : Layout::Replicated(mesh_, static_cast<int>(local_shape->size()));
-    bool known = true;
-    for (int64_t dim : *local_shape) known = known && dim >= 0;
-    v.shape = v.layout->rank() == static_cast<int>(local_shape->size()) && known
-                  ? v.layout->GlobalShape(*local_shape)
-                  : *local_shape;
+    v.shape = *local_shape;
+    if (v.layout->rank() == static_cast<int>(local_shape->size())) {
+      // Global size of a sharded axis: the sum of its pieces, one per coordinate along the
+      // mesh dimension that shards it (pieces may differ: uneven shards).
+      for (int axis = 0; axis < v.layout->rank(); ++axis) {
+        const DimSpec& spec = v.layout->spec(axis);
+        if (!spec.sharded() || v.shape[axis] < 0) continue;
+        int64_t total = 0;
+        for (int device : mesh_.FirstDeviceAlong(spec.mesh_dim)) {
+          std::optional<std::vector<int64_t>> piece = LocalShapeOf(per_device[device][j]);
+          if (!piece || (*piece)[axis] < 0) {
+            total = -1;
+            break;
+          }
+          total += (*piece)[axis];
+        }
+        v.shape[axis] = total;
+      }
+    }
     for (int d = 0; d < n; ++d) v.handles.push_back(per_device[d][j]);
     result.push_back(Add(std::move(v)));
   }
@@ -214,10 +231,31 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllReduce(ValueId value,
   const Layout layout = *values_[value].layout;
   mesh_ = layout.mesh();  // a collective runs on its value's mesh
   std::vector<int> key_dims = layout.ShardedMeshDims();
+  // Pending reductions over other mesh dims stay pending; those over `mesh_dims` are done.
+  std::vector<PartialSpec> still_partial;
+  for (const PartialSpec& p : layout.partial()) {
+    if (std::find(mesh_dims.begin(), mesh_dims.end(), p.mesh_dim) == mesh_dims.end()) {
+      still_partial.push_back(p);
+      key_dims.push_back(p.mesh_dim);
+    }
+  }
+  TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithoutPartial().WithPartial(still_partial));
   const int n = mesh_.num_local_devices();
   std::vector<int> leaders = Leaders(key_dims);
   const int dtype = values_[value].dtype;
-  Value out{layout, values_[value].shape, dtype};
+  int64_t group_size = 1;
+  for (int k : mesh_dims) group_size *= mesh_.DimSize(k);
+  // A mean is a sum scaled by 1/group size, as one scalar of the value's dtype.
+  std::optional<Handle> scale;
+  if (op == ReduceOp::kMean && group_size > 1) {
+    TFD_ASSIGN_OR_RETURN(ValueId count, HostConstant({group_size}, {}, TF_INT64));
+    LocalOpOptions cast;
+    cast.copy_attrs = false;
+    cast.overrides = {AttrOverride::Type("SrcT", TF_INT64), AttrOverride::Type("DstT", dtype)};
+    TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn("Cast", {values_[count].host}, cast, 0, 1));
+    scale = r[0];
+  }
+  Value out{out_layout, values_[value].shape, dtype};
   out.handles.assign(n, Handle{});
   for (int d = 0; d < n; ++d) {
     if (leaders[d] != d) {
@@ -241,10 +279,18 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllReduce(ValueId value,
       TFD_ASSIGN_OR_RETURN(out.handles[d], Share(parts[0], d));
       continue;
     }
-    if (op == ReduceOp::kSum) {
-      options.overrides.push_back(AttrOverride::Int("N", static_cast<int64_t>(parts.size())));
-      TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn("AddN", parts, options, d, 1));
+    if (op == ReduceOp::kSum || op == ReduceOp::kMean) {
+      LocalOpOptions add = options;
+      add.overrides.push_back(AttrOverride::Int("N", static_cast<int64_t>(parts.size())));
+      TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn("AddN", parts, add, d, 1));
       out.handles[d] = r[0];
+      if (scale) {
+        TFD_ASSIGN_OR_RETURN(Handle s, d == 0 ? Handle(*scale) : Share(*scale, d));
+        TFD_ASSIGN_OR_RETURN(std::vector<Handle> q, RunOn("RealDiv", {r[0], s}, options, d, 1));
+        Discard(r[0]);
+        if (d != 0) Discard(s);
+        out.handles[d] = q[0];
+      }
       continue;
     }
     const char* binary = op == ReduceOp::kMax ? "Maximum" : op == ReduceOp::kMin ? "Minimum" : "Mul";
@@ -256,6 +302,56 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllReduce(ValueId value,
     }
     out.handles[d] = acc;
   }
+  if (scale) Discard(*scale);
+  return Add(std::move(out));
+}
+
+template <typename Handle>
+StatusOr<ValueId> ComponentBuilder<Handle>::ToPartial(ValueId value,
+                                                      const std::vector<int>& mesh_dims,
+                                                      ReduceOp op) {
+  const Layout layout = *values_[value].layout;
+  mesh_ = layout.mesh();
+  std::vector<PartialSpec> added;
+  for (int k : mesh_dims) added.push_back({k, op});
+  TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithPartial(added));
+  const int n = mesh_.num_local_devices();
+  Value out{out_layout, values_[value].shape, values_[value].dtype};
+  // Sum and product: the first device of each group (coordinate 0 along `mesh_dims`) keeps
+  // the value, the others hold the identity (zeros, ones). Max, min, mean: every device
+  // keeps the value (max(v, v) = v, mean(v, v) = v).
+  const char* filler = op == ReduceOp::kSum ? "ZerosLike" : op == ReduceOp::kProd ? "OnesLike"
+                                                                                  : nullptr;
+  std::vector<int> key_dims = layout.ShardedMeshDims();
+  for (int k : layout.PartialMeshDims()) key_dims.push_back(k);
+  for (int k : mesh_dims) key_dims.push_back(k);
+  std::vector<int> leaders = Leaders(key_dims);
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = {AttrOverride::Type("T", values_[value].dtype)};
+  for (int d = 0; d < n; ++d) {
+    bool first = true;
+    for (int k : mesh_dims) first = first && mesh_.LocalCoord(d, k) == 0;
+    Status status;
+    if (leaders[d] != d) {
+      StatusOr<Handle> h = Share(out.handles[leaders[d]], d);
+      status = h.status();
+      if (h.ok()) out.handles.push_back(*h);
+    } else if (first || filler == nullptr) {
+      StatusOr<Handle> h = Share(values_[value].handles[d], d);
+      status = h.status();
+      if (h.ok()) out.handles.push_back(*h);
+    } else {
+      StatusOr<std::vector<Handle>> r =
+          RunOn(filler, {values_[value].handles[d]}, options, d, 1);
+      status = r.status();
+      if (r.ok()) out.handles.push_back((*r)[0]);
+    }
+    if (!status.ok()) {
+      DiscardAll(out.handles);
+      return status;
+    }
+  }
   return Add(std::move(out));
 }
 
@@ -266,8 +362,9 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGather(ValueId value, int dim) {
   const int mesh_dim = layout.spec(dim).mesh_dim;
   std::vector<DimSpec> specs = layout.specs();
   specs[dim] = DimSpec::Replicated();
-  Layout out_layout = layout.WithSpecs(specs);
+  TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithSpecs(specs).WithPartial(layout.partial()));
   std::vector<int> key_dims = out_layout.ShardedMeshDims();
+  for (int k : out_layout.PartialMeshDims()) key_dims.push_back(k);
   const int n = mesh_.num_local_devices();
   std::vector<int> leaders = Leaders(key_dims);
   const int64_t pieces = mesh_.DimSize(mesh_dim);
@@ -305,16 +402,23 @@ StatusOr<ValueId> ComponentBuilder<Handle>::Slice(ValueId value, int dim, int me
   mesh_ = layout.mesh();  // a collective runs on its value's mesh
   std::vector<DimSpec> specs = layout.specs();
   specs[dim] = DimSpec::Sharded(mesh_dim);
-  TFD_ASSIGN_OR_RETURN(Layout out_layout, Layout::FromSpecs(specs, layout.mesh()));
+  TFD_ASSIGN_OR_RETURN(Layout out_layout,
+                       Layout::FromSpecs(specs, layout.mesh(), layout.type(), layout.partial()));
   TFD_RETURN_IF_ERROR(out_layout.LocalShape(values_[value].shape, "the relaid-out tensor").status());
-  // Split once per distinct input shard; each device keeps its piece.
-  std::vector<int> leaders = Leaders(layout.ShardedMeshDims());
+  // Split once per distinct input shard; each device keeps its piece. The pieces follow
+  // the shard geometry (SplitV): equal for an even axis, ceil-sized then smaller if not.
+  std::vector<int> key_dims = layout.ShardedMeshDims();
+  for (int k : layout.PartialMeshDims()) key_dims.push_back(k);
+  std::vector<int> leaders = Leaders(key_dims);
   const int n = mesh_.num_local_devices();
   const int64_t pieces = mesh_.DimSize(mesh_dim);
   TFD_ASSIGN_OR_RETURN(ValueId axis, HostConstant({dim}, {}, TF_INT32));
+  TFD_ASSIGN_OR_RETURN(ValueId sizes, HostConstant(out_layout.PieceSizes(values_[value].shape, dim),
+                                                   {pieces}, TF_INT64));
   LocalOpOptions options;
   options.copy_attrs = false;
   options.overrides = {AttrOverride::Type("T", values_[value].dtype),
+                       AttrOverride::Type("Tlen", TF_INT64),
                        AttrOverride::Int("num_split", pieces)};
   Value out{out_layout, values_[value].shape, values_[value].dtype};
   out.handles.assign(n, Handle{});
@@ -324,8 +428,9 @@ StatusOr<ValueId> ComponentBuilder<Handle>::Slice(ValueId value, int dim, int me
   for (int d = 0; d < n && failure.ok(); ++d) {
     int leader = leaders[d];
     if (!splits.count(leader)) {
-      StatusOr<std::vector<Handle>> r = RunOn(
-          "Split", {values_[axis].host, values_[value].handles[leader]}, options, leader, pieces);
+      StatusOr<std::vector<Handle>> r =
+          RunOn("SplitV", {values_[value].handles[leader], values_[sizes].host, values_[axis].host},
+                options, leader, pieces);
       if (!r.ok()) {
         failure = r.status();
         break;

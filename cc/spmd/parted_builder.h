@@ -63,6 +63,10 @@ class PartedBuilder : public Builder {
     if (!parted_.count(value)) return inner_.AllReduce(value, mesh_dims, op);
     return value;
   }
+  StatusOr<ValueId> ToPartial(ValueId value, const std::vector<int>& mesh_dims,
+                              ReduceOp op) override {
+    return inner_.ToPartial(value, mesh_dims, op);
+  }
   StatusOr<ValueId> AllGather(ValueId value, int dim) override {
     if (!parted_.count(value)) return inner_.AllGather(value, dim);
     std::vector<DimSpec> specs = layout(value)->specs();

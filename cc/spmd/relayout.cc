@@ -4,20 +4,15 @@
 
 namespace tf_dtensor {
 
-const char* ReduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kProd: return "prod";
-  }
-  return "?";
-}
-
 StatusOr<ValueId> Builder::AllToAll(ValueId value, int from_dim, int to_dim) {
   int mesh_dim = layout(value)->spec(from_dim).mesh_dim;
   TFD_ASSIGN_OR_RETURN(ValueId gathered, AllGather(value, from_dim));
   return Slice(gathered, to_dim, mesh_dim);
+}
+
+StatusOr<ValueId> Builder::ReduceScatter(ValueId value, int dim, int mesh_dim, ReduceOp op) {
+  TFD_ASSIGN_OR_RETURN(ValueId reduced, AllReduce(value, {mesh_dim}, op));
+  return Slice(reduced, dim, mesh_dim);
 }
 
 StatusOr<ValueId> Relayout(Builder& builder, ValueId value, const Layout& target,
@@ -48,6 +43,25 @@ StatusOr<ValueId> Relayout(Builder& builder, ValueId value, const Layout& target
   }
   TFD_RETURN_IF_ERROR(target.LocalShape(builder.shape(value), what).status());
   ValueId current = value;
+  // Pending reductions the target does not keep are done first, where the target shards
+  // an axis over the same mesh dimension as a reduce-scatter:
+  //   [*] +partial(x:sum) -> [x]: reduce-scatter     [*] +partial(x:sum) -> [*]: all-reduce
+  for (const PartialSpec& p : source.partial()) {
+    bool kept = false;
+    for (const PartialSpec& q : target.partial()) kept = kept || q == p;
+    if (kept) continue;
+    int scatter_axis = -1;
+    for (int i = 0; i < target.rank(); ++i) {
+      if (target.spec(i).mesh_dim == p.mesh_dim && !builder.layout(current)->spec(i).sharded()) {
+        scatter_axis = i;
+      }
+    }
+    if (scatter_axis >= 0) {
+      TFD_ASSIGN_OR_RETURN(current, builder.ReduceScatter(current, scatter_axis, p.mesh_dim, p.op));
+    } else {
+      TFD_ASSIGN_OR_RETURN(current, builder.AllReduce(current, {p.mesh_dim}, p.op));
+    }
+  }
   // Pairs [a at i] -> [a at j]: the mesh dimension moves between axes: one all-to-all.
   for (int i = 0; i < source.rank(); ++i) {
     const DimSpec& from = builder.layout(current)->spec(i);
@@ -72,6 +86,14 @@ StatusOr<ValueId> Relayout(Builder& builder, ValueId value, const Layout& target
     if (target.spec(i).sharded() && !now.sharded()) {
       TFD_ASSIGN_OR_RETURN(current, builder.Slice(current, i, target.spec(i).mesh_dim));
     }
+  }
+  // Pending reductions the target adds: [*] -> [*] +partial(x:sum) keeps the value on the
+  // first device along x and zeros elsewhere.
+  for (const PartialSpec& q : target.partial()) {
+    bool have = false;
+    for (const PartialSpec& p : builder.layout(current)->partial()) have = have || p == q;
+    if (have) continue;
+    TFD_ASSIGN_OR_RETURN(current, builder.ToPartial(current, {q.mesh_dim}, q.op));
   }
   return current;
 }
