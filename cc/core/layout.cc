@@ -400,7 +400,7 @@ StatusOr<int64_t> Layout::OffsetTupleToGlobalIndex(const std::vector<int64_t>& s
 }
 
 bool Layout::IsFullyReplicated() const {
-  if (is_single_device()) return false;
+  if (is_single_device() || is_partial()) return false;
   for (const DimSpec& s : specs_) {
     if (s.sharded()) return false;
   }

@@ -112,7 +112,8 @@ class Layout {
   // NumShards with `dim` checked against the rank.
   StatusOr<int64_t> NumShardsChecked(int dim) const;
   int64_t TotalShards() const;
-  // No axis sharded. As in TF DTensor, a single-device layout is not fully replicated.
+  // No axis sharded and nothing pending: every device holds the whole value. As in TF
+  // DTensor, a single-device layout is not fully replicated.
   bool IsFullyReplicated() const;
   // Axis 0 sharded and every other axis replicated (TF DTensor's batch-parallel layout).
   bool IsBatchParallel() const;
@@ -128,6 +129,13 @@ class Layout {
   }
   // Mesh dimensions that shard some axis.
   std::vector<int> ShardedMeshDims() const;
+  // Mesh dimensions along which devices hold different data: the sharded ones and the
+  // partial ones. Devices that agree on these coordinates hold the same block.
+  std::vector<int> DistinctMeshDims() const {
+    std::vector<int> dims = ShardedMeshDims();
+    for (const PartialSpec& p : partial_) dims.push_back(p.mesh_dim);
+    return dims;
+  }
 
   // The one shard-geometry function: the block of `global_shape` at `shard_index` (one
   // piece index per axis) or held by the `local_device`-th local device of the mesh.

@@ -297,7 +297,12 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
 
   if (!has_rule) TFD_RETURN_IF_ERROR(ApplyFallbackPolicy(ctx, policy()));
 
-  StatusOr<Plan> plan = rule->Forward(ctx);
+  // Eagerly, a contraction's partial result stays pending only when the user already
+  // works with partial values; otherwise it is reduced at once, giving TF's layouts.
+  for (const InputInfo& in : ctx.inputs) {
+    ctx.keep_partial = ctx.keep_partial || (in.layout && in.layout->is_partial());
+  }
+  StatusOr<Plan> plan = PlanOp(*rule, ctx);
   if (!plan.ok()) return WithContext(plan.status(), "DTensor op " + ctx.DescribeOp());
   // Ops on parts run part by part (a relayout of parts is a real relayout).
   // Only then is the wrapper built: most ops see no parts and expand on `builder` itself.

@@ -192,6 +192,14 @@ class FunctionExpansion {
   Mesh mesh_;
   FallbackPolicy policy_;
   int depth_;
+  // Whether the user brought partial values in (a partial argument, or a relayout to a
+  // partial layout). If not, pending reductions the expansion deferred are done before a
+  // result leaves the function or enters a call, so results have TF DTensor's layouts.
+  bool user_partial_ = false;
+  StatusOr<ValueId> Settle(ValueId v, const std::string& what) {
+    if (user_partial_ || builder_.is_host(v) || !builder_.layout(v)->is_partial()) return v;
+    return Relayout(builder_, v, builder_.layout(v)->WithoutPartial(), what);
+  }
   std::unique_ptr<TF_Graph, GraphDeleter> graph_;
   GraphBuilder builder_;
   TF_Status* status_;
@@ -225,8 +233,8 @@ Status FunctionExpansion::AddInputs(const std::vector<ValueMeta>& inputs) {
   builder_.BeginNode("input", "", nullptr, {});
   for (size_t i = 0; i < inputs.size(); ++i) {
     const ValueMeta& m = inputs[i];
-    auto placeholder = [&](const std::string& device, const std::vector<int64_t>& shape)
-        -> StatusOr<TF_Output> {
+    auto placeholder = [&](const std::string& device, const std::vector<int64_t>& shape,
+                           int d) -> StatusOr<TF_Output> {
       LocalOpOptions options;
       options.copy_attrs = false;
       options.overrides = {AttrOverride::Type("dtype", m.dtype)};
@@ -235,10 +243,11 @@ Status FunctionExpansion::AddInputs(const std::vector<ValueMeta>& inputs) {
                            builder_.Emit("Placeholder", {}, options, device));
       TF_Output out{op, 0};
       if (m.resource) {
+        // This device's block of the variable (blocks differ when shards are uneven).
         std::vector<int64_t> local = m.resource->value_shape;
-        StatusOr<std::vector<int64_t>> l =
-            m.resource->value_layout.LocalShape(m.resource->value_shape, "a DVariable");
-        if (l.ok()) local = *l;
+        if (d >= 0 && m.resource->value_layout.LocalShape(m.resource->value_shape, "a DVariable").ok()) {
+          local = m.resource->value_layout.GeometryOfDevice(m.resource->value_shape, d).shape;
+        }
         const int64_t* dims = local.data();
         int rank = static_cast<int>(local.size());
         TF_DataType type = static_cast<TF_DataType>(m.resource->value_dtype);
@@ -249,17 +258,18 @@ Status FunctionExpansion::AddInputs(const std::vector<ValueMeta>& inputs) {
       flat_inputs_.push_back(out);
       return out;
     };
+    user_partial_ = user_partial_ || (m.layout && m.layout->is_partial());
     if (!m.layout) {
-      TFD_ASSIGN_OR_RETURN(TF_Output out, placeholder(builder_.host_device(), m.shape));
+      TFD_ASSIGN_OR_RETURN(TF_Output out, placeholder(builder_.host_device(), m.shape, -1));
       args_[args[i].name] = builder_.AddHost(out);
       continue;
     }
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> local,
-                         m.layout->LocalShape(m.shape, "input " + std::to_string(i)));
+    TFD_RETURN_IF_ERROR(m.layout->LocalShape(m.shape, "input " + std::to_string(i)).status());
     std::vector<TF_Output> components;
     const Mesh& arg_mesh = m.layout->mesh();
     for (int d = 0; d < arg_mesh.num_local_devices(); ++d) {
-      TFD_ASSIGN_OR_RETURN(TF_Output out, placeholder(arg_mesh.local_devices()[d], local));
+      std::vector<int64_t> local = m.layout->GeometryOfDevice(m.shape, d).shape;
+      TFD_ASSIGN_OR_RETURN(TF_Output out, placeholder(arg_mesh.local_devices()[d], local, d));
       components.push_back(out);
     }
     args_[args[i].name] = builder_.AddDTensor(*m.layout, m.shape, m.dtype, m.resource,
@@ -506,11 +516,19 @@ Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<Value
   if (!has_rule) TFD_RETURN_IF_ERROR(ApplyFallbackPolicy(ctx, policy_));
   const std::string where = "DTensor op " + ctx.DescribeOp() + " (node '" + node.name +
                             "' of tf.function '" + function_ + "')";
-  StatusOr<Plan> plan = rule->Forward(ctx);
+  // Inside a function a contraction's all-reduce waits until the value is first needed
+  // nonlinearly (or is returned): linear ops in between run on the partial terms.
+  ctx.keep_partial = true;
+  StatusOr<Plan> plan = PlanOp(*rule, ctx);
   if (!plan.ok()) return WithContext(plan.status(), where);
   StatusOr<std::vector<ValueId>> results = rule->Expand(ctx, *plan, builder_);
   if (!results.ok()) return WithContext(results.status(), where);
   outputs_[node.name] = std::move(results).value();
+  if (node.op == kRelayoutOp || node.op == kRelayoutLikeOp) {
+    for (ValueId v : outputs_[node.name]) {
+      user_partial_ = user_partial_ || (!builder_.is_host(v) && builder_.layout(v)->is_partial());
+    }
+  }
   return Status::Ok();
 }
 
@@ -562,11 +580,12 @@ Status FunctionExpansion::EmitFunctional(const NodeSpec& node, const std::string
       outs.push_back(builder_.AddHost(TF_Output{op, next++}));
       continue;
     }
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> local, m.layout->LocalShape(m.shape, "a result"));
+    TFD_RETURN_IF_ERROR(m.layout->LocalShape(m.shape, "a result").status());
     std::vector<TF_Output> components;
     for (int d = 0; d < m.layout->mesh().num_local_devices(); ++d) {
       TF_Output o{op, next++};
       if (!m.resource) {
+        std::vector<int64_t> local = m.layout->GeometryOfDevice(m.shape, d).shape;
         TF_GraphSetTensorShape(graph_.get(), o, local.data(), static_cast<int>(local.size()),
                                status_);
         TFD_RETURN_IF_ERROR(FromTF(status_, "setting the shape of a result of '" + node.name + "'"));
@@ -669,6 +688,13 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
                            function_ + "': these move tensors between the host and the mesh "
                            "and run eagerly. Call them outside the function and pass DTensors in.");
     }
+    if (IsCall(node.op) || IsIf(node.op) || IsWhile(node.op) ||
+        (!builder_.FindOp(node.op) && TFE_ContextHasFunction(context_, node.op.c_str()))) {
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        TFD_ASSIGN_OR_RETURN(inputs[i], Settle(inputs[i], "input " + std::to_string(i) + " of '" +
+                                                              node.name + "'"));
+      }
+    }
     if (IsCall(node.op)) {
       const std::string* f = FindRawAttr(node.attrs, "f");
       std::optional<std::string> callee = f ? FunctionNameOf(*f) : std::nullopt;
@@ -734,6 +760,9 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Run(
     if (!tensor) return Internal("Function '" + function + "' does not return '" + outs[i].name + "'.");
     TFD_ASSIGN_OR_RETURN(ValueId v, Resolve(*tensor));
     std::optional<Layout> target;
+    if (!(i < request.each.size() && request.each[i] && request.each[i]->is_partial())) {
+      TFD_ASSIGN_OR_RETURN(v, Settle(v, "result " + std::to_string(i) + " of '" + function + "'"));
+    }
     if (i < request.each.size()) target = request.each[i];
     if (!target && request.single && outs.size() == 1 && !builder_.resource(v) &&
         request.single->rank() == static_cast<int>(builder_.shape(v).size())) {

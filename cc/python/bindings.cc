@@ -94,7 +94,10 @@ py::dict Explain(const std::string& op_name, const std::vector<std::optional<Lay
                         ")."),
           Subject::kOp);
   }
-  Plan plan = ValueOrRaise(rule->Forward(ctx), Subject::kOp);
+  for (const InputInfo& in : ctx.inputs) {
+    ctx.keep_partial = ctx.keep_partial || (in.layout && in.layout->is_partial());
+  }
+  Plan plan = ValueOrRaise(PlanOp(*rule, ctx), Subject::kOp);
   py::dict out;
   out["inputs"] = plan.inputs;
   out["outputs"] = plan.outputs;

@@ -119,10 +119,10 @@ class MatmulRule : public Rule {
 };
 
 const bool kRegistered = RegisterRules({
-    {"BatchMatMul", std::make_shared<MatmulRule>("adj_x", "adj_y", true)},
-    {"BatchMatMulV2", std::make_shared<MatmulRule>("adj_x", "adj_y", true)},
-    {"BatchMatMulV3", std::make_shared<MatmulRule>("adj_x", "adj_y", true)},
-    {"MatMul", std::make_shared<MatmulRule>("transpose_a", "transpose_b", false)},
+    {"BatchMatMul", Linear(std::make_shared<MatmulRule>("adj_x", "adj_y", true), Linearity::kOneInput)},
+    {"BatchMatMulV2", Linear(std::make_shared<MatmulRule>("adj_x", "adj_y", true), Linearity::kOneInput)},
+    {"BatchMatMulV3", Linear(std::make_shared<MatmulRule>("adj_x", "adj_y", true), Linearity::kOneInput)},
+    {"MatMul", Linear(std::make_shared<MatmulRule>("transpose_a", "transpose_b", false), Linearity::kOneInput)},
 });
 
 }  // namespace

@@ -226,14 +226,14 @@ const bool kRegistered = RegisterRules({
     {"EuclideanNorm", ReduceOver(std::nullopt)},
     {"L2Loss", std::make_shared<SumToChannelRule>(/*keep_channel=*/false)},
     {"LogSoftmax", std::make_shared<LastAxisRule>()},
-    {"Max", ReduceOver(ReduceOp::kMax)},
+    {"Max", Linear(ReduceOver(ReduceOp::kMax), Linearity::kMax)},
     {"Mean", std::make_shared<ReduceRule>(ReduceOp::kSum, /*mean=*/true)},
-    {"Min", ReduceOver(ReduceOp::kMin)},
+    {"Min", Linear(ReduceOver(ReduceOp::kMin), Linearity::kMin)},
     {"Prod", ReduceOver(ReduceOp::kProd)},
     {"Softmax", std::make_shared<LastAxisRule>()},
     {"SoftmaxCrossEntropyWithLogits", std::make_shared<CrossEntropyRule>(/*sparse=*/false)},
     {"SparseSoftmaxCrossEntropyWithLogits", std::make_shared<CrossEntropyRule>(/*sparse=*/true)},
-    {"Sum", ReduceOver(ReduceOp::kSum)},
+    {"Sum", Linear(ReduceOver(ReduceOp::kSum), Linearity::kSum)},
 });
 
 }  // namespace

@@ -62,19 +62,166 @@ StatusOr<std::vector<int64_t>> OpContext::IntValue(int input, const std::string&
 std::vector<std::string> Plan::Collectives(const OpContext& ctx) const {
   std::vector<std::string> out;
   for (size_t i = 0; i < inputs.size() && i < ctx.inputs.size(); ++i) {
-    if (inputs[i] && ctx.inputs[i].layout && *inputs[i] != *ctx.inputs[i].layout) {
+    if (!inputs[i] || !ctx.inputs[i].layout || *inputs[i] == *ctx.inputs[i].layout) continue;
+    const Layout& from = *ctx.inputs[i].layout;
+    // Pending reductions the op cannot take are done first (as the relayout planner does).
+    for (const PartialSpec& p : from.partial()) {
+      bool kept = false;
+      for (const PartialSpec& q : inputs[i]->partial()) kept = kept || p == q;
+      if (kept) continue;
+      bool scatter = false;
+      for (const DimSpec& s : inputs[i]->specs()) scatter = scatter || s.mesh_dim == p.mesh_dim;
+      out.push_back(std::string(scatter ? "reduce-scatter(" : "all-reduce(") +
+                    ReduceOpName(p.op) + ") of input " + std::to_string(i) + " over " +
+                    ctx.mesh.dims()[p.mesh_dim].name);
+    }
+    if (from.WithoutPartial().specs() != inputs[i]->specs()) {
       out.push_back("relayout input " + std::to_string(i) + " " +
-                    ctx.inputs[i].layout->SpecString() + " -> " + inputs[i]->SpecString());
+                    from.WithoutPartial().SpecString() + " -> " +
+                    inputs[i]->WithoutPartial().SpecString());
     }
   }
   for (size_t o = 0; o < partial_dims.size(); ++o) {
     if (partial_dims[o].empty()) continue;
     std::vector<std::string> names;
     for (int d : partial_dims[o]) names.push_back(ctx.mesh.dims()[d].name);
-    out.push_back("all-reduce(" + std::string(ReduceOpName(partial_op)) + ") of output " +
-                  std::to_string(o) + " over " + Join(names, ","));
+    out.push_back((ctx.keep_partial ? "partial(" : "all-reduce(") +
+                  std::string(ReduceOpName(partial_op)) + ") of output " + std::to_string(o) +
+                  " over " + Join(names, ",") + (ctx.keep_partial ? ", reduced where needed" : ""));
+  }
+  if (!passed_partial.empty()) {
+    std::vector<std::string> names;
+    for (const PartialSpec& p : passed_partial) {
+      names.push_back(ctx.mesh.dims()[p.mesh_dim].name + ":" + ReduceOpName(p.op));
+    }
+    out.push_back("outputs stay partial(" + Join(names, ",") + ")");
   }
   return out;
+}
+
+namespace {
+
+bool SumLike(const std::vector<PartialSpec>& partial) {
+  for (const PartialSpec& p : partial) {
+    if (p.op != ReduceOp::kSum && p.op != ReduceOp::kMean) return false;
+  }
+  return true;
+}
+
+bool AllOps(const std::vector<PartialSpec>& partial, ReduceOp op) {
+  for (const PartialSpec& p : partial) {
+    if (p.op != op) return false;
+  }
+  return true;
+}
+
+class LinearRule : public Rule {
+ public:
+  LinearRule(std::shared_ptr<const Rule> inner, Linearity how)
+      : inner_(std::move(inner)), how_(how) {}
+  bool IsHostArgument(int input, int num_inputs) const override {
+    return inner_->IsHostArgument(input, num_inputs);
+  }
+  StatusOr<Plan> Forward(const OpContext& ctx) const override { return inner_->Forward(ctx); }
+  StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
+                                        Builder& builder) const override {
+    return inner_->Expand(ctx, plan, builder);
+  }
+  std::optional<std::vector<PartialSpec>> PartialThrough(const OpContext& ctx) const override {
+    const int n = static_cast<int>(ctx.inputs.size());
+    std::vector<int> data, partial;
+    for (int i = 0; i < n; ++i) {
+      if (IsHostArgument(i, n) || !ctx.inputs[i].layout) continue;
+      data.push_back(i);
+      if (ctx.inputs[i].layout->is_partial()) partial.push_back(i);
+    }
+    if (partial.empty()) return std::nullopt;
+    const std::vector<PartialSpec>& first = ctx.inputs[partial[0]].layout->partial();
+    switch (how_) {
+      case Linearity::kEachInput:
+        if (partial.size() != data.size() || !SumLike(first)) return std::nullopt;
+        for (int i : partial) {
+          if (ctx.inputs[i].layout->partial() != first) return std::nullopt;
+        }
+        return first;
+      case Linearity::kOneInput:
+        if (partial.size() != 1 || !SumLike(first)) return std::nullopt;
+        return first;
+      case Linearity::kFirstInput:
+        if (partial.size() != 1 || partial[0] != data[0] || !SumLike(first)) return std::nullopt;
+        return first;
+      case Linearity::kStructural:
+        if (data.size() != 1) return std::nullopt;
+        return first;
+      case Linearity::kSum:
+        if (data.size() != 1 || !SumLike(first)) return std::nullopt;
+        return first;
+      case Linearity::kMax:
+        if (data.size() != 1 || !AllOps(first, ReduceOp::kMax)) return std::nullopt;
+        return first;
+      case Linearity::kMin:
+        if (data.size() != 1 || !AllOps(first, ReduceOp::kMin)) return std::nullopt;
+        return first;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  std::shared_ptr<const Rule> inner_;
+  Linearity how_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Rule> Linear(std::shared_ptr<const Rule> rule, Linearity how) {
+  return std::make_shared<LinearRule>(std::move(rule), how);
+}
+
+StatusOr<Plan> PlanOp(const Rule& rule, const OpContext& ctx) {
+  TFD_ASSIGN_OR_RETURN(Plan plan, rule.Forward(ctx));
+  bool any_partial = false;
+  for (const InputInfo& in : ctx.inputs) any_partial = any_partial || (in.layout && in.layout->is_partial());
+  if (!any_partial) return plan;
+  const int n = static_cast<int>(ctx.inputs.size());
+  if (plan.inputs.size() < ctx.inputs.size()) plan.inputs.resize(ctx.inputs.size());
+  // Try to keep the pending reductions: each partial input keeps its own, the outputs get
+  // the op's. Any clash with the planned sharding (a mesh dim both sharding and pending)
+  // falls back to reducing first.
+  std::optional<std::vector<PartialSpec>> through = rule.PartialThrough(ctx);
+  Plan kept = plan;
+  for (int i = 0; through && i < n; ++i) {
+    const std::optional<Layout>& in = ctx.inputs[i].layout;
+    if (!in || !in->is_partial() || plan.host_inputs.count(i)) continue;
+    const Layout base = (plan.inputs[i] ? *plan.inputs[i] : *in).WithoutPartial();
+    StatusOr<Layout> with = base.WithPartial(in->partial());
+    if (!with.ok()) through.reset();
+    else kept.inputs[i] = *with;
+  }
+  for (size_t o = 0; through && o < kept.outputs.size(); ++o) {
+    StatusOr<Layout> with = kept.outputs[o].WithoutPartial().WithPartial(*through);
+    if (!with.ok()) through.reset();
+    else kept.outputs[o] = *with;
+  }
+  for (size_t o = 0; through && o < kept.partial_dims.size(); ++o) {
+    for (int d : kept.partial_dims[o]) {
+      for (const PartialSpec& p : *through) {
+        if (p.mesh_dim == d) through.reset();
+      }
+      if (!through) break;
+    }
+  }
+  if (through && !kept.outputs.empty()) {
+    kept.passed_partial = *through;
+    return kept;
+  }
+  // Reduce first: partial inputs are relaid out to their sharding without pending values.
+  for (int i = 0; i < n; ++i) {
+    const std::optional<Layout>& in = ctx.inputs[i].layout;
+    if (!in || !in->is_partial() || plan.host_inputs.count(i)) continue;
+    plan.inputs[i] = (plan.inputs[i] ? *plan.inputs[i] : *in).WithoutPartial();
+  }
+  for (Layout& out : plan.outputs) out = out.WithoutPartial();
+  return plan;
 }
 
 StatusOr<std::vector<ValueId>> PrepareInputs(const OpContext& ctx, const Plan& plan,
@@ -107,6 +254,10 @@ StatusOr<std::vector<ValueId>> ExpandDefault(const OpContext& ctx, const Plan& p
                        builder.LocalOp(ctx.op_name, inputs, options, plan.outputs));
   for (size_t o = 0; o < outputs.size() && o < plan.partial_dims.size(); ++o) {
     if (plan.partial_dims[o].empty()) continue;
+    if (ctx.keep_partial) {
+      TFD_RETURN_IF_ERROR(builder.DeclarePartial(outputs[o], plan.partial_dims[o], plan.partial_op));
+      continue;
+    }
     TFD_ASSIGN_OR_RETURN(outputs[o],
                          builder.AllReduce(outputs[o], plan.partial_dims[o], plan.partial_op));
   }

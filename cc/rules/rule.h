@@ -44,6 +44,10 @@ struct OpContext {
   Mesh mesh;
   // The layout asked for with call_with_layout / default layout, if any.
   std::optional<Layout> requested;
+  // Whether a contraction's partial results may stay pending (a Partial layout) rather
+  // than be all-reduced at once: inside tf.function, and eagerly when an input is already
+  // partial. Eager ops on plain inputs reduce at once and give TF DTensor's layouts.
+  bool keep_partial = false;
   int num_outputs = 1;
 
   // "input 1 (shape [4, 8], layout [x,*]) of 'MatMul'", for error messages.
@@ -66,6 +70,9 @@ struct Plan {
   // Per output: mesh dimensions along which the local results are partial.
   std::vector<std::vector<int>> partial_dims;
   ReduceOp partial_op = ReduceOp::kSum;
+  // Pending reductions of the inputs that the op passes to its outputs unreduced (it is
+  // linear in them); set by PlanOp, already part of `inputs` and `outputs`.
+  std::vector<PartialSpec> passed_partial;
   // Attributes of the local op that differ from the global op (e.g. a local shape).
   std::vector<AttrOverride> overrides;
   // Host arguments replaced with local values (e.g. Reshape's shape): input -> values.
@@ -83,11 +90,38 @@ class Rule {
   // of a variable-length input list (ConcatV2's axis follows its N values).
   virtual bool IsHostArgument(int input, int num_inputs) const { return false; }
   virtual StatusOr<Plan> Forward(const OpContext& ctx) const = 0;
+  // The op's linearity: given inputs with pending reductions (ctx's layouts), the pending
+  // reductions of its outputs when it can run on the unreduced terms, or nullopt when the
+  // inputs must be reduced first (the default; nonlinear ops).
+  //   add([*] +partial(x:sum), [*] +partial(x:sum)) -> [*] +partial(x:sum)
+  //   matmul([*,*] +partial(x:sum), [*,*]) -> [*,*] +partial(x:sum);   relu(P) -> reduce first
+  virtual std::optional<std::vector<PartialSpec>> PartialThrough(const OpContext& ctx) const {
+    return std::nullopt;
+  }
   virtual StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                                 Builder& builder) const;
 };
 
-// Runs the default expansion: relayout inputs, local op, all-reduce partial outputs.
+// How an op passes pending reductions (see Rule::PartialThrough).
+enum class Linearity {
+  kEachInput,   // every data input has the same sum/mean pending: add, sub, add_n, neg
+  kOneInput,    // exactly one data input has a sum/mean pending: mul, matmul
+  kFirstInput,  // only input 0 has a sum/mean pending: div (the numerator)
+  kStructural,  // moves elements without arithmetic; any reduction: identity, transpose
+  kSum,         // sums elements: sum/mean pending passes (reduce_sum)
+  kMax,         // max pending passes (reduce_max)
+  kMin,         // min pending passes (reduce_min)
+};
+// `rule` with a declared linearity: the declarative way to let partial values through.
+std::shared_ptr<const Rule> Linear(std::shared_ptr<const Rule> rule, Linearity how);
+
+// Forward, then the plan for pending reductions: inputs an op is linear in keep theirs
+// (and pass them to the outputs); otherwise partial inputs are reduced first. Both
+// dispatch paths and debug.explain plan through this.
+StatusOr<Plan> PlanOp(const Rule& rule, const OpContext& ctx);
+
+// Runs the default expansion: relayout inputs, local op, all-reduce partial outputs
+// (or, with ctx.keep_partial, leave them pending).
 StatusOr<std::vector<ValueId>> ExpandDefault(const OpContext& ctx, const Plan& plan,
                                              Builder& builder);
 // Relayouts (or replaces) the inputs as the plan says.

@@ -375,16 +375,16 @@ class TileRule : public Rule {
 const bool kRegistered = RegisterRules({
     {"BroadcastGradientArgs", std::make_shared<BroadcastGradientArgsRule>()},
     {"BroadcastTo", std::make_shared<BroadcastToRule>()},
-    {"ExpandDims", std::make_shared<ExpandDimsRule>()},
+    {"ExpandDims", Linear(std::make_shared<ExpandDimsRule>(), Linearity::kStructural)},
     {"InvertPermutation", std::make_shared<InvertPermutationRule>()},
     {"Rank", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kRank)},
-    {"Reshape", std::make_shared<ReshapeRule>()},
+    {"Reshape", Linear(std::make_shared<ReshapeRule>(), Linearity::kStructural)},
     {"Shape", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kShape)},
     {"ShapeN", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kShapeN)},
     {"Size", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kSize)},
-    {"Squeeze", std::make_shared<SqueezeRule>()},
+    {"Squeeze", Linear(std::make_shared<SqueezeRule>(), Linearity::kStructural)},
     {"Tile", std::make_shared<TileRule>()},
-    {"Transpose", std::make_shared<TransposeRule>()},
+    {"Transpose", Linear(std::make_shared<TransposeRule>(), Linearity::kStructural)},
 });
 
 }  // namespace

@@ -51,6 +51,13 @@ class ComponentBuilder : public Builder {
                               ReduceOp op) override;
   StatusOr<ValueId> ToPartial(ValueId value, const std::vector<int>& mesh_dims,
                               ReduceOp op) override;
+  Status DeclarePartial(ValueId value, const std::vector<int>& mesh_dims, ReduceOp op) override {
+    std::vector<PartialSpec> added;
+    for (int k : mesh_dims) added.push_back({k, op});
+    TFD_ASSIGN_OR_RETURN(Layout layout, values_[value].layout->WithPartial(added));
+    values_[value].layout = std::move(layout);
+    return Status::Ok();
+  }
   StatusOr<ValueId> AllGather(ValueId value, int dim) override;
   StatusOr<ValueId> Slice(ValueId value, int dim, int mesh_dim) override;
   StatusOr<ValueId> Broadcast(ValueId host_value, const Mesh& mesh) override;
@@ -150,14 +157,14 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
   std::vector<int> key_dims = options.distinct_over;
   for (ValueId v : inputs) {
     if (!values_[v].layout) continue;
-    for (int d : values_[v].layout->ShardedMeshDims()) key_dims.push_back(d);
+    for (int d : values_[v].layout->DistinctMeshDims()) key_dims.push_back(d);
     // A DVariable handle stands for one variable per shard of its value.
     if (values_[v].resource) {
-      for (int d : values_[v].resource->value_layout.ShardedMeshDims()) key_dims.push_back(d);
+      for (int d : values_[v].resource->value_layout.DistinctMeshDims()) key_dims.push_back(d);
     }
   }
   for (const Layout& l : out_layouts) {
-    for (int d : l.ShardedMeshDims()) key_dims.push_back(d);
+    for (int d : l.DistinctMeshDims()) key_dims.push_back(d);
   }
   const int n = mesh_.num_local_devices();
   std::vector<int> leaders = options.run_once ? std::vector<int>(n, 0) : Leaders(key_dims);
@@ -322,8 +329,7 @@ StatusOr<ValueId> ComponentBuilder<Handle>::ToPartial(ValueId value,
   // keeps the value (max(v, v) = v, mean(v, v) = v).
   const char* filler = op == ReduceOp::kSum ? "ZerosLike" : op == ReduceOp::kProd ? "OnesLike"
                                                                                   : nullptr;
-  std::vector<int> key_dims = layout.ShardedMeshDims();
-  for (int k : layout.PartialMeshDims()) key_dims.push_back(k);
+  std::vector<int> key_dims = layout.DistinctMeshDims();
   for (int k : mesh_dims) key_dims.push_back(k);
   std::vector<int> leaders = Leaders(key_dims);
   LocalOpOptions options;
@@ -363,8 +369,7 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGather(ValueId value, int dim) {
   std::vector<DimSpec> specs = layout.specs();
   specs[dim] = DimSpec::Replicated();
   TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithSpecs(specs).WithPartial(layout.partial()));
-  std::vector<int> key_dims = out_layout.ShardedMeshDims();
-  for (int k : out_layout.PartialMeshDims()) key_dims.push_back(k);
+  std::vector<int> key_dims = out_layout.DistinctMeshDims();
   const int n = mesh_.num_local_devices();
   std::vector<int> leaders = Leaders(key_dims);
   const int64_t pieces = mesh_.DimSize(mesh_dim);
@@ -407,8 +412,7 @@ StatusOr<ValueId> ComponentBuilder<Handle>::Slice(ValueId value, int dim, int me
   TFD_RETURN_IF_ERROR(out_layout.LocalShape(values_[value].shape, "the relaid-out tensor").status());
   // Split once per distinct input shard; each device keeps its piece. The pieces follow
   // the shard geometry (SplitV): equal for an even axis, ceil-sized then smaller if not.
-  std::vector<int> key_dims = layout.ShardedMeshDims();
-  for (int k : layout.PartialMeshDims()) key_dims.push_back(k);
+  std::vector<int> key_dims = layout.DistinctMeshDims();
   std::vector<int> leaders = Leaders(key_dims);
   const int n = mesh_.num_local_devices();
   const int64_t pieces = mesh_.DimSize(mesh_dim);
