@@ -540,17 +540,21 @@ Status DTensorDevice::Pack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle*
   std::vector<int64_t> global = local;
   for (int axis = 0; axis < layout.rank() && !layout.is_single_device(); ++axis) {
     if (!layout.spec(axis).sharded()) continue;
-    if (user_layout.is_parted()) {
+    const std::vector<int> firsts = mesh.FirstDeviceAlong(layout.spec(axis).mesh_dim);
+    // Parts stand alone; and where another client holds some pieces, blocks are taken
+    // as even (as TF DTensor does): this client cannot see the others' sizes.
+    if (user_layout.is_parted() || static_cast<int64_t>(firsts.size()) < layout.NumShards(axis)) {
       global[axis] = local[axis] * layout.NumShards(axis);
       continue;
     }
     global[axis] = 0;
-    for (int device : mesh.FirstDeviceAlong(layout.spec(axis).mesh_dim)) {
+    for (int device : firsts) {
       global[axis] += shapes[device][axis];
     }
   }
   for (int i = 0; i < n && !user_layout.is_parted() && !layout.is_single_device(); ++i) {
     ShardGeometry block = layout.GeometryOfDevice(global, i);
+    if (static_cast<int64_t>(mesh.num_local_devices()) < mesh.size()) break;
     if (block.shape != shapes[i]) {
       return InvalidArgument(
           "pack component " + std::to_string(i) + " has shape " + ShapeString(shapes[i]) +

@@ -49,7 +49,7 @@ class FillRule : public Rule {
     // A request the shape cannot take (a size-1 axis that broadcasts later) leaves the
     // fill replicated; the result is relaid out where the request was made.
     if (ctx.requested && ctx.requested->rank() == out.rank() &&
-        ctx.requested->LocalShape(dims, "").ok()) {
+        ctx.requested->UniformLocalShape(dims, "").ok()) {
       out = *ctx.requested;
     }
     Plan plan;
@@ -58,7 +58,7 @@ class FillRule : public Rule {
                                                       : std::nullopt};
     plan.outputs = {out};
     TFD_ASSIGN_OR_RETURN(plan.host_inputs[0],
-                         out.LocalShape(dims, "the output of '" + ctx.op_name + "'"));
+                         out.UniformLocalShape(dims, "the output of '" + ctx.op_name + "'"));
     return plan;
   }
 };

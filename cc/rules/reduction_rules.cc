@@ -94,7 +94,9 @@ class ReduceRule : public Rule {
     LocalOpOptions div;
     div.copy_attrs = false;
     div.overrides = {AttrOverride::Type("T", ctx.inputs[0].dtype)};
-    return builder.LocalOp("Div", {total, divisor[0]}, div, plan.outputs);
+    // The quotient has the sum's layout after the all-reduce (plan.outputs may name the
+    // deferred partial sum, which the all-reduce above has just done).
+    return builder.LocalOp("Div", {total, divisor[0]}, div, {*builder.layout(total)});
   }
 
  private:

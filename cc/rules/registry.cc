@@ -177,8 +177,22 @@ std::shared_ptr<const Rule> Linear(std::shared_ptr<const Rule> rule, Linearity h
   return std::make_shared<LinearRule>(std::move(rule), how);
 }
 
-StatusOr<Plan> PlanOp(const Rule& rule, const OpContext& ctx) {
-  TFD_ASSIGN_OR_RETURN(Plan plan, rule.Forward(ctx));
+namespace {
+
+// With ctx.keep_partial, a contraction's partial results stay pending: the output layouts
+// say so ([*,x] @ [x,*] -> [*,*] +partial(x:sum)) and the expansion skips the all-reduce.
+Plan DeferContraction(const OpContext& ctx, Plan plan) {
+  if (!ctx.keep_partial) return plan;
+  for (size_t o = 0; o < plan.partial_dims.size() && o < plan.outputs.size(); ++o) {
+    std::vector<PartialSpec> pending;
+    for (int d : plan.partial_dims[o]) pending.push_back({d, plan.partial_op});
+    StatusOr<Layout> with = plan.outputs[o].WithPartial(pending);
+    if (with.ok()) plan.outputs[o] = *with;
+  }
+  return plan;
+}
+
+StatusOr<Plan> PlanPartialInputs(const Rule& rule, const OpContext& ctx, Plan plan) {
   bool any_partial = false;
   for (const InputInfo& in : ctx.inputs) any_partial = any_partial || (in.layout && in.layout->is_partial());
   if (!any_partial) return plan;
@@ -224,6 +238,14 @@ StatusOr<Plan> PlanOp(const Rule& rule, const OpContext& ctx) {
   return plan;
 }
 
+}  // namespace
+
+StatusOr<Plan> PlanOp(const Rule& rule, const OpContext& ctx) {
+  TFD_ASSIGN_OR_RETURN(Plan plan, rule.Forward(ctx));
+  TFD_ASSIGN_OR_RETURN(plan, PlanPartialInputs(rule, ctx, std::move(plan)));
+  return DeferContraction(ctx, std::move(plan));
+}
+
 StatusOr<std::vector<ValueId>> PrepareInputs(const OpContext& ctx, const Plan& plan,
                                              Builder& builder) {
   std::vector<ValueId> inputs;
@@ -254,10 +276,14 @@ StatusOr<std::vector<ValueId>> ExpandDefault(const OpContext& ctx, const Plan& p
                        builder.LocalOp(ctx.op_name, inputs, options, plan.outputs));
   for (size_t o = 0; o < outputs.size() && o < plan.partial_dims.size(); ++o) {
     if (plan.partial_dims[o].empty()) continue;
-    if (ctx.keep_partial) {
-      TFD_RETURN_IF_ERROR(builder.DeclarePartial(outputs[o], plan.partial_dims[o], plan.partial_op));
-      continue;
+    // Deferred (PlanOp put the pending reductions in the output layout): nothing to do.
+    bool deferred = true;
+    for (int d : plan.partial_dims[o]) {
+      bool found = false;
+      for (const PartialSpec& p : builder.layout(outputs[o])->partial()) found = found || p.mesh_dim == d;
+      deferred = deferred && found;
     }
+    if (deferred) continue;
     TFD_ASSIGN_OR_RETURN(outputs[o],
                          builder.AllReduce(outputs[o], plan.partial_dims[o], plan.partial_op));
   }

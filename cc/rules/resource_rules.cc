@@ -29,6 +29,10 @@ class VarHandleRule : public Rule {
     if (ctx.requested) value = *ctx.requested;
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> local,
                          value.LocalShape(shape, "the variable created by '" + ctx.op_name + "'"));
+    // Blocks of an uneven axis differ by device: the one shape attribute leaves it open.
+    for (int d = 0; d < value.rank() && !value.is_single_device(); ++d) {
+      if (shape[d] >= 0 && shape[d] % value.NumShards(d) != 0) local[d] = -1;
+    }
     plan.overrides = {AttrOverride::Shape("shape", local)};
     return plan;
   }
@@ -67,8 +71,10 @@ class AssignVariableRule : public Rule {
     TFD_ASSIGN_OR_RETURN(ResourceInfo resource, Resource(ctx));
     const InputInfo& value = ctx.inputs[1];
     // A regular tensor (a Python value, tf.zeros(shape)) is sliced into the variable's
-    // layout; a DTensor must already have it.
-    if (value.layout && !value.from_host && *value.layout != resource.value_layout) {
+    // layout; a DTensor must already have it (pending reductions are done on the way in:
+    // a deferred all-reduce of a gradient lands here).
+    if (value.layout && !value.from_host &&
+        value.layout->WithoutPartial() != resource.value_layout) {
       return InvalidArgument(
           "Cannot " + ctx.op_name + ": the value has layout " + value.layout->ShortString() +
           " but the DVariable has layout " + resource.value_layout.ShortString() +

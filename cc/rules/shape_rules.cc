@@ -144,7 +144,7 @@ StatusOr<Plan> ShapedPlan(const OpContext& ctx, const Layout& in, const Layout& 
   plan.inputs = {in, std::nullopt};
   plan.outputs = {out};
   TFD_ASSIGN_OR_RETURN(plan.host_inputs[1],
-                       out.LocalShape(target, "the output of '" + ctx.op_name + "'"));
+                       out.UniformLocalShape(target, "the output of '" + ctx.op_name + "'"));
   return plan;
 }
 
@@ -201,7 +201,8 @@ class ReshapeRule : public Rule {
       for (size_t k = i0; k < i; ++k) {
         if (!in_specs[k].sharded()) continue;
         bool keeps = k == lead_in && lead_out < target.size() &&
-                     target[lead_out] % in.NumShards(static_cast<int>(k)) == 0 && a == b;
+                     target[lead_out] % in.NumShards(static_cast<int>(k)) == 0 &&
+                     in_shape[k] % in.NumShards(static_cast<int>(k)) == 0 && a == b;
         if (keeps) {
           out[lead_out] = in_specs[k];
         } else {

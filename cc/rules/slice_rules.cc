@@ -94,8 +94,9 @@ void LocalizeEntries(const StridedSliceAxes& axes, const Layout& layout,
   for (size_t i = 0; i < axes.entry_axis.size(); ++i) {
     int d = axes.entry_axis[i];
     if (d < 0 || !layout.spec(d).sharded()) continue;
+    // The largest block; StridedSlice clamps `end`, so smaller (uneven) blocks are whole too.
     (*begin)[i] = 0;
-    (*end)[i] = shape[d] / layout.NumShards(d);
+    (*end)[i] = Layout::Piece(shape[d], layout.NumShards(d), 0).first;
   }
 }
 
@@ -156,7 +157,10 @@ class StridedSliceGradRule : public Rule {
     std::vector<DimSpec> dy_specs(dy.rank(), DimSpec::Replicated());
     for (int j = 0; j < dy.rank(); ++j) {
       int source = axes.result_source[j];
-      if (source >= 0 && axes.whole[source]) out[source] = dy_specs[j] = dy.spec(j);
+      // The gradient's shape is one host argument: only evenly divided axes stay sharded.
+      if (source >= 0 && axes.whole[source] && shape[source] % dy.NumShards(j) == 0) {
+        out[source] = dy_specs[j] = dy.spec(j);
+      }
     }
     Layout out_layout = dy.WithSpecs(out);
     Plan plan;
@@ -165,7 +169,7 @@ class StridedSliceGradRule : public Rule {
     plan.outputs = {out_layout};
     if (!out_layout.IsFullyReplicated()) {
       TFD_ASSIGN_OR_RETURN(plan.host_inputs[0],
-                           out_layout.LocalShape(shape, "the output of '" + ctx.op_name + "'"));
+                           out_layout.UniformLocalShape(shape, "the output of '" + ctx.op_name + "'"));
       LocalizeEntries(axes, out_layout, shape, &begin, &end);
       plan.host_inputs[1] = begin;
       plan.host_inputs[2] = end;
@@ -195,7 +199,7 @@ class SliceRule : public Rule {
       if (!whole) {
         specs[d] = DimSpec::Replicated();
       } else if (specs[d].sharded()) {
-        size[d] = shape[d] / in.NumShards(d);
+        size[d] = -1;  // to the end of each device's block, whatever its (uneven) size
       }
     }
     Layout runs = in.WithSpecs(specs);

@@ -87,11 +87,6 @@ class Builder {
   // the layout's pending reductions over `mesh_dims`, if any, are done.
   virtual StatusOr<ValueId> AllReduce(ValueId value, const std::vector<int>& mesh_dims,
                                       ReduceOp op) = 0;
-  // Marks the local results of `value` as the terms of pending reductions over `mesh_dims`
-  // (a contraction whose all-reduce is deferred to where the value is first needed
-  // nonlinearly): [*] -> [*] +partial(x:sum), no data moves.
-  virtual Status DeclarePartial(ValueId value, const std::vector<int>& mesh_dims,
-                                ReduceOp op) = 0;
   // Reduces the pending values along `mesh_dim` and leaves each device its piece of axis
   // `dim`: [*] +partial(x:sum) -> [x]. Default: all-reduce, then slice.
   virtual StatusOr<ValueId> ReduceScatter(ValueId value, int dim, int mesh_dim, ReduceOp op);

@@ -51,13 +51,6 @@ class ComponentBuilder : public Builder {
                               ReduceOp op) override;
   StatusOr<ValueId> ToPartial(ValueId value, const std::vector<int>& mesh_dims,
                               ReduceOp op) override;
-  Status DeclarePartial(ValueId value, const std::vector<int>& mesh_dims, ReduceOp op) override {
-    std::vector<PartialSpec> added;
-    for (int k : mesh_dims) added.push_back({k, op});
-    TFD_ASSIGN_OR_RETURN(Layout layout, values_[value].layout->WithPartial(added));
-    values_[value].layout = std::move(layout);
-    return Status::Ok();
-  }
   StatusOr<ValueId> AllGather(ValueId value, int dim) override;
   StatusOr<ValueId> Slice(ValueId value, int dim, int mesh_dim) override;
   StatusOr<ValueId> Broadcast(ValueId host_value, const Mesh& mesh) override;
@@ -213,8 +206,14 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
       for (int axis = 0; axis < v.layout->rank(); ++axis) {
         const DimSpec& spec = v.layout->spec(axis);
         if (!spec.sharded() || v.shape[axis] < 0) continue;
+        const std::vector<int> firsts = mesh_.FirstDeviceAlong(spec.mesh_dim);
+        // Another client holds some pieces: blocks are taken as even (as TF DTensor does).
+        if (static_cast<int64_t>(firsts.size()) < mesh_.DimSize(spec.mesh_dim)) {
+          v.shape[axis] *= mesh_.DimSize(spec.mesh_dim);
+          continue;
+        }
         int64_t total = 0;
-        for (int device : mesh_.FirstDeviceAlong(spec.mesh_dim)) {
+        for (int device : firsts) {
           std::optional<std::vector<int64_t>> piece = LocalShapeOf(per_device[device][j]);
           if (!piece || (*piece)[axis] < 0) {
             total = -1;

@@ -63,9 +63,6 @@ class PartedBuilder : public Builder {
     if (!parted_.count(value)) return inner_.AllReduce(value, mesh_dims, op);
     return value;
   }
-  Status DeclarePartial(ValueId value, const std::vector<int>& mesh_dims, ReduceOp op) override {
-    return inner_.DeclarePartial(value, mesh_dims, op);
-  }
   StatusOr<ValueId> ToPartial(ValueId value, const std::vector<int>& mesh_dims,
                               ReduceOp op) override {
     return inner_.ToPartial(value, mesh_dims, op);

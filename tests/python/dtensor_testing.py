@@ -54,16 +54,17 @@ def layout_of(spec: str, mesh: Mesh) -> Layout:
     return Layout([UNSHARDED if s == "*" else s for s in specs], mesh)
 
 
-def layouts_for(mesh: Mesh, shape: Sequence[int]) -> List[Layout]:
+def layouts_for(mesh: Mesh, shape: Sequence[int], uneven: bool = False) -> List[Layout]:
     """Every layout of `shape` on `mesh` that shards each axis by at most one mesh dim, uses
-    each mesh dim at most once, and divides evenly."""
+    each mesh dim at most once, and divides evenly (with `uneven`, also those that don't)."""
     options = [UNSHARDED] + mesh.dim_names
     out = []
     for specs in itertools.product(options, repeat=len(shape)):
         sharded = [s for s in specs if s != UNSHARDED]
         if len(set(sharded)) != len(sharded):
             continue
-        if any(s != UNSHARDED and shape[i] % mesh.dim_size(s) for i, s in enumerate(specs)):
+        if not uneven and any(s != UNSHARDED and shape[i] % mesh.dim_size(s)
+                              for i, s in enumerate(specs)):
             continue
         out.append(Layout(list(specs), mesh))
     return out
@@ -109,11 +110,17 @@ def _same_device(a: str, b: str) -> bool:
     return (spec_a.device_type, spec_a.device_index) == (spec_b.device_type, spec_b.device_index)
 
 
+_COMBINE = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum,
+            "prod": np.multiply}
+
+
 def reassemble(actual) -> np.ndarray:
     """The global value of a DTensor, built from `unpack` and its layout.
 
     Device i of the mesh holds the block whose index along each tensor axis is the
-    device's mesh coordinate along the mesh dim sharding that axis (0 if unsharded).
+    device's mesh coordinate along the mesh dim sharding that axis (0 if unsharded); the
+    block's shape and offset come from `Layout.shard_geometry` (uneven blocks included).
+    A partial layout's terms are combined along each partial mesh dim with its reduction.
     Fails if a component is on the wrong device or has the wrong shape, if two replicas
     of one block differ, or if a block is missing.
     """
@@ -121,32 +128,51 @@ def reassemble(actual) -> np.ndarray:
     mesh = layout.mesh
     shape = tuple(int(d) for d in actual.shape)
     specs = layout.sharding_specs
+    partial = layout.partial
     assert len(specs) == len(shape), (
         f"layout {layout.short()} has rank {len(specs)} but the tensor has shape {shape}")
     pieces = [1 if s == UNSHARDED else mesh.dim_size(s) for s in specs]
-    block_shape = tuple(d // p for d, p in zip(shape, pieces))
     components = dtensor.unpack(actual)
     assert len(components) == mesh.num_local_devices(), (
         f"unpack returned {len(components)} components for {mesh.num_local_devices()} devices")
-    out = np.zeros(shape, dtype=actual.dtype.as_numpy_dtype)
-    blocks: Dict[tuple, np.ndarray] = {}
+    partial_dims = list(partial)
+    # (block index, coordinates along the partial dims) -> the term that device holds.
+    terms: Dict[tuple, np.ndarray] = {}
     for device, device_id, component in zip(mesh.local_devices(), mesh.local_device_ids(),
                                             components):
         assert _same_device(component.device, device), (
             f"component for {device} lives on {component.device}")
         coords = mesh._mesh.coords(device_id)
-        index = tuple(0 if s == UNSHARDED else coords[mesh.dim_names.index(s)] for s in specs)
+        index = tuple(0 if s == UNSHARDED else int(coords[mesh.dim_names.index(s)])
+                      for s in specs)
+        block_shape, _ = layout.shard_geometry(shape, index)
         value = component.numpy()
-        assert value.shape == block_shape, (
+        assert value.shape == tuple(block_shape), (
             f"component on {device} has shape {value.shape}; {layout.short()} of {list(shape)} "
-            f"needs {list(block_shape)}")
-        if index in blocks:
+            f"needs {list(block_shape)} for block {index}")
+        key = (index, tuple(int(coords[mesh.dim_names.index(d)]) for d in partial_dims))
+        if key in terms:
             np.testing.assert_array_equal(
-                value, blocks[index],
-                err_msg=f"replicas of block {index} differ ({device}, layout {layout.short()})")
+                value, terms[key],
+                err_msg=f"replicas of block {key} differ ({device}, layout {layout.short()})")
             continue
-        blocks[index] = value
-        region = tuple(slice(i * b, (i + 1) * b) for i, b in zip(index, block_shape))
+        terms[key] = value
+    # Combine the terms one partial dim at a time.
+    for position, dim in enumerate(partial_dims):
+        combined: Dict[tuple, np.ndarray] = {}
+        for (index, pcoords), value in sorted(terms.items(), key=lambda kv: kv[0]):
+            rest = pcoords[:position] + (None,) + pcoords[position + 1:]
+            key = (index, rest)
+            combined[key] = value if key not in combined else _COMBINE[partial[dim]](
+                combined[key], value)
+        if partial[dim] == "mean":
+            combined = {k: v / mesh.dim_size(dim) for k, v in combined.items()}
+        terms = combined
+    out = np.zeros(shape, dtype=actual.dtype.as_numpy_dtype)
+    blocks = {index for index, _ in terms}
+    for (index, _), value in terms.items():
+        block_shape, offset = layout.shard_geometry(shape, index)
+        region = tuple(slice(o, o + b) for o, b in zip(offset, block_shape))
         out[region] = value
     assert len(blocks) == int(np.prod(pieces)), (
         f"only blocks {sorted(blocks)} of {pieces} are held by some device")
