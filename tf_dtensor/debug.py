@@ -21,7 +21,7 @@ def block_table(layout: Layout, shape: Sequence[int]) -> str:
     names the block's index range and the devices that hold it.
     """
     shape = [int(d) for d in shape]
-    layout.local_shape(shape)  # raises for indivisible shapes
+    layout.local_shape(shape)  # raises for a rank other than the layout's
     mesh = layout.mesh
     rank = layout.rank
     grid_axes = list(range(min(rank, 2)))
@@ -36,8 +36,11 @@ def block_table(layout: Layout, shape: Sequence[int]) -> str:
         holders.setdefault(tuple(block), []).append(_short_device(device))
 
     def label(axis: int, piece: int) -> str:
-        size = shape[axis] // pieces[axis]
-        return f"{piece * size}:{(piece + 1) * size}"
+        # The shard geometry of the layout (uneven blocks included): [4:5], [5:5] if empty.
+        index = [0] * rank
+        index[axis] = piece
+        size, offset = layout.shard_geometry(shape, index)
+        return f"{offset[axis]}:{offset[axis] + size[axis]}"
 
     rows = pieces[0] if grid_axes else 1
     cols = pieces[1] if len(grid_axes) > 1 else 1

@@ -325,7 +325,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   // result, so a constant returned as the result still gets the layout, or a clear error.
   if (ctx.requested && out.size() == 1 && op_name != "_EagerConst" && builder.layout(out[0]) &&
       !builder.resource(out[0]) && builder.layout(out[0])->rank() == ctx.requested->rank() &&
-      ctx.requested->LocalShape(builder.shape(out[0]), "").ok()) {
+      ctx.requested->UniformLocalShape(builder.shape(out[0]), "").ok()) {
     TFD_ASSIGN_OR_RETURN(out[0], Relayout(builder, out[0], *ctx.requested,
                                           "the output of '" + op_name + "'"));
     // Parts were asked for: the output made in the requested layout is parts.

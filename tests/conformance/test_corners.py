@@ -140,15 +140,11 @@ for name, value in [("none", None), ("int", 3), ("list", [1, 2]), ("numpy", np.z
 t = dtensor.call_with_layout(tf.zeros, xs, shape=(4, 2))
 dtensor.relayout(t, dtensor.Layout(["x"], mesh))
 """,
-    "relayout_indivisible": _MESHES + """
-dtensor.relayout(tf.zeros([3, 2]), xs)
-""",
     "relayout_of_a_list": _MESHES + """
 out = dtensor.relayout([[1.0, 2.0], [3.0, 4.0]], xs)
 emit("layout", L(out))
 emit("components", dtensor.unpack(out))
 """,
-    "copy_to_mesh_indivisible": _MESHES + "dtensor.copy_to_mesh(tf.zeros([3, 2]), xs)",
     "copy_to_mesh_rank_mismatch": _MESHES + "dtensor.copy_to_mesh(tf.zeros([4]), xs)",
     # --- pack / unpack errors ---
     "pack_wrong_component_count": _MESHES + "dtensor.pack([tf.zeros([2, 2])] * 3, xs)",
@@ -197,6 +193,18 @@ emit("after", tf.reduce_sum(dtensor.call_with_layout(tf.ones, xs, shape=(4, 2)))
 # Where TensorFlow's DTensor is wrong: these run on both (the reference's answer is checked
 # too, so a fixed TensorFlow shows up here) and tf_dtensor's answer is asserted.
 OURS_ONLY = {
+    # TF's DTensor refuses an axis that the mesh does not divide (3 rows over x=2); ours
+    # cuts it like torch.chunk: 2 rows, then 1.
+    "relayout_indivisible": _MESHES + """
+out = dtensor.relayout(tf.reshape(tf.range(6.0), [3, 2]), xs)
+emit("layout", L(out))
+emit("components", dtensor.unpack(out))
+""",
+    "copy_to_mesh_indivisible": _MESHES + """
+out = dtensor.copy_to_mesh(tf.reshape(tf.range(6.0), [3, 2]), xs)
+emit("layout", L(out))
+emit("components", dtensor.unpack(out))
+""",
     # TF's DTensor fails (UnknownError from its SPMD expansion) to move a sharded tensor to
     # another mesh; ours gathers it, hands it over and slices it there.
     "relayout_across_meshes": _MESHES + """
@@ -413,6 +421,15 @@ def test_relayout_across_meshes_moves_the_value():
     assert events["layout"]["specs"] == ["x", "unsharded"]
     assert [_values(c) for c in events["components"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert ours_only.events("tf", "relayout_across_meshes")[-1][0] == "error"
+
+
+@pytest.mark.parametrize("name", ["relayout_indivisible", "copy_to_mesh_indivisible"])
+def test_uneven_axis_is_split_like_torch_chunk(name):
+    events = dict(ours_only.events("ours", name))
+    assert events["layout"]["specs"] == ["x", "unsharded"]
+    # Devices (x, y) = (0, *) hold rows 0-1, (1, *) row 2.
+    assert [_values(c) for c in events["components"]] == [[0, 1, 2, 3]] * 2 + [[4, 5]] * 2
+    assert ours_only.events("tf", name)[-1][0] == "error"
 
 
 def test_call_with_layout_of_a_reshaped_range():

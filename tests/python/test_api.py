@@ -70,7 +70,7 @@ def test_pack_no_components(mesh_2x2):
 def test_pack_mismatched_shapes(mesh_2x2):
     components = [tf.zeros([2, 2])] * 3 + [tf.zeros([3, 2])]
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"component 3 has shape \[3, 2\].*component 0 has shape \[2, 2\]"):
+                       match=r"component 3 has shape \[3, 2\].*block of shape \[2, 2\]"):
         dtensor.pack(components, Layout(["x", UNSHARDED], mesh_2x2))
 
 
@@ -202,11 +202,13 @@ def test_relayout_rank_mismatch(mesh_2x2):
 
 @pytest.mark.parametrize("to_layout", [dtensor.relayout, dtensor.copy_to_mesh],
                          ids=["relayout", "copy_to_mesh"])
-def test_indivisible_shape_names_the_op(to_layout, mesh_8):
-    # 6 rows cannot be split 8 ways: a clear error, never a crash or a wrong answer.
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"(?s)'TfDTensorRelayout'.*size 6.*not divisible by 8"):
-        to_layout(tf.zeros([6, 4]), Layout(["x", UNSHARDED], mesh_8))
+def test_uneven_shape_is_split_like_torch_chunk(to_layout, mesh_8):
+    # 6 rows over 8 devices: one row each on the first six, none on the last two.
+    x = np.arange(24, dtype=np.float32).reshape(6, 4)
+    layout = Layout(["x", UNSHARDED], mesh_8)
+    t = to_layout(tf.constant(x), layout)
+    assert_dtensor_equal(x, layout, t)
+    assert [c.shape[0] for c in dtensor.unpack(t)] == [1, 1, 1, 1, 1, 1, 0, 0]
 
 
 def test_relayout_like(mesh_2x2):
@@ -356,9 +358,12 @@ def test_signature_parity(name):
 
 @pytest.mark.parametrize("name", ["Mesh", "Layout", "DVariable"])
 def test_class_constructor_parity(name):
-    ours = list(inspect.signature(getattr(dtensor, name).__init__).parameters)
+    # TF's parameters, in TF's order; ours may add keyword-only ones after them
+    # (Layout's `partial`).
+    ours = inspect.signature(getattr(dtensor, name).__init__).parameters
     theirs = list(inspect.signature(getattr(builtin, name).__init__).parameters)
-    assert ours == theirs
+    assert list(ours)[:len(theirs)] == theirs
+    assert all(p.kind == p.KEYWORD_ONLY for p in list(ours.values())[len(theirs):])
 
 
 def test_tf_parses_the_layout_of_a_dtensor(mesh_2x2):

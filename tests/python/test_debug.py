@@ -53,9 +53,10 @@ def test_visualize_eight_devices(mesh_8):
     assert all(f"[{i}:{i + 1}]" in text for i in range(8))
 
 
-def test_block_table_indivisible_shape(mesh_2x2):
-    with pytest.raises(tf_dtensor.LayoutError, match="not divisible"):
-        tf_dtensor.debug.block_table(layout_of("[x,*]", mesh_2x2), [5, 8])
+def test_block_table_uneven_shape(mesh_2x2):
+    # 5 rows over x=2: blocks of 3 and 2 rows (the shard geometry), each on its devices.
+    text = tf_dtensor.debug.block_table(layout_of("[x,*]", mesh_2x2), [5, 8])
+    assert "[0:3, 0:8]" in text and "[3:5, 0:8]" in text, text
 
 
 def test_explain_reports_collectives(mesh_2x2):

@@ -32,9 +32,12 @@ def test_local_shape(mesh_2x2):
     assert Layout([UNSHARDED, "y"], mesh_2x2).local_shape([8, 4]) == [8, 2]
 
 
-def test_local_shape_indivisible(mesh_2x2):
+def test_local_shape_uneven(mesh_2x2):
+    # Uneven axes are valid: the first block is the largest (torch.chunk geometry) ...
+    assert Layout(["x", "y"], mesh_2x2).local_shape([5, 4]) == [3, 2]
+    # ... but TF's method promises one local shape for every device, so it still raises.
     with pytest.raises(tf_dtensor.LayoutError, match=r"size 5\).*not divisible by 2"):
-        Layout(["x", "y"], mesh_2x2).local_shape([5, 4])
+        Layout(["x", "y"], mesh_2x2).local_shape_from_global_shape([5, 4])
 
 
 def test_replicated_batch_and_inner_sharded(mesh_2x2):

@@ -102,13 +102,13 @@ def test_fill_plan_gives_the_requested_layout(layouts):
     pytest.param(tf.random.stateless_normal, {"shape": (12, 4), "seed": (1, 2)},
                  "TfDTensorRelayout", id="stateless_normal"),
 ])
-def test_indivisible_shape_names_the_op(fn, kwargs, op_name, mesh_8):
-    rows = kwargs["shape"][0]
-    with pytest.raises(tf.errors.InvalidArgumentError) as error:
-        dtensor.call_with_layout(fn, dtensor.Layout(["x", dtensor.UNSHARDED], mesh_8), **kwargs)
-    message = str(error.value)
-    assert f"'{op_name}'" in message
-    assert f"(size {rows})" in message and f"{rows} is not divisible by 8" in message
+def test_uneven_shape_is_made_replicated_then_split(fn, kwargs, op_name, mesh_8):
+    # An uneven request: the op runs replicated (one shape for every device) and the
+    # final relayout (`op_name`) cuts the uneven blocks; values as on one device.
+    del op_name
+    layout = dtensor.Layout(["x", dtensor.UNSHARDED], mesh_8)
+    got = dtensor.call_with_layout(fn, layout, **kwargs)
+    assert_dtensor_equal(fn(**kwargs).numpy(), layout, got)
 
 
 def test_fill_keeps_replicated_when_the_requested_layout_cannot_divide_it(mesh_2x2):
