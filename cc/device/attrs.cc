@@ -163,6 +163,7 @@ StatusOr<AttrMap> AttrMap::Parse(std::string_view bytes) {
     }
     map.values_[key] = std::move(value);
   }
+  map.bytes_ = std::string(bytes);
   return map;
 }
 
@@ -175,12 +176,19 @@ AttrMap AttrMap::Lazy(std::function<std::string()> loader) {
 void AttrMap::Load() const {
   std::function<std::string()> loader = std::move(loader_);
   loader_ = nullptr;
-  StatusOr<AttrMap> parsed = Parse(loader());
+  bytes_ = loader();
+  StatusOr<AttrMap> parsed = Parse(bytes_);
   // Undecodable attributes read as absent; rules then report what they miss.
   if (parsed.ok()) values_ = std::move(parsed->values_);
 }
 
+const std::string& AttrMap::Bytes() const {
+  if (loader_) Load();
+  return bytes_;
+}
+
 const AttrValue* AttrMap::Find(const std::string& name) const {
+  used_ = true;
   if (loader_) Load();
   auto it = values_.find(name);
   return it == values_.end() ? nullptr : &it->second;

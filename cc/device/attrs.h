@@ -50,10 +50,17 @@ class AttrMap {
   std::vector<int64_t> GetIntList(const std::string& name) const;
   std::optional<std::string> GetString(const std::string& name) const;
 
+  // Whether any attribute was read (a plan that read none holds for any attributes).
+  bool used() const { return used_; }
+  // The serialized attributes (read now if they were lazy): equal bytes, equal attributes.
+  const std::string& Bytes() const;
+
  private:
   void Load() const;
   mutable std::map<std::string, AttrValue> values_;
   mutable std::function<std::string()> loader_;
+  mutable std::string bytes_;
+  mutable bool used_ = false;
 };
 
 }  // namespace tf_dtensor

@@ -7,6 +7,7 @@
 #include "cc/device/attrs.h"
 #include "cc/device/executor.h"
 #include "cc/device/ops.h"
+#include "cc/rules/dispatch.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/layout_types.h"
 #include "cc/spmd/parted_builder.h"
@@ -23,7 +24,6 @@ struct StatusDeleter {
 using StatusPtr = std::unique_ptr<TF_Status, StatusDeleter>;
 
 // Integer inputs up to this many elements are read as values (axes, shapes, seeds).
-constexpr int64_t kMaxIntValueElements = 1 << 12;
 
 // The op's attributes, read when a rule first asks for one.
 AttrMap ReadAttrs(const TFE_Op* op) {
@@ -48,23 +48,6 @@ std::vector<int64_t> HandleShape(TFE_TensorHandle* handle, TF_Status* status) {
   return shape;
 }
 
-// The integer value of a small host tensor, if it is one.
-std::optional<std::vector<int64_t>> ReadIntValue(TFE_TensorHandle* handle) {
-  TF_DataType dtype = TFE_TensorHandleDataType(handle);
-  if (dtype != TF_INT32 && dtype != TF_INT64) return std::nullopt;
-  StatusPtr status(TF_NewStatus());
-  int64_t count = TFE_TensorHandleNumElements(handle, status.get());
-  if (TF_GetCode(status.get()) != TF_OK || count > kMaxIntValueElements) return std::nullopt;
-  TF_Tensor* tensor = TFE_TensorHandleResolve(handle, status.get());
-  if (TF_GetCode(status.get()) != TF_OK) return std::nullopt;
-  std::vector<int64_t> values(count);
-  for (int64_t i = 0; i < count; ++i) {
-    values[i] = dtype == TF_INT32 ? static_cast<const int32_t*>(TF_TensorData(tensor))[i]
-                                  : static_cast<const int64_t*>(TF_TensorData(tensor))[i];
-  }
-  TF_DeleteTensor(tensor);
-  return values;
-}
 
 std::atomic<int> live_devices{0};
 
@@ -186,7 +169,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
 
   const Rule* rule = RuleRegistry::Global().Find(op_name);
   const bool has_rule = rule != nullptr;
-  // No rule: run replicated (the documented policy; see the strict check below).
+  // No rule: run replicated (the documented policy, applied by Dispatch).
   static const std::shared_ptr<const Rule> fallback = Replicated();
   if (!rule) rule = fallback.get();
 
@@ -277,33 +260,6 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
     }
     ctx.inputs.push_back(std::move(info));
   }
-  for (int i = 0; i < num_inputs; ++i) {
-    InputInfo& info = ctx.inputs[i];
-    if (rule->IsHostArgument(i, num_inputs)) {
-      if (!dtensors[i]) {
-        info.int_value = ReadIntValue(handles[i]);
-      } else if (info.layout->IsFullyReplicated() && !info.resource) {
-        info.int_value = ReadIntValue(dtensors[i]->component(0));
-      }
-      continue;
-    }
-    if (dtensors[i]) continue;
-    // A plain tensor used as data joins the mesh replicated.
-    TFD_ASSIGN_OR_RETURN(inputs[i], builder.Broadcast(inputs[i], ctx.mesh));
-    info.layout = Layout::Replicated(ctx.mesh, static_cast<int>(info.shape.size()));
-    info.from_host = true;
-  }
-  builder.SetInputs(inputs);
-
-  if (!has_rule) TFD_RETURN_IF_ERROR(ApplyFallbackPolicy(ctx, policy()));
-
-  // Eagerly, a contraction's partial result stays pending only when the user already
-  // works with partial values; otherwise it is reduced at once, giving TF's layouts.
-  for (const InputInfo& in : ctx.inputs) {
-    ctx.keep_partial = ctx.keep_partial || (in.layout && in.layout->is_partial());
-  }
-  StatusOr<Plan> plan = PlanOp(*rule, ctx);
-  if (!plan.ok()) return WithContext(plan.status(), "DTensor op " + ctx.DescribeOp());
   // Ops on parts run part by part (a relayout of parts is a real relayout).
   // Only then is the wrapper built: most ops see no parts and expand on `builder` itself.
   std::optional<PartedBuilder> parted_builder;
@@ -314,9 +270,13 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
     }
     parted_builder.emplace(builder, ctx.mesh, std::move(parts));
   }
-  Builder& expand_with = parted_builder ? static_cast<Builder&>(*parted_builder) : builder;
-  StatusOr<std::vector<ValueId>> results = rule->Expand(ctx, *plan, expand_with);
-  if (!results.ok()) return WithContext(results.status(), "DTensor op " + ctx.DescribeOp());
+  DispatchOptions options;
+  options.policy = policy();
+  options.expand_with = parted_builder ? &*parted_builder : nullptr;
+  options.cache = &plan_cache_;
+  StatusOr<std::vector<ValueId>> results =
+      Dispatch(has_rule ? rule : nullptr, ctx, std::move(inputs), builder, options);
+  if (!results.ok()) return results.status();
   std::vector<ValueId> out = std::move(results).value();
 
   // call_with_layout: a single output of the requested rank takes the requested layout,

@@ -44,6 +44,7 @@ class DTensorDevice {
   // Receives the one-time warnings (the binding forwards them to Python's warnings).
   // Expanded tf.functions held in the cache (for tests and debugging).
   int num_expanded_functions() const { return expander_.cache_size(); }
+  size_t num_cached_plans() const { return plan_cache_.size(); }
   void set_warning_handler(std::function<void(const std::string&)> handler) {
     warning_handler_ = std::move(handler);
   }
@@ -80,6 +81,7 @@ class DTensorDevice {
   std::set<std::string> warned_;
   std::function<void(const std::string&)> warning_handler_;
   FunctionExpander expander_;
+  PlanCache plan_cache_;  // eager plans, reused by repeated ops
 };
 
 // Sets `status` from ours.

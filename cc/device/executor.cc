@@ -143,6 +143,43 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunOn(
   return outputs;
 }
 
+namespace {
+
+// Host arguments are small (shapes, axes, permutations); larger tensors are data.
+constexpr int64_t kMaxIntValueElements = 1 << 12;
+
+// The integer value of a small host tensor, if it is one.
+std::optional<std::vector<int64_t>> ReadIntValue(TFE_TensorHandle* handle) {
+  TF_DataType dtype = TFE_TensorHandleDataType(handle);
+  if (dtype != TF_INT32 && dtype != TF_INT64) return std::nullopt;
+  std::unique_ptr<TF_Status, decltype(&TF_DeleteStatus)> status(TF_NewStatus(), TF_DeleteStatus);
+  int64_t count = TFE_TensorHandleNumElements(handle, status.get());
+  if (TF_GetCode(status.get()) != TF_OK || count > kMaxIntValueElements) return std::nullopt;
+  TF_Tensor* tensor = TFE_TensorHandleResolve(handle, status.get());
+  if (TF_GetCode(status.get()) != TF_OK) return std::nullopt;
+  std::vector<int64_t> values(count);
+  for (int64_t i = 0; i < count; ++i) {
+    values[i] = dtype == TF_INT32 ? static_cast<const int32_t*>(TF_TensorData(tensor))[i]
+                                  : static_cast<const int64_t*>(TF_TensorData(tensor))[i];
+  }
+  TF_DeleteTensor(tensor);
+  return values;
+}
+
+}  // namespace
+
+std::optional<std::vector<int64_t>> EagerBuilder::IntValue(ValueId value) {
+  Value& v = values_[value];
+  if (v.int_value_read) return v.int_value;
+  v.int_value_read = true;
+  if (!v.layout) {
+    v.int_value = ReadIntValue(v.host);
+  } else if (v.layout->IsFullyReplicated() && !v.resource && !v.handles.empty()) {
+    v.int_value = ReadIntValue(v.handles[0]);
+  }
+  return v.int_value;
+}
+
 StatusOr<ValueId> EagerBuilder::HostConstant(const std::vector<int64_t>& values,
                                              const std::vector<int64_t>& shape, int dtype) {
   TFD_ASSIGN_OR_RETURN(TF_Tensor * tensor, IntTensor(values, shape, dtype));

@@ -37,6 +37,8 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
 
   StatusOr<ValueId> HostConstant(const std::vector<int64_t>& values,
                                  const std::vector<int64_t>& shape, int dtype) override;
+  // Reads the host tensor, or component 0 of a replicated DTensor (not a resource).
+  std::optional<std::vector<int64_t>> IntValue(ValueId value) override;
 
  protected:
   StatusOr<std::vector<TFE_TensorHandle*>> RunOn(const std::string& op_name,

@@ -105,33 +105,6 @@ std::string OutputRequest::Key() const {
   return key;
 }
 
-Status ApplyFallbackPolicy(const OpContext& ctx, const FallbackPolicy& policy) {
-  bool gathers = false;
-  for (const InputInfo& in : ctx.inputs) {
-    if (in.resource && !in.resource->value_layout.IsFullyReplicated()) {
-      return Unimplemented("'" + ctx.op_name + "' has no tf_dtensor rule and uses a DVariable with "
-                           "sharded layout " + in.resource->value_layout.ShortString() +
-                           "; it cannot run on a replicated copy. Read the variable first "
-                           "and pass the value instead.");
-    }
-    gathers = gathers || (in.layout && !in.resource && !in.layout->IsFullyReplicated());
-  }
-  if (policy.strict) {
-    return Unimplemented(
-        "'" + ctx.op_name + "' has no tf_dtensor rule (inputs: " + ctx.DescribeInputs() +
-        "). Relayout its inputs to replicated yourself, or leave strict mode "
-        "(`tf_dtensor.set_strict_mode(False)` or TF_DTENSOR_STRICT=0) to let tf_dtensor do "
-        "that with a warning.");
-  }
-  if (gathers && policy.warn) {
-    policy.warn(ctx.op_name, "tf_dtensor has no rule for '" + ctx.op_name +
-                                 "': its sharded inputs were gathered to replicated and it ran "
-                                 "on every device (inputs: " + ctx.DescribeInputs() +
-                                 "). The result is correct but the work is not distributed.");
-  }
-  return Status::Ok();
-}
-
 // One expansion of one function body.
 class FunctionExpansion {
  public:
@@ -485,44 +458,26 @@ Status FunctionExpansion::EmitHostOp(const NodeSpec& node, const std::vector<Val
 
 Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<ValueId> inputs) {
   AttrMap attrs = DecodeAttrs(node.attrs);
-  const Rule* rule = RuleRegistry::Global().Find(node.op);
-  const bool has_rule = rule != nullptr;
-  static const std::shared_ptr<const Rule> fallback = Replicated();
-  if (!rule) rule = fallback.get();
-
   OpContext ctx(node.op, &attrs, mesh_);
   auto request = requests_.find(node.name);
   if (request != requests_.end() && request->second.mesh() == mesh_) ctx.requested = request->second;
   const OpSpec* op_spec = builder_.FindOp(node.op);
   ctx.num_outputs = op_spec ? static_cast<int>(op_spec->outputs.size()) : 1;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    ValueId& v = inputs[i];
+  for (ValueId v : inputs) {
     InputInfo info;
     info.shape = builder_.shape(v);
     info.dtype = builder_.dtype(v);
     info.layout = builder_.layout(v);
     info.resource = builder_.resource(v);
-    if (rule->IsHostArgument(static_cast<int>(i), static_cast<int>(inputs.size()))) {
-      info.int_value = builder_.IntValue(v);
-    } else if (builder_.is_host(v)) {
-      // A host tensor used as data joins the mesh replicated.
-      TFD_ASSIGN_OR_RETURN(v, builder_.Broadcast(v, mesh_));
-      info.layout = Layout::Replicated(mesh_, static_cast<int>(info.shape.size()));
-      info.from_host = true;
-    }
     ctx.inputs.push_back(std::move(info));
   }
-  builder_.SetInputs(inputs);
-  if (!has_rule) TFD_RETURN_IF_ERROR(ApplyFallbackPolicy(ctx, policy_));
-  const std::string where = "DTensor op " + ctx.DescribeOp() + " (node '" + node.name +
-                            "' of tf.function '" + function_ + "')";
-  // Inside a function a contraction's all-reduce waits until the value is first needed
-  // nonlinearly (or is returned): linear ops in between run on the partial terms.
-  ctx.keep_partial = true;
-  StatusOr<Plan> plan = PlanOp(*rule, ctx);
-  if (!plan.ok()) return WithContext(plan.status(), where);
-  StatusOr<std::vector<ValueId>> results = rule->Expand(ctx, *plan, builder_);
-  if (!results.ok()) return WithContext(results.status(), where);
+  DispatchOptions options;
+  options.policy = policy_;
+  options.in_function = true;
+  options.where = " (node '" + node.name + "' of tf.function '" + function_ + "')";
+  StatusOr<std::vector<ValueId>> results = Dispatch(RuleRegistry::Global().Find(node.op), ctx,
+                                                    std::move(inputs), builder_, options);
+  if (!results.ok()) return results.status();
   outputs_[node.name] = std::move(results).value();
   if (node.op == kRelayoutOp || node.op == kRelayoutLikeOp) {
     for (ValueId v : outputs_[node.name]) {

@@ -33,6 +33,7 @@
 
 #include "cc/core/layout.h"
 #include "cc/core/status.h"
+#include "cc/rules/dispatch.h"
 #include "cc/rules/rule.h"
 #include "cc/spmd/builder.h"
 #include "tensorflow/c/eager/c_api.h"
@@ -71,16 +72,6 @@ struct OutputRequest {
   bool host(size_t i) const { return host_outputs || (i < host_each.size() && host_each[i]); }
   std::string Key() const;
 };
-
-// How ops without a rule are treated (the eager policy, shared).
-struct FallbackPolicy {
-  bool strict = false;
-  std::function<void(const std::string& op_name, const std::string& message)> warn;
-};
-
-// Checks an op with no rule against the policy: strict mode raises, a sharded DVariable
-// cannot be used, and gathering sharded inputs warns once per op name.
-Status ApplyFallbackPolicy(const OpContext& ctx, const FallbackPolicy& policy);
 
 class FunctionExpander {
  public:

@@ -38,7 +38,7 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   TF_Output host(ValueId value) const { return values_[value].host; }
   TF_Output component(ValueId value, int device) const { return values_[value].handles[device]; }
   // The value of a small integer host or replicated value, when the graph determines it.
-  std::optional<std::vector<int64_t>> IntValue(ValueId value);
+  std::optional<std::vector<int64_t>> IntValue(ValueId value) override;
 
   // The node being expanded: its attributes are what `copy_attrs` copies, and every op
   // created until the next BeginNode waits for `control_inputs`.

@@ -341,6 +341,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("name", [](const DeviceRef& ref) { return ref.get().name(); })
       .def_property_readonly("num_expanded_functions",
                              [](const DeviceRef& ref) { return ref.get().num_expanded_functions(); })
+      .def_property_readonly("num_cached_plans",
+                             [](const DeviceRef& ref) { return ref.get().num_cached_plans(); })
       .def("push_default_mesh",
            [](const DeviceRef& ref, std::optional<Mesh> mesh) { ref.get().PushDefaultMesh(mesh); })
       .def("pop_default_mesh", [](const DeviceRef& ref) { ref.get().PopDefaultMesh(); })

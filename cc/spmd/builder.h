@@ -66,6 +66,8 @@ class Builder {
  public:
   virtual ~Builder() = default;
 
+  // The values of the op's inputs, set once they are all on the builder.
+  virtual void SetInputs(std::vector<ValueId> inputs) = 0;
   virtual int num_inputs() const = 0;
   virtual ValueId input(int index) const = 0;
   virtual const std::optional<Layout>& layout(ValueId value) const = 0;
@@ -73,6 +75,9 @@ class Builder {
   virtual int dtype(ValueId value) const = 0;
   virtual const std::optional<ResourceInfo>& resource(ValueId value) const = 0;
   virtual void set_resource(ValueId value, ResourceInfo info) = 0;
+  // The value of a small integer tensor that is on the host or replicated (a shape, an
+  // axis), when it can be known while planning; nullopt otherwise.
+  virtual std::optional<std::vector<int64_t>> IntValue(ValueId value) = 0;
 
   // Runs `op_name` on every shard with the local parts of `inputs` (host values go to
   // every shard unchanged). Output i gets `out_layouts[i]`; its global shape is the local

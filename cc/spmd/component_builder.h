@@ -27,7 +27,7 @@ class ComponentBuilder : public Builder {
   explicit ComponentBuilder(Mesh mesh) : mesh_(std::move(mesh)) {}
 
   const Mesh& mesh() const { return mesh_; }
-  void SetInputs(std::vector<ValueId> inputs) { inputs_ = std::move(inputs); }
+  void SetInputs(std::vector<ValueId> inputs) override { inputs_ = std::move(inputs); }
 
   int num_inputs() const override { return static_cast<int>(inputs_.size()); }
   ValueId input(int index) const override { return inputs_[index]; }

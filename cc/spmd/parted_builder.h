@@ -29,6 +29,10 @@ class PartedBuilder : public Builder {
   PartedBuilder(Builder& inner, Mesh mesh, std::set<ValueId> parted)
       : inner_(inner), mesh_(std::move(mesh)), parted_(std::move(parted)) {}
 
+  void SetInputs(std::vector<ValueId> inputs) override { inner_.SetInputs(std::move(inputs)); }
+  std::optional<std::vector<int64_t>> IntValue(ValueId value) override {
+    return inner_.IntValue(value);
+  }
   int num_inputs() const override { return inner_.num_inputs(); }
   ValueId input(int index) const override { return inner_.input(index); }
   const std::optional<Layout>& layout(ValueId value) const override {

@@ -1,0 +1,78 @@
+#include "cc/rules/dispatch.h"
+
+#include "cc/rules/registry.h"
+
+namespace tf_dtensor {
+
+Status ApplyFallbackPolicy(const OpContext& ctx, const FallbackPolicy& policy) {
+  bool gathers = false;
+  for (const InputInfo& in : ctx.inputs) {
+    if (in.resource && !in.resource->value_layout.IsFullyReplicated()) {
+      return Unimplemented("'" + ctx.op_name + "' has no tf_dtensor rule and uses a DVariable with "
+                           "sharded layout " + in.resource->value_layout.ShortString() +
+                           "; it cannot run on a replicated copy. Read the variable first "
+                           "and pass the value instead.");
+    }
+    gathers = gathers || (in.layout && !in.resource && !in.layout->IsFullyReplicated());
+  }
+  if (policy.strict) {
+    return Unimplemented(
+        "'" + ctx.op_name + "' has no tf_dtensor rule (inputs: " + ctx.DescribeInputs() +
+        "). Relayout its inputs to replicated yourself, or leave strict mode "
+        "(`tf_dtensor.set_strict_mode(False)` or TF_DTENSOR_STRICT=0) to let tf_dtensor do "
+        "that with a warning.");
+  }
+  if (gathers && policy.warn) {
+    policy.warn(ctx.op_name, "tf_dtensor has no rule for '" + ctx.op_name +
+                                 "': its sharded inputs were gathered to replicated and it ran "
+                                 "on every device (inputs: " + ctx.DescribeInputs() +
+                                 "). The result is correct but the work is not distributed.");
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<ValueId>> Dispatch(const Rule* rule, OpContext& ctx,
+                                        std::vector<ValueId> inputs, Builder& builder,
+                                        const DispatchOptions& options) {
+  // No rule: run replicated (the documented policy, checked below).
+  static const std::shared_ptr<const Rule> fallback = Replicated();
+  const bool has_rule = rule != nullptr;
+  if (!rule) rule = fallback.get();
+  const int n = static_cast<int>(inputs.size());
+  for (int i = 0; i < n; ++i) {
+    InputInfo& info = ctx.inputs[i];
+    if (rule->IsHostArgument(i, n)) {
+      info.int_value = builder.IntValue(inputs[i]);
+      continue;
+    }
+    if (info.layout) continue;
+    // A plain tensor used as data joins the mesh replicated.
+    TFD_ASSIGN_OR_RETURN(inputs[i], builder.Broadcast(inputs[i], ctx.mesh));
+    info.layout = Layout::Replicated(ctx.mesh, static_cast<int>(info.shape.size()));
+    info.from_host = true;
+  }
+  builder.SetInputs(inputs);
+  if (!has_rule) TFD_RETURN_IF_ERROR(ApplyFallbackPolicy(ctx, options.policy));
+  // Inside a function a contraction's all-reduce waits until the value is first needed
+  // nonlinearly (or is returned). Eagerly it stays pending only when the user already works
+  // with partial values; otherwise it is reduced at once, giving TF DTensor's layouts.
+  ctx.keep_partial = options.in_function;
+  for (const InputInfo& in : ctx.inputs) {
+    ctx.keep_partial = ctx.keep_partial || (in.layout && in.layout->is_partial());
+  }
+  std::shared_ptr<const Plan> plan = options.cache ? options.cache->Find(rule, ctx) : nullptr;
+  if (!plan) {
+    StatusOr<Plan> made = PlanOp(*rule, ctx);
+    if (!made.ok()) return WithContext(made.status(), "DTensor op " + ctx.DescribeOp() + options.where);
+    plan = std::make_shared<const Plan>(std::move(made).value());
+    if (options.cache) options.cache->Insert(rule, ctx, plan);
+  }
+  Builder& expand_with = options.expand_with ? *options.expand_with : builder;
+  StatusOr<std::vector<ValueId>> results = rule->Expand(ctx, *plan, expand_with);
+  if (!results.ok()) {
+    return WithContext(results.status(), "DTensor op " + ctx.DescribeOp() + options.where);
+  }
+  return results;
+}
+
+}  // namespace tf_dtensor
