@@ -113,6 +113,20 @@ StatusOr<std::vector<ValueId>> ExpandDefault(const OpContext& ctx, const Plan& p
   return outputs;
 }
 
+const Layout* UsableRequest(const OpContext& ctx,
+                            const std::vector<std::optional<Layout>>& requested_outputs, int o,
+                            int rank) {
+  if (o < 0 || o >= static_cast<int>(requested_outputs.size())) return nullptr;
+  const std::optional<Layout>& r = requested_outputs[o];
+  if (!r || r->mesh() != ctx.mesh || r->rank() != rank || r->is_single_device()) return nullptr;
+  return &*r;
+}
+
+std::vector<std::optional<Layout>> Rule::Backward(
+    const OpContext& ctx, const std::vector<std::optional<Layout>>&) const {
+  return std::vector<std::optional<Layout>>(ctx.inputs.size());
+}
+
 StatusOr<std::vector<ValueId>> Rule::Expand(const OpContext& ctx, const Plan& plan,
                                             Builder& builder) const {
   return ExpandDefault(ctx, plan, builder);
