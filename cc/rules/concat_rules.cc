@@ -105,17 +105,13 @@ StatusOr<FactorSpec> SplitFactors(const OpContext& ctx, bool sizes) {
 StatusOr<FactorSpec> SplitV1Factors(const OpContext& ctx) { return SplitFactors(ctx, false); }
 StatusOr<FactorSpec> SplitVFactors(const OpContext& ctx) { return SplitFactors(ctx, true); }
 
-std::shared_ptr<const Rule> Factors(FactorSpecFn fn, std::function<bool(int, int)> host) {
-  return std::make_shared<FactorRule>(std::move(fn), std::move(host));
-}
-
 const bool kRegistered = RegisterRules({
     {"Concat", Factors(ConcatV1Factors, [](int i, int) { return i == 0; })},
     {"ConcatV2", Factors(ConcatV2Factors, [](int i, int n) { return i == n - 1; })},
-    {"Pack", Factors(PackFactors, nullptr)},
+    {"Pack", Factors(PackFactors)},
     {"Split", Factors(SplitV1Factors, [](int i, int) { return i == 0; })},
     {"SplitV", Factors(SplitVFactors, [](int i, int) { return i == 1 || i == 2; })},
-    {"Unpack", Factors(UnpackFactors, nullptr)},
+    {"Unpack", Factors(UnpackFactors)},
 });
 
 }  // namespace

@@ -177,6 +177,12 @@ std::vector<std::optional<Layout>> FactorRule::Backward(
   return result;
 }
 
+std::shared_ptr<const Rule> Factors(FactorSpecFn spec, std::function<bool(int, int)> host_inputs) {
+  return std::make_shared<FactorRule>(std::move(spec), std::move(host_inputs));
+}
+
+bool SecondInputIsHost(int input, int) { return input == 1; }
+
 StatusOr<int> NormalizeAxis(const OpContext& ctx, int64_t axis, int rank, int input) {
   if (axis < -rank || axis >= rank) {
     return InvalidArgument("'" + ctx.op_name + "' axis " + std::to_string(axis) +

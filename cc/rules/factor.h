@@ -94,6 +94,12 @@ class FactorRule : public Rule {
   std::function<bool(int, int)> host_inputs_;
 };
 
+// A FactorRule for `spec`; `host_inputs` as for FactorRule.
+std::shared_ptr<const Rule> Factors(FactorSpecFn spec,
+                                    std::function<bool(int, int)> host_inputs = nullptr);
+// Host-argument predicates shared by many families.
+bool SecondInputIsHost(int input, int num_inputs);
+
 // The factor sizes of `spec` over ctx's input shapes (the largest axis naming each).
 std::vector<int64_t> FactorSizes(const OpContext& ctx, const FactorSpec& spec);
 

@@ -59,8 +59,6 @@ StatusOr<FactorSpec> ReduceFactors(const OpContext& ctx, std::optional<ReduceOp>
   return spec;
 }
 
-bool SecondInputIsHost(int input, int) { return input == 1; }
-
 class ReduceRule : public FactorRule {
  public:
   // `op`: how partial results combine; nullopt gathers reduced axes instead.
@@ -183,11 +181,6 @@ StatusOr<FactorSpec> SparseCrossEntropyFactors(const OpContext& ctx) {
   return CrossEntropyFactors(ctx, /*sparse=*/true);
 }
 
-std::shared_ptr<const Rule> Factors(FactorSpecFn fn, bool host_second = false) {
-  return std::make_shared<FactorRule>(std::move(fn),
-                                      host_second ? SecondInputIsHost : nullptr);
-}
-
 std::shared_ptr<const Rule> ReduceOver(std::optional<ReduceOp> op) {
   return std::make_shared<ReduceRule>(op);
 }
@@ -198,8 +191,8 @@ const bool kRegistered = RegisterRules({
     {"ArgMax", ReduceOver(std::nullopt)},
     {"ArgMin", ReduceOver(std::nullopt)},
     {"BiasAddGrad", Factors(BiasAddGradFactors)},
-    {"Cumprod", Factors(ScanFactors, /*host_second=*/true)},
-    {"Cumsum", Factors(ScanFactors, /*host_second=*/true)},
+    {"Cumprod", Factors(ScanFactors, SecondInputIsHost)},
+    {"Cumsum", Factors(ScanFactors, SecondInputIsHost)},
     {"EuclideanNorm", ReduceOver(std::nullopt)},
     {"L2Loss", Factors(L2LossFactors)},
     {"LogSoftmax", Factors(LastAxisFactors)},

@@ -14,6 +14,7 @@
 
 #include "cc/core/strings.h"
 #include "cc/propagation/merge.h"
+#include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -68,30 +69,28 @@ class ShapeInfoRule : public Rule {
   Kind kind_;
 };
 
-class TransposeRule : public Rule {
- public:
-  bool IsHostArgument(int input, int) const override { return input == 1; }
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> perm, ctx.IntValue(1, "permutation"));
-    const Layout& in = ctx.layout(0);
-    if (static_cast<int>(perm.size()) != in.rank()) {
-      return InvalidArgument("Transpose permutation " + ShapeString(perm) + " does not match " +
-                             ctx.Describe(0) + ".");
-    }
-    std::vector<DimSpec> out;
-    for (int64_t p : perm) {
-      if (p < 0 || p >= in.rank()) {
-        return InvalidArgument("Transpose permutation " + ShapeString(perm) +
-                               " is out of range for " + ctx.Describe(0) + ".");
-      }
-      out.push_back(in.spec(static_cast<int>(p)));
-    }
-    Plan plan;
-    plan.inputs = {in, std::nullopt};
-    plan.outputs = {in.WithSpecs(out)};
-    return plan;
+// Transpose(x, perm): a permutation of factors, "ab->ba" for perm [1,0].
+StatusOr<FactorSpec> TransposeFactors(const OpContext& ctx) {
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> perm, ctx.IntValue(1, "permutation"));
+  const int rank = ctx.rank(0);
+  if (static_cast<int>(perm.size()) != rank) {
+    return InvalidArgument("Transpose permutation " + ShapeString(perm) + " does not match " +
+                           ctx.Describe(0) + ".");
   }
-};
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  std::vector<int> out;
+  for (int64_t p : perm) {
+    if (p < 0 || p >= rank) {
+      return InvalidArgument("Transpose permutation " + ShapeString(perm) +
+                             " is out of range for " + ctx.Describe(0) + ".");
+    }
+    out.push_back(axes[p]);
+  }
+  spec.inputs = {axes, std::nullopt};
+  spec.outputs = {out};
+  return spec;
+}
 
 class ExpandDimsRule : public Rule {
  public:
@@ -348,29 +347,24 @@ class BroadcastToRule : public Rule {
   }
 };
 
-// Tile(input, multiples): an axis tiled once keeps its sharding; a sharded axis tiled more
-// than once is gathered first ([a0 a1] tiled twice is [a0 a1 a0 a1], not blocks).
-class TileRule : public Rule {
- public:
-  bool IsHostArgument(int input, int) const override { return input == 1; }
-
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> multiples, ctx.IntValue(1, "multiples"));
-    const Layout& in = ctx.layout(0);
-    if (static_cast<int>(multiples.size()) != in.rank()) {
-      return InvalidArgument("Tile multiples " + ShapeString(multiples) + " do not match " +
-                             ctx.Describe(0) + ": give one multiple per axis.");
-    }
-    std::vector<DimSpec> specs = in.specs();
-    for (int d = 0; d < in.rank(); ++d) {
-      if (multiples[d] != 1) specs[d] = DimSpec::Replicated();
-    }
-    Plan plan;
-    plan.inputs = {in.WithSpecs(specs), std::nullopt};
-    plan.outputs = {in.WithSpecs(specs)};
-    return plan;
+// Tile(input, multiples): an axis tiled once keeps its sharding; an axis tiled more than
+// once needs replication ([a0 a1] tiled twice is [a0 a1 a0 a1], not blocks).
+StatusOr<FactorSpec> TileFactors(const OpContext& ctx) {
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> multiples, ctx.IntValue(1, "multiples"));
+  const int rank = ctx.rank(0);
+  if (static_cast<int>(multiples.size()) != rank) {
+    return InvalidArgument("Tile multiples " + ShapeString(multiples) + " do not match " +
+                           ctx.Describe(0) + ": give one multiple per axis.");
   }
-};
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  for (int d = 0; d < rank; ++d) {
+    if (multiples[d] != 1) spec.factors[axes[d]] = FactorKind::kNeedReplication;
+  }
+  spec.inputs = {axes, std::nullopt};
+  spec.outputs = {axes};
+  return spec;
+}
 
 const bool kRegistered = RegisterRules({
     {"BroadcastGradientArgs", std::make_shared<BroadcastGradientArgsRule>()},
@@ -383,8 +377,8 @@ const bool kRegistered = RegisterRules({
     {"ShapeN", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kShapeN)},
     {"Size", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kSize)},
     {"Squeeze", std::make_shared<SqueezeRule>()},
-    {"Tile", std::make_shared<TileRule>()},
-    {"Transpose", std::make_shared<TransposeRule>()},
+    {"Tile", Factors(TileFactors, SecondInputIsHost)},
+    {"Transpose", Factors(TransposeFactors, SecondInputIsHost)},
 });
 
 }  // namespace
