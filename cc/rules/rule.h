@@ -91,6 +91,9 @@ class Rule {
   // has no preference for any input.
   virtual std::vector<std::optional<Layout>> Backward(
       const OpContext& ctx, const std::vector<std::optional<Layout>>& requested_outputs) const;
+  // Whether Forward reads ctx.requested (ops that make their blocks in the requested
+  // layout): a new request changes their plan even when they have DTensor inputs.
+  virtual bool ReadsRequest() const { return false; }
   virtual StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                                 Builder& builder) const;
 };

@@ -305,6 +305,7 @@ class InvertPermutationRule : public IntFunctionRule {
 // broadcasts to its own block).
 class BroadcastToRule : public Rule {
  public:
+  bool ReadsRequest() const override { return true; }
   bool IsHostArgument(int input, int) const override { return input == 1; }
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
