@@ -92,38 +92,58 @@ StatusOr<FactorSpec> TransposeFactors(const OpContext& ctx) {
   return spec;
 }
 
-class ExpandDimsRule : public Rule {
- public:
-  bool IsHostArgument(int input, int) const override { return input == 1; }
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(1, "axis"));
-    const Layout& in = ctx.layout(0);
-    if (axis.size() != 1) return InvalidArgument("ExpandDims takes one axis.");
-    int64_t a = axis[0] < 0 ? axis[0] + in.rank() + 1 : axis[0];
-    if (a < 0 || a > in.rank()) {
-      return InvalidArgument("ExpandDims axis " + std::to_string(axis[0]) +
-                             " is out of range for " + ctx.Describe(0) + ".");
-    }
-    std::vector<DimSpec> out = in.specs();
-    out.insert(out.begin() + a, DimSpec::Replicated());
-    Plan plan;
-    plan.inputs = {in, std::nullopt};
-    plan.outputs = {in.WithSpecs(out)};
-    return plan;
+// ExpandDims(x, axis): the input's factors with a new unsharded axis inserted.
+StatusOr<FactorSpec> ExpandDimsFactors(const OpContext& ctx) {
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(1, "axis"));
+  const int rank = ctx.rank(0);
+  if (axis.size() != 1) return InvalidArgument("ExpandDims takes one axis.");
+  int64_t a = axis[0] < 0 ? axis[0] + rank + 1 : axis[0];
+  if (a < 0 || a > rank) {
+    return InvalidArgument("ExpandDims axis " + std::to_string(axis[0]) +
+                           " is out of range for " + ctx.Describe(0) + ".");
   }
-};
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  spec.inputs = {axes, std::nullopt};
+  axes.insert(axes.begin() + a, FactorSpec::kNew);
+  spec.outputs = {axes};
+  return spec;
+}
 
 class SqueezeRule : public Rule {
  public:
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    const Layout& in = ctx.layout(0);
+  // The input axes Squeeze drops.
+  static std::vector<bool> Dropped(const OpContext& ctx) {
+    const int rank = ctx.rank(0);
     const std::vector<int64_t>& shape = ctx.inputs[0].shape;
     std::vector<int64_t> dims = ctx.attrs->GetIntList("squeeze_dims");
-    std::vector<bool> drop(in.rank(), false);
+    std::vector<bool> drop(rank, false);
     if (dims.empty()) {
-      for (int d = 0; d < in.rank(); ++d) drop[d] = shape[d] == 1;
+      for (int d = 0; d < rank; ++d) drop[d] = shape[d] == 1;
     }
-    for (int64_t d : dims) drop[d < 0 ? d + in.rank() : d] = true;
+    for (int64_t d : dims) {
+      if (d >= -rank && d < rank) drop[d < 0 ? d + rank : d] = true;
+    }
+    return drop;
+  }
+
+  // want [x,y] of squeeze([8,1,4]) -> [x,*,y]
+  std::vector<std::optional<Layout>> Backward(
+      const OpContext& ctx, const std::vector<std::optional<Layout>>& requested) const override {
+    std::vector<bool> drop = Dropped(ctx);
+    int kept = 0;
+    for (bool d : drop) kept += d ? 0 : 1;
+    const Layout* want = UsableRequest(ctx, requested, 0, kept);
+    if (!want) return {std::nullopt};
+    std::vector<DimSpec> specs;
+    int next = 0;
+    for (bool d : drop) specs.push_back(d ? DimSpec::Replicated() : want->spec(next++));
+    return {want->WithSpecs(specs)};
+  }
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    const Layout& in = ctx.layout(0);
+    std::vector<bool> drop = Dropped(ctx);
     std::vector<DimSpec> out;
     for (int d = 0; d < in.rank(); ++d) {
       if (!drop[d]) out.push_back(in.spec(d));
@@ -209,6 +229,19 @@ class ReshapeRule : public Rule {
       }
     }
     return ShapedPlan(ctx, in.WithSpecs(in_specs), in.WithSpecs(out), target);
+  }
+
+  // The request projected onto the axes the input spans (right-aligned):
+  //   want [x,y] of broadcast_to([8] -> [4,8]) -> [y]
+  std::vector<std::optional<Layout>> Backward(
+      const OpContext& ctx, const std::vector<std::optional<Layout>>& requested) const override {
+    std::vector<std::optional<Layout>> out(ctx.inputs.size());
+    if (ctx.inputs.size() < 2 || !ctx.inputs[1].int_value) return out;
+    const std::vector<int64_t>& target = *ctx.inputs[1].int_value;
+    const Layout* want = UsableRequest(ctx, requested, 0, static_cast<int>(target.size()));
+    if (!want || ctx.inputs[0].shape.size() > target.size()) return out;
+    out[0] = want->WithSpecs(ProjectBroadcast(want->specs(), ctx.inputs[0].shape, target));
+    return out;
   }
 };
 
@@ -346,6 +379,19 @@ class BroadcastToRule : public Rule {
     }
     return ShapedPlan(ctx, in.WithSpecs(in_specs), in.WithSpecs(out), target);
   }
+
+  // The request projected onto the axes the input spans (right-aligned):
+  //   want [x,y] of broadcast_to([8] -> [4,8]) -> [y]
+  std::vector<std::optional<Layout>> Backward(
+      const OpContext& ctx, const std::vector<std::optional<Layout>>& requested) const override {
+    std::vector<std::optional<Layout>> out(ctx.inputs.size());
+    if (ctx.inputs.size() < 2 || !ctx.inputs[1].int_value) return out;
+    const std::vector<int64_t>& target = *ctx.inputs[1].int_value;
+    const Layout* want = UsableRequest(ctx, requested, 0, static_cast<int>(target.size()));
+    if (!want || ctx.inputs[0].shape.size() > target.size()) return out;
+    out[0] = want->WithSpecs(ProjectBroadcast(want->specs(), ctx.inputs[0].shape, target));
+    return out;
+  }
 };
 
 // Tile(input, multiples): an axis tiled once keeps its sharding; an axis tiled more than
@@ -370,7 +416,7 @@ StatusOr<FactorSpec> TileFactors(const OpContext& ctx) {
 const bool kRegistered = RegisterRules({
     {"BroadcastGradientArgs", std::make_shared<BroadcastGradientArgsRule>()},
     {"BroadcastTo", std::make_shared<BroadcastToRule>()},
-    {"ExpandDims", std::make_shared<ExpandDimsRule>()},
+    {"ExpandDims", Factors(ExpandDimsFactors, SecondInputIsHost)},
     {"InvertPermutation", std::make_shared<InvertPermutationRule>()},
     {"Rank", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kRank)},
     {"Reshape", std::make_shared<ReshapeRule>()},
