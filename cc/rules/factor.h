@@ -23,9 +23,9 @@
 //     match: free), outputs take them, and sharded contracted factors become partial
 //     dimensions of every output.
 //   Backward: the requested outputs' specs are given to their factors (first output
-//     first; a mesh dimension once; never to contracted, need-replication or broadcast
-//     factors, nor where the factor's size does not divide), and each input gets the
-//     specs of its factors:  want [x,y] of matmul -> a [x,*], b [*,y].
+//     first; a mesh dimension once; only to pass-through factors whose size the mesh
+//     dimension divides), and each input is asked for the specs of its factors, an axis
+//     that broadcasts unsharded:  want [x,y] of matmul -> a [x,*], b [*,y].
 // N-D meshes need nothing more: the rules above are per mesh dimension.
 #ifndef TF_DTENSOR_CC_RULES_FACTOR_H_
 #define TF_DTENSOR_CC_RULES_FACTOR_H_
