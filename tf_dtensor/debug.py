@@ -77,19 +77,38 @@ def visualize(tensor) -> str:
 def explain(op_name: str, layouts: Sequence[Optional[Layout]], shapes: Sequence[Sequence[int]],
             int_values: Optional[Dict[int, Sequence[int]]] = None,
             attrs: Optional[Dict[str, object]] = None,
-            requested: Optional[Layout] = None) -> Dict[str, object]:
+            requested: Optional[Layout] = None,
+            output_layouts: Optional[Sequence[Optional[Layout]]] = None) -> Dict[str, object]:
     """What tf_dtensor will do for `op_name` on inputs with these layouts and shapes.
 
     Returns a dict with the input layouts the op runs with, its output layouts and the
     collectives it emits (e.g. `all-reduce(sum) of output 0 over x`). Runs nothing.
+
+    With `output_layouts` (one per output, None: nothing asked) the dict also holds
+    `backward`: per input, the layout the op's rule asks of it so that the outputs come
+    out in those layouts without a relayout (None: no preference). This is the request
+    that tf.function expansion sends back to the op producing that input.
+
+    Example:
+      >>> mesh = dtensor.Mesh(["x"], np.arange(2), [0, 1], ["CPU:0", "CPU:1"])
+      >>> want = dtensor.Layout([dtensor.UNSHARDED, "x"], mesh)
+      >>> plan = explain("MatMul", [None, None], [[8, 4], [4, 6]], output_layouts=[want])
+      >>> [l.short() for l in plan["backward"]]
+      ['[*,*] @ mesh(x=2)', '[*,x] @ mesh(x=2)']
     """
+    wanted = [l._layout if l is not None else None for l in (output_layouts or [])]
     plan = _core.explain(op_name, [l._layout if l is not None else None for l in layouts],
                          [list(s) for s in shapes],
                          {int(k): list(v) for k, v in (int_values or {}).items()},
                          dict(attrs or {}),
-                         requested._layout if requested is not None else None)
-    return {
+                         requested._layout if requested is not None else None,
+                         output_layouts=wanted)
+    result = {
         "inputs": [Layout._wrap(l) if l is not None else None for l in plan["inputs"]],
         "outputs": [Layout._wrap(l) for l in plan["outputs"]],
         "collectives": list(plan["collectives"]),
     }
+    if output_layouts is not None:
+        result["backward"] = [Layout._wrap(l) if l is not None else None
+                              for l in plan["backward"]]
+    return result

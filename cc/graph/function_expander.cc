@@ -10,6 +10,7 @@
 #include "cc/device/ops.h"
 #include "cc/graph/function_def.h"
 #include "cc/graph/graph_builder.h"
+#include "cc/propagation/propagate.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/relayout.h"
 
@@ -28,13 +29,22 @@ namespace {
 
 constexpr int kMaxDepth = 32;
 
-// Ops a layout request passes through unchanged, from output to inputs.
-bool PassesRequest(const std::string& op) {
-  static const std::set<std::string>* ops = new std::set<std::string>{
-      "Abs", "Add", "AddV2", "Cast", "Exp", "Identity", "Log", "Maximum", "Minimum", "Mul",
-      "Neg", "RealDiv", "Relu", "Sigmoid", "Sqrt", "Square", "StopGradient", "Sub", "Tanh"};
-  return ops->count(op) > 0;
-}
+// Rounds of expansion a function gets at most: each round's layout requests come from
+// the solver run over the previous round (cc/propagation/propagate.h); two suffice unless
+// a request turns a host op into a DTensor op that passes requests further back.
+constexpr int kMaxRounds = 4;
+
+using RequestMap = std::unordered_map<std::string, Layout>;
+
+// An op's context with the attributes it points to, kept for the solver.
+struct RecordedContext {
+  RecordedContext(std::string op, AttrMap op_attrs, Mesh mesh)
+      : attrs(std::move(op_attrs)), ctx(std::move(op), &attrs, std::move(mesh)) {}
+  RecordedContext(const RecordedContext&) = delete;
+  RecordedContext& operator=(const RecordedContext&) = delete;
+  AttrMap attrs;
+  OpContext ctx;
+};
 
 bool IsCall(const std::string& op) {
   return op == "PartitionedCall" || op == "StatefulPartitionedCall";
@@ -121,15 +131,32 @@ class FunctionExpansion {
         status_(TF_NewStatus()) {}
   ~FunctionExpansion() { TF_DeleteStatus(status_); }
 
-  StatusOr<std::shared_ptr<const ExpandedFunction>> Run(const std::string& function,
-                                                        const std::vector<ValueMeta>& inputs,
-                                                        const OutputRequest& request,
-                                                        const std::string& expanded_name);
+  // One round: parses `function` and expands every node with the layout requests in
+  // `requests` (the previous round's solution), or in the first round (null) those made
+  // by the caller and by relayouts inside the function.
+  Status Build(const std::string& function, const std::vector<ValueMeta>& inputs,
+               const OutputRequest& request, const RequestMap* requests);
+  // The requests of every node (output 0) solved backward over this round's graph.
+  RequestMap Solve() const;
+  // Whether `solved` differs from this round's requests at a node where a request
+  // changes the expansion (a node without DTensor inputs, or whose rule reads it).
+  bool Changes(const RequestMap& solved) const;
+  // Emits the results and registers the expanded function.
+  StatusOr<std::shared_ptr<const ExpandedFunction>> Finish(const std::vector<ValueMeta>& inputs,
+                                                           const OutputRequest& request,
+                                                           const std::string& expanded_name);
 
  private:
   Status AddInputs(const std::vector<ValueMeta>& inputs);
   Status Order();
   void Requests(const OutputRequest& request);
+  // Records `node` for the solver: its rule, its context as the forward pass saw it, and
+  // whether a request can change how it expands.
+  void Record(const NodeSpec& node, const Rule* rule, std::shared_ptr<const OpContext> ctx,
+              bool request_sensitive);
+  // The context of an op expanded on the host (for the solver: shapes, attrs, host values).
+  std::shared_ptr<const OpContext> HostContext(const NodeSpec& node, const Rule* rule,
+                                               const std::vector<ValueId>& inputs);
   Status ExpandNode(const NodeSpec& node);
   Status ExpandCall(const NodeSpec& node, const std::string& callee,
                     const std::vector<ValueId>& inputs);
@@ -183,7 +210,12 @@ class FunctionExpansion {
   std::unordered_map<std::string, ValueId> args_;
   std::unordered_map<std::string, std::vector<ValueId>> outputs_;
   std::unordered_map<std::string, std::vector<TF_Operation*>> ops_;
-  std::unordered_map<std::string, Layout> requests_;
+  RequestMap requests_;  // the requests this round expands with
+  RequestMap seeds_;     // those made by the caller and by relayouts
+  // Per node of order_ (same index): what the solver knows of it.
+  std::vector<SolverNode> solver_nodes_;
+  std::vector<bool> request_sensitive_;
+  std::unordered_map<std::string, int> position_;
   std::unordered_map<std::string, std::shared_ptr<const ExpandedFunction>> callees_;
   std::vector<TF_Output> flat_inputs_;
 };
@@ -290,7 +322,7 @@ void FunctionExpansion::Requests(const OutputRequest& request) {
   auto ask = [&](const std::string& tensor, const Layout& layout) {
     TensorName t = SplitName(tensor);
     if (t.control || t.index != 0 || !by_name_.count(t.node)) return;
-    requests_.emplace(t.node, layout);
+    seeds_.emplace(t.node, layout);
   };
   for (size_t i = 0; i < spec_.ret.size() && i < spec_.signature.outputs.size(); ++i) {
     const std::string& name = spec_.signature.outputs[i].name;
@@ -300,22 +332,67 @@ void FunctionExpansion::Requests(const OutputRequest& request) {
       if (request.single && spec_.signature.outputs.size() == 1) ask(tensor, *request.single);
     }
   }
+  // A relayout asks its input's producer for its layout (also RelayoutRule::Backward;
+  // seeded here so that the first round already has it).
   for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
     const NodeSpec& node = **it;
-    std::optional<Layout> layout;
-    if (node.op == kRelayoutOp) {
-      AttrMap attrs = DecodeAttrs(node.attrs);
-      std::optional<std::string> text = attrs.GetString("layout");
-      if (text) {
-        StatusOr<Layout> parsed = Layout::FromString(*text);
-        if (parsed.ok()) layout = *parsed;
-      }
-    } else if (PassesRequest(node.op) && requests_.count(node.name)) {
-      layout = requests_.at(node.name);
-    }
-    if (!layout) continue;
-    for (const std::string& in : node.inputs) ask(in, *layout);
+    if (node.op != kRelayoutOp || node.inputs.empty()) continue;
+    std::optional<std::string> text = DecodeAttrs(node.attrs).GetString("layout");
+    if (!text) continue;
+    StatusOr<Layout> parsed = Layout::FromString(*text);
+    if (parsed.ok()) ask(node.inputs[0], *parsed);
   }
+}
+
+void FunctionExpansion::Record(const NodeSpec& node, const Rule* rule,
+                               std::shared_ptr<const OpContext> ctx, bool request_sensitive) {
+  auto it = position_.find(node.name);
+  if (it == position_.end()) return;
+  solver_nodes_[it->second].rule = rule;
+  solver_nodes_[it->second].ctx = std::move(ctx);
+  request_sensitive_[it->second] = request_sensitive;
+}
+
+std::shared_ptr<const OpContext> FunctionExpansion::HostContext(
+    const NodeSpec& node, const Rule* rule, const std::vector<ValueId>& inputs) {
+  auto recorded = std::make_shared<RecordedContext>(node.op, DecodeAttrs(node.attrs), mesh_);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    InputInfo info;
+    info.shape = builder_.shape(inputs[i]);
+    info.dtype = builder_.dtype(inputs[i]);
+    if (rule->IsHostArgument(static_cast<int>(i), static_cast<int>(inputs.size()))) {
+      info.int_value = builder_.IntValue(inputs[i]);
+    }
+    recorded->ctx.inputs.push_back(std::move(info));
+  }
+  const OpSpec* op_spec = builder_.FindOp(node.op);
+  recorded->ctx.num_outputs = op_spec ? static_cast<int>(op_spec->outputs.size()) : 1;
+  return std::shared_ptr<const OpContext>(recorded, &recorded->ctx);
+}
+
+RequestMap FunctionExpansion::Solve() const {
+  std::vector<SolverNode> nodes = solver_nodes_;
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    auto seed = seeds_.find(order_[n]->name);
+    if (seed != seeds_.end()) nodes[n].seeds = {seed->second};
+  }
+  std::vector<std::vector<std::optional<Layout>>> solved = SolveRequests(nodes);
+  RequestMap out;
+  for (size_t n = 0; n < solved.size(); ++n) {
+    if (!solved[n].empty() && solved[n][0]) out.emplace(order_[n]->name, *solved[n][0]);
+  }
+  return out;
+}
+
+bool FunctionExpansion::Changes(const RequestMap& solved) const {
+  for (size_t n = 0; n < order_.size(); ++n) {
+    if (!request_sensitive_[n]) continue;
+    auto now = requests_.find(order_[n]->name);
+    auto next = solved.find(order_[n]->name);
+    const bool had = now != requests_.end(), has = next != solved.end();
+    if (had != has || (has && now->second != next->second)) return true;
+  }
+  return false;
 }
 
 Status FunctionExpansion::EnterNodeMesh(const NodeSpec& node, std::vector<ValueId>& inputs) {
@@ -457,13 +534,16 @@ Status FunctionExpansion::EmitHostOp(const NodeSpec& node, const std::vector<Val
 }
 
 Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<ValueId> inputs) {
-  AttrMap attrs = DecodeAttrs(node.attrs);
-  OpContext ctx(node.op, &attrs, mesh_);
+  const Rule* rule = RuleRegistry::Global().Find(node.op);
+  auto recorded = std::make_shared<RecordedContext>(node.op, DecodeAttrs(node.attrs), mesh_);
+  OpContext& ctx = recorded->ctx;
+  bool any_dtensor = false;
   auto request = requests_.find(node.name);
   if (request != requests_.end() && request->second.mesh() == mesh_) ctx.requested = request->second;
   const OpSpec* op_spec = builder_.FindOp(node.op);
   ctx.num_outputs = op_spec ? static_cast<int>(op_spec->outputs.size()) : 1;
   for (ValueId v : inputs) {
+    any_dtensor = any_dtensor || !builder_.is_host(v);
     InputInfo info;
     info.shape = builder_.shape(v);
     info.dtype = builder_.dtype(v);
@@ -471,12 +551,16 @@ Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<Value
     info.resource = builder_.resource(v);
     ctx.inputs.push_back(std::move(info));
   }
+  // The solver reads the context after this forward round, once Dispatch has filled in
+  // host-argument values and host data's layouts.
+  Record(node, rule, std::shared_ptr<const OpContext>(recorded, &ctx),
+         rule && (!any_dtensor || rule->ReadsRequest()));
   DispatchOptions options;
   options.policy = policy_;
   options.in_function = true;
   options.where = " (node '" + node.name + "' of tf.function '" + function_ + "')";
-  StatusOr<std::vector<ValueId>> results = Dispatch(RuleRegistry::Global().Find(node.op), ctx,
-                                                    std::move(inputs), builder_, options);
+  StatusOr<std::vector<ValueId>> results =
+      Dispatch(rule, ctx, std::move(inputs), builder_, options);
   if (!results.ok()) return results.status();
   outputs_[node.name] = std::move(results).value();
   if (node.op == kRelayoutOp || node.op == kRelayoutLikeOp) {
@@ -625,6 +709,7 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
 Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
   std::vector<ValueId> inputs;
   std::vector<TF_Operation*> control;
+  std::vector<SolverNode::Source> sources;
   for (const std::string& in : node.inputs) {
     TensorName t = SplitName(in);
     if (t.control) {
@@ -634,7 +719,17 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
     }
     TFD_ASSIGN_OR_RETURN(ValueId v, Resolve(in));
     inputs.push_back(v);
+    // Where the solver sends requests for this input: its producer (none for arguments).
+    SolverNode::Source source;
+    auto producer = position_.find(t.node);
+    const bool argument = t.arg.empty() && in.find(':') == std::string::npos && args_.count(t.node);
+    if (!argument && producer != position_.end()) {
+      StatusOr<int> flat = FlatIndex(*by_name_.at(t.node), t.arg, t.index);
+      if (flat.ok()) source = {producer->second, *flat};
+    }
+    sources.push_back(source);
   }
+  solver_nodes_[position_.at(node.name)].inputs = std::move(sources);
   builder_.BeginNode(node.name, node.op, &node.attrs, std::move(control));
   Status s = [&]() -> Status {
     TFD_RETURN_IF_ERROR(EnterNodeMesh(node, inputs));
@@ -670,18 +765,22 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
     // A relayout always moves its input onto its layout's mesh, host constants included.
     if (!any_dtensor && !made_in_layout && node.op != kRelayoutOp &&
         node.op != kRelayoutLikeOp) {
+      // A request reaching this op later makes it on the mesh (made_in_layout).
+      const Rule* rule = RuleRegistry::Global().Find(node.op);
+      if (rule && node.op != "Const") Record(node, rule, HostContext(node, rule, inputs), true);
       return EmitHostOp(node, inputs);
     }
     return ExpandWithRule(node, inputs);
   }();
   if (!s.ok()) return s;
   ops_[node.name] = builder_.created();
+  solver_nodes_[position_.at(node.name)].num_outputs =
+      static_cast<int>(outputs_[node.name].size());
   return Status::Ok();
 }
 
-StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Run(
-    const std::string& function, const std::vector<ValueMeta>& inputs,
-    const OutputRequest& request, const std::string& expanded_name) {
+Status FunctionExpansion::Build(const std::string& function, const std::vector<ValueMeta>& inputs,
+                                const OutputRequest& request, const RequestMap* requests) {
   function_ = function;
   TF_Buffer* buffer = TF_NewBuffer();
   TFE_ContextGetFunctionDef(context_, function.c_str(), buffer, status_);
@@ -696,9 +795,19 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Run(
 
   TFD_RETURN_IF_ERROR(AddInputs(inputs));
   TFD_RETURN_IF_ERROR(Order());
+  solver_nodes_.resize(order_.size());
+  request_sensitive_.assign(order_.size(), false);
+  for (size_t n = 0; n < order_.size(); ++n) position_[order_[n]->name] = static_cast<int>(n);
   Requests(request);
+  requests_ = requests ? *requests : seeds_;
   for (const NodeSpec* node : order_) TFD_RETURN_IF_ERROR(ExpandNode(*node));
+  return Status::Ok();
+}
 
+StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
+    const std::vector<ValueMeta>& inputs, const OutputRequest& request,
+    const std::string& expanded_name) {
+  const std::string& function = function_;
   auto result = std::make_shared<ExpandedFunction>();
   result->name = expanded_name;
   result->inputs = inputs;
@@ -812,9 +921,20 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncach
     return InvalidArgument("tf.function '" + function + "' nests calls deeper than " +
                            std::to_string(kMaxDepth) + " levels (recursion?).");
   }
-  FunctionExpansion expansion(this, context, mesh, policy, depth);
+  // Expand, solve the layout requests backward over what the expansion saw, and expand
+  // again while the solution changes how some op expands (propagate.h).
+  std::unique_ptr<FunctionExpansion> expansion;
+  std::optional<RequestMap> requests;
+  for (int round = 0;; ++round) {
+    expansion = std::make_unique<FunctionExpansion>(this, context, mesh, policy, depth);
+    TFD_RETURN_IF_ERROR(
+        expansion->Build(function, inputs, request, requests ? &*requests : nullptr));
+    RequestMap solved = expansion->Solve();
+    if (round + 1 >= kMaxRounds || !expansion->Changes(solved)) break;
+    requests = std::move(solved);
+  }
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
-                       expansion.Run(function, inputs, request, name));
+                       expansion->Finish(inputs, request, name));
   std::lock_guard<std::mutex> lock(mutex_);
   cache_[key] = expanded;
   return expanded;

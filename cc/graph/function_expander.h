@@ -4,16 +4,19 @@
 // The pass pipeline, run once per (function, input layouts and shapes, requested layout)
 // and cached:
 //   1. parse the FunctionDef and order its nodes (data and control edges);
-//   2. layout requests, backward: a `relayout` inside the function, or call_with_layout
-//      around it, asks the producer of that value for the layout; the request passes back
-//      through pointwise ops to the op that creates the value (Fill, random ops,
-//      constants), which then makes its blocks directly in that layout;
-//   3. forward, in topological order: each node's rule (the eager path's registry)
-//      plans the output layouts from the input layouts (and the request), and expands
-//      the node into local ops on each device plus collectives, with local shapes for
-//      Reshape, Fill, random ops and constants. A DAG visited in order is at its fixed
-//      point after one pass. Merge rule: the layout computed forward from the inputs wins;
-//      a request that disagrees is met by a relayout where it was made;
+//   2. forward, in topological order: each node's rule (the eager path's registry)
+//      plans the output layouts from the input layouts (and the layout requested of it),
+//      and expands the node into local ops on each device plus collectives, with local
+//      shapes for Reshape, Fill, random ops and constants. A DAG visited in order is at
+//      its fixed point after one pass. Each node's context is recorded for step 3;
+//   3. layout requests, backward (cc/propagation/propagate.h): a `relayout` inside the
+//      function, or call_with_layout around it, asks the producer of that value for the
+//      layout; every rule's Backward sends the request on to its inputs' producers, back
+//      to the ops that create values (Fill, random ops, variables), which then make their
+//      blocks directly in that layout. When the solution changes how some op expands,
+//      step 2 runs again with it (a few rounds at most). Merge rule: the layout computed
+//      forward from the inputs wins; a request that disagrees is met by a relayout where
+//      it was made;
 //   4. the outputs go to their devices, and the graph becomes a function whose
 //      components run on every device of the mesh in one call.
 // Nested calls (PartitionedCall, direct calls) are expanded recursively with the layouts

@@ -61,22 +61,4 @@ std::vector<DimSpec> ProjectBroadcast(const std::vector<DimSpec>& out,
   return specs;
 }
 
-std::vector<DimSpec> MergeAligned(const std::vector<const Layout*>& layouts, int rank,
-                                  const std::vector<bool>& unsharded, std::vector<bool>* used) {
-  std::vector<DimSpec> out(rank, DimSpec::Replicated());
-  for (int d = 0; d < rank; ++d) {
-    if (d < static_cast<int>(unsharded.size()) && unsharded[d]) continue;
-    for (const Layout* layout : layouts) {
-      if (!layout || d >= layout->rank()) continue;
-      const DimSpec& spec = layout->spec(d);
-      if (spec.sharded() && !(*used)[spec.mesh_dim]) {
-        out[d] = spec;
-        (*used)[spec.mesh_dim] = true;
-        break;
-      }
-    }
-  }
-  return out;
-}
-
 }  // namespace tf_dtensor

@@ -35,13 +35,6 @@ std::vector<DimSpec> ProjectBroadcast(const std::vector<DimSpec>& out,
                                       const std::vector<int64_t>& in_shape,
                                       const std::vector<int64_t>& out_shape);
 
-// Output specs for inputs whose axes line up one to one (concat, stack, cross entropy):
-// each axis takes the first input's sharding whose mesh dimension is still free;
-// axes marked in `unsharded` stay unsharded. Null layouts (host values) are skipped.
-//   concat([x,*], [*,y]) on axis 0: [*,y]      stack([x,*], [y,*]): [x,*]
-std::vector<DimSpec> MergeAligned(const std::vector<const Layout*>& layouts, int rank,
-                                  const std::vector<bool>& unsharded, std::vector<bool>* used);
-
 }  // namespace tf_dtensor
 
 #endif  // TF_DTENSOR_CC_PROPAGATION_MERGE_H_

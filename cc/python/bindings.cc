@@ -9,6 +9,7 @@
 #include "cc/device/custom_device.h"
 #include "cc/device/ops.h"
 #include "cc/device/tensor_with_layout.h"
+#include "cc/propagation/propagate.h"
 #include "cc/rules/registry.h"
 
 namespace py = pybind11;
@@ -51,7 +52,8 @@ py::dict Explain(const std::string& op_name, const std::vector<std::optional<Lay
                  const std::vector<std::vector<int64_t>>& shapes,
                  const std::map<int, std::vector<int64_t>>& int_values,
                  const std::map<std::string, py::object>& attrs,
-                 const std::optional<Layout>& requested, int num_outputs) {
+                 const std::optional<Layout>& requested, int num_outputs,
+                 const std::vector<std::optional<Layout>>& output_layouts) {
   AttrMap attr_map;
   for (const auto& [name, value] : attrs) {
     AttrValue v;
@@ -68,6 +70,9 @@ py::dict Explain(const std::string& op_name, const std::vector<std::optional<Lay
     attr_map.Set(name, std::move(v));
   }
   std::optional<Mesh> mesh = requested ? std::optional<Mesh>(requested->mesh()) : std::nullopt;
+  for (const std::optional<Layout>& layout : output_layouts) {
+    if (layout && !mesh) mesh = layout->mesh();
+  }
   for (const std::optional<Layout>& layout : layouts) {
     if (layout) mesh = layout->mesh();
   }
@@ -102,6 +107,23 @@ py::dict Explain(const std::string& op_name, const std::vector<std::optional<Lay
   out["inputs"] = plan.inputs;
   out["outputs"] = plan.outputs;
   out["collectives"] = plan.Collectives(ctx);
+  if (!output_layouts.empty()) {
+    // The backward plan, from the same solver tf.function expansion uses: the op fed by
+    // one producer per input, its outputs asked for `output_layouts`.
+    std::vector<SolverNode> graph(ctx.inputs.size() + 1);
+    SolverNode& node = graph.back();
+    node.rule = rule;
+    node.ctx = std::shared_ptr<const OpContext>(&ctx, [](const OpContext*) {});
+    node.num_outputs = static_cast<int>(output_layouts.size());
+    node.seeds = output_layouts;
+    for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+      node.inputs.push_back({static_cast<int>(i), 0});
+    }
+    std::vector<std::vector<std::optional<Layout>>> solved = SolveRequests(graph);
+    std::vector<std::optional<Layout>> backward;
+    for (size_t i = 0; i < ctx.inputs.size(); ++i) backward.push_back(solved[i][0]);
+    out["backward"] = backward;
+  }
   return out;
 }
 
@@ -375,7 +397,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("explain", &Explain, py::arg("op_name"), py::arg("layouts"), py::arg("shapes"),
         py::arg("int_values") = std::map<int, std::vector<int64_t>>(),
         py::arg("attrs") = std::map<std::string, py::object>(),
-        py::arg("requested") = std::nullopt, py::arg("num_outputs") = 1);
+        py::arg("requested") = std::nullopt, py::arg("num_outputs") = 1,
+        py::arg("output_layouts") = std::vector<std::optional<Layout>>());
   m.def("registered_ops", [] { return RuleRegistry::Global().OpNames(); });
   m.def("register_ops", &RegisterOps);
   m.attr("PACK_OP") = kPackOp;

@@ -4,148 +4,114 @@
 //   stack([x,*], [x,*], axis=0) -> [*,x,*]          (the new axis is unsharded)
 //   unstack([x,y], axis=1) -> gather y -> [x], [x], ...
 //   split([x,y], 2, axis=1) -> gather y -> [x,*], [x,*]
-// The joined or split axis is gathered if sharded: its pieces do not line up with the
-// shards. Inputs disagreeing on another axis follow the first input that shards it.
+// The joined or split axis is gathered if sharded (a need-replication factor, factor.h):
+// its pieces do not line up with the shards.
+#include <numeric>
+
 #include "cc/core/strings.h"
-#include "cc/propagation/merge.h"
+#include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
 
 namespace tf_dtensor {
 namespace {
 
-// `axis` in [-rank, rank) as a non-negative axis, or an error naming the op.
-StatusOr<int> NormalizeAxis(const OpContext& ctx, int64_t axis, int rank, int input) {
-  if (axis < -rank || axis >= rank) {
-    return InvalidArgument("'" + ctx.op_name + "' axis " + std::to_string(axis) +
-                           " is out of range for " + ctx.Describe(input) + " (rank " +
-                           std::to_string(rank) + ").");
-  }
-  return static_cast<int>(axis < 0 ? axis + rank : axis);
-}
-
-// Values `first` .. `first + count - 1` of equal rank, merged with `axis` unsharded; each
-// runs with the merged specs and the output takes them too.
-Plan MergedPlan(const OpContext& ctx, int first, int count, int axis) {
-  const int rank = ctx.rank(first);
-  std::vector<const Layout*> layouts;
-  for (int i = first; i < first + count; ++i) layouts.push_back(&ctx.layout(i));
-  std::vector<bool> unsharded(rank, false);
-  if (axis >= 0) unsharded[axis] = true;
-  std::vector<bool> used(ctx.mesh.num_dims(), false);
-  Layout merged = ctx.layout(first).WithSpecs(MergeAligned(layouts, rank, unsharded, &used));
-  Plan plan;
-  plan.inputs.assign(ctx.inputs.size(), std::nullopt);
-  for (int i = first; i < first + count; ++i) plan.inputs[i] = merged;
-  plan.outputs = {merged};
-  return plan;
+// Each value's axes are shared factors; `axis` (joined or split) needs replication.
+// Inputs disagreeing on another axis follow the first input that shards it.
+FactorSpec AlignedFactors(int rank, int axis) {
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  if (axis >= 0) spec.factors[axes[axis]] = FactorKind::kNeedReplication;
+  return spec;
 }
 
 // ConcatV2(values..., axis) and Concat(axis, values...).
-class ConcatRule : public Rule {
- public:
-  explicit ConcatRule(bool axis_first) : axis_first_(axis_first) {}
-
-  bool IsHostArgument(int input, int num_inputs) const override {
-    return input == (axis_first_ ? 0 : num_inputs - 1);
+StatusOr<FactorSpec> ConcatFactors(const OpContext& ctx, bool axis_first) {
+  const int n = static_cast<int>(ctx.inputs.size()) - 1;
+  const int first = axis_first ? 1 : 0;
+  const int axis_input = axis_first ? 0 : n;
+  if (n < 1) return InvalidArgument("'" + ctx.op_name + "' needs at least one value.");
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(axis_input, "axis"));
+  if (axis.size() != 1) {
+    return InvalidArgument("'" + ctx.op_name + "' takes a scalar axis; got " +
+                           ShapeString(axis) + ".");
   }
-
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    const int n = static_cast<int>(ctx.inputs.size()) - 1;
-    const int first = axis_first_ ? 1 : 0;
-    const int axis_input = axis_first_ ? 0 : n;
-    if (n < 1) return InvalidArgument("'" + ctx.op_name + "' needs at least one value.");
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(axis_input, "axis"));
-    if (axis.size() != 1) {
-      return InvalidArgument("'" + ctx.op_name + "' takes a scalar axis; got " +
-                             ShapeString(axis) + ".");
+  const int rank = ctx.rank(first);
+  for (int i = first; i < first + n; ++i) {
+    if (ctx.rank(i) != rank) {
+      return InvalidArgument("'" + ctx.op_name + "' joins values of one rank; got " +
+                             ctx.Describe(first) + " and " + ctx.Describe(i) + ".");
     }
-    const int rank = ctx.rank(first);
-    for (int i = first; i < first + n; ++i) {
-      if (ctx.rank(i) != rank) {
-        return InvalidArgument("'" + ctx.op_name + "' joins values of one rank; got " +
-                               ctx.Describe(first) + " and " + ctx.Describe(i) + ".");
-      }
-    }
-    TFD_ASSIGN_OR_RETURN(int a, NormalizeAxis(ctx, axis[0], rank, first));
-    return MergedPlan(ctx, first, n, a);
   }
+  TFD_ASSIGN_OR_RETURN(int a, NormalizeAxis(ctx, axis[0], rank, first));
+  FactorSpec spec = AlignedFactors(rank, a);
+  std::vector<int> axes(rank);
+  std::iota(axes.begin(), axes.end(), 0);
+  spec.inputs.assign(ctx.inputs.size(), axes);
+  spec.inputs[axis_input] = std::nullopt;
+  spec.outputs = {axes};
+  return spec;
+}
 
- private:
-  bool axis_first_;
-};
+StatusOr<FactorSpec> ConcatV2Factors(const OpContext& ctx) { return ConcatFactors(ctx, false); }
+StatusOr<FactorSpec> ConcatV1Factors(const OpContext& ctx) { return ConcatFactors(ctx, true); }
 
-// Pack(values..., axis=a): values of one shape stacked along a new axis a.
-class PackRule : public Rule {
- public:
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    const int n = static_cast<int>(ctx.inputs.size());
-    if (n < 1) return InvalidArgument("'Pack' needs at least one value.");
-    const int rank = ctx.rank(0);
-    TFD_ASSIGN_OR_RETURN(int axis, NormalizeAxis(ctx, ctx.attrs->GetInt("axis", 0), rank + 1, 0));
-    Plan plan = MergedPlan(ctx, 0, n, -1);
-    std::vector<DimSpec> out = plan.outputs[0].specs();
-    out.insert(out.begin() + axis, DimSpec::Replicated());
-    plan.outputs = {plan.outputs[0].WithSpecs(out)};
-    return plan;
-  }
-};
+// Pack(values..., axis=a): values of one shape stacked along a new (unsharded) axis a.
+StatusOr<FactorSpec> PackFactors(const OpContext& ctx) {
+  const int n = static_cast<int>(ctx.inputs.size());
+  if (n < 1) return InvalidArgument("'Pack' needs at least one value.");
+  const int rank = ctx.rank(0);
+  TFD_ASSIGN_OR_RETURN(int axis, NormalizeAxis(ctx, ctx.attrs->GetInt("axis", 0), rank + 1, 0));
+  FactorSpec spec = AlignedFactors(rank, -1);
+  std::vector<int> axes(rank);
+  std::iota(axes.begin(), axes.end(), 0);
+  spec.inputs.assign(n, axes);
+  axes.insert(axes.begin() + axis, FactorSpec::kNew);
+  spec.outputs = {axes};
+  return spec;
+}
 
 // Unpack(value, num, axis=a): `num` values, each without axis a.
-class UnpackRule : public Rule {
- public:
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    const Layout& in = ctx.layout(0);
-    TFD_ASSIGN_OR_RETURN(int axis, NormalizeAxis(ctx, ctx.attrs->GetInt("axis", 0), in.rank(), 0));
-    std::vector<DimSpec> specs = in.specs();
-    specs[axis] = DimSpec::Replicated();
-    std::vector<DimSpec> out = specs;
-    out.erase(out.begin() + axis);
-    Plan plan;
-    plan.inputs = {in.WithSpecs(specs)};
-    int64_t num = ctx.attrs->GetInt("num", ctx.inputs[0].shape[axis]);
-    plan.outputs.assign(num, in.WithSpecs(out));
-    return plan;
-  }
-};
+StatusOr<FactorSpec> UnpackFactors(const OpContext& ctx) {
+  const int rank = ctx.rank(0);
+  TFD_ASSIGN_OR_RETURN(int axis, NormalizeAxis(ctx, ctx.attrs->GetInt("axis", 0), rank, 0));
+  FactorSpec spec = AlignedFactors(rank, axis);
+  std::vector<int> axes(rank);
+  std::iota(axes.begin(), axes.end(), 0);
+  spec.inputs = {axes};
+  axes.erase(axes.begin() + axis);
+  spec.outputs.assign(ctx.attrs->GetInt("num", ctx.inputs[0].shape[axis]), axes);
+  return spec;
+}
 
 // Split(axis, value, num_split) and SplitV(value, size_splits, axis, num_split).
-class SplitRule : public Rule {
- public:
-  explicit SplitRule(bool sizes) : sizes_(sizes) {}
-
-  bool IsHostArgument(int input, int) const override {
-    return sizes_ ? input == 1 || input == 2 : input == 0;
+StatusOr<FactorSpec> SplitFactors(const OpContext& ctx, bool sizes) {
+  const int value = sizes ? 0 : 1;
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(sizes ? 2 : 0, "axis"));
+  if (axis.size() != 1) {
+    return InvalidArgument("'" + ctx.op_name + "' takes a scalar axis; got " +
+                           ShapeString(axis) + ".");
   }
+  const int rank = ctx.rank(value);
+  TFD_ASSIGN_OR_RETURN(int a, NormalizeAxis(ctx, axis[0], rank, value));
+  FactorSpec spec = AlignedFactors(rank, a);
+  std::vector<int> axes(rank);
+  std::iota(axes.begin(), axes.end(), 0);
+  spec.inputs.assign(ctx.inputs.size(), std::nullopt);
+  spec.inputs[value] = axes;
+  spec.outputs.assign(ctx.attrs->GetInt("num_split", ctx.num_outputs), axes);
+  return spec;
+}
 
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    const int value = sizes_ ? 0 : 1;
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(sizes_ ? 2 : 0, "axis"));
-    if (axis.size() != 1) {
-      return InvalidArgument("'" + ctx.op_name + "' takes a scalar axis; got " +
-                             ShapeString(axis) + ".");
-    }
-    const Layout& in = ctx.layout(value);
-    TFD_ASSIGN_OR_RETURN(int a, NormalizeAxis(ctx, axis[0], in.rank(), value));
-    std::vector<DimSpec> specs = in.specs();
-    specs[a] = DimSpec::Replicated();
-    Plan plan;
-    plan.inputs.assign(ctx.inputs.size(), std::nullopt);
-    plan.inputs[value] = in.WithSpecs(specs);
-    plan.outputs.assign(ctx.attrs->GetInt("num_split", ctx.num_outputs), in.WithSpecs(specs));
-    return plan;
-  }
-
- private:
-  bool sizes_;
-};
+StatusOr<FactorSpec> SplitV1Factors(const OpContext& ctx) { return SplitFactors(ctx, false); }
+StatusOr<FactorSpec> SplitVFactors(const OpContext& ctx) { return SplitFactors(ctx, true); }
 
 const bool kRegistered = RegisterRules({
-    {"Concat", std::make_shared<ConcatRule>(/*axis_first=*/true)},
-    {"ConcatV2", std::make_shared<ConcatRule>(/*axis_first=*/false)},
-    {"Pack", std::make_shared<PackRule>()},
-    {"Split", std::make_shared<SplitRule>(/*sizes=*/false)},
-    {"SplitV", std::make_shared<SplitRule>(/*sizes=*/true)},
-    {"Unpack", std::make_shared<UnpackRule>()},
+    {"Concat", Factors(ConcatV1Factors, [](int i, int) { return i == 0; })},
+    {"ConcatV2", Factors(ConcatV2Factors, [](int i, int n) { return i == n - 1; })},
+    {"Pack", Factors(PackFactors)},
+    {"Split", Factors(SplitV1Factors, [](int i, int) { return i == 0; })},
+    {"SplitV", Factors(SplitVFactors, [](int i, int) { return i == 1 || i == 2; })},
+    {"Unpack", Factors(UnpackFactors)},
 });
 
 }  // namespace

@@ -42,6 +42,7 @@ class ReplicatedRule : public Rule {
 // Fill(dims, value): each device fills its own block of the requested layout.
 class FillRule : public Rule {
  public:
+  bool ReadsRequest() const override { return true; }
   bool IsHostArgument(int, int) const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ctx.IntValue(0, "dims"));

@@ -29,6 +29,25 @@ class PointwiseRule : public Rule {
     plan.outputs.assign(ctx.num_outputs, out_layout);
     return plan;
   }
+
+  // The request projected onto each input through broadcasting, right-aligned:
+  //   want [x,y] of [4,8] + [8]   -> [x,y], [y]
+  //   want [x,y] of [4,8] + [1,8] -> [x,y], [*,y]   (a size-1 axis broadcasts, unsharded)
+  std::vector<std::optional<Layout>> Backward(
+      const OpContext& ctx, const std::vector<std::optional<Layout>>& requested) const override {
+    std::vector<std::optional<Layout>> out(ctx.inputs.size());
+    std::vector<std::vector<int64_t>> shapes;
+    for (const InputInfo& in : ctx.inputs) shapes.push_back(in.shape);
+    StatusOr<std::vector<int64_t>> out_shape = BroadcastShapes(shapes, ctx.op_name);
+    if (!out_shape.ok()) return out;
+    const Layout* want =
+        UsableRequest(ctx, requested, 0, static_cast<int>(out_shape->size()));
+    if (!want) return out;
+    for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+      out[i] = want->WithSpecs(ProjectBroadcast(want->specs(), ctx.inputs[i].shape, *out_shape));
+    }
+    return out;
+  }
 };
 
 // Select (v1) takes a rank-1 condition that picks whole rows: it aligns on the left.
@@ -50,11 +69,34 @@ class SelectRule : public PointwiseRule {
     plan.outputs = {out_layout};
     return plan;
   }
+
+  std::vector<std::optional<Layout>> Backward(
+      const OpContext& ctx, const std::vector<std::optional<Layout>>& requested) const override {
+    if (ctx.inputs.size() != 3 || ctx.rank(0) != 1 || ctx.rank(1) <= 1) {
+      return PointwiseRule::Backward(ctx, requested);
+    }
+    std::vector<std::optional<Layout>> out(3);
+    if (ctx.inputs[1].shape != ctx.inputs[2].shape) return out;
+    const Layout* want = UsableRequest(ctx, requested, 0, ctx.rank(1));
+    if (!want) return out;
+    return {want->WithSpecs({want->spec(0)}), *want, *want};
+  }
 };
 
 // IdentityN passes each input through with its layout.
 class IdentityNRule : public Rule {
  public:
+  std::vector<std::optional<Layout>> Backward(
+      const OpContext& ctx, const std::vector<std::optional<Layout>>& requested) const override {
+    std::vector<std::optional<Layout>> out(ctx.inputs.size());
+    for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+      if (const Layout* want = UsableRequest(ctx, requested, static_cast<int>(i), ctx.rank(i))) {
+        out[i] = *want;
+      }
+    }
+    return out;
+  }
+
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     Plan plan;
     plan.inputs.assign(ctx.inputs.size(), std::nullopt);

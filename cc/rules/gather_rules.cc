@@ -6,156 +6,118 @@
 // An index axis that would share a mesh dimension with a params axis is gathered (indices
 // are small).
 #include "cc/core/strings.h"
-#include "cc/propagation/merge.h"
+#include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
 
 namespace tf_dtensor {
 namespace {
 
 // GatherV2(params, indices, axis) with attribute batch_dims, and Gather(params, indices)
-// (axis 0). Output: params[:axis] + indices[batch_dims:] + params[axis+1:].
-class GatherRule : public Rule {
- public:
-  explicit GatherRule(bool has_axis) : has_axis_(has_axis) {}
-
-  bool IsHostArgument(int input, int) const override { return has_axis_ && input == 2; }
-
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    const Layout& params = ctx.layout(0);
-    const Layout& indices = ctx.layout(1);
-    int64_t axis = 0;
-    if (has_axis_) {
-      TFD_ASSIGN_OR_RETURN(std::vector<int64_t> value, ctx.IntValue(2, "axis"));
-      if (value.size() != 1) return InvalidArgument("'" + ctx.op_name + "' takes a scalar axis.");
-      axis = value[0];
-    }
-    int64_t batch_dims = ctx.attrs->GetInt("batch_dims", 0);
-    if (batch_dims < 0) batch_dims += indices.rank();
-    if (axis < 0) axis += params.rank();
-    if (axis < 0 || axis >= params.rank() || batch_dims < 0 || batch_dims > axis ||
-        batch_dims > indices.rank()) {
-      return InvalidArgument("'" + ctx.op_name + "' got axis " + std::to_string(axis) +
-                             " and batch_dims " + std::to_string(batch_dims) + " for " +
-                             ctx.Describe(0) + " and " + ctx.Describe(1) + ".");
-    }
-    // Every device reads whole rows along the gathered axis.
-    std::vector<DimSpec> p = params.specs();
-    p[axis] = DimSpec::Replicated();
-    std::vector<bool> used(ctx.mesh.num_dims(), false);
-    for (const DimSpec& s : p) {
-      if (s.sharded()) used[s.mesh_dim] = true;
-    }
-    std::vector<DimSpec> i = indices.specs();
-    for (int d = 0; d < indices.rank(); ++d) {
-      if (d < batch_dims) {
-        // Batch axes are shared: the params' sharding, else the indices' when it is free.
-        if (p[d].sharded() || (i[d].sharded() && used[i[d].mesh_dim])) {
-          i[d] = p[d];
-        } else if (i[d].sharded()) {
-          p[d] = i[d];
-          used[i[d].mesh_dim] = true;
-        }
-        continue;
-      }
-      if (!i[d].sharded()) continue;
-      if (used[i[d].mesh_dim]) {
-        i[d] = DimSpec::Replicated();
-      } else {
-        used[i[d].mesh_dim] = true;
-      }
-    }
-    std::vector<DimSpec> out(p.begin(), p.begin() + axis);
-    out.insert(out.end(), i.begin() + batch_dims, i.end());
-    out.insert(out.end(), p.begin() + axis + 1, p.end());
-    Plan plan;
-    plan.inputs.assign(ctx.inputs.size(), std::nullopt);
-    plan.inputs[0] = params.WithSpecs(p);
-    plan.inputs[1] = indices.WithSpecs(i);
-    plan.outputs = {params.WithSpecs(out)};
-    return plan;
+// (axis 0). Output: params[:axis] + indices[batch_dims:] + params[axis+1:]. The gathered
+// axis needs replication (every device reads whole rows); the leading batch_dims axes are
+// factors shared by params and indices. Priority: params' own axes, then the batch axes
+// (params' sharding, else the indices'), then the other index axes where still free.
+StatusOr<FactorSpec> GatherFactors(const OpContext& ctx, bool has_axis) {
+  const int params_rank = ctx.rank(0);
+  const int indices_rank = ctx.rank(1);
+  int64_t axis = 0;
+  if (has_axis) {
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> value, ctx.IntValue(2, "axis"));
+    if (value.size() != 1) return InvalidArgument("'" + ctx.op_name + "' takes a scalar axis.");
+    axis = value[0];
   }
+  int64_t batch_dims = ctx.attrs->GetInt("batch_dims", 0);
+  if (batch_dims < 0) batch_dims += indices_rank;
+  if (axis < 0) axis += params_rank;
+  if (axis < 0 || axis >= params_rank || batch_dims < 0 || batch_dims > axis ||
+      batch_dims > indices_rank) {
+    return InvalidArgument("'" + ctx.op_name + "' got axis " + std::to_string(axis) +
+                           " and batch_dims " + std::to_string(batch_dims) + " for " +
+                           ctx.Describe(0) + " and " + ctx.Describe(1) + ".");
+  }
+  FactorSpec spec;
+  std::vector<int> params = spec.AddAxes(params_rank);
+  spec.factors[params[axis]] = FactorKind::kNeedReplication;
+  std::vector<int> indices(params.begin(), params.begin() + batch_dims);
+  for (int d = static_cast<int>(batch_dims); d < indices_rank; ++d) {
+    indices.push_back(spec.Add(FactorKind::kPassThrough));
+  }
+  for (int d = static_cast<int>(batch_dims); d < params_rank; ++d) spec.priority.push_back(d);
+  for (int d = 0; d < batch_dims; ++d) spec.priority.push_back(d);
+  for (int f = params_rank; f < static_cast<int>(spec.factors.size()); ++f) {
+    spec.priority.push_back(f);
+  }
+  std::vector<int> out(params.begin(), params.begin() + axis);
+  out.insert(out.end(), indices.begin() + batch_dims, indices.end());
+  out.insert(out.end(), params.begin() + axis + 1, params.end());
+  spec.inputs.assign(ctx.inputs.size(), std::nullopt);
+  spec.inputs[0] = params;
+  spec.inputs[1] = indices;
+  spec.outputs = {out};
+  return spec;
+}
 
- private:
-  bool has_axis_;
-};
+StatusOr<FactorSpec> GatherV1Factors(const OpContext& ctx) { return GatherFactors(ctx, false); }
+StatusOr<FactorSpec> GatherV2Factors(const OpContext& ctx) { return GatherFactors(ctx, true); }
 
 // OneHot(indices, depth, on_value, off_value), attribute axis (-1: last): the indices'
 // axes keep their sharding and the new axis is unsharded.
-class OneHotRule : public Rule {
- public:
-  bool IsHostArgument(int input, int) const override { return input == 1; }
-
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    const Layout& indices = ctx.layout(0);
-    int64_t axis = ctx.attrs->GetInt("axis", -1);
-    if (axis == -1) axis = indices.rank();
-    if (axis < 0 || axis > indices.rank()) {
-      return InvalidArgument("'OneHot' axis " + std::to_string(axis) + " is out of range for " +
-                             ctx.Describe(0) + ".");
-    }
-    std::vector<DimSpec> out = indices.specs();
-    out.insert(out.begin() + axis, DimSpec::Replicated());
-    Plan plan;
-    plan.inputs.assign(ctx.inputs.size(), std::nullopt);
-    plan.inputs[0] = indices;
-    plan.outputs = {indices.WithSpecs(out)};
-    return plan;
+StatusOr<FactorSpec> OneHotFactors(const OpContext& ctx) {
+  const int rank = ctx.rank(0);
+  int64_t axis = ctx.attrs->GetInt("axis", -1);
+  if (axis == -1) axis = rank;
+  if (axis < 0 || axis > rank) {
+    return InvalidArgument("'OneHot' axis " + std::to_string(axis) + " is out of range for " +
+                           ctx.Describe(0) + ".");
   }
-};
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  spec.inputs.assign(ctx.inputs.size(), std::nullopt);
+  spec.inputs[0] = axes;
+  axes.insert(axes.begin() + axis, FactorSpec::kNew);
+  spec.outputs = {axes};
+  return spec;
+}
 
 // UnsortedSegmentSum/Max/Min/Prod(data, segment_ids, num_segments): the segment-id axes
-// (data's leading axes) may be sharded; each device then combines its own rows into
-// partial segments, and the partials are all-reduced. Data's other axes keep their
-// sharding.
-class SegmentReduceRule : public Rule {
- public:
-  explicit SegmentReduceRule(ReduceOp op) : op_(op) {}
-
-  bool IsHostArgument(int input, int) const override { return input == 2; }
-
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    const Layout& data = ctx.layout(0);
-    const Layout& ids = ctx.layout(1);
-    const int k = ids.rank();
-    if (k > data.rank()) {
-      return InvalidArgument("'" + ctx.op_name + "' needs segment ids whose shape prefixes the "
-                             "data's; got " + ctx.Describe(0) + " and " + ctx.Describe(1) + ".");
-    }
-    std::vector<bool> used(ctx.mesh.num_dims(), false);
-    std::vector<DimSpec> trailing(data.specs().begin() + k, data.specs().end());
-    for (const DimSpec& s : trailing) {
-      if (s.sharded()) used[s.mesh_dim] = true;
-    }
-    Layout data_ids = data.WithSpecs({data.specs().begin(), data.specs().begin() + k});
-    std::vector<DimSpec> leading = MergeAligned({&data_ids, &ids}, k, {}, &used);
-    std::vector<int> partial;
-    for (const DimSpec& s : leading) {
-      if (s.sharded()) partial.push_back(s.mesh_dim);
-    }
-    std::vector<DimSpec> data_specs = leading;
-    data_specs.insert(data_specs.end(), trailing.begin(), trailing.end());
-    std::vector<DimSpec> out = {DimSpec::Replicated()};
-    out.insert(out.end(), trailing.begin(), trailing.end());
-    Plan plan;
-    plan.inputs = {data.WithSpecs(data_specs), ids.WithSpecs(leading), std::nullopt};
-    plan.outputs = {data.WithSpecs(out)};
-    plan.partial_dims = {partial};
-    plan.partial_op = op_;
-    return plan;
+// (data's leading axes, shared with the ids) are contracted: each device combines its own
+// rows into partial segments, and the partials are all-reduced with `op`. Data's other
+// axes keep their sharding and claim mesh dimensions first; the output's leading axis
+// (the segments) is new.
+template <ReduceOp op>
+StatusOr<FactorSpec> SegmentReduceFactors(const OpContext& ctx) {
+  const int k = ctx.rank(1);
+  const int rank = ctx.rank(0);
+  if (k > rank) {
+    return InvalidArgument("'" + ctx.op_name + "' needs segment ids whose shape prefixes the "
+                           "data's; got " + ctx.Describe(0) + " and " + ctx.Describe(1) + ".");
   }
+  FactorSpec spec;
+  std::vector<int> leading;
+  for (int d = 0; d < k; ++d) leading.push_back(spec.Add(FactorKind::kContracted));
+  std::vector<int> trailing = spec.AddAxes(rank - k);
+  spec.priority = trailing;
+  spec.priority.insert(spec.priority.end(), leading.begin(), leading.end());
+  std::vector<int> data = leading;
+  data.insert(data.end(), trailing.begin(), trailing.end());
+  std::vector<int> out = {FactorSpec::kNew};
+  out.insert(out.end(), trailing.begin(), trailing.end());
+  spec.inputs = {data, leading, std::nullopt};
+  spec.outputs = {out};
+  spec.reduce = op;
+  return spec;
+}
 
- private:
-  ReduceOp op_;
-};
+bool ThirdInputIsHost(int input, int) { return input == 2; }
 
 const bool kRegistered = RegisterRules({
-    {"Gather", std::make_shared<GatherRule>(/*has_axis=*/false)},
-    {"GatherV2", std::make_shared<GatherRule>(/*has_axis=*/true)},
-    {"OneHot", std::make_shared<OneHotRule>()},
-    {"UnsortedSegmentMax", std::make_shared<SegmentReduceRule>(ReduceOp::kMax)},
-    {"UnsortedSegmentMin", std::make_shared<SegmentReduceRule>(ReduceOp::kMin)},
-    {"UnsortedSegmentProd", std::make_shared<SegmentReduceRule>(ReduceOp::kProd)},
-    {"UnsortedSegmentSum", std::make_shared<SegmentReduceRule>(ReduceOp::kSum)},
+    {"Gather", Factors(GatherV1Factors)},
+    {"GatherV2", Factors(GatherV2Factors, ThirdInputIsHost)},
+    {"OneHot", Factors(OneHotFactors, SecondInputIsHost)},
+    {"UnsortedSegmentMax", Factors(SegmentReduceFactors<ReduceOp::kMax>, ThirdInputIsHost)},
+    {"UnsortedSegmentMin", Factors(SegmentReduceFactors<ReduceOp::kMin>, ThirdInputIsHost)},
+    {"UnsortedSegmentProd", Factors(SegmentReduceFactors<ReduceOp::kProd>, ThirdInputIsHost)},
+    {"UnsortedSegmentSum", Factors(SegmentReduceFactors<ReduceOp::kSum>, ThirdInputIsHost)},
 });
 
 }  // namespace

@@ -14,7 +14,7 @@
 #include <set>
 
 #include "cc/core/strings.h"
-#include "cc/propagation/merge.h"
+#include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -35,41 +35,37 @@ StatusOr<std::set<int>> ReducedAxes(const OpContext& ctx) {
   return out;
 }
 
-class ReduceRule : public Rule {
+// Each input axis a factor; reduced axes are contracted (partial results combined with
+// `op`) or, with no `op`, need replication. keep_dims keeps them as new unsharded axes.
+StatusOr<FactorSpec> ReduceFactors(const OpContext& ctx, std::optional<ReduceOp> op) {
+  TFD_ASSIGN_OR_RETURN(std::set<int> axes, ReducedAxes(ctx));
+  const bool keep_dims = ctx.attrs->GetBool("keep_dims", false);
+  FactorSpec spec;
+  std::vector<int> in, out;
+  for (int d = 0; d < ctx.rank(0); ++d) {
+    const bool reduced = axes.count(d) > 0;
+    in.push_back(spec.Add(!reduced ? FactorKind::kPassThrough
+                          : op     ? FactorKind::kContracted
+                                   : FactorKind::kNeedReplication));
+    if (!reduced) {
+      out.push_back(in.back());
+    } else if (keep_dims) {
+      out.push_back(FactorSpec::kNew);
+    }
+  }
+  spec.inputs = {in, std::nullopt};
+  spec.outputs = {out};
+  if (op) spec.reduce = *op;
+  return spec;
+}
+
+class ReduceRule : public FactorRule {
  public:
   // `op`: how partial results combine; nullopt gathers reduced axes instead.
-  explicit ReduceRule(std::optional<ReduceOp> op, bool mean = false) : op_(op), mean_(mean) {}
-
-  bool IsHostArgument(int input, int) const override { return input == 1; }
-
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::set<int> axes, ReducedAxes(ctx));
-    const Layout& in = ctx.layout(0);
-    bool keep_dims = ctx.attrs->GetBool("keep_dims", false);
-    std::vector<DimSpec> input_specs = in.specs();
-    std::vector<DimSpec> out_specs;
-    std::vector<int> partial;
-    for (int d = 0; d < in.rank(); ++d) {
-      if (!axes.count(d)) {
-        out_specs.push_back(in.spec(d));
-        continue;
-      }
-      if (in.spec(d).sharded()) {
-        if (op_) {
-          partial.push_back(in.spec(d).mesh_dim);
-        } else {
-          input_specs[d] = DimSpec::Replicated();
-        }
-      }
-      if (keep_dims) out_specs.push_back(DimSpec::Replicated());
-    }
-    Plan plan;
-    plan.inputs = {in.WithSpecs(input_specs), std::nullopt};
-    plan.outputs = {in.WithSpecs(out_specs)};
-    plan.partial_dims = {partial};
-    if (op_) plan.partial_op = *op_;
-    return plan;
-  }
+  explicit ReduceRule(std::optional<ReduceOp> op, bool mean = false)
+      : FactorRule([op](const OpContext& ctx) { return ReduceFactors(ctx, op); },
+                   SecondInputIsHost),
+        mean_(mean) {}
 
   StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                         Builder& builder) const override {
@@ -100,118 +96,92 @@ class ReduceRule : public Rule {
   }
 
  private:
-  std::optional<ReduceOp> op_;
   bool mean_;
 };
 
-// Softmax-like ops normalise over the last axis.
-class LastAxisRule : public Rule {
- public:
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    const Layout& in = ctx.layout(0);
-    std::vector<DimSpec> specs = in.specs();
-    if (!specs.empty()) specs.back() = DimSpec::Replicated();
-    Plan plan;
-    Layout required = in.WithSpecs(specs);
-    plan.inputs = {required};
-    plan.outputs.assign(ctx.num_outputs, required);
-    return plan;
-  }
-};
+// Softmax-like ops normalise over the last axis, which needs replication.
+StatusOr<FactorSpec> LastAxisFactors(const OpContext& ctx) {
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(ctx.rank(0));
+  if (!axes.empty()) spec.factors[axes.back()] = FactorKind::kNeedReplication;
+  spec.inputs = {axes};
+  spec.outputs.assign(ctx.num_outputs, axes);
+  return spec;
+}
 
 // SoftmaxCrossEntropyWithLogits(features [B,C], labels [B,C]) -> loss [B], backprop [B,C].
 // SparseSoftmaxCrossEntropyWithLogits(features [B,C], labels [B]) -> the same outputs.
 // Each example's softmax needs its whole class row, so the class axis is gathered; the
 // batch axis keeps a sharding of either input ([x,*] with labels [x] runs locally).
 // Dense labels may broadcast against the features along either axis.
-class CrossEntropyRule : public Rule {
- public:
-  explicit CrossEntropyRule(bool sparse) : sparse_(sparse) {}
-
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    if (ctx.inputs.size() != 2 || ctx.rank(0) != 2 || ctx.rank(1) != (sparse_ ? 1 : 2)) {
-      return InvalidArgument("'" + ctx.op_name + "' takes logits of rank 2 and labels of rank " +
-                             (sparse_ ? "1" : "2") + "; got " + ctx.Describe(0) + " and " +
-                             ctx.Describe(1) + ".");
-    }
-    const int64_t batch = std::max(ctx.inputs[0].shape[0], ctx.inputs[1].shape[0]);
-    // Only an input that spans the whole batch axis can lend it its sharding.
-    std::vector<const Layout*> sources;
-    for (int k = 0; k < 2; ++k) {
-      sources.push_back(ctx.inputs[k].shape[0] == batch ? &ctx.layout(k) : nullptr);
-    }
-    std::vector<bool> used(ctx.mesh.num_dims(), false);
-    DimSpec spec = MergeAligned(sources, 1, {}, &used)[0];
-    auto batch_spec = [&](int k) {
-      return ctx.inputs[k].shape[0] == batch ? spec : DimSpec::Replicated();
-    };
-    const Layout& logits = ctx.layout(0);
-    Plan plan;
-    plan.inputs = {logits.WithSpecs({batch_spec(0), DimSpec::Replicated()}),
-                   sparse_ ? logits.WithSpecs({batch_spec(1)})
-                           : logits.WithSpecs({batch_spec(1), DimSpec::Replicated()})};
-    plan.outputs = {logits.WithSpecs({spec}), logits.WithSpecs({spec, DimSpec::Replicated()})};
-    return plan;
+StatusOr<FactorSpec> CrossEntropyFactors(const OpContext& ctx, bool sparse) {
+  if (ctx.inputs.size() != 2 || ctx.rank(0) != 2 || ctx.rank(1) != (sparse ? 1 : 2)) {
+    return InvalidArgument("'" + ctx.op_name + "' takes logits of rank 2 and labels of rank " +
+                           (sparse ? "1" : "2") + "; got " + ctx.Describe(0) + " and " +
+                           ctx.Describe(1) + ".");
   }
-
- private:
-  bool sparse_;
-};
+  FactorSpec spec;
+  const int batch = spec.Add(FactorKind::kPassThrough);
+  const int classes = spec.Add(FactorKind::kNeedReplication);
+  spec.inputs = {std::vector<int>{batch, classes},
+                 sparse ? std::vector<int>{batch} : std::vector<int>{batch, classes}};
+  spec.outputs = {{batch}, {batch, classes}};
+  return spec;
+}
 
 // Sums over every axis that is sharded away: L2Loss (all axes) and BiasAddGrad (all but
 // the channel axis). Sharded summed axes leave partial sums, all-reduced over their mesh
 // dimensions; the channel axis keeps its sharding.
-class SumToChannelRule : public Rule {
- public:
-  explicit SumToChannelRule(bool keep_channel) : keep_channel_(keep_channel) {}
-
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    const Layout& in = ctx.layout(0);
-    int channel = -1;
-    if (keep_channel_) {
-      std::optional<std::string> format = ctx.attrs->GetString("data_format");
-      channel = format && *format == "NCHW" ? 1 : in.rank() - 1;
-      if (in.rank() < 2 || channel >= in.rank()) {
-        return InvalidArgument("'" + ctx.op_name + "' needs a value of rank 2 or more; got " +
-                               ctx.Describe(0) + ".");
-      }
+StatusOr<FactorSpec> SumToChannelFactors(const OpContext& ctx, bool keep_channel) {
+  const int rank = ctx.rank(0);
+  int channel = -1;
+  if (keep_channel) {
+    std::optional<std::string> format = ctx.attrs->GetString("data_format");
+    channel = format && *format == "NCHW" ? 1 : rank - 1;
+    if (rank < 2 || channel >= rank) {
+      return InvalidArgument("'" + ctx.op_name + "' needs a value of rank 2 or more; got " +
+                             ctx.Describe(0) + ".");
     }
-    std::vector<int> partial;
-    for (int d = 0; d < in.rank(); ++d) {
-      if (d != channel && in.spec(d).sharded()) partial.push_back(in.spec(d).mesh_dim);
-    }
-    Plan plan;
-    plan.inputs = {in};
-    plan.outputs = {channel >= 0 ? in.WithSpecs({in.spec(channel)}) : in.WithSpecs({})};
-    plan.partial_dims = {partial};
-    return plan;
   }
-
- private:
-  bool keep_channel_;
-};
+  FactorSpec spec;
+  std::vector<int> in;
+  for (int d = 0; d < rank; ++d) {
+    in.push_back(spec.Add(d == channel ? FactorKind::kPassThrough : FactorKind::kContracted));
+  }
+  spec.inputs = {in};
+  spec.outputs = {channel >= 0 ? std::vector<int>{in[channel]} : std::vector<int>{}};
+  return spec;
+}
 
 // Cumsum(x, axis) / Cumprod: each element depends on every earlier one along the axis, so a
 // sharded scan axis is gathered; other axes keep their sharding.
-class ScanRule : public Rule {
- public:
-  bool IsHostArgument(int input, int) const override { return input == 1; }
-
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(1, "axis"));
-    const Layout& in = ctx.layout(0);
-    if (axis.size() != 1 || axis[0] < -in.rank() || axis[0] >= in.rank()) {
-      return InvalidArgument("'" + ctx.op_name + "' axis " + ShapeString(axis) +
-                             " is out of range for " + ctx.Describe(0) + ".");
-    }
-    std::vector<DimSpec> specs = in.specs();
-    specs[axis[0] < 0 ? axis[0] + in.rank() : axis[0]] = DimSpec::Replicated();
-    Plan plan;
-    plan.inputs = {in.WithSpecs(specs), std::nullopt};
-    plan.outputs = {in.WithSpecs(specs)};
-    return plan;
+StatusOr<FactorSpec> ScanFactors(const OpContext& ctx) {
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(1, "axis"));
+  const int rank = ctx.rank(0);
+  if (axis.size() != 1 || axis[0] < -rank || axis[0] >= rank) {
+    return InvalidArgument("'" + ctx.op_name + "' axis " + ShapeString(axis) +
+                           " is out of range for " + ctx.Describe(0) + ".");
   }
-};
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  spec.factors[axes[axis[0] < 0 ? axis[0] + rank : axis[0]]] = FactorKind::kNeedReplication;
+  spec.inputs = {axes, std::nullopt};
+  spec.outputs = {axes};
+  return spec;
+}
+
+StatusOr<FactorSpec> BiasAddGradFactors(const OpContext& ctx) {
+  return SumToChannelFactors(ctx, /*keep_channel=*/true);
+}
+StatusOr<FactorSpec> L2LossFactors(const OpContext& ctx) {
+  return SumToChannelFactors(ctx, /*keep_channel=*/false);
+}
+StatusOr<FactorSpec> DenseCrossEntropyFactors(const OpContext& ctx) {
+  return CrossEntropyFactors(ctx, /*sparse=*/false);
+}
+StatusOr<FactorSpec> SparseCrossEntropyFactors(const OpContext& ctx) {
+  return CrossEntropyFactors(ctx, /*sparse=*/true);
+}
 
 std::shared_ptr<const Rule> ReduceOver(std::optional<ReduceOp> op) {
   return std::make_shared<ReduceRule>(op);
@@ -222,19 +192,19 @@ const bool kRegistered = RegisterRules({
     {"Any", ReduceOver(std::nullopt)},
     {"ArgMax", ReduceOver(std::nullopt)},
     {"ArgMin", ReduceOver(std::nullopt)},
-    {"BiasAddGrad", std::make_shared<SumToChannelRule>(/*keep_channel=*/true)},
-    {"Cumprod", std::make_shared<ScanRule>()},
-    {"Cumsum", std::make_shared<ScanRule>()},
+    {"BiasAddGrad", Factors(BiasAddGradFactors)},
+    {"Cumprod", Factors(ScanFactors, SecondInputIsHost)},
+    {"Cumsum", Factors(ScanFactors, SecondInputIsHost)},
     {"EuclideanNorm", ReduceOver(std::nullopt)},
-    {"L2Loss", std::make_shared<SumToChannelRule>(/*keep_channel=*/false)},
-    {"LogSoftmax", std::make_shared<LastAxisRule>()},
+    {"L2Loss", Factors(L2LossFactors)},
+    {"LogSoftmax", Factors(LastAxisFactors)},
     {"Max", Linear(ReduceOver(ReduceOp::kMax), Linearity::kMax)},
     {"Mean", std::make_shared<ReduceRule>(ReduceOp::kSum, /*mean=*/true)},
     {"Min", Linear(ReduceOver(ReduceOp::kMin), Linearity::kMin)},
     {"Prod", ReduceOver(ReduceOp::kProd)},
-    {"Softmax", std::make_shared<LastAxisRule>()},
-    {"SoftmaxCrossEntropyWithLogits", std::make_shared<CrossEntropyRule>(/*sparse=*/false)},
-    {"SparseSoftmaxCrossEntropyWithLogits", std::make_shared<CrossEntropyRule>(/*sparse=*/true)},
+    {"Softmax", Factors(LastAxisFactors)},
+    {"SoftmaxCrossEntropyWithLogits", Factors(DenseCrossEntropyFactors)},
+    {"SparseSoftmaxCrossEntropyWithLogits", Factors(SparseCrossEntropyFactors)},
     {"Sum", Linear(ReduceOver(ReduceOp::kSum), Linearity::kSum)},
 });
 

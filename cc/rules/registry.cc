@@ -123,6 +123,12 @@ class LinearRule : public Rule {
     return inner_->IsHostArgument(input, num_inputs);
   }
   StatusOr<Plan> Forward(const OpContext& ctx) const override { return inner_->Forward(ctx); }
+  std::vector<std::optional<Layout>> Backward(
+      const OpContext& ctx,
+      const std::vector<std::optional<Layout>>& requested_outputs) const override {
+    return inner_->Backward(ctx, requested_outputs);
+  }
+  bool ReadsRequest() const override { return inner_->ReadsRequest(); }
   StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                         Builder& builder) const override {
     return inner_->Expand(ctx, plan, builder);
@@ -288,6 +294,20 @@ StatusOr<std::vector<ValueId>> ExpandDefault(const OpContext& ctx, const Plan& p
                          builder.AllReduce(outputs[o], plan.partial_dims[o], plan.partial_op));
   }
   return outputs;
+}
+
+const Layout* UsableRequest(const OpContext& ctx,
+                            const std::vector<std::optional<Layout>>& requested_outputs, int o,
+                            int rank) {
+  if (o < 0 || o >= static_cast<int>(requested_outputs.size())) return nullptr;
+  const std::optional<Layout>& r = requested_outputs[o];
+  if (!r || r->mesh() != ctx.mesh || r->rank() != rank || r->is_single_device()) return nullptr;
+  return &*r;
+}
+
+std::vector<std::optional<Layout>> Rule::Backward(
+    const OpContext& ctx, const std::vector<std::optional<Layout>>&) const {
+  return std::vector<std::optional<Layout>>(ctx.inputs.size());
 }
 
 StatusOr<std::vector<ValueId>> Rule::Expand(const OpContext& ctx, const Plan& plan,

@@ -25,6 +25,16 @@ class RelayoutRule : public Rule {
     plan.outputs = {target};
     return plan;
   }
+  // The input is asked for the target (on the target's mesh: copy_to_mesh asks the op
+  // that makes the value to make it there), whatever is asked of the result.
+  std::vector<std::optional<Layout>> Backward(
+      const OpContext& ctx, const std::vector<std::optional<Layout>>&) const override {
+    std::vector<std::optional<Layout>> out(ctx.inputs.size());
+    std::optional<std::string> text = ctx.attrs->GetString("layout");
+    StatusOr<Layout> target = text ? Layout::FromString(*text) : InvalidArgument("no layout");
+    if (!out.empty() && target.ok()) out[0] = *target;
+    return out;
+  }
   StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                         Builder& builder) const override {
     // The relayout is all there is: no local op.

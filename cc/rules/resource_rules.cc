@@ -19,6 +19,7 @@ StatusOr<ResourceInfo> Resource(const OpContext& ctx) {
 
 class VarHandleRule : public Rule {
  public:
+  bool ReadsRequest() const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     const AttrValue* shape_attr = ctx.attrs->Find("shape");
     Plan plan;

@@ -4,6 +4,10 @@
 //   Forward(ctx) -> Plan: the layouts the inputs must have, the layouts of the outputs,
 //     and the partial outputs that need an all-reduce. Pure: shapes, attrs and layouts in,
 //     no TF runtime, so it serves tests, debugging and graph propagation alike.
+//   Backward(ctx, requested_outputs) -> per input, the layout that would make the op
+//     produce the requested output layouts without a relayout (nullopt: no preference).
+//     Pure as well; the propagation solver (cc/propagation/propagate.h) sends layout
+//     requests back through a function with it.
 //   Expand(ctx, plan, builder): writes the SPMD program. The default relayouts the inputs
 //     to the plan, runs the op on each shard and all-reduces partial outputs, which is
 //     right for most families; rules that rewrite host arguments or emit other ops
@@ -98,6 +102,13 @@ class Rule {
   virtual std::optional<std::vector<PartialSpec>> PartialThrough(const OpContext& ctx) const {
     return std::nullopt;
   }
+  // `requested_outputs` has one entry per output (nullopt: nothing asked). The default
+  // has no preference for any input.
+  virtual std::vector<std::optional<Layout>> Backward(
+      const OpContext& ctx, const std::vector<std::optional<Layout>>& requested_outputs) const;
+  // Whether Forward reads ctx.requested (ops that make their blocks in the requested
+  // layout): a new request changes their plan even when they have DTensor inputs.
+  virtual bool ReadsRequest() const { return false; }
   virtual StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                                 Builder& builder) const;
 };
@@ -122,6 +133,12 @@ StatusOr<Plan> PlanOp(const Rule& rule, const OpContext& ctx);
 
 // Runs the default expansion: relayout inputs, local op, all-reduce partial outputs
 // (or, with ctx.keep_partial, leave them pending).
+// The request for output `o` when it fits an output of `rank` on the op's mesh, else null.
+const Layout* UsableRequest(const OpContext& ctx,
+                            const std::vector<std::optional<Layout>>& requested_outputs, int o,
+                            int rank);
+
+// Runs the default expansion: relayout inputs, local op, all-reduce partial outputs.
 StatusOr<std::vector<ValueId>> ExpandDefault(const OpContext& ctx, const Plan& plan,
                                              Builder& builder);
 // Relayouts (or replaces) the inputs as the plan says.

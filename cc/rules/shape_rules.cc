@@ -14,6 +14,7 @@
 
 #include "cc/core/strings.h"
 #include "cc/propagation/merge.h"
+#include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -68,63 +69,81 @@ class ShapeInfoRule : public Rule {
   Kind kind_;
 };
 
-class TransposeRule : public Rule {
- public:
-  bool IsHostArgument(int input, int) const override { return input == 1; }
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> perm, ctx.IntValue(1, "permutation"));
-    const Layout& in = ctx.layout(0);
-    if (static_cast<int>(perm.size()) != in.rank()) {
-      return InvalidArgument("Transpose permutation " + ShapeString(perm) + " does not match " +
-                             ctx.Describe(0) + ".");
-    }
-    std::vector<DimSpec> out;
-    for (int64_t p : perm) {
-      if (p < 0 || p >= in.rank()) {
-        return InvalidArgument("Transpose permutation " + ShapeString(perm) +
-                               " is out of range for " + ctx.Describe(0) + ".");
-      }
-      out.push_back(in.spec(static_cast<int>(p)));
-    }
-    Plan plan;
-    plan.inputs = {in, std::nullopt};
-    plan.outputs = {in.WithSpecs(out)};
-    return plan;
+// Transpose(x, perm): a permutation of factors, "ab->ba" for perm [1,0].
+StatusOr<FactorSpec> TransposeFactors(const OpContext& ctx) {
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> perm, ctx.IntValue(1, "permutation"));
+  const int rank = ctx.rank(0);
+  if (static_cast<int>(perm.size()) != rank) {
+    return InvalidArgument("Transpose permutation " + ShapeString(perm) + " does not match " +
+                           ctx.Describe(0) + ".");
   }
-};
-
-class ExpandDimsRule : public Rule {
- public:
-  bool IsHostArgument(int input, int) const override { return input == 1; }
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(1, "axis"));
-    const Layout& in = ctx.layout(0);
-    if (axis.size() != 1) return InvalidArgument("ExpandDims takes one axis.");
-    int64_t a = axis[0] < 0 ? axis[0] + in.rank() + 1 : axis[0];
-    if (a < 0 || a > in.rank()) {
-      return InvalidArgument("ExpandDims axis " + std::to_string(axis[0]) +
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  std::vector<int> out;
+  for (int64_t p : perm) {
+    if (p < 0 || p >= rank) {
+      return InvalidArgument("Transpose permutation " + ShapeString(perm) +
                              " is out of range for " + ctx.Describe(0) + ".");
     }
-    std::vector<DimSpec> out = in.specs();
-    out.insert(out.begin() + a, DimSpec::Replicated());
-    Plan plan;
-    plan.inputs = {in, std::nullopt};
-    plan.outputs = {in.WithSpecs(out)};
-    return plan;
+    out.push_back(axes[p]);
   }
-};
+  spec.inputs = {axes, std::nullopt};
+  spec.outputs = {out};
+  return spec;
+}
+
+// ExpandDims(x, axis): the input's factors with a new unsharded axis inserted.
+StatusOr<FactorSpec> ExpandDimsFactors(const OpContext& ctx) {
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(1, "axis"));
+  const int rank = ctx.rank(0);
+  if (axis.size() != 1) return InvalidArgument("ExpandDims takes one axis.");
+  int64_t a = axis[0] < 0 ? axis[0] + rank + 1 : axis[0];
+  if (a < 0 || a > rank) {
+    return InvalidArgument("ExpandDims axis " + std::to_string(axis[0]) +
+                           " is out of range for " + ctx.Describe(0) + ".");
+  }
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  spec.inputs = {axes, std::nullopt};
+  axes.insert(axes.begin() + a, FactorSpec::kNew);
+  spec.outputs = {axes};
+  return spec;
+}
 
 class SqueezeRule : public Rule {
  public:
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    const Layout& in = ctx.layout(0);
+  // The input axes Squeeze drops.
+  static std::vector<bool> Dropped(const OpContext& ctx) {
+    const int rank = ctx.rank(0);
     const std::vector<int64_t>& shape = ctx.inputs[0].shape;
     std::vector<int64_t> dims = ctx.attrs->GetIntList("squeeze_dims");
-    std::vector<bool> drop(in.rank(), false);
+    std::vector<bool> drop(rank, false);
     if (dims.empty()) {
-      for (int d = 0; d < in.rank(); ++d) drop[d] = shape[d] == 1;
+      for (int d = 0; d < rank; ++d) drop[d] = shape[d] == 1;
     }
-    for (int64_t d : dims) drop[d < 0 ? d + in.rank() : d] = true;
+    for (int64_t d : dims) {
+      if (d >= -rank && d < rank) drop[d < 0 ? d + rank : d] = true;
+    }
+    return drop;
+  }
+
+  // want [x,y] of squeeze([8,1,4]) -> [x,*,y]
+  std::vector<std::optional<Layout>> Backward(
+      const OpContext& ctx, const std::vector<std::optional<Layout>>& requested) const override {
+    std::vector<bool> drop = Dropped(ctx);
+    int kept = 0;
+    for (bool d : drop) kept += d ? 0 : 1;
+    const Layout* want = UsableRequest(ctx, requested, 0, kept);
+    if (!want) return {std::nullopt};
+    std::vector<DimSpec> specs;
+    int next = 0;
+    for (bool d : drop) specs.push_back(d ? DimSpec::Replicated() : want->spec(next++));
+    return {want->WithSpecs(specs)};
+  }
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    const Layout& in = ctx.layout(0);
+    std::vector<bool> drop = Dropped(ctx);
     std::vector<DimSpec> out;
     for (int d = 0; d < in.rank(); ++d) {
       if (!drop[d]) out.push_back(in.spec(d));
@@ -211,6 +230,19 @@ class ReshapeRule : public Rule {
       }
     }
     return ShapedPlan(ctx, in.WithSpecs(in_specs), in.WithSpecs(out), target);
+  }
+
+  // The request projected onto the axes the input spans (right-aligned):
+  //   want [x,y] of broadcast_to([8] -> [4,8]) -> [y]
+  std::vector<std::optional<Layout>> Backward(
+      const OpContext& ctx, const std::vector<std::optional<Layout>>& requested) const override {
+    std::vector<std::optional<Layout>> out(ctx.inputs.size());
+    if (ctx.inputs.size() < 2 || !ctx.inputs[1].int_value) return out;
+    const std::vector<int64_t>& target = *ctx.inputs[1].int_value;
+    const Layout* want = UsableRequest(ctx, requested, 0, static_cast<int>(target.size()));
+    if (!want || ctx.inputs[0].shape.size() > target.size()) return out;
+    out[0] = want->WithSpecs(ProjectBroadcast(want->specs(), ctx.inputs[0].shape, target));
+    return out;
   }
 };
 
@@ -307,6 +339,7 @@ class InvertPermutationRule : public IntFunctionRule {
 // broadcasts to its own block).
 class BroadcastToRule : public Rule {
  public:
+  bool ReadsRequest() const override { return true; }
   bool IsHostArgument(int input, int) const override { return input == 1; }
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
@@ -347,36 +380,44 @@ class BroadcastToRule : public Rule {
     }
     return ShapedPlan(ctx, in.WithSpecs(in_specs), in.WithSpecs(out), target);
   }
-};
 
-// Tile(input, multiples): an axis tiled once keeps its sharding; a sharded axis tiled more
-// than once is gathered first ([a0 a1] tiled twice is [a0 a1 a0 a1], not blocks).
-class TileRule : public Rule {
- public:
-  bool IsHostArgument(int input, int) const override { return input == 1; }
-
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> multiples, ctx.IntValue(1, "multiples"));
-    const Layout& in = ctx.layout(0);
-    if (static_cast<int>(multiples.size()) != in.rank()) {
-      return InvalidArgument("Tile multiples " + ShapeString(multiples) + " do not match " +
-                             ctx.Describe(0) + ": give one multiple per axis.");
-    }
-    std::vector<DimSpec> specs = in.specs();
-    for (int d = 0; d < in.rank(); ++d) {
-      if (multiples[d] != 1) specs[d] = DimSpec::Replicated();
-    }
-    Plan plan;
-    plan.inputs = {in.WithSpecs(specs), std::nullopt};
-    plan.outputs = {in.WithSpecs(specs)};
-    return plan;
+  // The request projected onto the axes the input spans (right-aligned):
+  //   want [x,y] of broadcast_to([8] -> [4,8]) -> [y]
+  std::vector<std::optional<Layout>> Backward(
+      const OpContext& ctx, const std::vector<std::optional<Layout>>& requested) const override {
+    std::vector<std::optional<Layout>> out(ctx.inputs.size());
+    if (ctx.inputs.size() < 2 || !ctx.inputs[1].int_value) return out;
+    const std::vector<int64_t>& target = *ctx.inputs[1].int_value;
+    const Layout* want = UsableRequest(ctx, requested, 0, static_cast<int>(target.size()));
+    if (!want || ctx.inputs[0].shape.size() > target.size()) return out;
+    out[0] = want->WithSpecs(ProjectBroadcast(want->specs(), ctx.inputs[0].shape, target));
+    return out;
   }
 };
+
+// Tile(input, multiples): an axis tiled once keeps its sharding; an axis tiled more than
+// once needs replication ([a0 a1] tiled twice is [a0 a1 a0 a1], not blocks).
+StatusOr<FactorSpec> TileFactors(const OpContext& ctx) {
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> multiples, ctx.IntValue(1, "multiples"));
+  const int rank = ctx.rank(0);
+  if (static_cast<int>(multiples.size()) != rank) {
+    return InvalidArgument("Tile multiples " + ShapeString(multiples) + " do not match " +
+                           ctx.Describe(0) + ": give one multiple per axis.");
+  }
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  for (int d = 0; d < rank; ++d) {
+    if (multiples[d] != 1) spec.factors[axes[d]] = FactorKind::kNeedReplication;
+  }
+  spec.inputs = {axes, std::nullopt};
+  spec.outputs = {axes};
+  return spec;
+}
 
 const bool kRegistered = RegisterRules({
     {"BroadcastGradientArgs", std::make_shared<BroadcastGradientArgsRule>()},
     {"BroadcastTo", std::make_shared<BroadcastToRule>()},
-    {"ExpandDims", Linear(std::make_shared<ExpandDimsRule>(), Linearity::kStructural)},
+    {"ExpandDims", Linear(Factors(ExpandDimsFactors, SecondInputIsHost), Linearity::kStructural)},
     {"InvertPermutation", std::make_shared<InvertPermutationRule>()},
     {"Rank", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kRank)},
     {"Reshape", Linear(std::make_shared<ReshapeRule>(), Linearity::kStructural)},
@@ -384,8 +425,8 @@ const bool kRegistered = RegisterRules({
     {"ShapeN", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kShapeN)},
     {"Size", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kSize)},
     {"Squeeze", Linear(std::make_shared<SqueezeRule>(), Linearity::kStructural)},
-    {"Tile", std::make_shared<TileRule>()},
-    {"Transpose", Linear(std::make_shared<TransposeRule>(), Linearity::kStructural)},
+    {"Tile", Factors(TileFactors, SecondInputIsHost)},
+    {"Transpose", Linear(Factors(TransposeFactors, SecondInputIsHost), Linearity::kStructural)},
 });
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "cc/core/strings.h"
+#include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
 
 namespace tf_dtensor {
@@ -211,59 +212,51 @@ class SliceRule : public Rule {
   }
 };
 
-// Pad/PadV2/MirrorPad(input, paddings [rank, 2], ...): padded axes are gathered.
-class PadRule : public Rule {
- public:
-  bool IsHostArgument(int input, int) const override { return input == 1; }
-
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> paddings, ctx.IntValue(1, "paddings"));
-    const Layout& in = ctx.layout(0);
-    if (static_cast<int>(paddings.size()) != 2 * in.rank()) {
-      return InvalidArgument("'" + ctx.op_name + "' needs paddings of shape [" +
-                             std::to_string(in.rank()) + ", 2] for " + ctx.Describe(0) +
-                             "; got " + std::to_string(paddings.size()) + " values.");
-    }
-    std::vector<DimSpec> specs = in.specs();
-    for (int d = 0; d < in.rank(); ++d) {
-      if (paddings[2 * d] != 0 || paddings[2 * d + 1] != 0) specs[d] = DimSpec::Replicated();
-    }
-    Plan plan;
-    plan.inputs.assign(ctx.inputs.size(), std::nullopt);
-    plan.inputs[0] = in.WithSpecs(specs);
-    plan.outputs = {in.WithSpecs(specs)};
-    return plan;
+// Pad/PadV2/MirrorPad(input, paddings [rank, 2], ...): padded axes need replication.
+StatusOr<FactorSpec> PadFactors(const OpContext& ctx) {
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> paddings, ctx.IntValue(1, "paddings"));
+  const int rank = ctx.rank(0);
+  if (static_cast<int>(paddings.size()) != 2 * rank) {
+    return InvalidArgument("'" + ctx.op_name + "' needs paddings of shape [" +
+                           std::to_string(rank) + ", 2] for " + ctx.Describe(0) + "; got " +
+                           std::to_string(paddings.size()) + " values.");
   }
-};
-
-// ReverseV2(tensor, axis): reversed axes are gathered.
-class ReverseRule : public Rule {
- public:
-  bool IsHostArgument(int input, int) const override { return input == 1; }
-
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axes, ctx.IntValue(1, "axis"));
-    const Layout& in = ctx.layout(0);
-    std::vector<DimSpec> specs = in.specs();
-    for (int64_t a : axes) {
-      if (a < -in.rank() || a >= in.rank()) {
-        return InvalidArgument("'" + ctx.op_name + "' axis " + std::to_string(a) +
-                               " is out of range for " + ctx.Describe(0) + ".");
-      }
-      specs[a < 0 ? a + in.rank() : a] = DimSpec::Replicated();
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  for (int d = 0; d < rank; ++d) {
+    if (paddings[2 * d] != 0 || paddings[2 * d + 1] != 0) {
+      spec.factors[axes[d]] = FactorKind::kNeedReplication;
     }
-    Plan plan;
-    plan.inputs = {in.WithSpecs(specs), std::nullopt};
-    plan.outputs = {in.WithSpecs(specs)};
-    return plan;
   }
-};
+  spec.inputs.assign(ctx.inputs.size(), std::nullopt);
+  spec.inputs[0] = axes;
+  spec.outputs = {axes};
+  return spec;
+}
+
+// ReverseV2(tensor, axis): reversed axes need replication.
+StatusOr<FactorSpec> ReverseFactors(const OpContext& ctx) {
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> reversed, ctx.IntValue(1, "axis"));
+  const int rank = ctx.rank(0);
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  for (int64_t a : reversed) {
+    if (a < -rank || a >= rank) {
+      return InvalidArgument("'" + ctx.op_name + "' axis " + std::to_string(a) +
+                             " is out of range for " + ctx.Describe(0) + ".");
+    }
+    spec.factors[axes[a < 0 ? a + rank : a]] = FactorKind::kNeedReplication;
+  }
+  spec.inputs = {axes, std::nullopt};
+  spec.outputs = {axes};
+  return spec;
+}
 
 const bool kRegistered = RegisterRules({
-    {"MirrorPad", std::make_shared<PadRule>()},
-    {"Pad", std::make_shared<PadRule>()},
-    {"PadV2", std::make_shared<PadRule>()},
-    {"ReverseV2", std::make_shared<ReverseRule>()},
+    {"MirrorPad", Factors(PadFactors, SecondInputIsHost)},
+    {"Pad", Factors(PadFactors, SecondInputIsHost)},
+    {"PadV2", Factors(PadFactors, SecondInputIsHost)},
+    {"ReverseV2", Factors(ReverseFactors, SecondInputIsHost)},
     {"Slice", std::make_shared<SliceRule>()},
     {"StridedSlice", std::make_shared<StridedSliceRule>()},
     {"StridedSliceGrad", std::make_shared<StridedSliceGradRule>()},

@@ -766,6 +766,53 @@ def test_call_with_layout_request_reaches_smaller_operands(name, mesh_2x2):
     assert_dtensor_equal(f(), layout, dtensor.call_with_layout(f, layout))
 
 
+def _new_spmd_functions(before):
+    """FunctionDefs of the SPMD functions expanded since `before` (a set of names)."""
+    from tensorflow.python.eager import context
+    names = [n for n in context.context().list_function_names()
+             if "_tfd_spmd_" in n and n not in before]
+    return [context.context().get_function_def(n) for n in names]
+
+
+def _spmd_function_names():
+    from tensorflow.python.eager import context
+    return set(context.context().list_function_names())
+
+
+@tf.function
+def _ones_through_matmul_transpose_sum(a):
+    w = tf.ones([64, 64])  # 1000 elements or more: a Fill op, not a constant
+    return tf.reduce_sum(tf.matmul(a, tf.transpose(w)), axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("mesh,spec,local_dims", [
+    (MESH_1D, "[*,x]", [32, 64]),
+    (MESH_2X2, "[*,y]", [32, 64]),
+], ids=["[*,x]", "[*,y]"])
+def test_call_with_layout_request_passes_back_through_matmul_transpose_and_sum(
+        mesh, spec, local_dims):
+    # MatMul, Transpose and Sum were not among the ops a request passed through before the
+    # solver (cc/propagation/propagate.h): now their rules' Backward send the request
+    # [*,x] on the result to the product ([*,x]), to transpose(w) ([*,x]) and to w
+    # ([x,*]), so the ones are created sharded and the result needs no relayout.
+    array = random_array((4, 64), seed=21)
+    a = to_dtensor(array, layout_of("[*,*]", mesh))
+    layout = layout_of(spec, mesh)
+    before = _spmd_function_names()
+    result = dtensor.call_with_layout(_ones_through_matmul_transpose_sum, layout, a)
+    assert_dtensor_equal(_ones_through_matmul_transpose_sum(tf.constant(array)), layout, result)
+    (expanded,) = _new_spmd_functions(before)
+    nodes = {node.name: node for node in expanded.node_def}
+    fills = [node for node in expanded.node_def if node.op == "Fill"]
+    assert fills
+    for fill in fills:
+        dims = nodes[fill.input[0].split(":")[0]]
+        assert list(tf.make_ndarray(dims.attr["value"].tensor)) == local_dims
+    relayouts = [node.op for node in expanded.node_def
+                 if node.op in ("Split", "SplitV", "Slice", "StridedSlice")]
+    assert not relayouts
+
+
 def test_call_with_layout_creation_into_dvariable(mesh_2x2):
     layout = layout_of("[x,y]", mesh_2x2)
     v = dtensor.DVariable(dtensor.call_with_layout(_xavier_uniform, layout, shape=(8, 4),

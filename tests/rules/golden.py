@@ -28,3 +28,13 @@ def plan(op, specs, shapes, mesh=MESH_2X2, **kwargs):
     result = debug.explain(op, [layout(s, mesh) for s in specs], shapes, **kwargs)
     return ([spec(l) if l is not None else None for l in result["inputs"]],
             [spec(l) for l in result["outputs"]], result["collectives"])
+
+
+def backward(op, shapes, wanted, mesh=MESH_2X2, specs=None, **kwargs):
+    """Per input, the spec the rule's Backward asks for when its outputs are asked to be
+    laid out as `wanted` (one spec or None per output); None: no preference."""
+    inputs = [layout(s, mesh) for s in specs] if specs else [None] * len(shapes)
+    result = debug.explain(op, inputs, shapes,
+                           output_layouts=[layout(w, mesh) if w else None for w in wanted],
+                           **kwargs)
+    return [spec(l) if l is not None else None for l in result["backward"]]
