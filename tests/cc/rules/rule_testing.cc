@@ -112,5 +112,37 @@ std::vector<std::string> OpCase::Steps() const {
   return steps;
 }
 
+void CheckRuleTable(const Mesh& mesh, const std::vector<RuleRow>& rows) {
+  for (const RuleRow& row : rows) {
+    OpCase op(row.op, mesh);
+    std::vector<std::string> args;
+    for (const Arg& arg : row.args) {
+      if (arg.host) {
+        arg.scalar ? op.HostScalar(arg.host->at(0)) : op.Host(*arg.host);
+        args.push_back("host " + ShapeString(*arg.host));
+      } else {
+        op.In(arg.spec, arg.shape);
+        args.push_back(arg.spec + ShapeString(arg.shape));
+      }
+    }
+    for (const auto& [name, value] : row.bools) {
+      op.Bool(name, value);
+      args.push_back(name + "=" + (value ? "true" : "false"));
+    }
+    for (const auto& [name, value] : row.ints) {
+      op.Int(name, value);
+      args.push_back(name + "=" + std::to_string(value));
+    }
+    SCOPED_TRACE(row.op + "(" + Join(args, ", ") + ") on " + mesh.ShortString() + " of " +
+                 mesh.device_type());
+    if (row.plan == "error") {
+      EXPECT_ERROR(op.Forward(), kInvalidArgument, row.steps);
+      continue;
+    }
+    EXPECT_EQ(op.PlanString(), row.plan);
+    EXPECT_LINES(op.Steps(), row.steps);
+  }
+}
+
 }  // namespace testing
 }  // namespace tf_dtensor

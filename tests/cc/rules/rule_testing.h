@@ -8,6 +8,8 @@
 #ifndef TF_DTENSOR_TESTS_CC_RULES_RULE_TESTING_H_
 #define TF_DTENSOR_TESTS_CC_RULES_RULE_TESTING_H_
 
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,36 @@ class OpCase {
   OpContext ctx_{op_name_, &attrs_, mesh_};
   std::vector<std::vector<int64_t>> out_shapes_;
 };
+
+// One argument of a golden-table row: a DTensor input or a host integer input.
+struct Arg {
+  std::string spec;  // "[x,*]"; empty for a host input
+  std::vector<int64_t> shape;
+  std::optional<std::vector<int64_t>> host;
+  bool scalar = false;
+};
+// A DTensor input with layout `spec` and global `shape`.
+inline Arg T(std::string spec, std::vector<int64_t> shape) {
+  return Arg{std::move(spec), std::move(shape), std::nullopt};
+}
+// A host integer vector (reduction axes, a permutation) or scalar (ConcatV2's axis).
+inline Arg H(std::vector<int64_t> values) { return Arg{"", {}, std::move(values)}; }
+inline Arg HScalar(int64_t value) { return Arg{"", {}, std::vector<int64_t>{value}, true}; }
+
+// A row of a golden table: op and arguments, then the expected PlanString and the
+// expected steps of its expansion. A row whose plan is "error" expects Forward to fail,
+// with a message containing each of `steps`.
+struct RuleRow {
+  std::string op;
+  std::vector<Arg> args;
+  std::string plan;
+  std::vector<std::string> steps;
+  std::map<std::string, bool> bools = {};        // bool attributes (transpose_a, keep_dims)
+  std::map<std::string, int64_t> ints = {};      // int attributes (axis, num_split)
+};
+
+// Checks every row on `mesh`; a failure names the row ("MatMul([x,*], [*,*]) on ...").
+void CheckRuleTable(const Mesh& mesh, const std::vector<RuleRow>& rows);
 
 }  // namespace testing
 }  // namespace tf_dtensor
