@@ -159,6 +159,14 @@ using namespace tf_dtensor;  // NOLINT: the module body names many core types.
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "tf_dtensor C++ core: Mesh, Layout, op rules and the DTensor custom device.";
+  // Rules register during static initialisation, where a refused registration (an op
+  // registered twice) has no one to tell; refuse to load rather than run with either rule.
+  if (const std::vector<Status>& errors = RuleRegistry::Global().registration_errors();
+      !errors.empty()) {
+    std::string message = "tf_dtensor's C++ core has inconsistent op rules:";
+    for (const Status& error : errors) message += "\n  " + error.message();
+    throw py::import_error(message);
+  }
 
   py::class_<Mesh>(m, "Mesh")
       .def_static(

@@ -10,8 +10,22 @@ RuleRegistry& RuleRegistry::Global() {
   return *registry;
 }
 
-void RuleRegistry::Register(const std::string& op_name, std::shared_ptr<const Rule> rule) {
-  rules_[op_name] = std::move(rule);
+Status RuleRegistry::Register(const std::string& op_name, std::shared_ptr<const Rule> rule) {
+  if (!rules_.emplace(op_name, std::move(rule)).second) {
+    return Status(Code::kAlreadyExists,
+                  "The rule for op '" + op_name +
+                      "' is registered twice; each op has one rule, registered in the block "
+                      "at the bottom of its family's <family>_rules.cc. Remove one.");
+  }
+  return Status::Ok();
+}
+
+void RuleRegistry::RegisterAll(
+    std::vector<std::pair<std::string, std::shared_ptr<const Rule>>> rules) {
+  for (auto& [name, rule] : rules) {
+    Status status = Register(name, std::move(rule));
+    if (!status.ok()) registration_errors_.push_back(std::move(status));
+  }
 }
 
 const Rule* RuleRegistry::Find(const std::string& op_name) const {
@@ -26,8 +40,10 @@ std::vector<std::string> RuleRegistry::OpNames() const {
 }
 
 bool RegisterRules(std::vector<std::pair<std::string, std::shared_ptr<const Rule>>> rules) {
-  for (auto& [name, rule] : rules) RuleRegistry::Global().Register(name, std::move(rule));
-  return true;
+  RuleRegistry& registry = RuleRegistry::Global();
+  const size_t errors = registry.registration_errors().size();
+  registry.RegisterAll(std::move(rules));
+  return registry.registration_errors().size() == errors;
 }
 
 std::string OpContext::Describe(int input) const {

@@ -17,7 +17,14 @@ namespace tf_dtensor {
 class RuleRegistry {
  public:
   static RuleRegistry& Global();
-  void Register(const std::string& op_name, std::shared_ptr<const Rule> rule);
+  // Adds the rule for `op_name`. An op registered twice (two families claiming it) is an
+  // AlreadyExists error naming the op; the first rule stays.
+  Status Register(const std::string& op_name, std::shared_ptr<const Rule> rule);
+  // Registers each pair and keeps the failures in registration_errors().
+  void RegisterAll(std::vector<std::pair<std::string, std::shared_ptr<const Rule>>> rules);
+  // What RegisterAll refused. Registration runs during static initialisation, where there
+  // is no one to tell, so importing the extension raises these (cc/python/bindings.cc).
+  const std::vector<Status>& registration_errors() const { return registration_errors_; }
   const Rule* Find(const std::string& op_name) const;
   std::vector<std::string> OpNames() const;
 
@@ -29,6 +36,7 @@ class RuleRegistry {
 
  private:
   std::map<std::string, std::shared_ptr<const Rule>> rules_;
+  std::vector<Status> registration_errors_;
   std::atomic<bool> strict_{false};
 };
 
@@ -39,7 +47,8 @@ std::shared_ptr<const Rule> Pointwise();
 // policy for ops with no rule.
 std::shared_ptr<const Rule> Replicated();
 
-// Registers each (op name, rule) pair; used as `const bool kRegistered = RegisterRules(...)`.
+// Registers each (op name, rule) pair in the global registry; used as
+// `const bool kRegistered = RegisterRules(...)`. False when one was refused.
 bool RegisterRules(std::vector<std::pair<std::string, std::shared_ptr<const Rule>>> rules);
 
 }  // namespace tf_dtensor

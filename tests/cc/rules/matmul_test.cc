@@ -1,0 +1,123 @@
+// Golden tables for matrix products (cc/rules/matmul_rules.cc): the plan Forward makes and
+// the program Expand writes, on 1-D and 2-D meshes of CPUs and of GPUs.
+#include "tests/cc/rules/rule_testing.h"
+
+namespace tf_dtensor {
+namespace {
+
+using testing::CheckRuleTable;
+using testing::MakeMesh;
+using testing::RuleRow;
+using testing::T;
+
+// Rows whose plan is the same on every kind of device.
+const std::vector<RuleRow>& Rows2x2() {
+  static const auto* rows = new std::vector<RuleRow>{
+      {"MatMul", {T("[x,*]", {8, 4}), T("[*,*]", {4, 8})},
+       "[x,*] [*,*] -> [x,*]",
+       {"local MatMul [x,*] [*,*] -> [x,*]"}},
+      {"MatMul", {T("[*,*]", {8, 4}), T("[*,y]", {4, 8})},
+       "[*,*] [*,y] -> [*,y]",
+       {"local MatMul [*,*] [*,y] -> [*,y]"}},
+      {"MatMul", {T("[x,*]", {8, 4}), T("[*,y]", {4, 8})},
+       "[x,*] [*,y] -> [x,y]",
+       {"local MatMul [x,*] [*,y] -> [x,y]"}},
+      // Contracted axis sharded: partial sums, all-reduced.
+      {"MatMul", {T("[*,x]", {8, 4}), T("[x,*]", {4, 8})},
+       "[*,x] [x,*] -> [*,*]",
+       {"local MatMul [*,x] [x,*] -> [*,*]", "all-reduce(sum) [*,*] over x"}},
+      {"MatMul", {T("[y,x]", {8, 4}), T("[x,*]", {4, 8})},
+       "[y,x] [x,*] -> [y,*]",
+       {"local MatMul [y,x] [x,*] -> [y,*]", "all-reduce(sum) [y,*] over x"}},
+      // One side of k sharded: the other is sliced to match (free).
+      {"MatMul", {T("[*,x]", {8, 4}), T("[*,*]", {4, 8})},
+       "[*,x] [x,*] -> [*,*]",
+       {"slice axis 0 over x [*,*] -> [x,*]", "local MatMul [*,x] [x,*] -> [*,*]",
+        "all-reduce(sum) [*,*] over x"}},
+      // x shards m already, so b's k is gathered.
+      {"MatMul", {T("[x,*]", {8, 4}), T("[x,*]", {4, 8})},
+       "[x,*] [*,*] -> [x,*]",
+       {"all-gather axis 0 [x,*] -> [*,*]", "local MatMul [x,*] [*,*] -> [x,*]"}},
+      // x shards m, so n gives it up; y shards k.
+      {"MatMul", {T("[x,y]", {8, 4}), T("[y,x]", {4, 8})},
+       "[x,y] [y,*] -> [x,*]",
+       {"all-gather axis 1 [y,x] -> [y,*]", "local MatMul [x,y] [y,*] -> [x,*]",
+        "all-reduce(sum) [x,*] over y"}},
+      // transpose_a: a is [k,m].
+      {"MatMul", {T("[x,*]", {4, 8}), T("[*,*]", {4, 8})},
+       "[x,*] [x,*] -> [*,*]",
+       {"slice axis 0 over x [*,*] -> [x,*]", "local MatMul [x,*] [x,*] -> [*,*]",
+        "all-reduce(sum) [*,*] over x"},
+       {{"transpose_a", true}}},
+      // transpose_b: b is [n,k].
+      {"MatMul", {T("[x,*]", {8, 4}), T("[y,*]", {8, 4})},
+       "[x,*] [y,*] -> [x,y]",
+       {"local MatMul [x,*] [y,*] -> [x,y]"},
+       {{"transpose_b", true}}},
+      // Batch axes merge like broadcasting elementwise ops.
+      {"BatchMatMulV2", {T("[x,*,*]", {4, 8, 4}), T("[*,*,*]", {4, 4, 8})},
+       "[x,*,*] [x,*,*] -> [x,*,*]",
+       {"slice axis 0 over x [*,*,*] -> [x,*,*]",
+        "local BatchMatMulV2 [x,*,*] [x,*,*] -> [x,*,*]"}},
+      {"BatchMatMulV2", {T("[x,*,y]", {4, 8, 4}), T("[*,*]", {4, 2})},
+       "[x,*,y] [y,*] -> [x,*,*]",
+       {"slice axis 0 over y [*,*] -> [y,*]", "local BatchMatMulV2 [x,*,y] [y,*] -> [x,*,*]",
+        "all-reduce(sum) [x,*,*] over y"}},
+      {"MatMul", {T("[x,*,*]", {2, 8, 4}), T("[*,*]", {4, 8})}, "error",
+       {"'MatMul'", "matrices", "input 0 (shape [2, 8, 4], layout [x,*,*])"}},
+  };
+  return *rows;
+}
+
+TEST(MatmulRules, TwoDimensionalCpuMesh) { CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}), Rows2x2()); }
+
+TEST(MatmulRules, TwoDimensionalGpuMesh) {
+  CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}, "GPU"), Rows2x2());
+}
+
+TEST(MatmulRules, OneDimensionalMesh) {
+  const std::vector<RuleRow> rows = {
+      {"MatMul", {T("[x,*]", {8, 4}), T("[*,*]", {4, 8})},
+       "[x,*] [*,*] -> [x,*]",
+       {"local MatMul [x,*] [*,*] -> [x,*]"}},
+      {"MatMul", {T("[*,*]", {8, 4}), T("[*,x]", {4, 8})},
+       "[*,*] [*,x] -> [*,x]",
+       {"local MatMul [*,*] [*,x] -> [*,x]"}},
+      {"MatMul", {T("[*,x]", {8, 4}), T("[x,*]", {4, 8})},
+       "[*,x] [x,*] -> [*,*]",
+       {"local MatMul [*,x] [x,*] -> [*,*]", "all-reduce(sum) [*,*] over x"}},
+      {"MatMul", {T("[x,*]", {8, 4}), T("[*,x]", {4, 8})},
+       "[x,*] [*,*] -> [x,*]",
+       {"all-gather axis 1 [*,x] -> [*,*]", "local MatMul [x,*] [*,*] -> [x,*]"}},
+  };
+  CheckRuleTable(MakeMesh({{"x", 2}}), rows);
+  CheckRuleTable(MakeMesh({{"x", 2}}, "GPU"), rows);
+}
+
+// A product larger than its operands with a sharded contracted axis (a weight gradient
+// x^T @ dy): on virtual CPUs, which share host memory, gathering the operands is cheaper
+// than all-reducing the product; on GPUs the all-reduce stays.
+TEST(MatmulRules, SharedMemoryHeuristicSeparatesCpuFromGpu) {
+  const std::vector<testing::Arg> args = {T("[*,x]", {8, 2}), T("[x,*]", {2, 8})};
+  CheckRuleTable(MakeMesh({{"x", 2}}),
+                 {{"MatMul", args, "[*,*] [*,*] -> [*,*]",
+                   {"all-gather axis 1 [*,x] -> [*,*]", "all-gather axis 0 [x,*] -> [*,*]",
+                    "local MatMul [*,*] [*,*] -> [*,*]"}}});
+  CheckRuleTable(MakeMesh({{"x", 2}}, "GPU"),
+                 {{"MatMul", args, "[*,x] [x,*] -> [*,*]",
+                   {"local MatMul [*,x] [x,*] -> [*,*]", "all-reduce(sum) [*,*] over x"}}});
+  // Equal sizes (8x8 = 8x4 + 4x8) keep the all-reduce on CPUs too.
+  CheckRuleTable(MakeMesh({{"x", 2}}),
+                 {{"MatMul", {T("[*,x]", {8, 4}), T("[x,*]", {4, 8})}, "[*,x] [x,*] -> [*,*]",
+                   {"local MatMul [*,x] [x,*] -> [*,*]", "all-reduce(sum) [*,*] over x"}}});
+}
+
+TEST(MatmulRules, CollectivesReportedForDebugExplain) {
+  testing::OpCase op("MatMul", MakeMesh({{"x", 2}, {"y", 2}}, "GPU"));
+  op.In("[y,x]", {8, 4}).In("[*,*]", {4, 8});
+  EXPECT_LINES(op.Collectives(),
+               {"relayout input 1 [*,*] -> [x,*]", "all-reduce(sum) of output 0 over x"});
+}
+
+}  // namespace
+}  // namespace tf_dtensor

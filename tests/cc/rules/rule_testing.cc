@@ -1,0 +1,148 @@
+#include "tests/cc/rules/rule_testing.h"
+
+#include "cc/core/strings.h"
+#include "tests/cc/spmd/recording_builder.h"
+
+namespace tf_dtensor {
+namespace testing {
+
+OpCase& OpCase::In(const std::string& spec, std::vector<int64_t> shape, int dtype) {
+  InputInfo info;
+  info.layout = MakeLayout(spec, mesh_);
+  info.shape = std::move(shape);
+  info.dtype = dtype;
+  ctx_.inputs.push_back(std::move(info));
+  return *this;
+}
+
+OpCase& OpCase::Host(std::vector<int64_t> value, int dtype) {
+  InputInfo info;
+  info.shape = {static_cast<int64_t>(value.size())};
+  info.dtype = dtype;
+  info.int_value = std::move(value);
+  ctx_.inputs.push_back(std::move(info));
+  return *this;
+}
+
+OpCase& OpCase::HostScalar(int64_t value, int dtype) {
+  Host({value}, dtype);
+  ctx_.inputs.back().shape = {};
+  return *this;
+}
+
+OpCase& OpCase::Bool(const std::string& name, bool value) {
+  AttrValue v;
+  v.b = value;
+  attrs_.Set(name, std::move(v));
+  return *this;
+}
+
+OpCase& OpCase::Int(const std::string& name, int64_t value) {
+  AttrValue v;
+  v.i = value;
+  attrs_.Set(name, std::move(v));
+  return *this;
+}
+
+OpCase& OpCase::Ints(const std::string& name, std::vector<int64_t> values) {
+  AttrValue v;
+  v.list_i = std::move(values);
+  attrs_.Set(name, std::move(v));
+  return *this;
+}
+
+OpCase& OpCase::Requested(const std::string& spec) {
+  ctx_.requested = MakeLayout(spec, mesh_);
+  return *this;
+}
+
+OpCase& OpCase::OutShapes(std::vector<std::vector<int64_t>> shapes) {
+  out_shapes_ = std::move(shapes);
+  ctx_.num_outputs = static_cast<int>(out_shapes_.size());
+  return *this;
+}
+
+StatusOr<const Rule*> OpCase::FindRule() const {
+  const Rule* rule = RuleRegistry::Global().Find(op_name_);
+  if (!rule) return Unimplemented("'" + op_name_ + "' has no registered rule");
+  return rule;
+}
+
+StatusOr<Plan> OpCase::Forward() const {
+  TFD_ASSIGN_OR_RETURN(const Rule* rule, FindRule());
+  return rule->Forward(ctx_);
+}
+
+std::string OpCase::PlanString() const {
+  StatusOr<Plan> plan = Forward();
+  if (!plan.ok()) return "error: " + plan.status().message();
+  std::vector<std::string> ins, outs;
+  for (size_t i = 0; i < ctx_.inputs.size(); ++i) {
+    if (plan->host_inputs.count(static_cast<int>(i))) {
+      ins.push_back("host" + ShapeString(plan->host_inputs.at(static_cast<int>(i))));
+    } else if (!ctx_.inputs[i].layout) {
+      ins.push_back("host");
+    } else if (i < plan->inputs.size() && plan->inputs[i]) {
+      ins.push_back(plan->inputs[i]->SpecString());
+    } else {
+      ins.push_back("=");
+    }
+  }
+  for (const Layout& out : plan->outputs) outs.push_back(out.SpecString());
+  return Join(ins, " ") + " -> " + (outs.empty() ? std::string("replicated") : Join(outs, " "));
+}
+
+std::vector<std::string> OpCase::Collectives() const {
+  StatusOr<Plan> plan = Forward();
+  if (!plan.ok()) return {"error: " + plan.status().message()};
+  return plan->Collectives(ctx_);
+}
+
+std::vector<std::string> OpCase::Steps() const {
+  StatusOr<const Rule*> rule = FindRule();
+  if (!rule.ok()) return {"error: " + rule.status().message()};
+  StatusOr<Plan> plan = (*rule)->Forward(ctx_);
+  if (!plan.ok()) return {"error: " + plan.status().message()};
+  RecordingBuilder builder;
+  for (const InputInfo& in : ctx_.inputs) builder.AddInput(in.layout, in.shape, in.dtype);
+  builder.set_output_shapes(out_shapes_);
+  StatusOr<std::vector<ValueId>> outputs = (*rule)->Expand(ctx_, *plan, builder);
+  std::vector<std::string> steps = builder.steps();
+  if (!outputs.ok()) steps.push_back("error: " + outputs.status().message());
+  return steps;
+}
+
+void CheckRuleTable(const Mesh& mesh, const std::vector<RuleRow>& rows) {
+  for (const RuleRow& row : rows) {
+    OpCase op(row.op, mesh);
+    std::vector<std::string> args;
+    for (const Arg& arg : row.args) {
+      if (arg.host) {
+        arg.scalar ? op.HostScalar(arg.host->at(0)) : op.Host(*arg.host);
+        args.push_back("host " + ShapeString(*arg.host));
+      } else {
+        op.In(arg.spec, arg.shape);
+        args.push_back(arg.spec + ShapeString(arg.shape));
+      }
+    }
+    for (const auto& [name, value] : row.bools) {
+      op.Bool(name, value);
+      args.push_back(name + "=" + (value ? "true" : "false"));
+    }
+    for (const auto& [name, value] : row.ints) {
+      op.Int(name, value);
+      args.push_back(name + "=" + std::to_string(value));
+    }
+    SCOPED_TRACE(row.op + "(" + Join(args, ", ") + ") on " + mesh.ShortString() + " of " +
+                 mesh.device_type());
+    if (row.plan == "error") {
+      EXPECT_ERROR(op.Forward(), kInvalidArgument, row.steps);
+      continue;
+    }
+    EXPECT_EQ(op.PlanString(), row.plan);
+    EXPECT_LINES(op.Steps(), row.steps);
+  }
+}
+
+}  // namespace testing
+}  // namespace tf_dtensor

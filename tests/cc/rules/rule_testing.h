@@ -1,0 +1,99 @@
+// Running one op's rule without TensorFlow: build the inputs, plan with Forward, expand
+// with a RecordingBuilder, and summarise both as strings for golden tables.
+//
+//   OpCase op("MatMul", mesh);
+//   op.In("[x,*]", {8, 4}).In("[*,*]", {4, 8}).Bool("transpose_a", false);
+//   EXPECT_EQ(op.PlanString(), "[x,*] [*,*] -> [x,*]");
+//   EXPECT_LINES(op.Steps(), {"local MatMul [x,*] [*,*] -> [x,*]"});
+#ifndef TF_DTENSOR_TESTS_CC_RULES_RULE_TESTING_H_
+#define TF_DTENSOR_TESTS_CC_RULES_RULE_TESTING_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cc/device/attrs.h"
+#include "cc/rules/registry.h"
+#include "cc/rules/rule.h"
+#include "tensorflow/c/tf_datatype.h"
+#include "tests/cc/testing.h"
+
+namespace tf_dtensor {
+namespace testing {
+
+class OpCase {
+ public:
+  OpCase(std::string op_name, Mesh mesh) : op_name_(std::move(op_name)), mesh_(std::move(mesh)) {}
+  OpCase(const OpCase&) = delete;  // the context points at this case's attributes
+  OpCase& operator=(const OpCase&) = delete;
+
+  // A DTensor input with layout `spec` ("[x,*]") on the mesh and global `shape`.
+  OpCase& In(const std::string& spec, std::vector<int64_t> shape, int dtype = TF_FLOAT);
+  // A host integer input (an axis, a shape, a permutation) with the given value.
+  OpCase& Host(std::vector<int64_t> value, int dtype = TF_INT32);
+  // A host integer scalar input (ConcatV2's axis).
+  OpCase& HostScalar(int64_t value, int dtype = TF_INT32);
+  OpCase& Bool(const std::string& name, bool value);
+  OpCase& Int(const std::string& name, int64_t value);
+  OpCase& Ints(const std::string& name, std::vector<int64_t> values);
+  OpCase& Requested(const std::string& spec);
+  // Global shapes of the outputs, for steps after the local op that need them.
+  OpCase& OutShapes(std::vector<std::vector<int64_t>> shapes);
+
+  const OpContext& context() const { return ctx_; }
+  // The registered rule's Forward on these inputs.
+  StatusOr<Plan> Forward() const;
+  // "[x,*] [*,*] -> [x,*]": the layouts the plan gives the inputs ("=" for an input passed
+  // unchanged, "host" for a host argument) and the outputs ("replicated" when the plan
+  // leaves them to the builder), or "error: <message>".
+  std::string PlanString() const;
+  // Plan::Collectives, or {"error: <message>"}.
+  std::vector<std::string> Collectives() const;
+  // The steps of Rule::Expand on a RecordingBuilder, or its error as the last line.
+  std::vector<std::string> Steps() const;
+
+ private:
+  StatusOr<const Rule*> FindRule() const;
+
+  std::string op_name_;
+  Mesh mesh_;
+  AttrMap attrs_;
+  OpContext ctx_{op_name_, &attrs_, mesh_};
+  std::vector<std::vector<int64_t>> out_shapes_;
+};
+
+// One argument of a golden-table row: a DTensor input or a host integer input.
+struct Arg {
+  std::string spec;  // "[x,*]"; empty for a host input
+  std::vector<int64_t> shape;
+  std::optional<std::vector<int64_t>> host;
+  bool scalar = false;
+};
+// A DTensor input with layout `spec` and global `shape`.
+inline Arg T(std::string spec, std::vector<int64_t> shape) {
+  return Arg{std::move(spec), std::move(shape), std::nullopt};
+}
+// A host integer vector (reduction axes, a permutation) or scalar (ConcatV2's axis).
+inline Arg H(std::vector<int64_t> values) { return Arg{"", {}, std::move(values)}; }
+inline Arg HScalar(int64_t value) { return Arg{"", {}, std::vector<int64_t>{value}, true}; }
+
+// A row of a golden table: op and arguments, then the expected PlanString and the
+// expected steps of its expansion. A row whose plan is "error" expects Forward to fail,
+// with a message containing each of `steps`.
+struct RuleRow {
+  std::string op;
+  std::vector<Arg> args;
+  std::string plan;
+  std::vector<std::string> steps;
+  std::map<std::string, bool> bools = {};        // bool attributes (transpose_a, keep_dims)
+  std::map<std::string, int64_t> ints = {};      // int attributes (axis, num_split)
+};
+
+// Checks every row on `mesh`; a failure names the row ("MatMul([x,*], [*,*]) on ...").
+void CheckRuleTable(const Mesh& mesh, const std::vector<RuleRow>& rows);
+
+}  // namespace testing
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_TESTS_CC_RULES_RULE_TESTING_H_
