@@ -37,7 +37,7 @@ TEST(Layout, ShortAndTensorFlowForms) {
     ASSERT_OK_AND_ASSIGN(Layout parsed, Layout::FromString(layout.ToString()));
     EXPECT_EQ(parsed, layout);
     EXPECT_EQ(parsed.Hash(), layout.Hash());
-    ASSERT_OK_AND_ASSIGN(Layout from_proto, Layout::FromProto(layout.ToProto()));
+    ASSERT_OK_AND_ASSIGN(Layout from_proto, Layout::FromProto(*layout.ToProto()));
     EXPECT_EQ(from_proto, layout);
   }
 }
@@ -57,7 +57,7 @@ TEST(Layout, ParsesTensorFlowsFormsOfEveryType) {
     ASSERT_OK_AND_ASSIGN(Layout layout, Layout::FromString(text));
     EXPECT_EQ(layout.ShortString(), short_form);
     EXPECT_EQ(*Layout::FromString(layout.ToString()), layout);
-    EXPECT_EQ(*Layout::FromProto(layout.ToProto()), layout);
+    EXPECT_EQ(*Layout::FromProto(*layout.ToProto()), layout);
   }
 }
 

@@ -1,5 +1,7 @@
 #include "tests/cc/spmd/recording_builder.h"
 
+#include <algorithm>
+
 #include "cc/core/strings.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -53,7 +55,8 @@ StatusOr<Layout> RecordingBuilder::WithSpec(ValueId value, int dim, DimSpec spec
   }
   std::vector<DimSpec> specs = layout->specs();
   specs[dim] = spec;
-  StatusOr<Layout> out = Layout::FromSpecs(std::move(specs), layout->mesh(), layout->type());
+  StatusOr<Layout> out =
+      Layout::FromSpecs(std::move(specs), layout->mesh(), layout->type(), layout->partial());
   if (!out.ok()) return Internal(std::string(step) + ": " + out.status().message());
   return out;
 }
@@ -95,9 +98,48 @@ StatusOr<ValueId> RecordingBuilder::AllReduce(ValueId value, const std::vector<i
   if (!layout) return Internal("all-reduce of a host value");
   steps_.push_back("all-reduce(" + std::string(ReduceOpName(op)) + ") " + Describe(value) +
                    " over " + MeshDimNames(layout->mesh(), mesh_dims));
+  // The pending reductions over `mesh_dims` are done; others stay.
+  std::vector<PartialSpec> still;
+  for (const PartialSpec& p : layout->partial()) {
+    if (std::find(mesh_dims.begin(), mesh_dims.end(), p.mesh_dim) == mesh_dims.end()) {
+      still.push_back(p);
+    }
+  }
   Value out = values_[value];
   out.resource.reset();
+  TFD_ASSIGN_OR_RETURN(out.layout, layout->WithoutPartial().WithPartial(still));
   return Add(std::move(out));
+}
+
+StatusOr<ValueId> RecordingBuilder::ReduceScatter(ValueId value, int dim, int mesh_dim,
+                                                  ReduceOp op) {
+  const std::optional<Layout>& layout = values_[value].layout;
+  if (!layout) return Internal("reduce-scatter of a host value");
+  std::vector<PartialSpec> still;
+  for (const PartialSpec& p : layout->partial()) {
+    if (p.mesh_dim != mesh_dim) still.push_back(p);
+  }
+  std::vector<DimSpec> specs = layout->specs();
+  specs[dim] = DimSpec::Sharded(mesh_dim);
+  StatusOr<Layout> out = Layout::FromSpecs(specs, layout->mesh(), layout->type(), still);
+  if (!out.ok()) return Internal("reduce-scatter: " + out.status().message());
+  steps_.push_back("reduce-scatter(" + std::string(ReduceOpName(op)) + ") axis " +
+                   std::to_string(dim) + " over " + layout->mesh().dims()[mesh_dim].name + " " +
+                   Describe(value) + " -> " + out->SpecString());
+  return Add({*out, values_[value].shape, values_[value].dtype, std::nullopt});
+}
+
+StatusOr<ValueId> RecordingBuilder::ToPartial(ValueId value, const std::vector<int>& mesh_dims,
+                                              ReduceOp op) {
+  const std::optional<Layout>& layout = values_[value].layout;
+  if (!layout) return Internal("to-partial of a host value");
+  std::vector<PartialSpec> added;
+  for (int d : mesh_dims) added.push_back({d, op});
+  StatusOr<Layout> out = layout->WithPartial(added);
+  if (!out.ok()) return Internal("to-partial: " + out.status().message());
+  steps_.push_back("to-partial(" + std::string(ReduceOpName(op)) + ") " + Describe(value) +
+                   " -> " + out->SpecString());
+  return Add({*out, values_[value].shape, values_[value].dtype, std::nullopt});
 }
 
 StatusOr<ValueId> RecordingBuilder::AllGather(ValueId value, int dim) {

@@ -34,6 +34,9 @@ class RecordingBuilder : public Builder {
   // The recorded steps, in order.
   const std::vector<std::string>& steps() const { return steps_; }
 
+  void SetInputs(std::vector<ValueId> inputs) override { inputs_ = std::move(inputs); }
+  // Host values are described to rules through OpContext in these tests.
+  std::optional<std::vector<int64_t>> IntValue(ValueId) override { return std::nullopt; }
   int num_inputs() const override { return static_cast<int>(inputs_.size()); }
   ValueId input(int index) const override { return inputs_[index]; }
   const std::optional<Layout>& layout(ValueId value) const override {
@@ -53,6 +56,10 @@ class RecordingBuilder : public Builder {
                                          const LocalOpOptions& options,
                                          const std::vector<Layout>& out_layouts) override;
   StatusOr<ValueId> AllReduce(ValueId value, const std::vector<int>& mesh_dims,
+                              ReduceOp op) override;
+  // Recorded as one step, as the relayout plan asks for it.
+  StatusOr<ValueId> ReduceScatter(ValueId value, int dim, int mesh_dim, ReduceOp op) override;
+  StatusOr<ValueId> ToPartial(ValueId value, const std::vector<int>& mesh_dims,
                               ReduceOp op) override;
   StatusOr<ValueId> AllGather(ValueId value, int dim) override;
   StatusOr<ValueId> Slice(ValueId value, int dim, int mesh_dim) override;
