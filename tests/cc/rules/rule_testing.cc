@@ -15,6 +15,16 @@ OpCase& OpCase::In(const std::string& spec, std::vector<int64_t> shape, int dtyp
   return *this;
 }
 
+OpCase& OpCase::Pending(std::vector<PartialSpec> partial) {
+  ctx_.inputs.back().layout = ctx_.inputs.back().layout->WithPartial(std::move(partial)).value();
+  return *this;
+}
+
+OpCase& OpCase::KeepPartial() {
+  ctx_.keep_partial = true;
+  return *this;
+}
+
 OpCase& OpCase::Host(std::vector<int64_t> value, int dtype) {
   InputInfo info;
   info.shape = {static_cast<int64_t>(value.size())};
@@ -70,7 +80,7 @@ StatusOr<const Rule*> OpCase::FindRule() const {
 
 StatusOr<Plan> OpCase::Forward() const {
   TFD_ASSIGN_OR_RETURN(const Rule* rule, FindRule());
-  return rule->Forward(ctx_);
+  return PlanOp(*rule, ctx_);
 }
 
 std::string OpCase::PlanString() const {
@@ -101,7 +111,7 @@ std::vector<std::string> OpCase::Collectives() const {
 std::vector<std::string> OpCase::Steps() const {
   StatusOr<const Rule*> rule = FindRule();
   if (!rule.ok()) return {"error: " + rule.status().message()};
-  StatusOr<Plan> plan = (*rule)->Forward(ctx_);
+  StatusOr<Plan> plan = PlanOp(**rule, ctx_);
   if (!plan.ok()) return {"error: " + plan.status().message()};
   RecordingBuilder builder;
   for (const InputInfo& in : ctx_.inputs) builder.AddInput(in.layout, in.shape, in.dtype);

@@ -30,6 +30,10 @@ class OpCase {
 
   // A DTensor input with layout `spec` ("[x,*]") on the mesh and global `shape`.
   OpCase& In(const std::string& spec, std::vector<int64_t> shape, int dtype = TF_FLOAT);
+  // The last input carries these pending reductions ("[*,*] +partial(y:sum)").
+  OpCase& Pending(std::vector<PartialSpec> partial);
+  // Plan as inside tf.function: a contraction's reduction stays pending.
+  OpCase& KeepPartial();
   // A host integer input (an axis, a shape, a permutation) with the given value.
   OpCase& Host(std::vector<int64_t> value, int dtype = TF_INT32);
   // A host integer scalar input (ConcatV2's axis).
@@ -42,7 +46,7 @@ class OpCase {
   OpCase& OutShapes(std::vector<std::vector<int64_t>> shapes);
 
   const OpContext& context() const { return ctx_; }
-  // The registered rule's Forward on these inputs.
+  // The registered rule's plan on these inputs (PlanOp: Forward, then pending reductions).
   StatusOr<Plan> Forward() const;
   // "[x,*] [*,*] -> [x,*]": the layouts the plan gives the inputs ("=" for an input passed
   // unchanged, "host" for a host argument) and the outputs ("replicated" when the plan

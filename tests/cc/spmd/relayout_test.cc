@@ -65,6 +65,48 @@ TEST(Relayout, OnATwoDimensionalMesh) {
              });
 }
 
+// "[x,*] +partial(y:sum)": MakeLayout's spec plus pending reductions.
+Layout WithPending(const char* spec, const Mesh& mesh, std::vector<PartialSpec> partial) {
+  return MakeLayout(spec, mesh).WithPartial(std::move(partial)).value();
+}
+
+TEST(Relayout, PartialPlansReduceScatterAndToPartial) {
+  for (const char* type : {"CPU", "GPU"}) {
+    SCOPED_TRACE(type);
+    Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}}, type);
+    const PartialSpec sum_y{1, ReduceOp::kSum};
+    const PartialSpec max_x{0, ReduceOp::kMax};
+    struct Row {
+      Layout from, to;
+      std::vector<std::string> steps;
+    };
+    const std::vector<Row> rows = {
+        // Partial -> replicated: an all-reduce.
+        {WithPending("[x,*]", mesh, {sum_y}), MakeLayout("[x,*]", mesh),
+         {"all-reduce(sum) [x,*] +partial(y:sum) over y"}},
+        // Partial -> sharded over the same dimension: one reduce-scatter.
+        {WithPending("[x,*]", mesh, {sum_y}), MakeLayout("[x,y]", mesh),
+         {"reduce-scatter(sum) axis 1 over y [x,*] +partial(y:sum) -> [x,y]"}},
+        // Only the reductions the target drops are done.
+        {WithPending("[*,*]", mesh, {max_x, sum_y}), WithPending("[*,*]", mesh, {max_x}),
+         {"all-reduce(sum) [*,*] +partial(x:max,y:sum) over y"}},
+        // Replicated or sharded -> partial.
+        {MakeLayout("[x,*]", mesh), WithPending("[x,*]", mesh, {sum_y}),
+         {"to-partial(sum) [x,*] -> [x,*] +partial(y:sum)"}},
+        {MakeLayout("[x,y]", mesh), WithPending("[x,*]", mesh, {sum_y}),
+         {"all-gather axis 1 [x,y] -> [x,*]", "to-partial(sum) [x,*] -> [x,*] +partial(y:sum)"}},
+    };
+    for (const Row& row : rows) {
+      SCOPED_TRACE(row.from.SpecString() + " -> " + row.to.SpecString());
+      RecordingBuilder builder;
+      ValueId input = builder.AddInput(row.from, {8, 8}, TF_FLOAT);
+      ASSERT_OK_AND_ASSIGN(ValueId output, Relayout(builder, input, row.to, "t"));
+      EXPECT_EQ(*builder.layout(output), row.to);
+      EXPECT_LINES(builder.steps(), row.steps);
+    }
+  }
+}
+
 TEST(Relayout, GpuTypedMeshesPlanLikeCpuMeshes) {
   CheckTable(MakeMesh({{"x", 2}, {"y", 2}}, "GPU"),
              {

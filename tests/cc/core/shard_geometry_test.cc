@@ -1,0 +1,100 @@
+// Shard geometry: the one function that places blocks (torch.chunk pieces), and Partial
+// layouts (pending reductions per mesh dimension), on CPU and GPU-typed meshes.
+#include "cc/core/layout.h"
+#include "tests/cc/testing.h"
+
+namespace tf_dtensor {
+namespace {
+
+using testing::MakeLayout;
+using testing::MakeMesh;
+
+TEST(ShardGeometry, PiecesFollowTorchChunk) {
+  struct Row {
+    int64_t size, pieces;
+    std::vector<std::pair<int64_t, int64_t>> expected;  // (size, offset) per piece
+  };
+  const std::vector<Row> rows = {
+      {8, 4, {{2, 0}, {2, 2}, {2, 4}, {2, 6}}},
+      {5, 4, {{2, 0}, {2, 2}, {1, 4}, {0, 5}}},
+      {3, 4, {{1, 0}, {1, 1}, {1, 2}, {0, 3}}},
+      {6, 8, {{1, 0}, {1, 1}, {1, 2}, {1, 3}, {1, 4}, {1, 5}, {0, 6}, {0, 6}}},
+      {0, 2, {{0, 0}, {0, 0}}},
+      {7, 1, {{7, 0}}},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(std::to_string(row.size) + " over " + std::to_string(row.pieces));
+    int64_t total = 0;
+    for (int64_t i = 0; i < row.pieces; ++i) {
+      EXPECT_EQ(Layout::Piece(row.size, row.pieces, i), row.expected[i]);
+      total += Layout::Piece(row.size, row.pieces, i).first;
+    }
+    EXPECT_EQ(total, row.size);
+  }
+}
+
+TEST(ShardGeometry, BlocksOfTwoAxesPerDevice) {
+  for (const char* type : {"CPU", "GPU"}) {
+    SCOPED_TRACE(type);
+    Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}}, type);
+    Layout layout = MakeLayout("[y,x]", mesh);
+    // Device (x, y): rows by y, columns by x.
+    struct Row {
+      int device;
+      std::vector<int64_t> shape, offset;
+    };
+    for (const Row& row : std::vector<Row>{{0, {2, 3}, {0, 0}},
+                                           {1, {1, 3}, {2, 0}},
+                                           {2, {2, 2}, {0, 3}},
+                                           {3, {1, 2}, {2, 3}}}) {
+      ShardGeometry g = layout.GeometryOfDevice({3, 5}, row.device);
+      EXPECT_EQ(g.shape, row.shape);
+      EXPECT_EQ(g.offset, row.offset);
+    }
+    EXPECT_EQ(layout.PieceSizes({3, 5}, 0), (std::vector<int64_t>{2, 1}));
+    EXPECT_TRUE(!layout.IsEven({3, 5}));
+    EXPECT_TRUE(layout.IsEven({4, 6}));
+    EXPECT_EQ(layout.EvenPart({3, 6}), MakeLayout("[*,x]", mesh));
+  }
+}
+
+TEST(ShardGeometry, LocalShapeIsTheFirstBlockAndUniformIsChecked) {
+  Layout layout = MakeLayout("[x,*]", MakeMesh({{"x", 4}}));
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> local, layout.LocalShape({5, 3}, "t"));
+  EXPECT_EQ(local, (std::vector<int64_t>{2, 3}));
+  EXPECT_ERROR(layout.UniformLocalShape({5, 3}, "t"), kInvalidArgument,
+               {"size 5", "not divisible by 4"});
+  EXPECT_ERROR(layout.LocalShape({5}, "t"), kInvalidArgument, {"rank 2", "rank 1"});
+}
+
+TEST(PartialLayout, CheckedAtConstructionWithForms) {
+  Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}});
+  Layout base = MakeLayout("[x,*]", mesh);
+  ASSERT_OK_AND_ASSIGN(Layout partial, base.WithPartial({{1, ReduceOp::kSum}}));
+  EXPECT_EQ(partial.ShortString(), "[x,*] +partial(y:sum) @ mesh(x=2,y=2)");
+  EXPECT_TRUE(partial.ToString().find("partial:y=sum, mesh:") != std::string::npos);
+  ASSERT_OK_AND_ASSIGN(Layout parsed, Layout::FromString(partial.ToString()));
+  EXPECT_EQ(parsed, partial);
+  EXPECT_EQ(parsed.Hash(), partial.Hash());
+  EXPECT_TRUE(partial != base);
+  EXPECT_EQ(partial.WithoutPartial(), base);
+  EXPECT_TRUE(!partial.IsFullyReplicated());
+  EXPECT_EQ(partial.DistinctMeshDims(), (std::vector<int>{0, 1}));
+  // A mesh dim shards an axis or is partial, never both; never partial twice.
+  EXPECT_ERROR(base.WithPartial({{0, ReduceOp::kSum}}), kInvalidArgument,
+               {"cannot be partial over `x`", "already shards an axis"});
+  EXPECT_ERROR(partial.WithPartial({{1, ReduceOp::kMax}}), kInvalidArgument,
+               {"partial twice"});
+  EXPECT_ERROR(partial.ToProto(), kInvalidArgument, {"LayoutProto cannot hold"});
+  EXPECT_ERROR(Layout::FromString("sharding_specs:x, partial:y=median, mesh:|x=2,y=2|0,1,2,3|"
+                                  "0,1,2,3|/job:localhost/replica:0/task:0/device:CPU:0,"
+                                  "/job:localhost/replica:0/task:0/device:CPU:1,"
+                                  "/job:localhost/replica:0/task:0/device:CPU:2,"
+                                  "/job:localhost/replica:0/task:0/device:CPU:3"),
+               kInvalidArgument, {"partial entry 'y=median'"});
+  // Specs change, pending reductions go: they belong to a value, not a pattern.
+  EXPECT_TRUE(!partial.WithSpecs({DimSpec::Replicated(), DimSpec::Replicated()}).is_partial());
+}
+
+}  // namespace
+}  // namespace tf_dtensor
