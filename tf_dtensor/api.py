@@ -111,6 +111,13 @@ def check_layout(tensor, layout: Layout) -> None:
                          f"{layout.short()}.")
 
 
+def _layout_arg(layout: Any, function: str) -> Layout:
+    if not isinstance(layout, Layout):
+        raise TypeError(f"`{function}` takes a `Layout` as `layout`; got {layout!r} "
+                        f"({type(layout).__name__}). Build one with `Layout(specs, mesh)`.")
+    return layout
+
+
 def pack(tensors: Sequence[Any], layout: Layout) -> Any:
     """Packs one component per local device into a DTensor with `layout`.
 
@@ -125,6 +132,7 @@ def pack(tensors: Sequence[Any], layout: Layout) -> Any:
     Example:
       >>> t = pack([[0, 1]] * mesh.num_local_devices(), Layout.replicated(mesh, 1))
     """
+    _layout_arg(layout, "pack")
     components = [tf.convert_to_tensor(t) for t in tensors]
     if not components:
         raise LayoutError(f"pack needs one component per local device of {layout.mesh.short()}; "
@@ -162,6 +170,7 @@ def unpack(tensor: Any) -> Sequence[Any]:
 
 
 def _relayout(tensor, layout: Layout):
+    _layout_arg(layout, "relayout")
     attrs = ("T", tensor.dtype.as_datatype_enum, "layout", layout.to_string())
     if not context.executing_eagerly():
         # Inside tf.function: a node of the traced graph; expansion honours it (and asks

@@ -7,7 +7,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 from tensorflow.dtensor.proto import layout_pb2
 
-from tf_dtensor import _core
+import tensorflow as tf
+
+from tf_dtensor import _args, _core
 from tf_dtensor._errors import LayoutError
 from tf_dtensor.mesh import Mesh, _serialized
 
@@ -19,9 +21,11 @@ MATCH = "match"
 LayoutType = _core.LayoutType
 
 
-def _shape_list(shape) -> List[int]:
+def _shape_list(shape, what: str = "the shape") -> List[int]:
     """A shape as ints; unknown dimensions (None) become -1."""
-    return [-1 if d is None else int(d) for d in shape]
+    if isinstance(shape, (tf.TensorShape,)):
+        shape = shape.as_list()
+    return _args.integers(shape, what, unknown_as=-1)
 
 
 def _partial_items(partial) -> List[Tuple[str, str]]:
@@ -80,7 +84,9 @@ class Layout:
         if not isinstance(mesh, Mesh):
             raise LayoutError(f"`mesh` must be a Mesh, got {type(mesh).__name__}; build one "
                               f"with `dtensor.create_mesh`.")
-        self._layout = _core.Layout.create(list(sharding_specs), mesh._mesh)
+        specs = _args.strings(sharding_specs, "`sharding_specs` (one mesh dimension name or "
+                              "UNSHARDED per tensor axis)")
+        self._layout = _core.Layout.create(specs, mesh._mesh)
         if partial:
             self._layout = self._layout.with_partial(_partial_items(partial))
         self._mesh = mesh
@@ -95,7 +101,7 @@ class Layout:
     @staticmethod
     def from_string(layout_str: str) -> "Layout":
         """Parses `sharding_specs:x,unsharded, mesh:|x=2|...` (TF DTensor's form)."""
-        return Layout._wrap(_core.Layout.from_string(layout_str))
+        return Layout._wrap(_core.Layout.from_string(_args.string(layout_str, "`layout_str`")))
 
     @staticmethod
     def from_proto(layout_proto: layout_pb2.LayoutProto) -> "Layout":
@@ -212,7 +218,7 @@ class Layout:
         Raises:
           LayoutError: `idx` is not an axis of this layout.
         """
-        return self._layout.num_shards(idx)
+        return self._layout.num_shards(_args.integer(idx, "`idx`"))
 
     def is_fully_replicated(self) -> bool:
         """No axis sharded; False for a single-device layout, as in TF DTensor."""
@@ -246,7 +252,8 @@ class Layout:
           >>> Layout(["x"], mesh).offset_tuple_to_global_index((1,))
           1
         """
-        return self._layout.offset_tuple_to_global_index([int(o) for o in offset_tuple])
+        return self._layout.offset_tuple_to_global_index(
+            _args.integers(offset_tuple, "`offset_tuple`"))
 
     def local_shape_from_global_shape(self, global_shape: Sequence[int]) -> Tuple[int, ...]:
         """The shape of one shard of a tensor of `global_shape` (unknown sizes stay -1).
@@ -324,8 +331,9 @@ class Layout:
           >>> Layout(["x"], mesh).shard_geometry([3], [1])
           ((1,), (2,))
         """
-        shape, offset = self._layout.shard_geometry(_shape_list(global_shape),
-                                                    [int(i) for i in shard_index])
+        shape, offset = self._layout.shard_geometry(
+            _shape_list(global_shape, "`global_shape`"),
+            _args.integers(shard_index, "`shard_index`"))
         return tuple(shape), tuple(offset)
 
     def device_blocks(self, global_shape: Sequence[int]

@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.dtensor.proto import layout_pb2
 
-from tf_dtensor import _core
+from tf_dtensor import _args, _core
 from tf_dtensor._errors import MeshError
 
 # What `mesh[dim_name]` returns, as in TF DTensor.
@@ -17,7 +17,13 @@ MeshDimension = collections.namedtuple("MeshDimension", ["name", "size"])
 
 
 def _device_str(device) -> str:
-    return device.to_string() if hasattr(device, "to_string") else str(device)
+    """A device name from a str or a `tf.DeviceSpec`-like object (anything with to_string)."""
+    if hasattr(device, "to_string"):
+        return device.to_string()
+    if not isinstance(device, str):
+        raise TypeError(f"Devices are names such as 'CPU:0' or `tf.DeviceSpec`s; got "
+                        f"{device!r} ({type(device).__name__}).")
+    return device
 
 
 def _serialized(proto, expected: type) -> bytes:
@@ -70,7 +76,7 @@ class Mesh:
         if ids.size and ids.dtype.kind not in "iu":
             raise MeshError(f"`global_device_ids` must hold integers; got {ids.dtype} values "
                             f"{ids.ravel()[:4].tolist()}. Use e.g. np.arange(n).reshape(...).")
-        names = list(dim_names)
+        names = _args.strings(dim_names, "`dim_names`")
         if ids.ndim != len(names):
             raise MeshError(
                 f"`global_device_ids` has shape {list(ids.shape)} but {len(names)} dimension "
@@ -96,7 +102,7 @@ class Mesh:
     @staticmethod
     def from_string(mesh_str: str) -> "Mesh":
         """Parses TF DTensor's string form (`|x=2|0,1|0,1|/job:localhost/...`)."""
-        return Mesh._wrap(_core.Mesh.from_string(mesh_str))
+        return Mesh._wrap(_core.Mesh.from_string(_args.string(mesh_str, "`mesh_str`")))
 
     @staticmethod
     def from_device(device: str) -> "Mesh":
@@ -177,7 +183,7 @@ class Mesh:
         Raises:
           MeshError: the mesh has no such dimension.
         """
-        return self._mesh.dim_size(dim_name)
+        return self._mesh.dim_size(_args.string(dim_name, "`dim_name`"))
 
     def __getitem__(self, dim_name: str) -> MeshDimension:
         """`mesh["x"]` is `MeshDimension(name="x", size=...)`, as in TF DTensor."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pickle
 import re
 
+import numpy as np
+
 import pytest
 import tensorflow as tf
 
@@ -394,3 +396,26 @@ def test_batch_sharded_negative_axis_counts_from_the_end(mesh_1d):
 def test_sharding_specs_given_as_a_string_is_a_type_error(mesh_1d):
     with pytest.raises(TypeError, match=r"Did you mean \['x'\]"):
         Layout("x", mesh_1d)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda m: Layout([0], m), r"`sharding_specs`.*entry 0 is 0 \(int\)"),
+    (lambda m: Layout([None, "x"], m), r"`sharding_specs`.*entry 0 is None"),
+    (lambda m: Layout.from_string(3), r"`layout_str` must be a str; got 3 \(int\)"),
+    (lambda m: Layout(["x"], m).num_shards("a"), r"`idx` must be an int; got 'a'"),
+    (lambda m: Layout(["x"], m).offset_tuple_to_global_index(["a"]), r"`offset_tuple`.*'a'"),
+    (lambda m: Layout(["x"], m).shard_geometry(["a"], [0]), r"`global_shape`.*'a'"),
+    (lambda m: dtensor.Mesh([1], np.arange(2), [0, 1], ["CPU:0", "CPU:1"]),
+     r"`dim_names` must be a list of str; entry 0 is 1 \(int\)"),
+    (lambda m: dtensor.Mesh(["x"], np.arange(2), [0, 1], [0, 1]), r"Devices are names.*0 \(int\)"),
+    (lambda m: dtensor.Mesh.from_string(5), r"`mesh_str` must be a str"),
+    (lambda m: m.dim_size(3), r"`dim_name` must be a str; got 3"),
+    (lambda m: dtensor.pack([tf.zeros([1])] * 4, "x"), r"`pack` takes a `Layout`.*'x' \(str\)"),
+    (lambda m: dtensor.relayout(tf.zeros([2]), "x"), r"`relayout` takes a `Layout`"),
+], ids=["spec-int", "spec-none", "from-string", "num-shards", "offset-tuple", "geometry",
+        "dim-names", "devices", "mesh-from-string", "dim-size", "pack", "relayout"])
+def test_wrong_argument_types_get_plain_messages(call, message, mesh_2x2):
+    # Never pybind11's "incompatible function arguments" signature dump.
+    with pytest.raises(TypeError, match=message) as error:
+        call(mesh_2x2)
+    assert "incompatible function arguments" not in str(error.value)
