@@ -1,5 +1,7 @@
 // The only pybind11 file: binds Mesh, Layout, the rule planner and the DTensor device.
 // Status codes become Python exceptions through one table (RaiseIfError).
+#include <algorithm>
+
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -22,6 +24,11 @@ namespace {
 enum class Subject { kMesh, kLayout, kOp };
 
 [[noreturn]] void Raise(const Status& status, Subject subject) {
+  if (status.code() == Code::kInternal) {
+    // A broken invariant in tf_dtensor, not a user mistake: no user-facing error class.
+    PyErr_SetString(PyExc_RuntimeError, ("tf_dtensor internal error: " + status.message()).c_str());
+    throw py::error_already_set();
+  }
   py::module_ errors = py::module_::import("tf_dtensor._errors");
   const char* name = "LayoutError";
   switch (status.code()) {
@@ -240,7 +247,20 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("host_mesh", [](const Mesh& mesh) { return ValueOrRaise(mesh.HostMesh(), Subject::kMesh); })
       .def("dim_index", [](const Mesh& mesh, const std::string& name) { return mesh.DimIndex(name); })
-      .def("coords", &Mesh::Coords)
+      .def("coords",
+           [](const Mesh& mesh, int64_t device_id) {
+             const std::vector<int64_t>& ids = mesh.global_device_ids();
+             if (std::find(ids.begin(), ids.end(), device_id) == ids.end()) {
+               Raise(InvalidArgument("Device id " + std::to_string(device_id) + " is not in " +
+                                     mesh.ShortString() + "; its ids run from " +
+                                     std::to_string(ids.empty() ? 0 : *std::min_element(ids.begin(), ids.end())) +
+                                     " to " +
+                                     std::to_string(ids.empty() ? 0 : *std::max_element(ids.begin(), ids.end())) +
+                                     "."),
+                     Subject::kMesh);
+             }
+             return mesh.Coords(device_id);
+           })
       .def("__eq__", [](const Mesh& a, const Mesh& b) { return a == b; })
       .def("__hash__", [](const Mesh& mesh) { return mesh.Hash(); });
 

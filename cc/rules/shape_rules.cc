@@ -80,11 +80,18 @@ StatusOr<FactorSpec> TransposeFactors(const OpContext& ctx) {
   FactorSpec spec;
   std::vector<int> axes = spec.AddAxes(rank);
   std::vector<int> out;
+  std::vector<bool> seen(rank, false);
   for (int64_t p : perm) {
     if (p < 0 || p >= rank) {
       return InvalidArgument("Transpose permutation " + ShapeString(perm) +
                              " is out of range for " + ctx.Describe(0) + ".");
     }
+    if (seen[p]) {
+      return InvalidArgument("Transpose permutation " + ShapeString(perm) + " names axis " +
+                             std::to_string(p) + " twice; it must list each axis of " +
+                             ctx.Describe(0) + " once.");
+    }
+    seen[p] = true;
     out.push_back(axes[p]);
   }
   spec.inputs = {axes, std::nullopt};
@@ -112,8 +119,8 @@ StatusOr<FactorSpec> ExpandDimsFactors(const OpContext& ctx) {
 
 class SqueezeRule : public Rule {
  public:
-  // The input axes Squeeze drops.
-  static std::vector<bool> Dropped(const OpContext& ctx) {
+  // The input axes Squeeze drops; an error for an axis out of range or not of size 1.
+  static StatusOr<std::vector<bool>> Dropped(const OpContext& ctx) {
     const int rank = ctx.rank(0);
     const std::vector<int64_t>& shape = ctx.inputs[0].shape;
     std::vector<int64_t> dims = ctx.attrs->GetIntList("squeeze_dims");
@@ -122,7 +129,18 @@ class SqueezeRule : public Rule {
       for (int d = 0; d < rank; ++d) drop[d] = shape[d] == 1;
     }
     for (int64_t d : dims) {
-      if (d >= -rank && d < rank) drop[d < 0 ? d + rank : d] = true;
+      if (d < -rank || d >= rank) {
+        return InvalidArgument("'Squeeze' got axis " + std::to_string(d) + ", out of range for " +
+                               ctx.Describe(0) + "; axes run from " + std::to_string(-rank) +
+                               " to " + std::to_string(rank - 1) + ".");
+      }
+      const int axis = static_cast<int>(d < 0 ? d + rank : d);
+      if (shape[axis] != 1) {
+        return InvalidArgument("'Squeeze' can only drop axes of size 1, but axis " +
+                               std::to_string(axis) + " of " + ctx.Describe(0) + " has size " +
+                               std::to_string(shape[axis]) + ".");
+      }
+      drop[axis] = true;
     }
     return drop;
   }
@@ -130,7 +148,9 @@ class SqueezeRule : public Rule {
   // want [x,y] of squeeze([8,1,4]) -> [x,*,y]
   std::vector<std::optional<Layout>> Backward(
       const OpContext& ctx, const std::vector<std::optional<Layout>>& requested) const override {
-    std::vector<bool> drop = Dropped(ctx);
+    StatusOr<std::vector<bool>> dropped = Dropped(ctx);
+    if (!dropped.ok()) return {std::nullopt};
+    const std::vector<bool>& drop = *dropped;
     int kept = 0;
     for (bool d : drop) kept += d ? 0 : 1;
     const Layout* want = UsableRequest(ctx, requested, 0, kept);
@@ -143,7 +163,7 @@ class SqueezeRule : public Rule {
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     const Layout& in = ctx.layout(0);
-    std::vector<bool> drop = Dropped(ctx);
+    TFD_ASSIGN_OR_RETURN(std::vector<bool> drop, Dropped(ctx));
     std::vector<DimSpec> out;
     for (int d = 0; d < in.rank(); ++d) {
       if (!drop[d]) out.push_back(in.spec(d));

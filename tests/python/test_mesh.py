@@ -407,3 +407,10 @@ def test_integral_float_size_is_accepted():
 def test_mesh_ids_must_be_integers():
     with pytest.raises(MeshError, match="must hold integers"):
         dtensor.Mesh(["x"], np.array(["a", "b"]), [0, 1], ["CPU:0", "CPU:1"])
+
+
+def test_coords_of_an_unknown_device_id_raises(mesh_2x2):
+    # Regression: an unknown id silently returned the coordinates of position 0.
+    with pytest.raises(tf_dtensor.MeshError, match=r"Device id 99 is not in mesh\(x=2,y=2\)"):
+        mesh_2x2.coords(99)
+    assert mesh_2x2.coords(3).numpy().tolist() == [1, 1]

@@ -277,3 +277,19 @@ def test_tile_of_a_reduced_scalar_on_a_large_mesh(mesh_8):
     grad = to_dtensor(np.array([0.5], np.float32), layout_of("[*]", mesh_8))
     out = run_without_fallback(lambda g: tf.tile(g, [16]), grad)
     assert_dtensor_equal(np.full((16,), 0.5, np.float32), layout_of("[*]", mesh_8), out)
+
+
+def test_transpose_with_a_repeated_axis_names_the_permutation(mesh_2x2):
+    # Regression: perm [0, 0] planned the invalid layout [x,x] and failed in TF's kernel.
+    x = to_dtensor(np.ones((4, 4), np.float32), layout_of("[x,y]", mesh_2x2))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"\[0, 0\] names axis 0 twice"):
+        tf.transpose(x, [0, 0])
+
+
+@pytest.mark.parametrize("axis,message", [(7, r"axis 7, out of range .* from -2 to 1"),
+                                          (0, r"only drop axes of size 1, but axis 0 .* size 4")])
+def test_squeeze_of_a_bad_axis_names_it(axis, message, mesh_2x2):
+    # Regression: an out-of-range axis was written past the end of a vector (UB).
+    x = to_dtensor(np.ones((4, 4), np.float32), layout_of("[x,y]", mesh_2x2))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        tf.squeeze(x, [axis])
