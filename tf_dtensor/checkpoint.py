@@ -95,9 +95,9 @@ def slice_spec(layout: Layout, global_shape: Sequence[int], block: Block) -> str
     if layout.is_fully_replicated():
         return ""
     global_shape = [int(d) for d in global_shape]
-    local = layout.local_shape(global_shape)
-    axes = [f"{index * size},{size}" if layout.num_shards(axis) > 1 else "-"
-            for axis, (index, size) in enumerate(zip(block, local))]
+    sizes, offsets = layout.shard_geometry(global_shape, block)
+    axes = [f"{offset},{size}" if layout.num_shards(axis) > 1 else "-"
+            for axis, (offset, size) in enumerate(zip(offsets, sizes))]
     return " ".join(str(d) for d in global_shape) + " " + ":".join(axes)
 
 
@@ -186,8 +186,11 @@ def saved_dtype(variable) -> tf.DType:
 
 def saved_slices(layout: Layout, global_shape, dtype: tf.DType) -> Dict[str, Optional[Block]]:
     """The slice specs a tensor is saved and restored as, each mapped to its block: one per
-    distinct block when sharded, else `{"": None}` (the full value)."""
-    if layout.is_fully_replicated() or dtype not in SLICEABLE_DTYPES:
+    distinct block when sharded, else `{"": None}` (the full value). Uneven shards are saved
+    whole too: TensorFlow's slice readers (and TF's DTensor) expect one block shape per
+    tensor, and a full value restores into any layout."""
+    if (layout.is_fully_replicated() or dtype not in SLICEABLE_DTYPES
+            or not layout.is_even(global_shape)):
         return {"": None}
     return {slice_spec(layout, global_shape, block): block for block in distinct_blocks(layout)}
 

@@ -412,3 +412,22 @@ def test_dtensor_checkpoint_round_trip(tmp_path):
     w = dvariable(np.zeros_like(x), layout_of("[*,x]", MESH_8))
     dtensor.DTensorCheckpoint(MESH_8, v=w).restore(path).assert_consumed()
     assert_exact(x, layout_of("[*,x]", MESH_8), w)
+
+
+@pytest.mark.parametrize("layout", [Layout(["x", dtensor.UNSHARDED], MESH_4),
+                                    Layout([dtensor.UNSHARDED, "y"], MESH_2X2)],
+                         ids=lambda l: l.short())
+def test_uneven_dvariable_round_trip(layout, tmp_path):
+    # 5 rows over x=4 (blocks 2, 2, 1, 0) or 3 columns over y=2: saved whole, restored into
+    # the variable's uneven blocks, and readable by a plain tf.Variable.
+    value = np.arange(15, dtype=np.float32).reshape(5, 3)
+    assert not layout.is_even(value.shape)
+    variable = dtensor.DVariable(dtensor.copy_to_mesh(tf.constant(value), layout))
+    path = tf.train.Checkpoint(v=variable).save(str(tmp_path / "ckpt"))
+    variable.assign(dtensor.copy_to_mesh(tf.zeros([5, 3]), layout))
+    tf.train.Checkpoint(v=variable).restore(path)
+    assert_dtensor_equal(value, layout, variable.read_value())
+    plain = tf.Variable(tf.zeros([5, 3]))
+    tf.train.Checkpoint(v=plain).restore(path)
+    np.testing.assert_array_equal(plain.numpy(), value)
+    np.testing.assert_array_equal(checkpoint.global_value(variable).numpy(), value)
