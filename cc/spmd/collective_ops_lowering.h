@@ -1,0 +1,214 @@
+// ComponentBuilder's collective-ops lowering: abstract collectives as TF's
+// CollectiveReduceV2 / CollectiveGatherV2, one op per local device, grouped by
+// CollectiveGroups (group key per group, one instance key per step). Included at the end
+// of component_builder.h; used for meshes that cannot share buffers and when the policy
+// asks for it (TF_DTENSOR_COLLECTIVES=ops).
+#ifndef TF_DTENSOR_CC_SPMD_COLLECTIVE_OPS_LOWERING_H_
+#define TF_DTENSOR_CC_SPMD_COLLECTIVE_OPS_LOWERING_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cc/spmd/collectives.h"
+#include "cc/spmd/component_builder.h"
+
+namespace tf_dtensor {
+namespace collective_internal {
+
+inline AttrOverride StringAttr(std::string name, std::string value) {
+  AttrOverride a{std::move(name), AttrOverride::Kind::kString, {}};
+  a.text = std::move(value);
+  return a;
+}
+
+// The attributes every V2 collective op takes besides its own.
+inline LocalOpOptions CollectiveOptions(int dtype) {
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Int("Nordering_token", 0),
+                       StringAttr("communication_hint", "auto")};
+  return options;
+}
+
+}  // namespace collective_internal
+
+template <typename Handle>
+StatusOr<std::vector<Handle>> ComponentBuilder<Handle>::RunEach(
+    const std::string& op_type, const std::vector<std::vector<Handle>>& inputs,
+    const LocalOpOptions& options) {
+  std::vector<Handle> outputs;
+  for (int d = 0; d < static_cast<int>(inputs.size()); ++d) {
+    StatusOr<std::vector<Handle>> r = RunOn(op_type, inputs[d], options, d, 1);
+    if (!r.ok()) {
+      DiscardAll(outputs);
+      return r.status();
+    }
+    outputs.push_back(r.value()[0]);
+  }
+  return outputs;
+}
+
+// [x,*] partial over x -> every device of a group holds the group's reduction:
+// CollectiveReduceV2(local, group_size, group_key(g), instance_key) on every device.
+template <typename Handle>
+StatusOr<ValueId> ComponentBuilder<Handle>::AllReduceByOps(ValueId value,
+                                                           const std::vector<int>& mesh_dims,
+                                                           ReduceOp op) {
+  const CollectiveGroups& groups = CollectiveGroups::For(mesh_, mesh_dims);
+  const Value& in = values_[value];
+  Value out{in.layout, in.shape, in.dtype};
+  const int n = mesh_.num_local_devices();
+  if (groups.group_size() == 1) {
+    for (int d = 0; d < n; ++d) {
+      StatusOr<Handle> h = Share(local(value, d), d);
+      if (!h.ok()) {
+        DiscardAll(out.handles);
+        return h.status();
+      }
+      out.handles.push_back(*h);
+    }
+    return Add(std::move(out));
+  }
+  TFD_ASSIGN_OR_RETURN(ValueId size, HostConstant({groups.group_size()}, {}, TF_INT32));
+  TFD_ASSIGN_OR_RETURN(ValueId instance, HostConstant({NextInstanceKey()}, {}, TF_INT32));
+  std::map<int, ValueId> keys;  // group -> its key, as a host constant
+  std::vector<std::vector<Handle>> inputs(n);
+  for (int d = 0; d < n; ++d) {
+    const int g = groups.group_of(d);
+    if (!keys.count(g)) {
+      TFD_ASSIGN_OR_RETURN(keys[g], HostConstant({groups.group_key(g)}, {}, TF_INT32));
+    }
+    inputs[d] = {local(value, d), values_[size].host, values_[keys[g]].host,
+                 values_[instance].host};
+  }
+  LocalOpOptions options = collective_internal::CollectiveOptions(values_[value].dtype);
+  options.overrides.push_back(collective_internal::StringAttr("merge_op", CollectiveMergeOp(op)));
+  options.overrides.push_back(collective_internal::StringAttr("final_op", "Id"));
+  TFD_ASSIGN_OR_RETURN(std::vector<Handle> reduced,
+                       RunCollective("CollectiveReduceV2", inputs, options));
+  Value result{values_[value].layout, values_[value].shape, values_[value].dtype};
+  result.handles = std::move(reduced);
+  return Add(std::move(result));
+}
+
+// [x,*] -> [*,*] along tensor axis `dim`: CollectiveGatherV2 stacks the pieces along axis
+// 0, so another axis is moved to the front first and back after:
+//   local [a, b/x] -> transpose [b/x, a] -> gather [b, a] -> transpose [a, b].
+// TF stacks the pieces in its own ranking of the group's devices (by task, then device
+// index); where that differs from the order along the mesh dimension, the pieces are
+// split and concatenated in mesh order.
+// TODO(#9): uneven shards: pad each piece to the chunk size before the gather and trim
+// the padding of the trailing pieces after it (the step between Transpose and Gather).
+template <typename Handle>
+StatusOr<ValueId> ComponentBuilder<Handle>::AllGatherByOps(ValueId value, int dim) {
+  const Layout layout = *values_[value].layout;
+  const int mesh_dim = layout.spec(dim).mesh_dim;
+  std::vector<DimSpec> specs = layout.specs();
+  specs[dim] = DimSpec::Replicated();
+  Layout out_layout = layout.WithSpecs(specs);
+  const CollectiveGroups& groups = CollectiveGroups::For(mesh_, {mesh_dim});
+  const int n = mesh_.num_local_devices();
+  const int rank = layout.rank();
+  const int dtype = values_[value].dtype;
+
+  // Handles made here and not handed on; discarded whatever happens.
+  std::vector<Handle> temporaries;
+  auto cleanup = [&](Status status) {
+    DiscardAll(temporaries);
+    return status;
+  };
+  std::vector<Handle> current(n);
+  for (int d = 0; d < n; ++d) current[d] = local(value, d);
+
+  std::vector<int64_t> perm;  // moves `dim` to the front; its inverse moves it back
+  std::vector<int64_t> inverse;
+  auto transpose = [&](const std::vector<int64_t>& p) -> Status {
+    StatusOr<ValueId> perm_value = HostConstant(p, {static_cast<int64_t>(p.size())}, TF_INT32);
+    if (!perm_value.ok()) return perm_value.status();
+    LocalOpOptions options;
+    options.copy_attrs = false;
+    options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tperm", TF_INT32)};
+    std::vector<std::vector<Handle>> inputs(n);
+    for (int d = 0; d < n; ++d) inputs[d] = {current[d], values_[*perm_value].host};
+    StatusOr<std::vector<Handle>> r = RunEach("Transpose", inputs, options);
+    if (!r.ok()) return r.status();
+    current = std::move(r).value();
+    temporaries.insert(temporaries.end(), current.begin(), current.end());
+    return Status::Ok();
+  };
+  if (dim != 0) {
+    perm.push_back(dim);
+    for (int i = 0; i < rank; ++i) {
+      if (i != dim) perm.push_back(i);
+    }
+    inverse.assign(rank, 0);
+    for (int i = 0; i < rank; ++i) inverse[perm[i]] = i;
+    Status s = transpose(perm);
+    if (!s.ok()) return cleanup(s);
+  }
+
+  StatusOr<ValueId> size = HostConstant({groups.group_size()}, {}, TF_INT32);
+  if (!size.ok()) return cleanup(size.status());
+  StatusOr<ValueId> instance = HostConstant({NextInstanceKey()}, {}, TF_INT32);
+  if (!instance.ok()) return cleanup(instance.status());
+  std::map<int, ValueId> keys;
+  std::vector<std::vector<Handle>> inputs(n);
+  for (int d = 0; d < n; ++d) {
+    const int g = groups.group_of(d);
+    if (!keys.count(g)) {
+      StatusOr<ValueId> key = HostConstant({groups.group_key(g)}, {}, TF_INT32);
+      if (!key.ok()) return cleanup(key.status());
+      keys[g] = *key;
+    }
+    inputs[d] = {current[d], values_[*size].host, values_[keys[g]].host,
+                 values_[*instance].host};
+  }
+  StatusOr<std::vector<Handle>> gathered =
+      RunCollective("CollectiveGatherV2", inputs, collective_internal::CollectiveOptions(dtype));
+  if (!gathered.ok()) return cleanup(gathered.status());
+  current = std::move(gathered).value();
+
+  if (!groups.tf_order_is_identity()) {
+    // Piece j of the gather belongs to the device at position tf_order[j] of the group.
+    StatusOr<ValueId> axis = HostConstant({0}, {}, TF_INT32);
+    if (!axis.ok()) return cleanup(axis.status());
+    const int64_t pieces = groups.group_size();
+    LocalOpOptions split;
+    split.copy_attrs = false;
+    split.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Int("num_split", pieces)};
+    LocalOpOptions concat;
+    concat.copy_attrs = false;
+    concat.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tidx", TF_INT32),
+                        AttrOverride::Int("N", pieces)};
+    for (int d = 0; d < n; ++d) {
+      temporaries.push_back(current[d]);
+      StatusOr<std::vector<Handle>> parts =
+          RunOn("Split", {values_[*axis].host, current[d]}, split, d, static_cast<int>(pieces));
+      if (!parts.ok()) return cleanup(parts.status());
+      temporaries.insert(temporaries.end(), parts->begin(), parts->end());
+      const std::vector<int>& order = groups.tf_order(groups.group_of(d));
+      std::vector<Handle> ordered(pieces);
+      for (int64_t j = 0; j < pieces; ++j) ordered[order[j]] = (*parts)[j];
+      ordered.push_back(values_[*axis].host);
+      StatusOr<std::vector<Handle>> joined = RunOn("ConcatV2", ordered, concat, d, 1);
+      if (!joined.ok()) return cleanup(joined.status());
+      current[d] = (*joined)[0];
+    }
+  }
+  if (dim != 0) {
+    temporaries.insert(temporaries.end(), current.begin(), current.end());
+    Status s = transpose(inverse);
+    if (!s.ok()) return cleanup(s);
+    // The transposed results are handed on, not temporaries.
+    temporaries.resize(temporaries.size() - current.size());
+  }
+  DiscardAll(temporaries);
+  Value out{out_layout, values_[value].shape, dtype};
+  out.handles = std::move(current);
+  return Add(std::move(out));
+}
+
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_SPMD_COLLECTIVE_OPS_LOWERING_H_
