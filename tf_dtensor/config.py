@@ -460,7 +460,7 @@ def set_collective_lowering(policy: str) -> None:
       >>> set_collective_lowering("")
 
     Raises:
-      tf_dtensor.RelayoutError: an unknown policy.
+      ValueError: an unknown policy.
     """
     from tf_dtensor import _core  # pylint: disable=import-outside-toplevel
     _core.set_collective_lowering(policy)

@@ -168,6 +168,12 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGatherByOps(ValueId value, int di
       RunCollective("CollectiveGatherV2", inputs, collective_internal::CollectiveOptions(dtype));
   if (!gathered.ok()) return cleanup(gathered.status());
   current = std::move(gathered).value();
+  StatusOr<std::vector<int64_t>> whole = out_layout.LocalShape(values_[value].shape, "the value");
+  if (whole.ok()) {
+    std::vector<int64_t> front = *whole;  // the gathered axis first
+    for (size_t i = 0; i < perm.size(); ++i) front[i] = (*whole)[perm[i]];
+    for (int d = 0; d < n; ++d) SetLocalShape(current[d], front);
+  }
 
   if (!groups.tf_order_is_identity()) {
     // Piece j of the gather belongs to the device at position tf_order[j] of the group.

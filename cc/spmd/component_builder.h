@@ -100,6 +100,9 @@ class ComponentBuilder : public Builder {
     }
     return outputs;
   }
+  // Tells a graph builder the local shape of a collective's result, which TF's shape
+  // inference leaves partly unknown (CollectiveGatherV2's first axis).
+  virtual void SetLocalShape(Handle handle, const std::vector<int64_t>& shape) {}
   // The collective-ops lowering (collective_ops_lowering.h).
   StatusOr<ValueId> AllReduceByOps(ValueId value, const std::vector<int>& mesh_dims, ReduceOp op);
   StatusOr<ValueId> AllGatherByOps(ValueId value, int dim);
