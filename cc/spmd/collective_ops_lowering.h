@@ -12,6 +12,7 @@
 
 #include "cc/spmd/collectives.h"
 #include "cc/spmd/component_builder.h"
+#include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
 namespace collective_internal {
@@ -31,7 +32,70 @@ inline LocalOpOptions CollectiveOptions(int dtype) {
   return options;
 }
 
+// How a dtype the collective ops do not take travels: converted to `wire` (by Cast, or
+// by Bitcast, which gives complex numbers a trailing axis of 2) and back.
+struct Wire {
+  int wire;
+  bool bitcast;
+  bool supported = true;
+};
+
+// CollectiveGatherV2 takes float, half, double, int32 and int64.
+inline Wire GatherWire(int dtype) {
+  switch (dtype) {
+    case TF_FLOAT: case TF_HALF: case TF_DOUBLE: case TF_INT32: case TF_INT64:
+      return {dtype, false};
+    case TF_BOOL: case TF_INT8: case TF_UINT8: case TF_INT16: case TF_UINT16:
+      return {TF_INT32, false};
+    case TF_BFLOAT16: return {TF_FLOAT, false};
+    case TF_UINT32: return {TF_INT32, true};
+    case TF_UINT64: return {TF_INT64, true};
+    case TF_COMPLEX64: return {TF_FLOAT, true};
+    case TF_COMPLEX128: return {TF_DOUBLE, true};
+    default: return {dtype, false, false};
+  }
+}
+
+// CollectiveReduceV2 reduces float, half, double, int32 and int64 (bfloat16 goes as
+// float: not every device has a bfloat16 kernel).
+inline Wire ReduceWire(int dtype, ReduceOp op) {
+  switch (dtype) {
+    case TF_FLOAT: case TF_HALF: case TF_DOUBLE: case TF_INT32: case TF_INT64:
+      return {dtype, false};
+    case TF_BOOL: case TF_INT8: case TF_UINT8: case TF_INT16: case TF_UINT16:
+      return {TF_INT32, false};
+    case TF_UINT32: return {TF_INT64, false};
+    case TF_BFLOAT16: return {TF_FLOAT, false};
+    // A sum of complex numbers is the sum of the real and of the imaginary parts.
+    case TF_COMPLEX64: return {TF_FLOAT, true, op == ReduceOp::kSum};
+    case TF_COMPLEX128: return {TF_DOUBLE, true, op == ReduceOp::kSum};
+    default: return {dtype, false, false};
+  }
+}
+
+inline Status UnsupportedCollectiveType(const char* collective, int dtype) {
+  return Unimplemented(std::string("TF's collective ops cannot ") + collective +
+                       " a tensor of dtype " + std::to_string(dtype) +
+                       " (TF_DataType). Cast it first, or use the shared-buffer lowering "
+                       "(`config.set_collective_lowering(\"auto\")`) on a mesh of local CPUs.");
+}
+
 }  // namespace collective_internal
+
+template <typename Handle>
+StatusOr<std::vector<Handle>> ComponentBuilder<Handle>::ConvertEach(
+    const std::vector<Handle>& handles, int from, int to, bool bitcast) {
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  if (bitcast) {
+    options.overrides = {AttrOverride::Type("T", from), AttrOverride::Type("type", to)};
+  } else {
+    options.overrides = {AttrOverride::Type("SrcT", from), AttrOverride::Type("DstT", to)};
+  }
+  std::vector<std::vector<Handle>> inputs;
+  for (const Handle& h : handles) inputs.push_back({h});
+  return RunEach(bitcast ? "Bitcast" : "Cast", inputs, options);
+}
 
 template <typename Handle>
 StatusOr<std::vector<Handle>> ComponentBuilder<Handle>::RunEach(
@@ -70,25 +134,44 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllReduceByOps(ValueId value,
     }
     return Add(std::move(out));
   }
+  const int dtype = values_[value].dtype;
+  const collective_internal::Wire wire = collective_internal::ReduceWire(dtype, op);
+  if (!wire.supported) return collective_internal::UnsupportedCollectiveType("all-reduce", dtype);
   TFD_ASSIGN_OR_RETURN(ValueId size, HostConstant({groups.group_size()}, {}, TF_INT32));
   TFD_ASSIGN_OR_RETURN(ValueId instance, HostConstant({NextInstanceKey()}, {}, TF_INT32));
+  std::vector<Handle> sent(n);
+  for (int d = 0; d < n; ++d) sent[d] = local(value, d);
+  if (wire.wire != dtype) {
+    TFD_ASSIGN_OR_RETURN(sent, ConvertEach(sent, dtype, wire.wire, wire.bitcast));
+  }
   std::map<int, ValueId> keys;  // group -> its key, as a host constant
   std::vector<std::vector<Handle>> inputs(n);
   for (int d = 0; d < n; ++d) {
     const int g = groups.group_of(d);
     if (!keys.count(g)) {
-      TFD_ASSIGN_OR_RETURN(keys[g], HostConstant({groups.group_key(g)}, {}, TF_INT32));
+      StatusOr<ValueId> key = HostConstant({groups.group_key(g)}, {}, TF_INT32);
+      if (!key.ok()) {
+        if (wire.wire != dtype) DiscardAll(sent);
+        return key.status();
+      }
+      keys[g] = *key;
     }
-    inputs[d] = {local(value, d), values_[size].host, values_[keys[g]].host,
-                 values_[instance].host};
+    inputs[d] = {sent[d], values_[size].host, values_[keys[g]].host, values_[instance].host};
   }
-  LocalOpOptions options = collective_internal::CollectiveOptions(values_[value].dtype);
+  LocalOpOptions options = collective_internal::CollectiveOptions(wire.wire);
   options.overrides.push_back(collective_internal::StringAttr("merge_op", CollectiveMergeOp(op)));
   options.overrides.push_back(collective_internal::StringAttr("final_op", "Id"));
-  TFD_ASSIGN_OR_RETURN(std::vector<Handle> reduced,
-                       RunCollective("CollectiveReduceV2", inputs, options));
-  Value result{values_[value].layout, values_[value].shape, values_[value].dtype};
-  result.handles = std::move(reduced);
+  StatusOr<std::vector<Handle>> reduced = RunCollective("CollectiveReduceV2", inputs, options);
+  if (wire.wire != dtype) DiscardAll(sent);
+  if (!reduced.ok()) return reduced.status();
+  if (wire.wire != dtype) {
+    StatusOr<std::vector<Handle>> back = ConvertEach(*reduced, wire.wire, dtype, wire.bitcast);
+    DiscardAll(*reduced);
+    if (!back.ok()) return back.status();
+    reduced = std::move(back);
+  }
+  Value result{values_[value].layout, values_[value].shape, dtype};
+  result.handles = std::move(reduced).value();
   return Add(std::move(result));
 }
 
@@ -111,6 +194,8 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGatherByOps(ValueId value, int di
   const int n = mesh_.num_local_devices();
   const int rank = layout.rank();
   const int dtype = values_[value].dtype;
+  const collective_internal::Wire wire = collective_internal::GatherWire(dtype);
+  if (!wire.supported) return collective_internal::UnsupportedCollectiveType("all-gather", dtype);
 
   // Handles made here and not handed on; discarded whatever happens.
   std::vector<Handle> temporaries;
@@ -148,6 +233,12 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGatherByOps(ValueId value, int di
     if (!s.ok()) return cleanup(s);
   }
 
+  if (wire.wire != dtype) {
+    StatusOr<std::vector<Handle>> sent = ConvertEach(current, dtype, wire.wire, wire.bitcast);
+    if (!sent.ok()) return cleanup(sent.status());
+    current = std::move(sent).value();
+    temporaries.insert(temporaries.end(), current.begin(), current.end());
+  }
   StatusOr<ValueId> size = HostConstant({groups.group_size()}, {}, TF_INT32);
   if (!size.ok()) return cleanup(size.status());
   StatusOr<ValueId> instance = HostConstant({NextInstanceKey()}, {}, TF_INT32);
@@ -164,10 +255,16 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGatherByOps(ValueId value, int di
     inputs[d] = {current[d], values_[*size].host, values_[keys[g]].host,
                  values_[*instance].host};
   }
-  StatusOr<std::vector<Handle>> gathered =
-      RunCollective("CollectiveGatherV2", inputs, collective_internal::CollectiveOptions(dtype));
+  StatusOr<std::vector<Handle>> gathered = RunCollective(
+      "CollectiveGatherV2", inputs, collective_internal::CollectiveOptions(wire.wire));
   if (!gathered.ok()) return cleanup(gathered.status());
   current = std::move(gathered).value();
+  if (wire.wire != dtype) {
+    temporaries.insert(temporaries.end(), current.begin(), current.end());
+    StatusOr<std::vector<Handle>> back = ConvertEach(current, wire.wire, dtype, wire.bitcast);
+    if (!back.ok()) return cleanup(back.status());
+    current = std::move(back).value();
+  }
   StatusOr<std::vector<int64_t>> whole = out_layout.LocalShape(values_[value].shape, "the value");
   if (whole.ok()) {
     std::vector<int64_t> front = *whole;  // the gathered axis first

@@ -106,6 +106,10 @@ class ComponentBuilder : public Builder {
   // The collective-ops lowering (collective_ops_lowering.h).
   StatusOr<ValueId> AllReduceByOps(ValueId value, const std::vector<int>& mesh_dims, ReduceOp op);
   StatusOr<ValueId> AllGatherByOps(ValueId value, int dim);
+  // Every device's handle converted to `to` (Cast, or Bitcast when `bitcast`); the
+  // inputs stay the caller's.
+  StatusOr<std::vector<Handle>> ConvertEach(const std::vector<Handle>& handles, int from, int to,
+                                            bool bitcast);
   // Runs `op_type` of one output on every local device with its own inputs (local ops
   // of the collective-ops lowering); discards what it made on failure.
   StatusOr<std::vector<Handle>> RunEach(const std::string& op_type,

@@ -163,3 +163,38 @@ def test_local_subset_mesh_runs_local_ops():
     ones = tf_dtensor.call_with_layout(tf.ones, Layout(["x"], mesh), shape=[8])
     doubled = ones * 2.0
     assert [c.numpy().tolist() for c in tf_dtensor.unpack(doubled)] == [[2.0]] * 4
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint8, np.int16, np.uint32, np.uint64,
+                                   np.complex64, np.complex128, tf.bfloat16.as_numpy_dtype],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_gather_of_dtypes_the_collective_ops_lack(collective_ops, dtype, traced):
+    # CollectiveGatherV2 takes float, half, double, int32 and int64 only: the others
+    # travel cast or bitcast to one of those.
+    value = (np.arange(64).reshape(8, 8) % 3).astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        value = value + 1j * value.T
+    target = layout_of("*,*", MESH_2X4)
+    run = tf.function(lambda t: tf_dtensor.relayout(t, target)) if traced else (
+        lambda t: tf_dtensor.relayout(t, target))
+    assert_dtensor_equal(value, target, run(to_dtensor(value, layout_of("y,x", MESH_2X4))))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.uint32, np.complex64,
+                                   tf.bfloat16.as_numpy_dtype],
+                         ids=lambda d: np.dtype(d).name)
+def test_sum_of_dtypes_the_collective_ops_lack(collective_ops, dtype):
+    value = (np.arange(16).reshape(8, 2) % 3).astype(dtype)
+    actual = tf.reduce_sum(to_dtensor(value, layout_of("x,*", MESH_8)), axis=0)
+    assert_dtensor_equal(value.sum(axis=0).astype(dtype), layout_of("*", MESH_8), actual)
+
+
+def test_any_and_all_over_a_sharded_axis(collective_ops):
+    value = np.zeros((8, 2), dtype=np.bool_)
+    value[3, 0] = True
+    sharded = to_dtensor(value, layout_of("x,*", MESH_8))
+    assert_dtensor_equal(value.any(axis=0), layout_of("*", MESH_8),
+                         tf.reduce_any(sharded, axis=0))
+    assert_dtensor_equal(value.all(axis=0), layout_of("*", MESH_8),
+                         tf.reduce_all(sharded, axis=0))
