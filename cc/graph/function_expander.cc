@@ -11,6 +11,7 @@
 #include "cc/graph/function_def.h"
 #include "cc/graph/graph_builder.h"
 #include "cc/rules/registry.h"
+#include "cc/spmd/collectives.h"
 #include "cc/spmd/relayout.h"
 
 namespace tensorflow {
@@ -828,9 +829,13 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncach
     return InvalidArgument("tf.function '" + function + "' nests calls deeper than " +
                            std::to_string(kMaxDepth) + " levels (recursion?).");
   }
+  const int64_t keys_before = InstanceKeysIssued();
   FunctionExpansion expansion(this, context, mesh, policy, depth);
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
                        expansion.Run(function, inputs, request, name));
+  // A nested function with TF collective ops is expanded anew at each call site: two
+  // calls in one step must not share instance keys.
+  if (depth > 0 && InstanceKeysIssued() != keys_before) return expanded;
   std::lock_guard<std::mutex> lock(mutex_);
   cache_[key] = expanded;
   return expanded;

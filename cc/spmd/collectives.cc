@@ -103,11 +103,15 @@ CollectiveLowering LoweringFor(const Mesh& mesh) {
 
 void SetMultiClientCollectives(bool enabled) { multi_client = enabled; }
 
-int32_t NextInstanceKey() {
-  // Above the keys tf.distribute's CollectiveKeys hands out in this process.
-  static std::atomic<int32_t> next{1 << 24};
-  return next.fetch_add(1);
-}
+namespace {
+// Above the keys tf.distribute's CollectiveKeys hands out in this process.
+constexpr int32_t kFirstInstanceKey = 1 << 24;
+std::atomic<int32_t> next_instance_key{kFirstInstanceKey};
+}  // namespace
+
+int32_t NextInstanceKey() { return next_instance_key.fetch_add(1); }
+
+int64_t InstanceKeysIssued() { return next_instance_key.load() - kFirstInstanceKey; }
 
 const char* CollectiveMergeOp(ReduceOp op) {
   switch (op) {

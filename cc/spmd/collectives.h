@@ -93,6 +93,8 @@ const std::vector<int>& LocalLeaders(const Mesh& mesh, const std::vector<int>& k
 // same key. Keys come from a process-wide counter, so processes that issue the same
 // collectives in the same order (SPMD programs do) derive the same keys.
 int32_t NextInstanceKey();
+// How many instance keys NextInstanceKey has handed out so far.
+int64_t InstanceKeysIssued();
 
 // One collective step of an SPMD program, before lowering.
 struct CollectiveStep {
