@@ -74,9 +74,13 @@ inline Wire ReduceWire(int dtype, ReduceOp op) {
 }
 
 inline Status UnsupportedCollectiveType(const char* collective, int dtype) {
+  std::string name = dtype == TF_STRING     ? "string"
+                     : dtype == TF_RESOURCE ? "resource"
+                     : dtype == TF_VARIANT  ? "variant"
+                                            : "TF_DataType " + std::to_string(dtype);
   return Unimplemented(std::string("TF's collective ops cannot ") + collective +
-                       " a tensor of dtype " + std::to_string(dtype) +
-                       " (TF_DataType). Cast it first, or use the shared-buffer lowering "
+                       " a tensor of dtype " + name +
+                       ". Cast it first, or use the shared-buffer lowering "
                        "(`config.set_collective_lowering(\"auto\")`) on a mesh of local CPUs.");
 }
 

@@ -157,6 +157,13 @@ def test_local_subset_mesh_relayout_to_replicated_is_refused_not_a_crash(policy)
         config.set_collective_lowering("")
 
 
+def test_local_subset_mesh_is_refused_inside_tf_function():
+    mesh = _local_subset_mesh()
+    ones = tf_dtensor.call_with_layout(tf.ones, Layout(["x"], mesh), shape=[8])
+    with pytest.raises(tf.errors.FailedPreconditionError, match="holds 4 of the 8 devices"):
+        tf.function(tf.reduce_sum)(ones)
+
+
 def test_local_subset_mesh_runs_local_ops():
     # Ops that need no collective still run on the local shards.
     mesh = _local_subset_mesh()
