@@ -218,6 +218,8 @@ class CollectiveCache {
       g.local_members_[it->second].push_back(local == local_of.end() ? -1 : local->second);
       names[it->second].push_back(name_of(static_cast<size_t>(p), id));
     }
+    const bool name_keys =
+        !mesh.global_devices().empty() || mesh.num_local_devices() == mesh.size();
     g.group_of_.assign(n, 0);
     g.rank_of_.assign(n, 0);
     for (size_t gi = 0; gi < g.groups_.size(); ++gi) {
@@ -234,7 +236,9 @@ class CollectiveCache {
           has_remote = true;
         }
         const std::string& name = names[gi][r];
-        hash = Fnv(hash, name.empty() ? std::to_string(g.groups_[gi][r]) : name);
+        // Every process must derive the same key: names only where every process knows
+        // them all (a global device list, or a mesh held by this process alone).
+        hash = Fnv(hash, name_keys ? name : std::to_string(g.groups_[gi][r]));
         hash = Fnv(hash, ",");
         rank_keys.push_back(RankKey(name, g.groups_[gi][r]));
       }
