@@ -6,6 +6,7 @@
 #ifndef TF_DTENSOR_CC_SPMD_COLLECTIVE_OPS_LOWERING_H_
 #define TF_DTENSOR_CC_SPMD_COLLECTIVE_OPS_LOWERING_H_
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -200,6 +201,12 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGatherByOps(ValueId value, int di
   const int dtype = values_[value].dtype;
   const collective_internal::Wire wire = collective_internal::GatherWire(dtype);
   if (!wire.supported) return collective_internal::UnsupportedCollectiveType("all-gather", dtype);
+  if (values_[value].shape[dim] % groups.group_size() != 0) {
+    // TODO(#9): pad to the chunk size before the gather and trim after it.
+    return Unimplemented("TF's collective ops cannot yet gather uneven shards (axis " +
+                         std::to_string(dim) + " of " + layout.ShortString() + ", size " +
+                         std::to_string(values_[value].shape[dim]) + ").");
+  }
 
   // Handles made here and not handed on; discarded whatever happens.
   std::vector<Handle> temporaries;
@@ -312,6 +319,207 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGatherByOps(ValueId value, int di
   }
   DiscardAll(temporaries);
   Value out{out_layout, values_[value].shape, dtype};
+  out.handles = std::move(current);
+  return Add(std::move(out));
+}
+
+template <typename Handle>
+StatusOr<std::vector<Handle>> ComponentBuilder<Handle>::PermuteChunks(
+    const std::vector<Handle>& handles, int64_t pieces, const CollectiveGroups& groups,
+    bool to_tf_order, int dtype, std::vector<Handle>& made) {
+  TFD_ASSIGN_OR_RETURN(ValueId axis, HostConstant({0}, {}, TF_INT32));
+  LocalOpOptions split;
+  split.copy_attrs = false;
+  split.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Int("num_split", pieces)};
+  LocalOpOptions concat;
+  concat.copy_attrs = false;
+  concat.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tidx", TF_INT32),
+                      AttrOverride::Int("N", pieces)};
+  std::vector<Handle> result;
+  for (int d = 0; d < static_cast<int>(handles.size()); ++d) {
+    StatusOr<std::vector<Handle>> parts =
+        RunOn("Split", {values_[axis].host, handles[d]}, split, d, static_cast<int>(pieces));
+    if (!parts.ok()) {
+      made.insert(made.end(), result.begin(), result.end());
+      return parts.status();
+    }
+    made.insert(made.end(), parts->begin(), parts->end());
+    // tf_order[j]: the mesh position of TF's j-th participant.
+    const std::vector<int>& order = groups.tf_order(groups.group_of(d));
+    std::vector<Handle> ordered(pieces);
+    for (int64_t j = 0; j < pieces; ++j) {
+      if (to_tf_order) {
+        ordered[j] = (*parts)[order[j]];
+      } else {
+        ordered[order[j]] = (*parts)[j];
+      }
+    }
+    ordered.push_back(values_[axis].host);
+    StatusOr<std::vector<Handle>> joined = RunOn("ConcatV2", ordered, concat, d, 1);
+    if (!joined.ok()) {
+      made.insert(made.end(), result.begin(), result.end());
+      return joined.status();
+    }
+    result.push_back((*joined)[0]);
+  }
+  return result;
+}
+
+template <typename Handle>
+StatusOr<ValueId> ComponentBuilder<Handle>::AllToAll(ValueId value, int from_dim, int to_dim) {
+  mesh_ = values_[value].layout->mesh();  // a collective runs on its value's mesh
+  if (LoweringFor(mesh_) == CollectiveLowering::kCollectiveOps) {
+    return AllToAllByOps(value, from_dim, to_dim);
+  }
+  return Builder::AllToAll(value, from_dim, to_dim);
+}
+
+// [x,*] -> [*,x] in one exchange. With f = from_dim, t = to_dim and N devices along x,
+// device c holds rows block c; it sends its column block k to device k and receives
+// every device's rows of its own column block:
+//   local [a/N, b] -> transpose t first [b, a/N] -> reshape [N, b/N, a/N]
+//   -> CollectiveAllToAllV2 (chunk k to device k; the result stacks the chunks by
+//   sender) [N, b/N, a/N] -> transpose [N, a/N, b/N] -> reshape [a, b/N].
+// Dtypes the op lacks and uneven shards take the gather + slice path.
+template <typename Handle>
+StatusOr<ValueId> ComponentBuilder<Handle>::AllToAllByOps(ValueId value, int from_dim,
+                                                          int to_dim) {
+  const Layout layout = *values_[value].layout;
+  const int mesh_dim = layout.spec(from_dim).mesh_dim;
+  const CollectiveGroups& groups = CollectiveGroups::For(mesh_, {mesh_dim});
+  if (!groups.all_local()) {
+    TFD_RETURN_IF_ERROR(CheckCollectiveParticipants(
+        mesh_, groups, "all-to-all axis " + std::to_string(from_dim) + " of a " +
+                           layout.ShortString() + " value"));
+  }
+  const int64_t pieces = groups.group_size();
+  const std::vector<int64_t> global = values_[value].shape;
+  const int dtype = values_[value].dtype;
+  const collective_internal::Wire wire = collective_internal::GatherWire(dtype);
+  if (!wire.supported || wire.wire != dtype || pieces == 1 || global[from_dim] % pieces != 0 ||
+      global[to_dim] % pieces != 0) {
+    return Builder::AllToAll(value, from_dim, to_dim);
+  }
+  std::vector<DimSpec> specs = layout.specs();
+  specs[to_dim] = specs[from_dim];
+  specs[from_dim] = DimSpec::Replicated();
+  TFD_ASSIGN_OR_RETURN(Layout out_layout, Layout::FromSpecs(specs, layout.mesh()));
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> in_shape, layout.LocalShape(global, "the value"));
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> out_shape,
+                       out_layout.LocalShape(global, "the relaid-out value"));
+  const int rank = layout.rank();
+  const int n = mesh_.num_local_devices();
+
+  std::vector<Handle> made;  // temporaries, discarded at the end
+  auto cleanup = [&](Status status) {
+    DiscardAll(made);
+    return status;
+  };
+  std::vector<Handle> current(n);
+  for (int d = 0; d < n; ++d) current[d] = local(value, d);
+  // Runs one local op on every device: inputs = {current[d], extra...}.
+  auto each = [&](const std::string& op_type, std::vector<ValueId> extra,
+                  LocalOpOptions options) -> Status {
+    std::vector<std::vector<Handle>> inputs(n);
+    for (int d = 0; d < n; ++d) {
+      inputs[d] = {current[d]};
+      for (ValueId v : extra) inputs[d].push_back(values_[v].host);
+    }
+    StatusOr<std::vector<Handle>> r = RunEach(op_type, inputs, options);
+    if (!r.ok()) return r.status();
+    current = std::move(r).value();
+    made.insert(made.end(), current.begin(), current.end());
+    return Status::Ok();
+  };
+  auto transpose = [&](const std::vector<int64_t>& perm) -> Status {
+    StatusOr<ValueId> p = HostConstant(perm, {static_cast<int64_t>(perm.size())}, TF_INT32);
+    if (!p.ok()) return p.status();
+    LocalOpOptions options;
+    options.copy_attrs = false;
+    options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tperm", TF_INT32)};
+    return each("Transpose", {*p}, options);
+  };
+  auto reshape = [&](const std::vector<int64_t>& shape) -> Status {
+    StatusOr<ValueId> s = HostConstant(shape, {static_cast<int64_t>(shape.size())}, TF_INT32);
+    if (!s.ok()) return s.status();
+    LocalOpOptions options;
+    options.copy_attrs = false;
+    options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tshape", TF_INT32)};
+    return each("Reshape", {*s}, options);
+  };
+
+  // 1. The scattered axis first: [L[t], rest...].
+  std::vector<int> rest;
+  for (int i = 0; i < rank; ++i) {
+    if (i != to_dim) rest.push_back(i);
+  }
+  if (to_dim != 0) {
+    std::vector<int64_t> perm = {to_dim};
+    for (int i : rest) perm.push_back(i);
+    Status s = transpose(perm);
+    if (!s.ok()) return cleanup(s);
+  }
+  // 2. Chunk k goes to the device at mesh position k, i.e. to TF's rank of that device.
+  if (!groups.tf_order_is_identity()) {
+    StatusOr<std::vector<Handle>> r = PermuteChunks(current, pieces, groups, true, dtype, made);
+    if (!r.ok()) return cleanup(r.status());
+    current = std::move(r).value();
+    made.insert(made.end(), current.begin(), current.end());
+  }
+  // 3. The exchange, of a [N, L[t]/N, rest...] tensor: TF's all-to-all wants the group
+  // size as the first axis.
+  std::vector<int64_t> split_shape = {pieces, in_shape[to_dim] / pieces};
+  for (int i : rest) split_shape.push_back(in_shape[i]);
+  Status s = reshape(split_shape);
+  if (!s.ok()) return cleanup(s);
+  StatusOr<ValueId> size = HostConstant({pieces}, {}, TF_INT32);
+  if (!size.ok()) return cleanup(size.status());
+  StatusOr<ValueId> instance = HostConstant({NextInstanceKey()}, {}, TF_INT32);
+  if (!instance.ok()) return cleanup(instance.status());
+  std::map<int, ValueId> keys;
+  std::vector<std::vector<Handle>> inputs(n);
+  for (int d = 0; d < n; ++d) {
+    const int g = groups.group_of(d);
+    if (!keys.count(g)) {
+      StatusOr<ValueId> key = HostConstant({groups.group_key(g)}, {}, TF_INT32);
+      if (!key.ok()) return cleanup(key.status());
+      keys[g] = *key;
+    }
+    inputs[d] = {current[d], values_[*size].host, values_[keys[g]].host,
+                 values_[*instance].host};
+  }
+  StatusOr<std::vector<Handle>> exchanged = RunCollective(
+      "CollectiveAllToAllV2", inputs, collective_internal::CollectiveOptions(dtype));
+  if (!exchanged.ok()) return cleanup(exchanged.status());
+  current = std::move(exchanged).value();
+  made.insert(made.end(), current.begin(), current.end());
+  for (int d = 0; d < n; ++d) SetLocalShape(current[d], split_shape);
+  // 4. Chunks back in mesh order of their senders.
+  if (!groups.tf_order_is_identity()) {
+    StatusOr<std::vector<Handle>> r = PermuteChunks(current, pieces, groups, false, dtype, made);
+    if (!r.ok()) return cleanup(r.status());
+    current = std::move(r).value();
+    made.insert(made.end(), current.begin(), current.end());
+  }
+  // 5. [N, L[t]/N, rest...]: the sender axis next to the gathered axis, then merged.
+  std::vector<int64_t> perm;
+  for (int i = 0; i < rank; ++i) {
+    if (i == to_dim) {
+      perm.push_back(1);
+      continue;
+    }
+    const int position = 2 + static_cast<int>(std::find(rest.begin(), rest.end(), i) - rest.begin());
+    if (i == from_dim) perm.push_back(0);
+    perm.push_back(position);
+  }
+  s = transpose(perm);
+  if (!s.ok()) return cleanup(s);
+  s = reshape(out_shape);
+  if (!s.ok()) return cleanup(s);
+  // The last reshape's results are the value's; everything before goes.
+  made.resize(made.size() - current.size());
+  DiscardAll(made);
+  Value out{out_layout, global, dtype};
   out.handles = std::move(current);
   return Add(std::move(out));
 }

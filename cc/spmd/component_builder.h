@@ -51,6 +51,9 @@ class ComponentBuilder : public Builder {
                               ReduceOp op) override;
   StatusOr<ValueId> AllGather(ValueId value, int dim) override;
   StatusOr<ValueId> Slice(ValueId value, int dim, int mesh_dim) override;
+  // With TF collective ops: one CollectiveAllToAllV2 (collective_ops_lowering.h); else
+  // Builder's gather + slice.
+  StatusOr<ValueId> AllToAll(ValueId value, int from_dim, int to_dim) override;
   StatusOr<ValueId> Broadcast(ValueId host_value, const Mesh& mesh) override;
   StatusOr<ValueId> MoveToMesh(ValueId value, const Mesh& mesh) override;
   // The mesh later ops run on (a tf.function may hold values of several meshes).
@@ -106,6 +109,12 @@ class ComponentBuilder : public Builder {
   // The collective-ops lowering (collective_ops_lowering.h).
   StatusOr<ValueId> AllReduceByOps(ValueId value, const std::vector<int>& mesh_dims, ReduceOp op);
   StatusOr<ValueId> AllGatherByOps(ValueId value, int dim);
+  StatusOr<ValueId> AllToAllByOps(ValueId value, int from_dim, int to_dim);
+  // Puts the `pieces` equal chunks along axis 0 of every device's handle in the order
+  // `order(device)[j]` names for chunk j (Split + ConcatV2); temporaries go to `made`.
+  StatusOr<std::vector<Handle>> PermuteChunks(const std::vector<Handle>& handles, int64_t pieces,
+                                              const CollectiveGroups& groups, bool to_tf_order,
+                                              int dtype, std::vector<Handle>& made);
   // Every device's handle converted to `to` (Cast, or Bitcast when `bitcast`); the
   // inputs stay the caller's.
   StatusOr<std::vector<Handle>> ConvertEach(const std::vector<Handle>& handles, int from, int to,

@@ -205,3 +205,23 @@ def test_any_and_all_over_a_sharded_axis(collective_ops):
                          tf.reduce_any(sharded, axis=0))
     assert_dtensor_equal(value.all(axis=0), layout_of("*", MESH_8),
                          tf.reduce_all(sharded, axis=0))
+
+
+@pytest.mark.parametrize("source, target", [("*,*,y", "y,*,*"), ("y,x,*", "*,x,y"),
+                                            ("*,x,*", "x,*,*"), ("x,*,*", "*,*,x")],
+                         ids=lambda s: f"[{s}]")
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_all_to_all_of_rank_3(collective_ops, source, target, traced):
+    # One CollectiveAllToAllV2 moves the mesh axis between tensor axes.
+    value = _data((8, 4, 8))
+    target_layout = layout_of(target, MESH_2X4)
+    run = tf.function(lambda t: tf_dtensor.relayout(t, target_layout)) if traced else (
+        lambda t: tf_dtensor.relayout(t, target_layout))
+    assert_dtensor_equal(value, target_layout, run(to_dtensor(value, layout_of(source, MESH_2X4))))
+
+
+def test_all_to_all_of_bool_takes_the_gather_path(collective_ops):
+    value = np.arange(64).reshape(8, 8) % 3 == 0
+    target = layout_of("*,x", MESH_8)
+    assert_dtensor_equal(value, target, tf_dtensor.relayout(to_dtensor(value, layout_of("x,*", MESH_8)),
+                                                            target))
