@@ -3,8 +3,10 @@
 // Each step runs on the calling thread, one TFE op per distinct shard. On meshes of
 // virtual CPUs the devices that hold the same shard share one result buffer, so a
 // replicated op runs once rather than once per device (TF's DTensor runs it on every
-// device, each from its own executor thread). Which device computes what, and the
-// collectives, are ComponentBuilder's; this file runs the ops.
+// device, each from its own executor thread). TF collective ops (the collective-ops
+// lowering: GPUs, or TF_DTENSOR_COLLECTIVES=ops) are the exception: their participants
+// wait for each other, so they run on a thread per device (device_threads.h). Which
+// device computes what, and the collectives, are ComponentBuilder's; this file runs the ops.
 #ifndef TF_DTENSOR_CC_DEVICE_EXECUTOR_H_
 #define TF_DTENSOR_CC_DEVICE_EXECUTOR_H_
 
