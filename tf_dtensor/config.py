@@ -442,3 +442,31 @@ def barrier(mesh: Mesh, barrier_name: Optional[str] = None, timeout_in_ms: Optio
     if int(total.numpy()) != mesh.size:
         raise RuntimeError(f"barrier on {mesh.short()} counted {int(total.numpy())} devices, "
                            f"expected {mesh.size}.")
+
+
+def set_collective_lowering(policy: str) -> None:
+    """Chooses how collectives (all-reduce, all-gather) run, for the whole process.
+
+    `"auto"` (default) sums and concatenates peers' buffers directly on meshes of virtual
+    CPUs of this process and uses TensorFlow's collective ops (`CollectiveReduceV2`,
+    `CollectiveGatherV2`) elsewhere; `"ops"` uses the collective ops everywhere (to test
+    them on CPUs); `"shared"` uses the shared buffers wherever they can work. `""` goes
+    back to the default of the `TF_DTENSOR_COLLECTIVES` environment variable.
+
+    Example:
+      >>> set_collective_lowering("ops")
+      >>> collective_lowering()
+      'ops'
+      >>> set_collective_lowering("")
+
+    Raises:
+      ValueError: an unknown policy.
+    """
+    from tf_dtensor import _core  # pylint: disable=import-outside-toplevel
+    _core.set_collective_lowering(policy)
+
+
+def collective_lowering() -> str:
+    """The collective lowering policy in force: `"auto"`, `"ops"` or `"shared"`."""
+    from tf_dtensor import _core  # pylint: disable=import-outside-toplevel
+    return _core.collective_lowering()

@@ -3,6 +3,7 @@
 #include <map>
 
 #include "cc/core/strings.h"
+#include "cc/device/device_threads.h"
 #include "tensorflow/c/tf_tensor.h"
 
 namespace tf_dtensor {
@@ -105,13 +106,19 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunOn(
     TFE_OpReset(op_.get(), op_name.c_str(), nullptr, status_);
   }
   TFD_RETURN_IF_ERROR(FromTF(status_, "creating '" + op_name + "'"));
-  TFE_Op* op = op_.get();
-  if (options.copy_attrs && attrs_) TFE_OpAddAttrs(op, attrs_);
+  return Execute(op_.get(), attrs_, op_name, inputs, options, device_name, num_outputs, status_);
+}
+
+StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::Execute(
+    TFE_Op* op, const TFE_OpAttrs* attrs, const std::string& op_name,
+    const std::vector<TFE_TensorHandle*>& inputs, const LocalOpOptions& options,
+    const std::string& device_name, int num_outputs, TF_Status* status) {
+  if (options.copy_attrs && attrs) TFE_OpAddAttrs(op, attrs);
   for (const AttrOverride& a : options.overrides) {
     switch (a.kind) {
       case AttrOverride::Kind::kShape:
         TFE_OpSetAttrShape(op, a.name.c_str(), a.ints.data(),
-                           static_cast<int>(a.ints.size()), status_);
+                           static_cast<int>(a.ints.size()), status);
         break;
       case AttrOverride::Kind::kType:
         TFE_OpSetAttrType(op, a.name.c_str(), static_cast<TF_DataType>(a.type));
@@ -126,19 +133,19 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunOn(
         TFE_OpSetAttrString(op, a.name.c_str(), a.text.data(), a.text.size());
         break;
     }
-    TFD_RETURN_IF_ERROR(FromTF(status_, "setting attribute '" + a.name + "' of '" + op_name + "'"));
+    TFD_RETURN_IF_ERROR(FromTF(status, "setting attribute '" + a.name + "' of '" + op_name + "'"));
   }
-  TFE_OpSetDevice(op, device_name.c_str(), status_);
-  TFD_RETURN_IF_ERROR(FromTF(status_, "placing '" + op_name + "'"));
+  TFE_OpSetDevice(op, device_name.c_str(), status);
+  TFD_RETURN_IF_ERROR(FromTF(status, "placing '" + op_name + "'"));
   for (TFE_TensorHandle* h : inputs) {
-    TFE_OpAddInput(op, h, status_);
-    TFD_RETURN_IF_ERROR(FromTF(status_, "adding an input to '" + op_name + "'"));
+    TFE_OpAddInput(op, h, status);
+    TFD_RETURN_IF_ERROR(FromTF(status, "adding an input to '" + op_name + "'"));
   }
   std::vector<TFE_TensorHandle*> outputs(num_outputs, nullptr);
   int n = num_outputs;
-  TFE_Execute(op, outputs.data(), &n, status_);
+  TFE_Execute(op, outputs.data(), &n, status);
   TFD_RETURN_IF_ERROR(
-      FromTF(status_, "running '" + op_name + "' on " + ShortDeviceName(device_name)));
+      FromTF(status, "running '" + op_name + "' on " + ShortDeviceName(device_name)));
   outputs.resize(n);
   return outputs;
 }
@@ -178,6 +185,41 @@ std::optional<std::vector<int64_t>> EagerBuilder::IntValue(ValueId value) {
     v.int_value = ReadIntValue(v.handles[0]);
   }
   return v.int_value;
+}
+
+StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunCollective(
+    const std::string& op_name, const std::vector<std::vector<TFE_TensorHandle*>>& inputs,
+    const LocalOpOptions& options) {
+  // Every participant blocks until the whole group has arrived: one thread per device.
+  std::vector<StatusOr<std::vector<TFE_TensorHandle*>>> results(
+      inputs.size(), StatusOr<std::vector<TFE_TensorHandle*>>(Internal("not run")));
+  const Mesh mesh = mesh_;
+  RunConcurrently(static_cast<int>(inputs.size()), [&](int d) {
+    TF_Status* status = TF_NewStatus();
+    TFE_Op* op = TFE_NewOp(context_, op_name.c_str(), status);
+    if (TF_GetCode(status) == TF_OK) {
+      results[d] = Execute(op, nullptr, op_name, inputs[d], options, mesh.local_devices()[d], 1,
+                           status);
+    } else {
+      results[d] = FromTF(status, "creating '" + op_name + "'");
+    }
+    if (op) TFE_DeleteOp(op);
+    TF_DeleteStatus(status);
+  });
+  std::vector<TFE_TensorHandle*> outputs;
+  Status failure;
+  for (auto& r : results) {
+    if (r.ok()) {
+      outputs.push_back(r.value()[0]);
+    } else if (failure.ok()) {
+      failure = r.status();
+    }
+  }
+  if (!failure.ok()) {
+    DiscardAll(outputs);
+    return failure;
+  }
+  return outputs;
 }
 
 StatusOr<ValueId> EagerBuilder::HostConstant(const std::vector<int64_t>& values,

@@ -3,8 +3,10 @@
 // Each step runs on the calling thread, one TFE op per distinct shard. On meshes of
 // virtual CPUs the devices that hold the same shard share one result buffer, so a
 // replicated op runs once rather than once per device (TF's DTensor runs it on every
-// device, each from its own executor thread). Which device computes what, and the
-// collectives, are ComponentBuilder's; this file runs the ops.
+// device, each from its own executor thread). TF collective ops (the collective-ops
+// lowering: GPUs, or TF_DTENSOR_COLLECTIVES=ops) are the exception: their participants
+// wait for each other, so they run on a thread per device (device_threads.h). Which
+// device computes what, and the collectives, are ComponentBuilder's; this file runs the ops.
 #ifndef TF_DTENSOR_CC_DEVICE_EXECUTOR_H_
 #define TF_DTENSOR_CC_DEVICE_EXECUTOR_H_
 
@@ -50,8 +52,19 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
   int DTypeOf(TFE_TensorHandle* handle) override { return TFE_TensorHandleDataType(handle); }
   void Discard(TFE_TensorHandle* handle) override { TFE_DeleteTensorHandle(handle); }
   int default_num_outputs() const override { return max_outputs_; }
+  // TF collective ops: every device's op on its own thread (device_threads.h), since
+  // the participants wait for each other.
+  StatusOr<std::vector<TFE_TensorHandle*>> RunCollective(
+      const std::string& op_name, const std::vector<std::vector<TFE_TensorHandle*>>& inputs,
+      const LocalOpOptions& options) override;
 
  private:
+  // Sets up `op` (fresh or reset to `op_name`) and runs it on `device_name`.
+  static StatusOr<std::vector<TFE_TensorHandle*>> Execute(
+      TFE_Op* op, const TFE_OpAttrs* attrs, const std::string& op_name,
+      const std::vector<TFE_TensorHandle*>& inputs, const LocalOpOptions& options,
+      const std::string& device_name, int num_outputs, TF_Status* status);
+
   struct OpDeleter {
     void operator()(TFE_Op* op) const { TFE_DeleteOp(op); }
   };

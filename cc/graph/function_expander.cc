@@ -12,6 +12,7 @@
 #include "cc/graph/graph_builder.h"
 #include "cc/propagation/propagate.h"
 #include "cc/rules/registry.h"
+#include "cc/spmd/collectives.h"
 #include "cc/spmd/relayout.h"
 
 namespace tensorflow {
@@ -921,6 +922,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncach
     return InvalidArgument("tf.function '" + function + "' nests calls deeper than " +
                            std::to_string(kMaxDepth) + " levels (recursion?).");
   }
+  const int64_t keys_before = InstanceKeysIssued();
   // Expand, solve the layout requests backward over what the expansion saw, and expand
   // again while the solution changes how some op expands (propagate.h).
   std::unique_ptr<FunctionExpansion> expansion;
@@ -935,6 +937,9 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncach
   }
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
                        expansion->Finish(inputs, request, name));
+  // A nested function with TF collective ops is expanded anew at each call site: two
+  // calls in one step must not share instance keys.
+  if (depth > 0 && InstanceKeysIssued() != keys_before) return expanded;
   std::lock_guard<std::mutex> lock(mutex_);
   cache_[key] = expanded;
   return expanded;

@@ -227,6 +227,12 @@ StatusOr<TF_Output> GraphBuilder::Share(TF_Output leader_output, int device) {
   return TF_Output{op, 0};
 }
 
+void GraphBuilder::SetLocalShape(TF_Output output, const std::vector<int64_t>& shape) {
+  TF_Status* status = TF_NewStatus();
+  TF_GraphSetTensorShape(graph_, output, shape.data(), static_cast<int>(shape.size()), status);
+  TF_DeleteStatus(status);  // a conflicting shape stays as inferred
+}
+
 StatusOr<TF_Output> GraphBuilder::OnDevice(ValueId value, int device) {
   TF_Output out = local(value, device);
   LocalOpOptions options;

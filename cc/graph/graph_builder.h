@@ -73,6 +73,7 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
     return InferredShape(output);
   }
   int DTypeOf(TF_Output output) override { return TF_OperationOutputType(output); }
+  void SetLocalShape(TF_Output output, const std::vector<int64_t>& shape) override;
 
  private:
   std::string UniqueName(const std::string& op_type);

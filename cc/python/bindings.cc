@@ -13,6 +13,7 @@
 #include "cc/device/tensor_with_layout.h"
 #include "cc/propagation/propagate.h"
 #include "cc/rules/registry.h"
+#include "cc/spmd/collectives.h"
 
 namespace py = pybind11;
 
@@ -428,6 +429,11 @@ PYBIND11_MODULE(_core, m) {
         py::arg("requested") = std::nullopt, py::arg("num_outputs") = 1,
         py::arg("output_layouts") = std::vector<std::optional<Layout>>());
   m.def("registered_ops", [] { return RuleRegistry::Global().OpNames(); });
+  m.def("set_collective_lowering", [](const std::string& policy) {
+    Status status = SetCollectiveLoweringPolicy(policy);
+    if (!status.ok()) Raise(status, Subject::kOp);
+  });
+  m.def("collective_lowering", &CollectiveLoweringPolicy);
   m.def("register_ops", &RegisterOps);
   m.attr("PACK_OP") = kPackOp;
   m.attr("UNPACK_OP") = kUnpackOp;

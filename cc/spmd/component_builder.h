@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cc/spmd/builder.h"
+#include "cc/spmd/collectives.h"
 #include "tensorflow/c/tf_datatype.h"
 #include "tensorflow/c/tf_tensor.h"
 
@@ -53,6 +54,9 @@ class ComponentBuilder : public Builder {
                               ReduceOp op) override;
   StatusOr<ValueId> AllGather(ValueId value, int dim) override;
   StatusOr<ValueId> Slice(ValueId value, int dim, int mesh_dim) override;
+  // With TF collective ops: one CollectiveAllToAllV2 (collective_ops_lowering.h); else
+  // Builder's gather + slice.
+  StatusOr<ValueId> AllToAll(ValueId value, int from_dim, int to_dim) override;
   StatusOr<ValueId> Broadcast(ValueId host_value, const Mesh& mesh) override;
   StatusOr<ValueId> MoveToMesh(ValueId value, const Mesh& mesh) override;
   // The mesh later ops run on (a tf.function may hold values of several meshes).
@@ -85,6 +89,44 @@ class ComponentBuilder : public Builder {
   virtual void Discard(Handle handle) {}
   // Outputs a local op has when no output layouts are given (-1: as many as it makes).
   virtual int default_num_outputs() const { return -1; }
+  // Runs one TF collective op on every local device at once (`inputs[d]` on device d) and
+  // returns each device's single output. Participants wait for each other, so a builder
+  // that executes ops must not run them one after another on one thread.
+  virtual StatusOr<std::vector<Handle>> RunCollective(const std::string& op_type,
+                                                      const std::vector<std::vector<Handle>>& inputs,
+                                                      const LocalOpOptions& options) {
+    std::vector<Handle> outputs;
+    for (int d = 0; d < static_cast<int>(inputs.size()); ++d) {
+      StatusOr<std::vector<Handle>> r = RunOn(op_type, inputs[d], options, d, 1);
+      if (!r.ok()) {
+        DiscardAll(outputs);
+        return r.status();
+      }
+      outputs.push_back(r.value()[0]);
+    }
+    return outputs;
+  }
+  // Tells a graph builder the local shape of a collective's result, which TF's shape
+  // inference leaves partly unknown (CollectiveGatherV2's first axis).
+  virtual void SetLocalShape(Handle handle, const std::vector<int64_t>& shape) {}
+  // The collective-ops lowering (collective_ops_lowering.h).
+  StatusOr<ValueId> AllReduceByOps(ValueId value, const std::vector<int>& mesh_dims, ReduceOp op);
+  StatusOr<ValueId> AllGatherByOps(ValueId value, int dim);
+  StatusOr<ValueId> AllToAllByOps(ValueId value, int from_dim, int to_dim);
+  // Puts the `pieces` equal chunks along axis 0 of every device's handle in the order
+  // `order(device)[j]` names for chunk j (Split + ConcatV2); temporaries go to `made`.
+  StatusOr<std::vector<Handle>> PermuteChunks(const std::vector<Handle>& handles, int64_t pieces,
+                                              const CollectiveGroups& groups, bool to_tf_order,
+                                              int dtype, std::vector<Handle>& made);
+  // Every device's handle converted to `to` (Cast, or Bitcast when `bitcast`); the
+  // inputs stay the caller's.
+  StatusOr<std::vector<Handle>> ConvertEach(const std::vector<Handle>& handles, int from, int to,
+                                            bool bitcast);
+  // Runs `op_type` of one output on every local device with its own inputs (local ops
+  // of the collective-ops lowering); discards what it made on failure.
+  StatusOr<std::vector<Handle>> RunEach(const std::string& op_type,
+                                        const std::vector<std::vector<Handle>>& inputs,
+                                        const LocalOpOptions& options);
 
   ValueId Add(Value value) {
     values_.push_back(std::move(value));
@@ -97,20 +139,9 @@ class ComponentBuilder : public Builder {
     return true;
   }
   // leader[d]: the device whose result device d shares (agreeing along `key_dims`).
-  std::vector<int> Leaders(const std::vector<int>& key_dims) const {
-    const int n = mesh_.num_local_devices();
-    std::vector<int> leaders(n);
-    for (int d = 0; d < n; ++d) {
-      leaders[d] = d;
-      if (!mesh_.shares_host_memory()) continue;
-      for (int e = 0; e < d; ++e) {
-        if (SameCoords(d, e, key_dims)) {
-          leaders[d] = e;
-          break;
-        }
-      }
-    }
-    return leaders;
+  // Cached per (mesh, dims): see LocalLeaders.
+  const std::vector<int>& Leaders(const std::vector<int>& key_dims) const {
+    return LocalLeaders(mesh_, key_dims);
   }
   Handle local(ValueId v, int device) const {
     return values_[v].layout ? values_[v].handles[device] : values_[v].host;
@@ -236,6 +267,16 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllReduce(ValueId value,
                                                       ReduceOp op) {
   const Layout layout = *values_[value].layout;
   mesh_ = layout.mesh();  // a collective runs on its value's mesh
+  const CollectiveGroups& groups = CollectiveGroups::For(mesh_, mesh_dims);
+  if (!groups.all_local()) {
+    TFD_RETURN_IF_ERROR(CheckCollectiveParticipants(
+        mesh_, groups,
+        std::string("all-reduce (") + ReduceOpName(op) + ") a " + layout.ShortString() +
+            " value"));
+  }
+  if (LoweringFor(mesh_) == CollectiveLowering::kCollectiveOps) {
+    return AllReduceByOps(value, mesh_dims, op);
+  }
   std::vector<int> key_dims = layout.ShardedMeshDims();
   // Pending reductions over other mesh dims stay pending; those over `mesh_dims` are done.
   std::vector<PartialSpec> still_partial;
@@ -365,6 +406,15 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGather(ValueId value, int dim) {
   const Layout layout = *values_[value].layout;
   mesh_ = layout.mesh();  // a collective runs on its value's mesh
   const int mesh_dim = layout.spec(dim).mesh_dim;
+  const CollectiveGroups& groups = CollectiveGroups::For(mesh_, {mesh_dim});
+  if (!groups.all_local()) {
+    TFD_RETURN_IF_ERROR(CheckCollectiveParticipants(
+        mesh_, groups,
+        "all-gather axis " + std::to_string(dim) + " of a " + layout.ShortString() + " value"));
+  }
+  if (LoweringFor(mesh_) == CollectiveLowering::kCollectiveOps) {
+    return AllGatherByOps(value, dim);
+  }
   std::vector<DimSpec> specs = layout.specs();
   specs[dim] = DimSpec::Replicated();
   TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithSpecs(specs).WithPartial(layout.partial()));
@@ -496,5 +546,7 @@ StatusOr<ValueId> ComponentBuilder<Handle>::MoveToMesh(ValueId value, const Mesh
 }
 
 }  // namespace tf_dtensor
+
+#include "cc/spmd/collective_ops_lowering.h"
 
 #endif  // TF_DTENSOR_CC_SPMD_COMPONENT_BUILDER_H_

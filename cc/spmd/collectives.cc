@@ -1,0 +1,290 @@
+#include "cc/spmd/collectives.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+namespace tf_dtensor {
+namespace {
+
+std::mutex& PolicyMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+std::string& Policy() {
+  static std::string policy = [] {
+    const char* env = std::getenv("TF_DTENSOR_COLLECTIVES");
+    return std::string(env ? env : "auto");
+  }();
+  return policy;
+}
+
+std::atomic<bool> multi_client{false};
+
+uint64_t DimsMask(const std::vector<int>& dims) {
+  uint64_t mask = 0;
+  for (int d : dims) mask |= uint64_t{1} << d;
+  return mask;
+}
+
+// 64-bit FNV-1a.
+uint64_t Fnv(uint64_t hash, std::string_view text) {
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+// (job, replica, task, device index) of a full device name, for TF's group ranking.
+std::tuple<std::string, int64_t, int64_t, int64_t> RankKey(const std::string& device,
+                                                           int64_t fallback) {
+  auto number_after = [&](std::string_view tag) -> int64_t {
+    size_t pos = device.find(tag);
+    if (pos == std::string::npos) return -1;
+    return std::atoll(device.c_str() + pos + tag.size());
+  };
+  size_t job = device.find("/job:");
+  std::string job_name;
+  if (job != std::string::npos) {
+    size_t end = device.find('/', job + 1);
+    job_name = device.substr(job + 5, end == std::string::npos ? end : end - job - 5);
+  }
+  size_t last = device.rfind(':');
+  int64_t index = last == std::string::npos ? fallback : std::atoll(device.c_str() + last + 1);
+  return {job_name, number_after("/replica:"), number_after("/task:"), index};
+}
+
+}  // namespace
+
+Status SetCollectiveLoweringPolicy(std::string_view policy) {
+  std::string value(policy);
+  if (value.empty()) {
+    const char* env = std::getenv("TF_DTENSOR_COLLECTIVES");
+    value = env ? env : "auto";
+  }
+  if (value != "auto" && value != "ops" && value != "shared") {
+    return InvalidArgument("Unknown collective lowering `" + value +
+                           "`; expected `auto`, `ops` or `shared`.");
+  }
+  std::lock_guard<std::mutex> lock(PolicyMutex());
+  Policy() = value;
+  return Status::Ok();
+}
+
+std::string CollectiveLoweringPolicy() {
+  std::lock_guard<std::mutex> lock(PolicyMutex());
+  return Policy();
+}
+
+CollectiveLowering LoweringFor(const Mesh& mesh) {
+  const bool all_local = mesh.num_local_devices() == mesh.size();
+  const bool can_share = mesh.shares_host_memory() && all_local;
+  std::string policy;
+  {
+    std::lock_guard<std::mutex> lock(PolicyMutex());
+    policy = Policy();
+  }
+  if (policy == "ops" && !mesh.is_single_device()) return CollectiveLowering::kCollectiveOps;
+  if (policy == "shared") return CollectiveLowering::kSharedBuffer;
+  // "auto": a mesh that cannot share buffers needs TF's collectives. A local-subset mesh
+  // of CPUs keeps the shared buffer while it runs in one process: its first collective is
+  // refused (CheckCollectiveParticipants) instead of waiting for peers that never come.
+  if (can_share || (mesh.shares_host_memory() && !multi_client)) {
+    return CollectiveLowering::kSharedBuffer;
+  }
+  return CollectiveLowering::kCollectiveOps;
+}
+
+void SetMultiClientCollectives(bool enabled) { multi_client = enabled; }
+
+namespace {
+// Above the keys tf.distribute's CollectiveKeys hands out in this process.
+constexpr int32_t kFirstInstanceKey = 1 << 24;
+std::atomic<int32_t> next_instance_key{kFirstInstanceKey};
+}  // namespace
+
+int32_t NextInstanceKey() { return next_instance_key.fetch_add(1); }
+
+int64_t InstanceKeysIssued() { return next_instance_key.load() - kFirstInstanceKey; }
+
+const char* CollectiveMergeOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "Add";
+    case ReduceOp::kMax: return "Max";
+    case ReduceOp::kMin: return "Min";
+    case ReduceOp::kProd: return "Mul";
+    case ReduceOp::kMean: return "Add";  // then final_op Div (by the group size)
+  }
+  return "Add";
+}
+
+class CollectiveCache {
+ public:
+  static CollectiveCache& Get() {
+    static CollectiveCache* cache = new CollectiveCache();
+    return *cache;
+  }
+
+  const CollectiveGroups& Groups(const Mesh& mesh, const std::vector<int>& dims) {
+    const uint64_t mask = DimsMask(dims);
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Entry& e : entries_[Key(mesh, mask)]) {
+      if (e.mesh == mesh && e.mask == mask && e.groups) return *e.groups;
+    }
+    auto groups = std::make_unique<CollectiveGroups>(Build(mesh, mask));
+    const CollectiveGroups& result = *groups;
+    entries_[Key(mesh, mask)].push_back(Entry{mesh, mask, std::move(groups), {}});
+    return result;
+  }
+
+  const std::vector<int>& Leaders(const Mesh& mesh, const std::vector<int>& dims) {
+    const uint64_t mask = DimsMask(dims) | (uint64_t{1} << 63);
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Entry& e : entries_[Key(mesh, mask)]) {
+      if (e.mesh == mesh && e.mask == mask) return *e.leaders;
+    }
+    const int n = mesh.num_local_devices();
+    auto leaders = std::make_unique<std::vector<int>>(n);
+    // Devices agreeing on `dims` get the first of them as leader: one map lookup each.
+    std::map<std::vector<int64_t>, int> first;
+    for (int d = 0; d < n; ++d) {
+      (*leaders)[d] = d;
+      if (!mesh.shares_host_memory()) continue;
+      std::vector<int64_t> coords;
+      for (int k = 0; k < mesh.num_dims(); ++k) {
+        if (mask & (uint64_t{1} << k)) coords.push_back(mesh.LocalCoord(d, k));
+      }
+      auto [it, inserted] = first.emplace(std::move(coords), d);
+      (*leaders)[d] = it->second;
+    }
+    const std::vector<int>& result = *leaders;
+    Entry entry{mesh, mask, nullptr, std::move(leaders)};
+    entries_[Key(mesh, mask)].push_back(std::move(entry));
+    return result;
+  }
+
+ private:
+  struct Entry {
+    Mesh mesh;
+    uint64_t mask;
+    std::unique_ptr<CollectiveGroups> groups;
+    std::unique_ptr<std::vector<int>> leaders;
+  };
+  static size_t Key(const Mesh& mesh, uint64_t mask) {
+    return mesh.Hash() * 31 + std::hash<uint64_t>()(mask);
+  }
+
+  static CollectiveGroups Build(const Mesh& mesh, uint64_t mask) {
+    CollectiveGroups g;
+    const int n = mesh.num_local_devices();
+    const std::vector<int64_t>& ids = mesh.global_device_ids();
+    std::map<int64_t, int> local_of;  // global id -> local index
+    for (int i = 0; i < n && i < static_cast<int>(mesh.local_device_ids().size()); ++i) {
+      local_of[mesh.local_device_ids()[i]] = i;
+    }
+    // The name TF ranks a device by: from the global device list when the mesh has one,
+    // else from the local devices; unknown for other processes' devices.
+    auto name_of = [&](size_t position, int64_t id) -> std::string {
+      if (position < mesh.global_devices().size()) return mesh.global_devices()[position];
+      auto it = local_of.find(id);
+      return it == local_of.end() ? std::string() : mesh.local_devices()[it->second];
+    };
+    std::map<std::vector<int64_t>, int> group_index;  // coords off the dims -> group
+    std::vector<std::vector<std::string>> names;
+    const int64_t size = mesh.is_single_device() ? 1 : mesh.size();
+    for (int64_t p = 0; p < size; ++p) {
+      std::vector<int64_t> coords =
+          mesh.is_single_device() ? std::vector<int64_t>{} : mesh.DeviceLocation(p).value();
+      std::vector<int64_t> outer;
+      for (int k = 0; k < static_cast<int>(coords.size()); ++k) {
+        if (!(mask & (uint64_t{1} << k))) outer.push_back(coords[k]);
+      }
+      auto [it, inserted] = group_index.emplace(outer, static_cast<int>(g.groups_.size()));
+      if (inserted) {
+        g.groups_.emplace_back();
+        g.local_members_.emplace_back();
+        names.emplace_back();
+      }
+      // Row-major enumeration visits a group's members in order of their coordinates
+      // along the dims.
+      const int64_t id = mesh.is_single_device() ? 0 : ids[p];
+      g.groups_[it->second].push_back(id);
+      auto local = local_of.find(id);
+      g.local_members_[it->second].push_back(local == local_of.end() ? -1 : local->second);
+      names[it->second].push_back(name_of(static_cast<size_t>(p), id));
+    }
+    const bool name_keys =
+        !mesh.global_devices().empty() || mesh.num_local_devices() == mesh.size();
+    g.group_of_.assign(n, 0);
+    g.rank_of_.assign(n, 0);
+    for (size_t gi = 0; gi < g.groups_.size(); ++gi) {
+      bool has_local = false, has_remote = false;
+      uint64_t hash = Fnv(14695981039346656037ull, mesh.device_type());
+      std::vector<std::tuple<std::string, int64_t, int64_t, int64_t>> rank_keys;
+      for (size_t r = 0; r < g.groups_[gi].size(); ++r) {
+        const int local = g.local_members_[gi][r];
+        if (local >= 0) {
+          g.group_of_[local] = static_cast<int>(gi);
+          g.rank_of_[local] = static_cast<int>(r);
+          has_local = true;
+        } else {
+          has_remote = true;
+        }
+        const std::string& name = names[gi][r];
+        // Every process must derive the same key: names only where every process knows
+        // them all (a global device list, or a mesh held by this process alone).
+        hash = Fnv(hash, name_keys ? name : std::to_string(g.groups_[gi][r]));
+        hash = Fnv(hash, ",");
+        rank_keys.push_back(RankKey(name, g.groups_[gi][r]));
+      }
+      if (has_local && has_remote) g.all_local_ = false;
+      // Keys in [2^30, 2^31): clear of the small keys tf.distribute uses.
+      g.group_keys_.push_back(static_cast<int32_t>((hash % (1u << 30)) + (1u << 30)));
+      std::vector<int> order(g.groups_[gi].size());
+      for (size_t r = 0; r < order.size(); ++r) order[r] = static_cast<int>(r);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int a, int b) { return rank_keys[a] < rank_keys[b]; });
+      for (size_t r = 0; r < order.size(); ++r) {
+        if (order[r] != static_cast<int>(r)) g.tf_order_identity_ = false;
+      }
+      g.tf_order_.push_back(std::move(order));
+    }
+    return g;
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<size_t, std::vector<Entry>> entries_;
+};
+
+const CollectiveGroups& CollectiveGroups::For(const Mesh& mesh,
+                                              const std::vector<int>& mesh_dims) {
+  return CollectiveCache::Get().Groups(mesh, mesh_dims);
+}
+
+const std::vector<int>& LocalLeaders(const Mesh& mesh, const std::vector<int>& key_dims) {
+  return CollectiveCache::Get().Leaders(mesh, key_dims);
+}
+
+Status CheckCollectiveParticipants(const Mesh& mesh, const CollectiveGroups& groups,
+                                   const std::string& what) {
+  if (groups.all_local()) return Status::Ok();
+  if (multi_client && LoweringFor(mesh) == CollectiveLowering::kCollectiveOps) {
+    return Status::Ok();
+  }
+  return FailedPrecondition(
+      "Cannot " + what + ": this process holds " + std::to_string(mesh.num_local_devices()) +
+      " of the " + std::to_string(mesh.size()) + " devices of " + mesh.ShortString() +
+      (mesh.name().empty() ? std::string() : " ('" + mesh.name() + "')") +
+      ", and the devices of other processes cannot take part (tf_dtensor runs one client "
+      "per process). Use a mesh of this process's devices only, e.g. "
+      "`create_mesh(..., devices=<local devices>)`, or run every client of a multi-client "
+      "setup.");
+}
+
+}  // namespace tf_dtensor

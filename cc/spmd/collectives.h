@@ -1,0 +1,119 @@
+// Abstract collectives: who communicates with whom, and how a collective is lowered.
+//
+// A collective over mesh dimensions `mesh_dims` runs within groups: the devices that
+// agree on every other mesh coordinate. On mesh(x=2,y=4) an all-reduce over y has two
+// groups, {0,1,2,3} and {4,5,6,7} (global ids), each ordered by the coordinate along y.
+// The groups, each local device's place in them and the leader tables of the
+// shared-buffer lowering are computed once per (mesh, dims) and cached process-wide.
+//
+// Two lowerings carry a collective step out (ComponentBuilder picks one per mesh):
+// - shared buffer: every device can read its peers' local results (virtual CPUs of one
+//   host), so a collective is an AddN/Maximum/ConcatV2 over the peers' handles;
+// - collective ops: TF's CollectiveReduceV2/CollectiveGatherV2 run on every device with a
+//   group key per group and an instance key per step. They need every participant at
+//   once (the eager executor runs them on a thread per device) and work across
+//   processes, where the shared buffer cannot.
+#ifndef TF_DTENSOR_CC_SPMD_COLLECTIVES_H_
+#define TF_DTENSOR_CC_SPMD_COLLECTIVES_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cc/core/mesh.h"
+#include "cc/core/status.h"
+#include "cc/spmd/builder.h"
+
+namespace tf_dtensor {
+
+enum class CollectiveLowering { kSharedBuffer, kCollectiveOps };
+
+// The process-wide lowering policy: "auto" (shared buffer for meshes of local virtual
+// CPUs, collective ops otherwise), "ops" (collective ops everywhere, e.g. to test them on
+// CPUs) or "shared" (shared buffer wherever it can work). The default comes from the
+// environment variable TF_DTENSOR_COLLECTIVES, read once; "" resets to that default.
+Status SetCollectiveLoweringPolicy(std::string_view policy);
+std::string CollectiveLoweringPolicy();
+
+// The lowering collectives on `mesh` use under the current policy.
+CollectiveLowering LoweringFor(const Mesh& mesh);
+
+// Whether collectives may count on processes other than this one to run the devices the
+// mesh does not hold locally. tf_dtensor runs one client per process today, so this is
+// false and a mesh with fewer local than global devices is refused at its first
+// collective (rather than hanging or summing only the local part).
+void SetMultiClientCollectives(bool enabled);
+
+// The groups of a collective over `mesh_dims` on `mesh`.
+class CollectiveGroups {
+ public:
+  // Cached per (mesh, set of dims); the reference stays valid for the process.
+  static const CollectiveGroups& For(const Mesh& mesh, const std::vector<int>& mesh_dims);
+
+  // groups()[g]: the global device ids of group g, ordered by their coordinates along
+  // the dims (row-major over `mesh_dims` in mesh order).
+  const std::vector<std::vector<int64_t>>& groups() const { return groups_; }
+  int group_size() const { return groups_.empty() ? 1 : static_cast<int>(groups_[0].size()); }
+  // The group and the position in it of local device `local`.
+  int group_of(int local) const { return group_of_[local]; }
+  int rank_of(int local) const { return rank_of_[local]; }
+  // members(g)[r]: the local index of the device at position r of group g, or -1 when
+  // another process owns it.
+  const std::vector<int>& local_members(int g) const { return local_members_[g]; }
+  // A key for group g, the same in every process: a hash of the group's device names
+  // (or ids).
+  int32_t group_key(int g) const { return group_keys_[g]; }
+  // tf_order(g)[k]: the position in group g of the k-th participant in the order TF's
+  // collectives rank a group (by task, then device index); CollectiveGatherV2 stacks
+  // the pieces in that order. Identity in the common case.
+  const std::vector<int>& tf_order(int g) const { return tf_order_[g]; }
+  bool tf_order_is_identity() const { return tf_order_identity_; }
+  // Whether every member of every group with a local device is local.
+  bool all_local() const { return all_local_; }
+
+ private:
+  friend class CollectiveCache;
+  std::vector<std::vector<int64_t>> groups_;
+  std::vector<int> group_of_, rank_of_;
+  std::vector<std::vector<int>> local_members_;
+  std::vector<int32_t> group_keys_;
+  std::vector<std::vector<int>> tf_order_;
+  bool tf_order_identity_ = true;
+  bool all_local_ = true;
+};
+
+// leader[d]: the first local device that agrees with local device d on every mesh
+// coordinate in `key_dims` (d itself on meshes whose devices do not share memory).
+// Cached per (mesh, set of dims).
+const std::vector<int>& LocalLeaders(const Mesh& mesh, const std::vector<int>& key_dims);
+
+// A fresh instance key for one collective step. Every participant of the step uses the
+// same key. Keys come from a process-wide counter, so processes that issue the same
+// collectives in the same order (SPMD programs do) derive the same keys.
+int32_t NextInstanceKey();
+// How many instance keys NextInstanceKey has handed out so far.
+int64_t InstanceKeysIssued();
+
+// One collective step of an SPMD program, before lowering.
+struct CollectiveStep {
+  enum class Kind { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
+  Kind kind = Kind::kAllReduce;
+  ReduceOp op = ReduceOp::kSum;  // all-reduce, reduce-scatter
+  int axis = 0;                  // the tensor axis gathered or scattered
+  std::vector<int> mesh_dims;    // the dims the groups span
+  int dtype = 0;
+};
+
+// Refuses a collective on a mesh some of whose devices belong to other processes when
+// they cannot take part: names the mesh, the local and global device counts and the fix.
+Status CheckCollectiveParticipants(const Mesh& mesh, const CollectiveGroups& groups,
+                                   const std::string& what);
+
+// The merge_op of CollectiveReduceV2 for `op` ("Add", "Max", "Min", "Mul").
+const char* CollectiveMergeOp(ReduceOp op);
+
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_SPMD_COLLECTIVES_H_

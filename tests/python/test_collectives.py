@@ -1,0 +1,258 @@
+"""Collectives lowered as TensorFlow's collective ops (cc/spmd/collectives.{h,cc},
+cc/spmd/collective_ops_lowering.h), forced on the 8 virtual CPUs, and the refusal of
+meshes whose devices are partly in other processes.
+
+    sum([x,*], axis=0) -> partial(x) -> CollectiveReduceV2(Add) on every device -> [*]
+    [*,x] -> [*,*]: transpose, CollectiveGatherV2 along axis 0, transpose back
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dtensor
+from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal, cpus, layout_of,
+                             random_array, reassemble, to_dtensor)
+from tf_dtensor import config
+from tf_dtensor.dtensor import Layout, Mesh, create_mesh
+
+# Devices in reverse order: TF ranks a group by device index, the mesh by coordinate, so
+# the gathered pieces must be put back in mesh order.
+MESH_REVERSED = create_mesh([("x", 4)], devices=list(reversed(cpus(4))))
+MESH_2X4 = create_mesh([("x", 2), ("y", 4)], devices=cpus(8))
+
+REDUCTIONS = {"sum": tf.reduce_sum, "max": tf.reduce_max, "min": tf.reduce_min,
+              "prod": tf.reduce_prod}
+
+
+@pytest.fixture
+def collective_ops():
+    """Collectives run as TF collective ops for one test."""
+    config.set_collective_lowering("ops")
+    try:
+        yield
+    finally:
+        config.set_collective_lowering("")
+
+
+def _data(shape, low=0.5, high=1.5, seed=3):
+    return random_array(shape, np.float32, low, high, seed=seed)
+
+
+def test_policy_setter_round_trips_and_rejects_unknown_names():
+    before = config.collective_lowering()
+    config.set_collective_lowering("ops")
+    assert config.collective_lowering() == "ops"
+    config.set_collective_lowering("")
+    assert config.collective_lowering() == before
+    with pytest.raises(ValueError, match="expected `auto`, `ops` or `shared`"):
+        config.set_collective_lowering("nccl")
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+@pytest.mark.parametrize("mesh, spec, axis", [
+    (MESH_8, "x,*", 0), (MESH_1D, "x,*", None), (MESH_2X2, "x,y", 0), (MESH_2X2, "x,y", None),
+    (MESH_2X4, "y,x", 1), (MESH_REVERSED, "*,x", 1)],
+    ids=["8[x,*]-0", "2[x,*]-all", "2x2[x,y]-0", "2x2[x,y]-all", "2x4[y,x]-1", "rev[*,x]-1"])
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_reduction_over_sharded_axes(collective_ops, name, mesh, spec, axis, traced):
+    fn = REDUCTIONS[name]
+    value = _data((8, 8))
+    expected = fn(value, axis=axis).numpy()
+    run = tf.function(lambda t: fn(t, axis=axis)) if traced else (lambda t: fn(t, axis=axis))
+    actual = run(to_dtensor(value, layout_of(spec, mesh)))
+    layout = tf_dtensor.fetch_layout(actual)
+    np.testing.assert_allclose(tf_dtensor.unpack(tf_dtensor.relayout(
+        actual, Layout.replicated(mesh, layout.rank)))[0].numpy(), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_matmul_with_a_sharded_contraction(collective_ops, traced):
+    # [*,x] @ [x,*] -> partial(x) -> all-reduce -> [*,*]
+    a, b = _data((4, 8), seed=1), _data((8, 6), seed=2)
+    run = tf.function(tf.matmul) if traced else tf.matmul
+    actual = run(to_dtensor(a, layout_of("*,x", MESH_8)), to_dtensor(b, layout_of("x,*", MESH_8)))
+    assert_dtensor_equal(a @ b, layout_of("*,*", MESH_8), actual)
+
+
+@pytest.mark.parametrize("mesh, source, target", [
+    (MESH_8, "x,*", "*,*"), (MESH_8, "x,*", "*,x"), (MESH_2X2, "x,y", "y,x"),
+    (MESH_2X4, "x,y", "y,x"), (MESH_2X4, "*,y", "*,*"), (MESH_REVERSED, "x,*", "*,*"),
+    (MESH_REVERSED, "*,x", "x,*")],
+    ids=["8[x,*]-[*,*]", "8[x,*]-[*,x]", "2x2[x,y]-[y,x]", "2x4[x,y]-[y,x]", "2x4[*,y]-[*,*]",
+         "rev[x,*]-[*,*]", "rev[*,x]-[x,*]"])
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_relayout(collective_ops, mesh, source, target, traced):
+    value = _data((8, 8))
+    target_layout = layout_of(target, mesh)
+    run = tf.function(lambda t: tf_dtensor.relayout(t, target_layout)) if traced else (
+        lambda t: tf_dtensor.relayout(t, target_layout))
+    actual = run(to_dtensor(value, layout_of(source, mesh)))
+    assert_dtensor_equal(value, target_layout, actual)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_gradient_through_collectives(collective_ops, traced):
+    # loss = sum((a @ b)^2) with the contraction sharded: the forward pass all-reduces,
+    # the backward pass gathers.
+    a, b = _data((4, 8), seed=4), _data((8, 2), seed=5)
+
+    def grads(x, y):
+        with tf.GradientTape() as tape:
+            tape.watch([x, y])
+            loss = tf.reduce_sum(tf.square(tf.matmul(x, y)))
+        return tape.gradient(loss, [x, y])
+
+    expected = grads(tf.constant(a), tf.constant(b))
+    run = tf.function(grads) if traced else grads
+    da, db = run(to_dtensor(a, layout_of("*,x", MESH_8)), to_dtensor(b, layout_of("x,*", MESH_8)))
+    for want, got in zip(expected, (da, db)):
+        whole = tf_dtensor.relayout(got, Layout.replicated(MESH_8, 2))
+        np.testing.assert_allclose(tf_dtensor.unpack(whole)[0].numpy(), want.numpy(), rtol=1e-4)
+
+
+def test_integer_all_reduce(collective_ops):
+    value = np.arange(16, dtype=np.int32).reshape(8, 2)
+    actual = tf.reduce_sum(to_dtensor(value, layout_of("x,*", MESH_8)), axis=0)
+    assert_dtensor_equal(value.sum(axis=0).astype(np.int32), layout_of("*", MESH_8), actual)
+
+
+# ---------------------------------------------------------------------------------------
+# Meshes whose local devices are a subset of their global devices
+# ---------------------------------------------------------------------------------------
+
+def _local_subset_mesh() -> Mesh:
+    # Global devices 0..7, of which this process holds 0..3.
+    return Mesh(["x"], np.arange(8), [0, 1, 2, 3], cpus(4))
+
+
+@pytest.mark.parametrize("policy", ["", "ops"], ids=["default", "ops"])
+def test_local_subset_mesh_sum_is_refused_not_a_partial_sum(policy):
+    # Regression: reduce_sum of 8 ones returned 4.0 (only the local partial sums).
+    config.set_collective_lowering(policy)
+    try:
+        mesh = _local_subset_mesh()
+        ones = tf_dtensor.call_with_layout(tf.ones, Layout(["x"], mesh), shape=[8])
+        with pytest.raises(tf.errors.FailedPreconditionError,
+                           match=r"(?s)all-reduce.*holds 4 of the 8 devices of mesh\(x=8\)"
+                                 r".*mesh of this process's devices"):
+            tf_dtensor.unpack(tf.reduce_sum(ones))[0].numpy()
+    finally:
+        config.set_collective_lowering("")
+
+
+@pytest.mark.parametrize("policy", ["", "ops"], ids=["default", "ops"])
+def test_local_subset_mesh_relayout_to_replicated_is_refused_not_a_crash(policy):
+    # Regression: the all-gather passed null handles for the missing pieces and crashed.
+    config.set_collective_lowering(policy)
+    try:
+        mesh = _local_subset_mesh()
+        ones = tf_dtensor.call_with_layout(tf.ones, Layout(["x"], mesh), shape=[8])
+        with pytest.raises(tf.errors.FailedPreconditionError,
+                           match=r"all-gather axis 0 of a \[x\] @ mesh\(x=8\) value"):
+            tf_dtensor.relayout(ones, Layout.replicated(mesh, 1))
+    finally:
+        config.set_collective_lowering("")
+
+
+def test_local_subset_mesh_is_refused_inside_tf_function():
+    mesh = _local_subset_mesh()
+    ones = tf_dtensor.call_with_layout(tf.ones, Layout(["x"], mesh), shape=[8])
+    with pytest.raises(tf.errors.FailedPreconditionError, match="holds 4 of the 8 devices"):
+        tf.function(tf.reduce_sum)(ones)
+
+
+def test_local_subset_mesh_runs_local_ops():
+    # Ops that need no collective still run on the local shards.
+    mesh = _local_subset_mesh()
+    ones = tf_dtensor.call_with_layout(tf.ones, Layout(["x"], mesh), shape=[8])
+    doubled = ones * 2.0
+    assert [c.numpy().tolist() for c in tf_dtensor.unpack(doubled)] == [[2.0]] * 4
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint8, np.int16, np.uint32, np.uint64,
+                                   np.complex64, np.complex128, tf.bfloat16.as_numpy_dtype],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_gather_of_dtypes_the_collective_ops_lack(collective_ops, dtype, traced):
+    # CollectiveGatherV2 takes float, half, double, int32 and int64 only: the others
+    # travel cast or bitcast to one of those.
+    value = (np.arange(64).reshape(8, 8) % 3).astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        value = value + 1j * value.T
+    target = layout_of("*,*", MESH_2X4)
+    run = tf.function(lambda t: tf_dtensor.relayout(t, target)) if traced else (
+        lambda t: tf_dtensor.relayout(t, target))
+    assert_dtensor_equal(value, target, run(to_dtensor(value, layout_of("y,x", MESH_2X4))))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.uint32, np.complex64,
+                                   tf.bfloat16.as_numpy_dtype],
+                         ids=lambda d: np.dtype(d).name)
+def test_sum_of_dtypes_the_collective_ops_lack(collective_ops, dtype):
+    value = (np.arange(16).reshape(8, 2) % 3).astype(dtype)
+    actual = tf.reduce_sum(to_dtensor(value, layout_of("x,*", MESH_8)), axis=0)
+    assert_dtensor_equal(value.sum(axis=0).astype(dtype), layout_of("*", MESH_8), actual)
+
+
+def test_any_and_all_over_a_sharded_axis(collective_ops):
+    value = np.zeros((8, 2), dtype=np.bool_)
+    value[3, 0] = True
+    sharded = to_dtensor(value, layout_of("x,*", MESH_8))
+    assert_dtensor_equal(value.any(axis=0), layout_of("*", MESH_8),
+                         tf.reduce_any(sharded, axis=0))
+    assert_dtensor_equal(value.all(axis=0), layout_of("*", MESH_8),
+                         tf.reduce_all(sharded, axis=0))
+
+
+@pytest.mark.parametrize("source, target", [("*,*,y", "y,*,*"), ("y,x,*", "*,x,y"),
+                                            ("*,x,*", "x,*,*"), ("x,*,*", "*,*,x")],
+                         ids=lambda s: f"[{s}]")
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_all_to_all_of_rank_3(collective_ops, source, target, traced):
+    # One CollectiveAllToAllV2 moves the mesh axis between tensor axes.
+    value = _data((8, 4, 8))
+    target_layout = layout_of(target, MESH_2X4)
+    run = tf.function(lambda t: tf_dtensor.relayout(t, target_layout)) if traced else (
+        lambda t: tf_dtensor.relayout(t, target_layout))
+    assert_dtensor_equal(value, target_layout, run(to_dtensor(value, layout_of(source, MESH_2X4))))
+
+
+def test_all_to_all_of_bool_takes_the_gather_path(collective_ops):
+    value = np.arange(64).reshape(8, 8) % 3 == 0
+    target = layout_of("*,x", MESH_8)
+    assert_dtensor_equal(value, target, tf_dtensor.relayout(to_dtensor(value, layout_of("x,*", MESH_8)),
+                                                            target))
+
+
+MESH_4 = create_mesh([("x", 4)], devices=cpus(4))
+
+
+@pytest.mark.parametrize("mesh,specs", [(MESH_4, ["x", "unsharded"]),
+                                        (MESH_4, ["unsharded", "x"]),
+                                        (MESH_2X2, ["y", "x"])],
+                         ids=lambda v: v.short() if isinstance(v, Mesh) else "-".join(v))
+@pytest.mark.parametrize("shape", [(5, 6), (7, 5)], ids=str)
+def test_uneven_shards_gather_through_collective_ops(collective_ops, mesh, specs, shape):
+    # Pieces are padded to the chunk size for CollectiveGatherV2 and trimmed after it.
+    value = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    sharded = to_dtensor(value, Layout(specs, mesh))
+    replicated = Layout.replicated(mesh, 2)
+    for relayout in (tf_dtensor.dtensor.relayout, tf.function(tf_dtensor.dtensor.relayout)):
+        assert_dtensor_equal(value, replicated, relayout(sharded, replicated))
+    summed = tf.function(lambda t: tf.reduce_sum(t, axis=0))(sharded)
+    np.testing.assert_allclose(reassemble(summed), value.sum(axis=0))
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+def test_partial_values_reduce_through_collective_ops(collective_ops, op):
+    value = _data((4, 6))
+    partial = to_dtensor(value, Layout(["unsharded", "unsharded"], MESH_2X2, partial={"y": op}))
+    assert_dtensor_equal(value, Layout.replicated(MESH_2X2, 2),
+                         tf_dtensor.dtensor.relayout(partial, Layout.replicated(MESH_2X2, 2)))
+    if op == "sum":
+        # Partial -> sharded over the same dimension (reduce-scatter).
+        assert_dtensor_equal(value, Layout(["y", "unsharded"], MESH_2X2),
+                             tf_dtensor.dtensor.relayout(partial, Layout(["y", "unsharded"], MESH_2X2)))
