@@ -96,16 +96,6 @@ int32_t NextInstanceKey();
 // How many instance keys NextInstanceKey has handed out so far.
 int64_t InstanceKeysIssued();
 
-// One collective step of an SPMD program, before lowering.
-struct CollectiveStep {
-  enum class Kind { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
-  Kind kind = Kind::kAllReduce;
-  ReduceOp op = ReduceOp::kSum;  // all-reduce, reduce-scatter
-  int axis = 0;                  // the tensor axis gathered or scattered
-  std::vector<int> mesh_dims;    // the dims the groups span
-  int dtype = 0;
-};
-
 // Refuses a collective on a mesh some of whose devices belong to other processes when
 // they cannot take part: names the mesh, the local and global device counts and the fix.
 Status CheckCollectiveParticipants(const Mesh& mesh, const CollectiveGroups& groups,

@@ -1,0 +1,51 @@
+// Collective groups: who reduces or gathers with whom, their keys and the leader tables
+// of the shared-buffer lowering, on CPU, GPU-typed and local-subset meshes.
+#include "cc/spmd/collectives.h"
+
+#include "tests/cc/testing.h"
+
+namespace tf_dtensor {
+namespace {
+
+using testing::MakeMesh;
+
+TEST(CollectiveGroups, GroupsFollowTheOtherCoordinates) {
+  Mesh mesh = MakeMesh({{"x", 2}, {"y", 4}});
+  const CollectiveGroups& over_y = CollectiveGroups::For(mesh, {1});
+  EXPECT_EQ(over_y.groups(), (std::vector<std::vector<int64_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(over_y.group_size(), 4);
+  EXPECT_EQ(over_y.group_of(5), 1);
+  EXPECT_EQ(over_y.rank_of(5), 1);
+  const CollectiveGroups& over_x = CollectiveGroups::For(mesh, {0});
+  EXPECT_EQ(over_x.groups().size(), 4u);
+  EXPECT_EQ(over_x.groups()[1], (std::vector<int64_t>{1, 5}));
+  const CollectiveGroups& both = CollectiveGroups::For(mesh, {0, 1});
+  EXPECT_EQ(both.group_size(), 8);
+  EXPECT_TRUE(over_y.all_local());
+  // Cached: the same object for the same (mesh, dims).
+  EXPECT_TRUE(&CollectiveGroups::For(mesh, {1}) == &over_y);
+  // Keys differ between groups and agree for equal meshes.
+  EXPECT_NE(over_y.group_key(0), over_y.group_key(1));
+  EXPECT_EQ(CollectiveGroups::For(MakeMesh({{"x", 2}, {"y", 4}}), {1}).group_key(1),
+            over_y.group_key(1));
+}
+
+TEST(CollectiveGroups, LeadersShareOnlyWhereMemoryIsShared) {
+  // [x,*] on mesh(x=2,y=2): devices agreeing on x hold the same block.
+  Mesh cpu = MakeMesh({{"x", 2}, {"y", 2}});
+  EXPECT_EQ(LocalLeaders(cpu, {0}), (std::vector<int>{0, 0, 2, 2}));
+  EXPECT_EQ(LocalLeaders(cpu, {}), (std::vector<int>{0, 0, 0, 0}));
+  Mesh gpu = MakeMesh({{"x", 2}, {"y", 2}}, "GPU");
+  EXPECT_EQ(LocalLeaders(gpu, {0}), (std::vector<int>{0, 1, 2, 3}));
+}
+
+TEST(CollectiveGroups, InstanceKeysAreFresh) {
+  const int64_t before = InstanceKeysIssued();
+  const int32_t a = NextInstanceKey();
+  const int32_t b = NextInstanceKey();
+  EXPECT_NE(a, b);
+  EXPECT_EQ(InstanceKeysIssued(), before + 2);
+}
+
+}  // namespace
+}  // namespace tf_dtensor
