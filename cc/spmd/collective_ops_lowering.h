@@ -103,6 +103,24 @@ StatusOr<std::vector<Handle>> ComponentBuilder<Handle>::ConvertEach(
 }
 
 template <typename Handle>
+StatusOr<std::vector<std::vector<Handle>>> ComponentBuilder<Handle>::CollectiveInputs(
+    const std::vector<Handle>& values, const CollectiveGroups& groups) {
+  TFD_ASSIGN_OR_RETURN(ValueId size, HostConstant({groups.group_size()}, {}, TF_INT32));
+  TFD_ASSIGN_OR_RETURN(ValueId instance, HostConstant({NextInstanceKey()}, {}, TF_INT32));
+  std::map<int, ValueId> keys;  // group -> its key, as a host constant
+  std::vector<std::vector<Handle>> inputs(values.size());
+  for (int d = 0; d < static_cast<int>(values.size()); ++d) {
+    const int g = groups.group_of(d);
+    if (!keys.count(g)) {
+      TFD_ASSIGN_OR_RETURN(ValueId key, HostConstant({groups.group_key(g)}, {}, TF_INT32));
+      keys[g] = key;
+    }
+    inputs[d] = {values[d], values_[size].host, values_[keys[g]].host, values_[instance].host};
+  }
+  return inputs;
+}
+
+template <typename Handle>
 StatusOr<std::vector<Handle>> ComponentBuilder<Handle>::RunEach(
     const std::string& op_type, const std::vector<std::vector<Handle>>& inputs,
     const LocalOpOptions& options) {
@@ -150,32 +168,21 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllReduceByOps(ValueId value,
   const int dtype = values_[value].dtype;
   const collective_internal::Wire wire = collective_internal::ReduceWire(dtype, op);
   if (!wire.supported) return collective_internal::UnsupportedCollectiveType("all-reduce", dtype);
-  TFD_ASSIGN_OR_RETURN(ValueId size, HostConstant({groups.group_size()}, {}, TF_INT32));
-  TFD_ASSIGN_OR_RETURN(ValueId instance, HostConstant({NextInstanceKey()}, {}, TF_INT32));
   std::vector<Handle> sent(n);
   for (int d = 0; d < n; ++d) sent[d] = local(value, d);
   if (wire.wire != dtype) {
     TFD_ASSIGN_OR_RETURN(sent, ConvertEach(sent, dtype, wire.wire, wire.bitcast));
   }
-  std::map<int, ValueId> keys;  // group -> its key, as a host constant
-  std::vector<std::vector<Handle>> inputs(n);
-  for (int d = 0; d < n; ++d) {
-    const int g = groups.group_of(d);
-    if (!keys.count(g)) {
-      StatusOr<ValueId> key = HostConstant({groups.group_key(g)}, {}, TF_INT32);
-      if (!key.ok()) {
-        if (wire.wire != dtype) DiscardAll(sent);
-        return key.status();
-      }
-      keys[g] = *key;
-    }
-    inputs[d] = {sent[d], values_[size].host, values_[keys[g]].host, values_[instance].host};
+  StatusOr<std::vector<std::vector<Handle>>> inputs = CollectiveInputs(sent, groups);
+  if (!inputs.ok()) {
+    if (wire.wire != dtype) DiscardAll(sent);
+    return inputs.status();
   }
   LocalOpOptions options = collective_internal::CollectiveOptions(wire.wire);
   options.overrides.push_back(collective_internal::StringAttr("merge_op", CollectiveMergeOp(op)));
   options.overrides.push_back(
       collective_internal::StringAttr("final_op", op == ReduceOp::kMean ? "Div" : "Id"));
-  StatusOr<std::vector<Handle>> reduced = RunCollective("CollectiveReduceV2", inputs, options);
+  StatusOr<std::vector<Handle>> reduced = RunCollective("CollectiveReduceV2", *inputs, options);
   if (wire.wire != dtype) DiscardAll(sent);
   if (!reduced.ok()) return reduced.status();
   if (wire.wire != dtype) {
@@ -277,24 +284,10 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGatherByOps(ValueId value, int di
     current = std::move(sent).value();
     temporaries.insert(temporaries.end(), current.begin(), current.end());
   }
-  StatusOr<ValueId> size = HostConstant({groups.group_size()}, {}, TF_INT32);
-  if (!size.ok()) return cleanup(size.status());
-  StatusOr<ValueId> instance = HostConstant({NextInstanceKey()}, {}, TF_INT32);
-  if (!instance.ok()) return cleanup(instance.status());
-  std::map<int, ValueId> keys;
-  std::vector<std::vector<Handle>> inputs(n);
-  for (int d = 0; d < n; ++d) {
-    const int g = groups.group_of(d);
-    if (!keys.count(g)) {
-      StatusOr<ValueId> key = HostConstant({groups.group_key(g)}, {}, TF_INT32);
-      if (!key.ok()) return cleanup(key.status());
-      keys[g] = *key;
-    }
-    inputs[d] = {current[d], values_[*size].host, values_[keys[g]].host,
-                 values_[*instance].host};
-  }
+  StatusOr<std::vector<std::vector<Handle>>> inputs = CollectiveInputs(current, groups);
+  if (!inputs.ok()) return cleanup(inputs.status());
   StatusOr<std::vector<Handle>> gathered = RunCollective(
-      "CollectiveGatherV2", inputs, collective_internal::CollectiveOptions(wire.wire));
+      "CollectiveGatherV2", *inputs, collective_internal::CollectiveOptions(wire.wire));
   if (!gathered.ok()) return cleanup(gathered.status());
   current = std::move(gathered).value();
   if (wire.wire != dtype) {
@@ -522,24 +515,10 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllToAllByOps(ValueId value, int fro
   for (int i : rest) split_shape.push_back(in_shape[i]);
   Status s = reshape(split_shape);
   if (!s.ok()) return cleanup(s);
-  StatusOr<ValueId> size = HostConstant({pieces}, {}, TF_INT32);
-  if (!size.ok()) return cleanup(size.status());
-  StatusOr<ValueId> instance = HostConstant({NextInstanceKey()}, {}, TF_INT32);
-  if (!instance.ok()) return cleanup(instance.status());
-  std::map<int, ValueId> keys;
-  std::vector<std::vector<Handle>> inputs(n);
-  for (int d = 0; d < n; ++d) {
-    const int g = groups.group_of(d);
-    if (!keys.count(g)) {
-      StatusOr<ValueId> key = HostConstant({groups.group_key(g)}, {}, TF_INT32);
-      if (!key.ok()) return cleanup(key.status());
-      keys[g] = *key;
-    }
-    inputs[d] = {current[d], values_[*size].host, values_[keys[g]].host,
-                 values_[*instance].host};
-  }
+  StatusOr<std::vector<std::vector<Handle>>> inputs = CollectiveInputs(current, groups);
+  if (!inputs.ok()) return cleanup(inputs.status());
   StatusOr<std::vector<Handle>> exchanged = RunCollective(
-      "CollectiveAllToAllV2", inputs, collective_internal::CollectiveOptions(dtype));
+      "CollectiveAllToAllV2", *inputs, collective_internal::CollectiveOptions(dtype));
   if (!exchanged.ok()) return cleanup(exchanged.status());
   current = std::move(exchanged).value();
   made.insert(made.end(), current.begin(), current.end());

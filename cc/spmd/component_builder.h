@@ -95,16 +95,7 @@ class ComponentBuilder : public Builder {
   virtual StatusOr<std::vector<Handle>> RunCollective(const std::string& op_type,
                                                       const std::vector<std::vector<Handle>>& inputs,
                                                       const LocalOpOptions& options) {
-    std::vector<Handle> outputs;
-    for (int d = 0; d < static_cast<int>(inputs.size()); ++d) {
-      StatusOr<std::vector<Handle>> r = RunOn(op_type, inputs[d], options, d, 1);
-      if (!r.ok()) {
-        DiscardAll(outputs);
-        return r.status();
-      }
-      outputs.push_back(r.value()[0]);
-    }
-    return outputs;
+    return RunEach(op_type, inputs, options);
   }
   // Tells a graph builder the local shape of a collective's result, which TF's shape
   // inference leaves partly unknown (CollectiveGatherV2's first axis).
@@ -124,6 +115,10 @@ class ComponentBuilder : public Builder {
                                             bool bitcast);
   // Runs `op_type` of one output on every local device with its own inputs (local ops
   // of the collective-ops lowering); discards what it made on failure.
+  // Per device: {value, group size, group key, instance key}, the inputs of TF's
+  // collective ops, with one fresh instance key for the step.
+  StatusOr<std::vector<std::vector<Handle>>> CollectiveInputs(const std::vector<Handle>& values,
+                                                              const CollectiveGroups& groups);
   StatusOr<std::vector<Handle>> RunEach(const std::string& op_type,
                                         const std::vector<std::vector<Handle>>& inputs,
                                         const LocalOpOptions& options);
