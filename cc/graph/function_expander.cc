@@ -1,5 +1,7 @@
 #include "cc/graph/function_expander.h"
 
+#include "cc/graph/function_expansion.h"
+
 #include <atomic>
 #include <set>
 #include <unordered_map>
@@ -35,78 +37,14 @@ constexpr int kMaxDepth = 32;
 // a request turns a host op into a DTensor op that passes requests further back.
 constexpr int kMaxRounds = 4;
 
-using RequestMap = std::unordered_map<std::string, Layout>;
-
-// An op's context with the attributes it points to, kept for the solver.
-struct RecordedContext {
-  RecordedContext(std::string op, AttrMap op_attrs, Mesh mesh)
-      : attrs(std::move(op_attrs)), ctx(std::move(op), &attrs, std::move(mesh)) {}
-  RecordedContext(const RecordedContext&) = delete;
-  RecordedContext& operator=(const RecordedContext&) = delete;
-  AttrMap attrs;
-  OpContext ctx;
-};
-
-bool IsCall(const std::string& op) {
-  return op == "PartitionedCall" || op == "StatefulPartitionedCall";
-}
-
-bool IsIf(const std::string& op) { return op == "If" || op == "StatelessIf"; }
-bool IsWhile(const std::string& op) { return op == "While" || op == "StatelessWhile"; }
-
-// An empty list AttrValue (e.g. output_shapes: "not given").
-std::string EmptyListAttr() {
-  WireWriter value;
-  value.Bytes(1, "");
-  return value.Take();
-}
-
-std::string MetaKey(const ValueMeta& m) {
-  std::string key = m.layout ? m.layout->ToString() : "host";
-  key += "|" + ShapeString(m.shape) + "|" + std::to_string(m.dtype);
-  if (m.resource) {
-    key += "|r:" + m.resource->value_layout.ToString() + ShapeString(m.resource->value_shape) +
-           std::to_string(m.resource->value_dtype);
-  }
-  return key;
-}
-
-// Splits "node:out_arg:3" into ("node", "out_arg", 3); "arg" into ("arg", "", 0).
-struct TensorName {
-  std::string node;
-  std::string arg;
-  int index = 0;
-  bool control = false;
-};
-
-TensorName SplitName(const std::string& text) {
-  TensorName t;
-  if (!text.empty() && text[0] == '^') {
-    t.control = true;
-    t.node = text.substr(1);
-    return t;
-  }
-  size_t first = text.find(':');
-  if (first == std::string::npos) {
-    t.node = text;
-    return t;
-  }
-  t.node = text.substr(0, first);
-  size_t second = text.find(':', first + 1);
-  if (second == std::string::npos) {
-    t.index = std::stoi(text.substr(first + 1));
-  } else {
-    t.arg = text.substr(first + 1, second - first - 1);
-    t.index = std::stoi(text.substr(second + 1));
-  }
-  return t;
-}
-
-struct GraphDeleter {
-  void operator()(TF_Graph* g) const { TF_DeleteGraph(g); }
-};
-
 }  // namespace
+
+using expansion_internal::IsCall;
+using expansion_internal::IsIf;
+using expansion_internal::IsWhile;
+using expansion_internal::MetaKey;
+using expansion_internal::SplitName;
+using expansion_internal::TensorName;
 
 std::string OutputRequest::Key() const {
   std::string key = single ? single->ToString() : "-";
@@ -116,110 +54,6 @@ std::string OutputRequest::Key() const {
   return key;
 }
 
-// One expansion of one function body.
-class FunctionExpansion {
- public:
-  FunctionExpansion(FunctionExpander* owner, TFE_Context* context, const Mesh& mesh,
-                    const FallbackPolicy& policy, int depth)
-      : owner_(owner),
-        context_(context),
-        home_(mesh),
-        mesh_(mesh),
-        policy_(policy),
-        depth_(depth),
-        graph_(TF_NewGraph()),
-        builder_(graph_.get(), mesh),
-        status_(TF_NewStatus()) {}
-  ~FunctionExpansion() { TF_DeleteStatus(status_); }
-
-  // One round: parses `function` and expands every node with the layout requests in
-  // `requests` (the previous round's solution), or in the first round (null) those made
-  // by the caller and by relayouts inside the function.
-  Status Build(const std::string& function, const std::vector<ValueMeta>& inputs,
-               const OutputRequest& request, const RequestMap* requests);
-  // The requests of every node (output 0) solved backward over this round's graph.
-  RequestMap Solve() const;
-  // Whether `solved` differs from this round's requests at a node where a request
-  // changes the expansion (a node without DTensor inputs, or whose rule reads it).
-  bool Changes(const RequestMap& solved) const;
-  // Emits the results and registers the expanded function.
-  StatusOr<std::shared_ptr<const ExpandedFunction>> Finish(const std::vector<ValueMeta>& inputs,
-                                                           const OutputRequest& request,
-                                                           const std::string& expanded_name);
-
- private:
-  Status AddInputs(const std::vector<ValueMeta>& inputs);
-  Status Order();
-  void Requests(const OutputRequest& request);
-  // Records `node` for the solver: its rule, its context as the forward pass saw it, and
-  // whether a request can change how it expands.
-  void Record(const NodeSpec& node, const Rule* rule, std::shared_ptr<const OpContext> ctx,
-              bool request_sensitive);
-  // The context of an op expanded on the host (for the solver: shapes, attrs, host values).
-  std::shared_ptr<const OpContext> HostContext(const NodeSpec& node, const Rule* rule,
-                                               const std::vector<ValueId>& inputs);
-  Status ExpandNode(const NodeSpec& node);
-  Status ExpandCall(const NodeSpec& node, const std::string& callee,
-                    const std::vector<ValueId>& inputs);
-  Status ExpandIf(const NodeSpec& node, const std::vector<ValueId>& inputs);
-  Status ExpandWhile(const NodeSpec& node, std::vector<ValueId> inputs);
-  // Emits a functional op (a call, If, While) over the flat components of `inputs`
-  // after `prefix` (e.g. If's predicate); its results are `results`' values.
-  Status EmitFunctional(const NodeSpec& node, const std::string& op_type,
-                        const std::vector<TF_Output>& prefix, const std::vector<ValueId>& inputs,
-                        RawAttrs attrs, const std::vector<ValueMeta>& results,
-                        bool copy_attrs);
-  StatusOr<std::shared_ptr<const ExpandedFunction>> Callee(const std::string& name,
-                                                         const std::vector<ValueId>& inputs,
-                                                         const OutputRequest& request);
-  // A scalar predicate as one host tensor: a host value, or a replicated DTensor's.
-  StatusOr<TF_Output> Predicate(const NodeSpec& node, ValueId value);
-  Status ExpandWithRule(const NodeSpec& node, std::vector<ValueId> inputs);
-  // Chooses the mesh `node` runs on and makes it the builder's: its DTensor inputs' (ops
-  // need them on one mesh; replicated scalars from another mesh move), else the mesh of a
-  // layout asked of it, else the function's.
-  Status EnterNodeMesh(const NodeSpec& node, std::vector<ValueId>& inputs);
-  Status EmitHostOp(const NodeSpec& node, const std::vector<ValueId>& inputs);
-  StatusOr<ValueId> Resolve(const std::string& name);
-  StatusOr<int> FlatIndex(const NodeSpec& node, const std::string& arg, int index);
-  ValueMeta MetaOf(ValueId value) const;
-
-  FunctionExpander* owner_;
-  TFE_Context* context_;
-  // The function's mesh (its first DTensor argument's) and the mesh of the node being
-  // expanded: a function may hold values of several meshes (a host mesh feeding an
-  // accelerator mesh); each op runs on its inputs' mesh.
-  const Mesh home_;
-  Mesh mesh_;
-  FallbackPolicy policy_;
-  int depth_;
-  // Whether the user brought partial values in (a partial argument, or a relayout to a
-  // partial layout). If not, pending reductions the expansion deferred are done before a
-  // result leaves the function or enters a call, so results have TF DTensor's layouts.
-  bool user_partial_ = false;
-  StatusOr<ValueId> Settle(ValueId v, const std::string& what) {
-    if (user_partial_ || builder_.is_host(v) || !builder_.layout(v)->is_partial()) return v;
-    return Relayout(builder_, v, builder_.layout(v)->WithoutPartial(), what);
-  }
-  std::unique_ptr<TF_Graph, GraphDeleter> graph_;
-  GraphBuilder builder_;
-  TF_Status* status_;
-  std::string function_;
-  FunctionSpec spec_;
-  std::vector<const NodeSpec*> order_;
-  std::unordered_map<std::string, const NodeSpec*> by_name_;
-  std::unordered_map<std::string, ValueId> args_;
-  std::unordered_map<std::string, std::vector<ValueId>> outputs_;
-  std::unordered_map<std::string, std::vector<TF_Operation*>> ops_;
-  RequestMap requests_;  // the requests this round expands with
-  RequestMap seeds_;     // those made by the caller and by relayouts
-  // Per node of order_ (same index): what the solver knows of it.
-  std::vector<SolverNode> solver_nodes_;
-  std::vector<bool> request_sensitive_;
-  std::unordered_map<std::string, int> position_;
-  std::unordered_map<std::string, std::shared_ptr<const ExpandedFunction>> callees_;
-  std::vector<TF_Output> flat_inputs_;
-};
 
 ValueMeta FunctionExpansion::MetaOf(ValueId value) const {
   ValueMeta m;
@@ -570,141 +404,6 @@ Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<Value
     }
   }
   return Status::Ok();
-}
-
-StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Callee(
-    const std::string& name, const std::vector<ValueId>& inputs, const OutputRequest& request) {
-  std::vector<ValueMeta> metas;
-  for (ValueId v : inputs) metas.push_back(MetaOf(v));
-  return owner_->ExpandUncached(context_, name, mesh_, metas, request, policy_, depth_ + 1);
-}
-
-Status FunctionExpansion::EmitFunctional(const NodeSpec& node, const std::string& op_type,
-                                         const std::vector<TF_Output>& prefix,
-                                         const std::vector<ValueId>& inputs, RawAttrs attrs,
-                                         const std::vector<ValueMeta>& results, bool copy_attrs) {
-  std::vector<TF_Output> flat;
-  for (ValueId v : inputs) {
-    if (builder_.is_host(v)) {
-      flat.push_back(builder_.host(v));
-    } else {
-      const int n = builder_.layout(v)->mesh().num_local_devices();
-      for (int d = 0; d < n; ++d) flat.push_back(builder_.component(v, d));
-    }
-  }
-  std::vector<int> types;
-  for (const TF_Output& o : flat) types.push_back(TF_OperationOutputType(o));
-  std::vector<int> out_types;
-  for (const ValueMeta& m : results) {
-    for (int k = 0; k < m.num_flat(); ++k) {
-      out_types.push_back(m.resource ? TF_RESOURCE : m.dtype);
-    }
-  }
-  if (IsWhile(op_type)) {
-    attrs.emplace_back("T", TypeListAttr(types));
-  } else {
-    attrs.emplace_back("Tin", TypeListAttr(types));
-    attrs.emplace_back("Tout", TypeListAttr(out_types));
-  }
-  if (!IsCall(op_type)) attrs.emplace_back("output_shapes", EmptyListAttr());
-  std::vector<TF_Output> all = prefix;
-  all.insert(all.end(), flat.begin(), flat.end());
-  LocalOpOptions options;
-  options.copy_attrs = copy_attrs;
-  TFD_ASSIGN_OR_RETURN(TF_Operation * op,
-                       builder_.Emit(op_type, all, options, builder_.host_device(), attrs));
-  std::vector<ValueId>& outs = outputs_[node.name];
-  int next = 0;
-  for (const ValueMeta& m : results) {
-    if (!m.layout) {
-      outs.push_back(builder_.AddHost(TF_Output{op, next++}));
-      continue;
-    }
-    TFD_RETURN_IF_ERROR(m.layout->LocalShape(m.shape, "a result").status());
-    std::vector<TF_Output> components;
-    for (int d = 0; d < m.layout->mesh().num_local_devices(); ++d) {
-      TF_Output o{op, next++};
-      if (!m.resource) {
-        std::vector<int64_t> local = m.layout->GeometryOfDevice(m.shape, d).shape;
-        TF_GraphSetTensorShape(graph_.get(), o, local.data(), static_cast<int>(local.size()),
-                               status_);
-        TFD_RETURN_IF_ERROR(FromTF(status_, "setting the shape of a result of '" + node.name + "'"));
-      }
-      components.push_back(o);
-    }
-    outs.push_back(builder_.AddDTensor(*m.layout, m.shape, m.dtype, m.resource,
-                                       std::move(components)));
-  }
-  return Status::Ok();
-}
-
-Status FunctionExpansion::ExpandCall(const NodeSpec& node, const std::string& callee,
-                                     const std::vector<ValueId>& inputs) {
-  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
-                       Callee(callee, inputs, OutputRequest()));
-  callees_[node.name] = expanded;
-  return EmitFunctional(node, "StatefulPartitionedCall", {}, inputs,
-                        {{"f", FunctionAttr(expanded->name)}}, expanded->outputs, false);
-}
-
-StatusOr<TF_Output> FunctionExpansion::Predicate(const NodeSpec& node, ValueId value) {
-  if (builder_.is_host(value)) return builder_.host(value);
-  if (!builder_.layout(value)->IsFullyReplicated() || !builder_.shape(value).empty()) {
-    return InvalidArgument("The condition of '" + node.name + "' (" + node.op + ") in tf.function '" +
-                           function_ + "' must be a replicated scalar; got layout " +
-                           builder_.layout(value)->ShortString() + " and shape " +
-                           ShapeString(builder_.shape(value)) + ".");
-  }
-  return builder_.component(value, 0);
-}
-
-Status FunctionExpansion::ExpandIf(const NodeSpec& node, const std::vector<ValueId>& inputs) {
-  const std::string* then_attr = FindRawAttr(node.attrs, "then_branch");
-  const std::string* else_attr = FindRawAttr(node.attrs, "else_branch");
-  std::optional<std::string> then_name = then_attr ? FunctionNameOf(*then_attr) : std::nullopt;
-  std::optional<std::string> else_name = else_attr ? FunctionNameOf(*else_attr) : std::nullopt;
-  if (!then_name || !else_name || inputs.empty()) {
-    return Internal("'" + node.name + "' (" + node.op + ") lacks its branches.");
-  }
-  TFD_ASSIGN_OR_RETURN(TF_Output predicate, Predicate(node, inputs[0]));
-  std::vector<ValueId> args(inputs.begin() + 1, inputs.end());
-  // The then-branch decides the result layouts; the else-branch is asked for the same.
-  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> then_fn,
-                       Callee(*then_name, args, OutputRequest()));
-  OutputRequest same;
-  for (const ValueMeta& m : then_fn->outputs) same.each.push_back(m.layout);
-  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> else_fn,
-                       Callee(*else_name, args, same));
-  return EmitFunctional(node, node.op, {predicate}, args,
-                        {{"then_branch", FunctionAttr(then_fn->name)},
-                         {"else_branch", FunctionAttr(else_fn->name)}},
-                        then_fn->outputs, true);
-}
-
-Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId> inputs) {
-  const std::string* cond_attr = FindRawAttr(node.attrs, "cond");
-  const std::string* body_attr = FindRawAttr(node.attrs, "body");
-  std::optional<std::string> cond_name = cond_attr ? FunctionNameOf(*cond_attr) : std::nullopt;
-  std::optional<std::string> body_name = body_attr ? FunctionNameOf(*body_attr) : std::nullopt;
-  if (!cond_name || !body_name) return Internal("'" + node.name + "' lacks cond or body.");
-  // Loop variables keep the layouts they enter with (host values stay host values); the
-  // body is asked to return them so (a relayout at the end of the body where it would
-  // not), which is the fixed point of the loop.
-  OutputRequest keep;
-  for (ValueId v : inputs) {
-    keep.each.push_back(builder_.layout(v));
-    keep.host_each.push_back(builder_.is_host(v));
-  }
-  OutputRequest predicate;
-  predicate.host_outputs = true;
-  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> cond_fn,
-                       Callee(*cond_name, inputs, predicate));
-  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> body_fn,
-                       Callee(*body_name, inputs, keep));
-  return EmitFunctional(node, node.op, {}, inputs,
-                        {{"cond", FunctionAttr(cond_fn->name)},
-                         {"body", FunctionAttr(body_fn->name)}},
-                        body_fn->outputs, true);
 }
 
 Status FunctionExpansion::ExpandNode(const NodeSpec& node) {

@@ -1,0 +1,149 @@
+// tf.function control flow inside an expansion: calls of other functions (expanded with
+// the layouts of their arguments, and cached), If (both branches asked for the
+// then-branch's result layouts) and While (loop variables keep their entry layouts).
+#include "cc/graph/function_expansion.h"
+
+#include "cc/device/executor.h"
+
+namespace tf_dtensor {
+
+using expansion_internal::EmptyListAttr;
+using expansion_internal::IsCall;
+using expansion_internal::IsWhile;
+
+StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Callee(
+    const std::string& name, const std::vector<ValueId>& inputs, const OutputRequest& request) {
+  std::vector<ValueMeta> metas;
+  for (ValueId v : inputs) metas.push_back(MetaOf(v));
+  return owner_->ExpandUncached(context_, name, mesh_, metas, request, policy_, depth_ + 1);
+}
+
+Status FunctionExpansion::EmitFunctional(const NodeSpec& node, const std::string& op_type,
+                                         const std::vector<TF_Output>& prefix,
+                                         const std::vector<ValueId>& inputs, RawAttrs attrs,
+                                         const std::vector<ValueMeta>& results, bool copy_attrs) {
+  std::vector<TF_Output> flat;
+  for (ValueId v : inputs) {
+    if (builder_.is_host(v)) {
+      flat.push_back(builder_.host(v));
+    } else {
+      const int n = builder_.layout(v)->mesh().num_local_devices();
+      for (int d = 0; d < n; ++d) flat.push_back(builder_.component(v, d));
+    }
+  }
+  std::vector<int> types;
+  for (const TF_Output& o : flat) types.push_back(TF_OperationOutputType(o));
+  std::vector<int> out_types;
+  for (const ValueMeta& m : results) {
+    for (int k = 0; k < m.num_flat(); ++k) {
+      out_types.push_back(m.resource ? TF_RESOURCE : m.dtype);
+    }
+  }
+  if (IsWhile(op_type)) {
+    attrs.emplace_back("T", TypeListAttr(types));
+  } else {
+    attrs.emplace_back("Tin", TypeListAttr(types));
+    attrs.emplace_back("Tout", TypeListAttr(out_types));
+  }
+  if (!IsCall(op_type)) attrs.emplace_back("output_shapes", EmptyListAttr());
+  std::vector<TF_Output> all = prefix;
+  all.insert(all.end(), flat.begin(), flat.end());
+  LocalOpOptions options;
+  options.copy_attrs = copy_attrs;
+  TFD_ASSIGN_OR_RETURN(TF_Operation * op,
+                       builder_.Emit(op_type, all, options, builder_.host_device(), attrs));
+  std::vector<ValueId>& outs = outputs_[node.name];
+  int next = 0;
+  for (const ValueMeta& m : results) {
+    if (!m.layout) {
+      outs.push_back(builder_.AddHost(TF_Output{op, next++}));
+      continue;
+    }
+    TFD_RETURN_IF_ERROR(m.layout->LocalShape(m.shape, "a result").status());
+    std::vector<TF_Output> components;
+    for (int d = 0; d < m.layout->mesh().num_local_devices(); ++d) {
+      TF_Output o{op, next++};
+      if (!m.resource) {
+        std::vector<int64_t> local = m.layout->GeometryOfDevice(m.shape, d).shape;
+        TF_GraphSetTensorShape(graph_.get(), o, local.data(), static_cast<int>(local.size()),
+                               status_);
+        TFD_RETURN_IF_ERROR(FromTF(status_, "setting the shape of a result of '" + node.name + "'"));
+      }
+      components.push_back(o);
+    }
+    outs.push_back(builder_.AddDTensor(*m.layout, m.shape, m.dtype, m.resource,
+                                       std::move(components)));
+  }
+  return Status::Ok();
+}
+
+Status FunctionExpansion::ExpandCall(const NodeSpec& node, const std::string& callee,
+                                     const std::vector<ValueId>& inputs) {
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
+                       Callee(callee, inputs, OutputRequest()));
+  callees_[node.name] = expanded;
+  return EmitFunctional(node, "StatefulPartitionedCall", {}, inputs,
+                        {{"f", FunctionAttr(expanded->name)}}, expanded->outputs, false);
+}
+
+StatusOr<TF_Output> FunctionExpansion::Predicate(const NodeSpec& node, ValueId value) {
+  if (builder_.is_host(value)) return builder_.host(value);
+  if (!builder_.layout(value)->IsFullyReplicated() || !builder_.shape(value).empty()) {
+    return InvalidArgument("The condition of '" + node.name + "' (" + node.op + ") in tf.function '" +
+                           function_ + "' must be a replicated scalar; got layout " +
+                           builder_.layout(value)->ShortString() + " and shape " +
+                           ShapeString(builder_.shape(value)) + ".");
+  }
+  return builder_.component(value, 0);
+}
+
+Status FunctionExpansion::ExpandIf(const NodeSpec& node, const std::vector<ValueId>& inputs) {
+  const std::string* then_attr = FindRawAttr(node.attrs, "then_branch");
+  const std::string* else_attr = FindRawAttr(node.attrs, "else_branch");
+  std::optional<std::string> then_name = then_attr ? FunctionNameOf(*then_attr) : std::nullopt;
+  std::optional<std::string> else_name = else_attr ? FunctionNameOf(*else_attr) : std::nullopt;
+  if (!then_name || !else_name || inputs.empty()) {
+    return Internal("'" + node.name + "' (" + node.op + ") lacks its branches.");
+  }
+  TFD_ASSIGN_OR_RETURN(TF_Output predicate, Predicate(node, inputs[0]));
+  std::vector<ValueId> args(inputs.begin() + 1, inputs.end());
+  // The then-branch decides the result layouts; the else-branch is asked for the same.
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> then_fn,
+                       Callee(*then_name, args, OutputRequest()));
+  OutputRequest same;
+  for (const ValueMeta& m : then_fn->outputs) same.each.push_back(m.layout);
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> else_fn,
+                       Callee(*else_name, args, same));
+  return EmitFunctional(node, node.op, {predicate}, args,
+                        {{"then_branch", FunctionAttr(then_fn->name)},
+                         {"else_branch", FunctionAttr(else_fn->name)}},
+                        then_fn->outputs, true);
+}
+
+Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId> inputs) {
+  const std::string* cond_attr = FindRawAttr(node.attrs, "cond");
+  const std::string* body_attr = FindRawAttr(node.attrs, "body");
+  std::optional<std::string> cond_name = cond_attr ? FunctionNameOf(*cond_attr) : std::nullopt;
+  std::optional<std::string> body_name = body_attr ? FunctionNameOf(*body_attr) : std::nullopt;
+  if (!cond_name || !body_name) return Internal("'" + node.name + "' lacks cond or body.");
+  // Loop variables keep the layouts they enter with (host values stay host values); the
+  // body is asked to return them so (a relayout at the end of the body where it would
+  // not), which is the fixed point of the loop.
+  OutputRequest keep;
+  for (ValueId v : inputs) {
+    keep.each.push_back(builder_.layout(v));
+    keep.host_each.push_back(builder_.is_host(v));
+  }
+  OutputRequest predicate;
+  predicate.host_outputs = true;
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> cond_fn,
+                       Callee(*cond_name, inputs, predicate));
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> body_fn,
+                       Callee(*body_name, inputs, keep));
+  return EmitFunctional(node, node.op, {}, inputs,
+                        {{"cond", FunctionAttr(cond_fn->name)},
+                         {"body", FunctionAttr(body_fn->name)}},
+                        body_fn->outputs, true);
+}
+
+}  // namespace tf_dtensor

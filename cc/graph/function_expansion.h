@@ -1,0 +1,209 @@
+// One expansion of one tf.function body into an SPMD function (FunctionExpansion), shared
+// by function_expander.cc (inputs, nodes, results, the rounds of the request solver) and
+// control_flow.cc (calls, If, While).
+#ifndef TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANSION_H_
+#define TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANSION_H_
+
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cc/core/strings.h"
+#include "cc/core/wire.h"
+#include "cc/graph/function_def.h"
+#include "cc/graph/function_expander.h"
+#include "cc/graph/graph_builder.h"
+#include "cc/propagation/propagate.h"
+#include "cc/spmd/relayout.h"
+
+namespace tf_dtensor {
+namespace expansion_internal {
+
+using RequestMap = std::unordered_map<std::string, Layout>;
+
+// An op's context with the attributes it points to, kept for the solver.
+struct RecordedContext {
+  RecordedContext(std::string op, AttrMap op_attrs, Mesh mesh)
+      : attrs(std::move(op_attrs)), ctx(std::move(op), &attrs, std::move(mesh)) {}
+  RecordedContext(const RecordedContext&) = delete;
+  RecordedContext& operator=(const RecordedContext&) = delete;
+  AttrMap attrs;
+  OpContext ctx;
+};
+
+inline bool IsCall(const std::string& op) {
+  return op == "PartitionedCall" || op == "StatefulPartitionedCall";
+}
+
+inline bool IsIf(const std::string& op) { return op == "If" || op == "StatelessIf"; }
+inline bool IsWhile(const std::string& op) { return op == "While" || op == "StatelessWhile"; }
+
+// An empty list AttrValue (e.g. output_shapes: "not given").
+inline std::string EmptyListAttr() {
+  WireWriter value;
+  value.Bytes(1, "");
+  return value.Take();
+}
+
+inline std::string MetaKey(const ValueMeta& m) {
+  std::string key = m.layout ? m.layout->ToString() : "host";
+  key += "|" + ShapeString(m.shape) + "|" + std::to_string(m.dtype);
+  if (m.resource) {
+    key += "|r:" + m.resource->value_layout.ToString() + ShapeString(m.resource->value_shape) +
+           std::to_string(m.resource->value_dtype);
+  }
+  return key;
+}
+
+// Splits "node:out_arg:3" into ("node", "out_arg", 3); "arg" into ("arg", "", 0).
+struct TensorName {
+  std::string node;
+  std::string arg;
+  int index = 0;
+  bool control = false;
+};
+
+inline TensorName SplitName(const std::string& text) {
+  TensorName t;
+  if (!text.empty() && text[0] == '^') {
+    t.control = true;
+    t.node = text.substr(1);
+    return t;
+  }
+  size_t first = text.find(':');
+  if (first == std::string::npos) {
+    t.node = text;
+    return t;
+  }
+  t.node = text.substr(0, first);
+  size_t second = text.find(':', first + 1);
+  if (second == std::string::npos) {
+    t.index = std::stoi(text.substr(first + 1));
+  } else {
+    t.arg = text.substr(first + 1, second - first - 1);
+    t.index = std::stoi(text.substr(second + 1));
+  }
+  return t;
+}
+
+struct GraphDeleter {
+  void operator()(TF_Graph* g) const { TF_DeleteGraph(g); }
+};
+
+
+}  // namespace expansion_internal
+
+using expansion_internal::GraphDeleter;
+using expansion_internal::RecordedContext;
+using expansion_internal::RequestMap;
+
+// One expansion of one function body.
+class FunctionExpansion {
+ public:
+  FunctionExpansion(FunctionExpander* owner, TFE_Context* context, const Mesh& mesh,
+                    const FallbackPolicy& policy, int depth)
+      : owner_(owner),
+        context_(context),
+        home_(mesh),
+        mesh_(mesh),
+        policy_(policy),
+        depth_(depth),
+        graph_(TF_NewGraph()),
+        builder_(graph_.get(), mesh),
+        status_(TF_NewStatus()) {}
+  ~FunctionExpansion() { TF_DeleteStatus(status_); }
+
+  // One round: parses `function` and expands every node with the layout requests in
+  // `requests` (the previous round's solution), or in the first round (null) those made
+  // by the caller and by relayouts inside the function.
+  Status Build(const std::string& function, const std::vector<ValueMeta>& inputs,
+               const OutputRequest& request, const RequestMap* requests);
+  // The requests of every node (output 0) solved backward over this round's graph.
+  RequestMap Solve() const;
+  // Whether `solved` differs from this round's requests at a node where a request
+  // changes the expansion (a node without DTensor inputs, or whose rule reads it).
+  bool Changes(const RequestMap& solved) const;
+  // Emits the results and registers the expanded function.
+  StatusOr<std::shared_ptr<const ExpandedFunction>> Finish(const std::vector<ValueMeta>& inputs,
+                                                           const OutputRequest& request,
+                                                           const std::string& expanded_name);
+
+ private:
+  Status AddInputs(const std::vector<ValueMeta>& inputs);
+  Status Order();
+  void Requests(const OutputRequest& request);
+  // Records `node` for the solver: its rule, its context as the forward pass saw it, and
+  // whether a request can change how it expands.
+  void Record(const NodeSpec& node, const Rule* rule, std::shared_ptr<const OpContext> ctx,
+              bool request_sensitive);
+  // The context of an op expanded on the host (for the solver: shapes, attrs, host values).
+  std::shared_ptr<const OpContext> HostContext(const NodeSpec& node, const Rule* rule,
+                                               const std::vector<ValueId>& inputs);
+  Status ExpandNode(const NodeSpec& node);
+  Status ExpandCall(const NodeSpec& node, const std::string& callee,
+                    const std::vector<ValueId>& inputs);
+  Status ExpandIf(const NodeSpec& node, const std::vector<ValueId>& inputs);
+  Status ExpandWhile(const NodeSpec& node, std::vector<ValueId> inputs);
+  // Emits a functional op (a call, If, While) over the flat components of `inputs`
+  // after `prefix` (e.g. If's predicate); its results are `results`' values.
+  Status EmitFunctional(const NodeSpec& node, const std::string& op_type,
+                        const std::vector<TF_Output>& prefix, const std::vector<ValueId>& inputs,
+                        RawAttrs attrs, const std::vector<ValueMeta>& results,
+                        bool copy_attrs);
+  StatusOr<std::shared_ptr<const ExpandedFunction>> Callee(const std::string& name,
+                                                         const std::vector<ValueId>& inputs,
+                                                         const OutputRequest& request);
+  // A scalar predicate as one host tensor: a host value, or a replicated DTensor's.
+  StatusOr<TF_Output> Predicate(const NodeSpec& node, ValueId value);
+  Status ExpandWithRule(const NodeSpec& node, std::vector<ValueId> inputs);
+  // Chooses the mesh `node` runs on and makes it the builder's: its DTensor inputs' (ops
+  // need them on one mesh; replicated scalars from another mesh move), else the mesh of a
+  // layout asked of it, else the function's.
+  Status EnterNodeMesh(const NodeSpec& node, std::vector<ValueId>& inputs);
+  Status EmitHostOp(const NodeSpec& node, const std::vector<ValueId>& inputs);
+  StatusOr<ValueId> Resolve(const std::string& name);
+  StatusOr<int> FlatIndex(const NodeSpec& node, const std::string& arg, int index);
+  ValueMeta MetaOf(ValueId value) const;
+
+  FunctionExpander* owner_;
+  TFE_Context* context_;
+  // The function's mesh (its first DTensor argument's) and the mesh of the node being
+  // expanded: a function may hold values of several meshes (a host mesh feeding an
+  // accelerator mesh); each op runs on its inputs' mesh.
+  const Mesh home_;
+  Mesh mesh_;
+  FallbackPolicy policy_;
+  int depth_;
+  // Whether the user brought partial values in (a partial argument, or a relayout to a
+  // partial layout). If not, pending reductions the expansion deferred are done before a
+  // result leaves the function or enters a call, so results have TF DTensor's layouts.
+  bool user_partial_ = false;
+  StatusOr<ValueId> Settle(ValueId v, const std::string& what) {
+    if (user_partial_ || builder_.is_host(v) || !builder_.layout(v)->is_partial()) return v;
+    return Relayout(builder_, v, builder_.layout(v)->WithoutPartial(), what);
+  }
+  std::unique_ptr<TF_Graph, GraphDeleter> graph_;
+  GraphBuilder builder_;
+  TF_Status* status_;
+  std::string function_;
+  FunctionSpec spec_;
+  std::vector<const NodeSpec*> order_;
+  std::unordered_map<std::string, const NodeSpec*> by_name_;
+  std::unordered_map<std::string, ValueId> args_;
+  std::unordered_map<std::string, std::vector<ValueId>> outputs_;
+  std::unordered_map<std::string, std::vector<TF_Operation*>> ops_;
+  RequestMap requests_;  // the requests this round expands with
+  RequestMap seeds_;     // those made by the caller and by relayouts
+  // Per node of order_ (same index): what the solver knows of it.
+  std::vector<SolverNode> solver_nodes_;
+  std::vector<bool> request_sensitive_;
+  std::unordered_map<std::string, int> position_;
+  std::unordered_map<std::string, std::shared_ptr<const ExpandedFunction>> callees_;
+  std::vector<TF_Output> flat_inputs_;
+};
+
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANSION_H_
