@@ -256,3 +256,19 @@ def test_partial_values_reduce_through_collective_ops(collective_ops, op):
         # Partial -> sharded over the same dimension (reduce-scatter).
         assert_dtensor_equal(value, Layout(["y", "unsharded"], MESH_2X2),
                              tf_dtensor.dtensor.relayout(partial, Layout(["y", "unsharded"], MESH_2X2)))
+
+
+@pytest.mark.parametrize("mesh,source,target", [
+    (MESH_2X2, (["x", "unsharded"], {"y": "sum"}), ["x", "y"]),
+    (MESH_2X2, (["unsharded", "unsharded"], {"x": "mean"}), ["unsharded", "x"]),
+    (MESH_REVERSED, (["unsharded", "unsharded"], {"x": "sum"}), ["x", "unsharded"]),
+    (MESH_REVERSED, (["unsharded", "unsharded"], {"x": "max"}), ["unsharded", "x"]),
+], ids=["2x2-rows-sharded", "2x2-mean", "reversed-axis0", "reversed-axis1-max"])
+def test_partial_to_sharded_through_collective_ops(collective_ops, mesh, source, target):
+    # A reduce-scatter is an all-reduce then a slice: TF's CollectiveReduceScatterV2 has no
+    # CPU implementation ("did not find collective implementation"), only NCCL's.
+    value = _data((4, 8))
+    specs, partial = source
+    partial_value = to_dtensor(value, Layout(specs, mesh, partial=partial))
+    for relayout in (tf_dtensor.dtensor.relayout, tf.function(tf_dtensor.dtensor.relayout)):
+        assert_dtensor_equal(value, Layout(target, mesh), relayout(partial_value, Layout(target, mesh)))
