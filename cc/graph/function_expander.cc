@@ -393,6 +393,7 @@ Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<Value
   DispatchOptions options;
   options.policy = policy_;
   options.in_function = true;
+  options.stateful = op_spec && op_spec->is_stateful;
   options.where = " (node '" + node.name + "' of tf.function '" + function_ + "')";
   StatusOr<std::vector<ValueId>> results =
       Dispatch(rule, ctx, std::move(inputs), builder_, options);

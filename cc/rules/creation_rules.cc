@@ -64,9 +64,13 @@ class FillRule : public Rule {
   }
 };
 
+}  // namespace
+
 std::shared_ptr<const Rule> ReplicatedStateful() {
   return std::make_shared<ReplicatedRule>(true);
 }
+
+namespace {
 
 const bool kRegistered = RegisterRules({
     {"Fill", std::make_shared<FillRule>()},

@@ -34,10 +34,11 @@ Status ApplyFallbackPolicy(const OpContext& ctx, const FallbackPolicy& policy) {
 StatusOr<std::vector<ValueId>> Dispatch(const Rule* rule, OpContext& ctx,
                                         std::vector<ValueId> inputs, Builder& builder,
                                         const DispatchOptions& options) {
-  // No rule: run replicated (the documented policy, checked below).
+  // No rule: run replicated (the documented policy, checked below); a stateful op once.
   static const std::shared_ptr<const Rule> fallback = Replicated();
+  static const std::shared_ptr<const Rule> stateful_fallback = ReplicatedStateful();
   const bool has_rule = rule != nullptr;
-  if (!rule) rule = fallback.get();
+  if (!rule) rule = options.stateful ? stateful_fallback.get() : fallback.get();
   const int n = static_cast<int>(inputs.size());
   for (int i = 0; i < n; ++i) {
     InputInfo& info = ctx.inputs[i];

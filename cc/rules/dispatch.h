@@ -37,6 +37,9 @@ struct DispatchOptions {
   Builder* expand_with = nullptr;
   // Appended to "DTensor op 'X' with inputs (...)" in errors, e.g. " (node 'n' of ...)".
   std::string where;
+  // The op is stateful (its OpDef says so): without a rule it runs once and its result is
+  // shared, so the replicas of an unregistered random or shuffle op agree on every mesh.
+  bool stateful = false;
   // Plans made before (the eager path); null plans every time (tf.function expansion,
   // which runs once per traced signature anyway).
   PlanCache* cache = nullptr;

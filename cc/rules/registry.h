@@ -46,6 +46,9 @@ std::shared_ptr<const Rule> Pointwise();
 // All inputs read whole (host or replicated), outputs replicated: creation ops, and the
 // policy for ops with no rule.
 std::shared_ptr<const Rule> Replicated();
+// Replicated for a stateful op (random, shuffle): it runs once and every device gets that
+// result, so replicas agree on devices that do not share memory too.
+std::shared_ptr<const Rule> ReplicatedStateful();
 
 // Registers each (op name, rule) pair in the global registry; used as
 // `const bool kRegistered = RegisterRules(...)`. False when one was refused.

@@ -1,0 +1,102 @@
+// The one dispatch path (eager and tf.function): the policy for ops without a rule, host
+// data joining the mesh, and the plan cache, recorded with RecordingBuilder.
+#include "cc/rules/dispatch.h"
+
+#include "cc/device/attrs.h"
+#include "cc/rules/registry.h"
+#include "tensorflow/c/tf_datatype.h"
+#include "tests/cc/spmd/recording_builder.h"
+#include "tests/cc/testing.h"
+
+namespace tf_dtensor {
+namespace {
+
+using testing::MakeLayout;
+using testing::MakeMesh;
+using testing::RecordingBuilder;
+
+struct Case {
+  Case(const std::string& op, const Mesh& mesh) : ctx(op, &attrs, mesh) {}
+  // An input: a DTensor of `spec`, or a host tensor when `spec` is empty.
+  Case& In(const std::string& spec, std::vector<int64_t> shape) {
+    InputInfo info;
+    if (!spec.empty()) info.layout = MakeLayout(spec, ctx.mesh);
+    info.shape = shape;
+    info.dtype = TF_FLOAT;
+    inputs.push_back(builder.AddInput(info.layout, std::move(shape), TF_FLOAT));
+    ctx.inputs.push_back(std::move(info));
+    return *this;
+  }
+  StatusOr<std::vector<ValueId>> Run(const DispatchOptions& options) {
+    return Dispatch(RuleRegistry::Global().Find(ctx.op_name), ctx, inputs, builder, options);
+  }
+  AttrMap attrs;
+  OpContext ctx;
+  RecordingBuilder builder;
+  std::vector<ValueId> inputs;
+};
+
+TEST(Dispatch, OpsWithoutARuleRunReplicatedAndStatefulOnesOnce) {
+  Mesh gpu = MakeMesh({{"x", 2}}, "GPU");
+  {
+    Case op("NoSuchOpHasARule", gpu);
+    op.In("[x]", {8});
+    ASSERT_OK(op.Run({}).status());
+    EXPECT_LINES(op.builder.steps(), {"all-gather axis 0 [x] -> [*]",
+                                      "local NoSuchOpHasARule [*] -> replicated"});
+  }
+  {
+    // A stateful op (a shuffle, a random draw) runs once, so replicas agree on GPUs too.
+    Case op("RandomShuffle", gpu);
+    op.In("[*]", {8});
+    DispatchOptions options;
+    options.stateful = true;
+    ASSERT_OK(op.Run(options).status());
+    EXPECT_LINES(op.builder.steps(), {"local RandomShuffle [*] -> replicated (once)"});
+  }
+  {
+    Case op("NoSuchOpHasARule", gpu);
+    op.In("[x]", {8});
+    DispatchOptions options;
+    options.policy.strict = true;
+    EXPECT_ERROR(op.Run(options), kUnimplemented,
+                 {"'NoSuchOpHasARule' has no tf_dtensor rule", "[x] @ mesh(x=2)", "strict mode"});
+    EXPECT_LINES(op.builder.steps(), {});
+  }
+}
+
+TEST(Dispatch, HostDataJoinsTheMeshAndErrorsNameTheNode) {
+  Mesh mesh = MakeMesh({{"x", 2}});
+  Case op("AddV2", mesh);
+  op.In("[x]", {8}).In("", {8});
+  ASSERT_OK(op.Run({}).status());
+  ASSERT_TRUE(!op.builder.steps().empty());
+  EXPECT_EQ(op.builder.steps().back(), "local AddV2 [x] [x] -> [x]");
+  EXPECT_TRUE(op.ctx.inputs[1].from_host);
+
+  Case bad("AddV2", mesh);
+  bad.In("[x]", {8}).In("[x]", {3, 5});
+  DispatchOptions options;
+  options.where = " (node 'add' of tf.function 'f')";
+  EXPECT_ERROR(bad.Run(options), kInvalidArgument, {"DTensor op 'AddV2'", "node 'add'"});
+}
+
+TEST(Dispatch, PlanCacheServesRepeatedOps) {
+  Mesh mesh = MakeMesh({{"x", 2}});
+  PlanCache cache;
+  DispatchOptions options;
+  options.cache = &cache;
+  for (int i = 0; i < 3; ++i) {
+    Case op("Relu", mesh);
+    op.In("[x]", {8});
+    ASSERT_OK(op.Run(options).status());
+  }
+  EXPECT_EQ(cache.size(), 1u);
+  Case other("Relu", mesh);
+  other.In("[*]", {8});
+  ASSERT_OK(other.Run(options).status());
+  EXPECT_EQ(cache.size(), 2u);
+}
+
+}  // namespace
+}  // namespace tf_dtensor
