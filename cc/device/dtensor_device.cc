@@ -93,11 +93,23 @@ Status EmitOutputs(EagerBuilder& builder, const std::vector<ValueId>& values,
     return Internal("The op produced more outputs than TensorFlow expects.");
   }
   StatusPtr status(TF_NewStatus());
+  // Outputs wrapped before a later one fails are released again: TensorFlow takes none
+  // of them when the op fails.
+  auto fail = [&](size_t wrapped, Status error) {
+    for (size_t k = 0; k < wrapped; ++k) {
+      TFE_DeleteTensorHandle(outputs[k]);
+      outputs[k] = nullptr;
+    }
+    return error;
+  };
   for (size_t i = 0; i < values.size(); ++i) {
-    TFD_ASSIGN_OR_RETURN(std::unique_ptr<TensorWithLayout> tensor, builder.Release(values[i]));
-    tensor->set_parted(parted && !tensor->resource());
-    outputs[i] = TensorWithLayout::MakeHandle(context, device_name, std::move(tensor), status.get());
-    TFD_RETURN_IF_ERROR(FromTF(status.get(), "wrapping an output"));
+    StatusOr<std::unique_ptr<TensorWithLayout>> tensor = builder.Release(values[i]);
+    if (!tensor.ok()) return fail(i, tensor.status());
+    (*tensor)->set_parted(parted && !(*tensor)->resource());
+    outputs[i] = TensorWithLayout::MakeHandle(context, device_name, std::move(tensor).value(),
+                                              status.get());
+    Status wrapped = FromTF(status.get(), "wrapping an output");
+    if (!wrapped.ok()) return fail(i, wrapped);
   }
   *num_outputs = static_cast<int>(values.size());
   return Status::Ok();
