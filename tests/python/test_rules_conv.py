@@ -262,3 +262,45 @@ def test_pool_gradients(mesh_2x2):
     for spec in ["[x,*,*,y]", "[y,*,*,*]"]:
         got = run_without_fallback(grads, to_dtensor(x, layout_of(spec, mesh_2x2)))
         np.testing.assert_allclose(reassemble(got), want, rtol=1e-4, atol=1e-5)
+
+
+def _tape(loss, *args):
+    with tf.GradientTape() as tape:
+        tape.watch(list(args))
+        value = loss(*args)
+    return [value] + tape.gradient(value, list(args))
+
+
+def _conv3d_loss(x, w):
+    h = tf.nn.conv3d(x, w, strides=[1, 1, 1, 1, 1], padding="SAME")
+    return tf.reduce_mean(tf.nn.max_pool3d(h, 2, 2, "VALID") +
+                          tf.nn.avg_pool3d(h, 2, 2, "VALID"))
+
+
+def _depthwise_loss(x, w):
+    h = tf.nn.depthwise_conv2d(x, w, strides=[1, 1, 1, 1], padding="SAME")
+    return tf.reduce_mean(tf.nn.relu(h))
+
+
+@pytest.mark.parametrize("loss,x_shape,w_shape,x_spec,w_spec", [
+    pytest.param(_conv3d_loss, (4, 4, 4, 4, 4), (2, 2, 2, 4, 4), "[x,*,*,*,*]", "[*,*,*,*,*]",
+                 id="conv3d-batch"),
+    pytest.param(_conv3d_loss, (4, 4, 4, 4, 4), (2, 2, 2, 4, 4), "[x,*,*,*,y]", "[*,*,*,y,*]",
+                 id="conv3d-batch-in_channels"),
+    pytest.param(_depthwise_loss, X_SHAPE, (3, 3, 4, 1), "[x,*,*,y]", "[*,*,y,*]",
+                 id="depthwise-m1"),
+    pytest.param(_depthwise_loss, X_SHAPE, (3, 3, 4, 2), "[x,*,*,y]", "[*,*,y,*]",
+                 id="depthwise-m2"),
+])
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_more_gradients_match_one_device(loss, x_shape, w_shape, x_spec, w_spec, in_function,
+                                         mesh_2x2):
+    x, w = random_array(x_shape), random_array(w_shape, low=-0.5, high=0.5, seed=1)
+    expected = [v.numpy() for v in _tape(loss, tf.constant(x), tf.constant(w))]
+    fn = tf.function(lambda a, b: _tape(loss, a, b)) if in_function else (
+        lambda a, b: _tape(loss, a, b))
+    actual = run_without_fallback(fn, to_dtensor(x, layout_of(x_spec, mesh_2x2)),
+                                  to_dtensor(w, layout_of(w_spec, mesh_2x2)))
+    for want, got in zip(expected, actual):
+        assert tuple(got.shape) == want.shape
+        np.testing.assert_allclose(reassemble(got), want, rtol=1e-4, atol=1e-5)

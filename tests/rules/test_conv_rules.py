@@ -122,3 +122,18 @@ def test_uneven_batch_stays_whole_where_a_shape_argument_is_local():
     _, outputs, _ = plan("Conv2DBackpropInput", ["", "[*,*,*,*]", "[x,*,*,*]"],
                          [[4], W, [3, 6, 6, 4]], int_values={0: [3, 6, 6, 4]})
     assert outputs == ["[*,*,*,*]"]
+
+
+def test_max_pool_grad_grad_keeps_batch_and_channels():
+    _, outputs, _ = plan("MaxPoolGradGrad", ["[x,*,*,y]", "[x,*,*,y]", "[x,*,*,y]"],
+                         [X, [4, 3, 3, 4], X])
+    assert outputs == ["[x,*,*,y]"]
+
+
+def test_conv3d_backprop_filter_ncdhw():
+    _, outputs, emitted = plan("Conv3DBackpropFilterV2",
+                               ["[x,y,*,*,*]", "", "[x,*,*,*,*]"],
+                               [[4, 4, 4, 4, 4], [5], [4, 4, 4, 4, 4]],
+                               int_values={1: [2, 2, 2, 4, 4]}, attrs={"data_format": "NCDHW"})
+    assert outputs == ["[*,*,*,y,*]"]
+    assert emitted == ["all-reduce(sum) of output 0 over x"]
