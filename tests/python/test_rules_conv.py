@@ -304,3 +304,30 @@ def test_more_gradients_match_one_device(loss, x_shape, w_shape, x_spec, w_spec,
     for want, got in zip(expected, actual):
         assert tuple(got.shape) == want.shape
         np.testing.assert_allclose(reassemble(got), want, rtol=1e-4, atol=1e-5)
+
+
+# Uneven shards are valid layouts: 3 channels or a batch of 3 over x=2.
+@pytest.mark.parametrize("x_shape,w_shape,specs", [
+    ((3, 6, 6, 4), W_SHAPE, ("[x,*,*,*]", "[*,*,*,*]")),
+    ((4, 6, 6, 3), (3, 3, 3, 4), ("[*,*,*,x]", "[*,*,*,*]")),
+    ((4, 6, 6, 4), (3, 3, 4, 3), ("[*,*,*,*]", "[*,*,*,x]")),
+    ((3, 6, 6, 3), (3, 3, 3, 3), ("[x,*,*,y]", "[*,*,y,*]")),
+], ids=["batch", "in_channels", "out_channels", "batch-in_channels"])
+def test_conv2d_uneven(x_shape, w_shape, specs, mesh_2x2):
+    layouts = [layout_of(s, mesh_2x2) for s in specs]
+    check_op(_conv("SAME", 1), "Conv2D", [random_array(x_shape), random_array(w_shape, seed=1)],
+             layouts)
+
+
+def test_cnn_gradients_uneven_batch(mesh_1d):
+    x = random_array((3, 8, 8, 4))
+    w1 = random_array((3, 3, 4, 4), low=-0.5, high=0.5, seed=1)
+    w2 = random_array((2, 2, 4, 4), low=-0.5, high=0.5, seed=2)
+    expected = [v.numpy() for v in _cnn_grads(*[tf.constant(a) for a in (x, w1, w2)])]
+    for fn in (_cnn_grads, tf.function(_cnn_grads)):
+        actual = run_without_fallback(fn, to_dtensor(x, layout_of("[x,*,*,*]", mesh_1d)),
+                                      to_dtensor(w1, Layout.replicated(mesh_1d, 4)),
+                                      to_dtensor(w2, Layout.replicated(mesh_1d, 4)))
+        for want, got in zip(expected, actual):
+            assert tuple(got.shape) == want.shape
+            np.testing.assert_allclose(reassemble(got), want, rtol=1e-4, atol=1e-5)
