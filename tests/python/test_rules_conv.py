@@ -331,3 +331,19 @@ def test_cnn_gradients_uneven_batch(mesh_1d):
         for want, got in zip(expected, actual):
             assert tuple(got.shape) == want.shape
             np.testing.assert_allclose(reassemble(got), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["[x,*,*,*]", "[x,*,*,y]"])
+def test_conv2d_transpose_takes_a_global_output_shape(spec, mesh_2x2):
+    # conv2d_transpose is Conv2DBackpropInput with output_shape as input_sizes.
+    def fn(y, w):
+        return tf.nn.conv2d_transpose(y, w, output_shape=[4, 12, 12, 4], strides=2,
+                                      padding="SAME")
+
+    y, w = random_array((4, 6, 6, 4)), random_array(W_SHAPE, seed=1)
+    expected = fn(tf.constant(y), tf.constant(w)).numpy()
+    actual = run_without_fallback(fn, to_dtensor(y, layout_of(spec, mesh_2x2)),
+                                  to_dtensor(w, Layout.replicated(mesh_2x2, 4)))
+    assert tuple(actual.shape) == expected.shape
+    assert dtensor.fetch_layout(actual).sharding_specs[0] == "x"
+    np.testing.assert_allclose(reassemble(actual), expected, rtol=1e-4, atol=1e-4)
