@@ -278,7 +278,10 @@ StatusOr<std::vector<ValueId>> PrepareInputs(const OpContext& ctx, const Plan& p
       std::vector<int64_t> shape = {static_cast<int64_t>(host->second.size())};
       TFD_ASSIGN_OR_RETURN(ValueId v, builder.HostConstant(host->second, shape, dtype));
       inputs.push_back(v);
-    } else if (i < static_cast<int>(plan.inputs.size()) && plan.inputs[i]) {
+    } else if (i < static_cast<int>(plan.inputs.size()) && plan.inputs[i] &&
+               builder.layout(builder.input(i)) != plan.inputs[i]) {
+      // The description is formatted only when a relayout is needed (the common case
+      // is an input already in its planned layout).
       TFD_ASSIGN_OR_RETURN(ValueId v,
                            Relayout(builder, builder.input(i), *plan.inputs[i], ctx.Describe(i)));
       inputs.push_back(v);
