@@ -4,8 +4,9 @@
 //   a letter only in the inputs: contracted, a sharded one leaves partial sums
 //     "bmk,bkn->bmn": [*,*,x] [*,x,*] -> partial(x) -> all-reduce -> [*,*,*]
 //     "ij->":         [x,y] -> partial(x,y) -> all-reduce -> []
-//   a letter repeated within one operand (a diagonal, "ii->i"): need-replication, the
-//     diagonal's elements do not line up with shards, so those axes are gathered.
+//   a letter repeated within one operand or the output (a diagonal, "ii->i", "i->ii"):
+//     need-replication, the diagonal's elements do not line up with shards, so those
+//     axes are gathered (and written replicated).
 //   "...": one factor per broadcast axis, aligned from the right across operands; an axis
 //     of size 1 that broadcasts never shards ("...ij,...jk->...ik" on [2,4,8] and [1,8,4]).
 // Factors claim mesh dimensions in output order, then contracted letters in the order they
@@ -109,6 +110,18 @@ StatusOr<FactorSpec> EinsumFactors(const OpContext& ctx) {
       repeated[t] = repeated[t] || ++counts[t] > 1;
     }
   }
+  // A letter repeated in the output writes a diagonal ("i->ii", in einsum's own gradient):
+  // like a repeated input letter, its axes are replicated.
+  std::map<char, int> output_counts;
+  for (char t : output) {
+    if (t == kEllipsis) continue;
+    if (!repeated.count(t)) {
+      return InvalidArgument("'" + ctx.op_name + "' equation \"" + *equation +
+                             "\" has output letter '" + std::string(1, t) +
+                             "' in no input.");
+    }
+    repeated[t] = repeated[t] || ++output_counts[t] > 1;
+  }
   FactorSpec spec;
   std::map<char, int> factor_of;
   std::vector<int> broadcast;  // the factors of "...", outermost first
@@ -125,12 +138,7 @@ StatusOr<FactorSpec> EinsumFactors(const OpContext& ctx) {
       out.insert(out.end(), broadcast.begin(), broadcast.end());
       continue;
     }
-    if (factor_of.count(t) || !repeated.count(t)) {
-      return InvalidArgument("'" + ctx.op_name + "' equation \"" + *equation +
-                             "\" has output letter '" + std::string(1, t) +
-                             "' repeated or in no input.");
-    }
-    factor_of[t] = spec.Add(kind_of(t, true));
+    if (!factor_of.count(t)) factor_of[t] = spec.Add(kind_of(t, true));
     out.push_back(factor_of[t]);
   }
   for (int i = 0; i < num_inputs; ++i) {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.ops import gen_linalg_ops
 
 from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, assert_values_equal,
                              check_op, is_replicated, layout_of, layout_params, layouts_for,
@@ -77,6 +78,17 @@ def _params():
 @pytest.mark.parametrize("equation,shapes,layouts", _params())
 def test_einsum(equation, shapes, layouts):
     _check(equation, shapes, layouts)
+
+
+# A letter repeated in the output writes a diagonal: tf.einsum refuses it, but its
+# gradient of "ii->i" calls the op with "i->ii".
+@pytest.mark.parametrize("equation,shapes,layouts", [
+    pytest.param(equation, shapes, p.values[0], id=f"{equation}-{p.id}")
+    for equation, shapes in [("i->ii", [(4,)]), ("ij->iij", [(2, 8)])]
+    for p in layout_params(*shapes)])
+def test_einsum_writing_a_diagonal(equation, shapes, layouts):
+    _check(equation, shapes, layouts,
+           fn=lambda *operands: gen_linalg_ops.einsum(list(operands), equation))
 
 
 # Both operands sharded, for the equations whose full product is too large to enumerate.
@@ -161,6 +173,9 @@ GRADIENT_CASES = [
     ("i,j->ij", [(4,), (8,)], ("[x]", "[y]")),
     ("i,i->", [(8,), (8,)], ("[x]", "[x]")),
     ("ij->ji", [(4, 8)], ("[x,y]",)),
+    # Diagonals: the gradient writes one ("i->ii").
+    ("ii->i", [(4, 4)], ("[x,y]",)),
+    ("iij->ij", [(2, 2, 8)], ("[x,*,y]",)),
     ("ijk->ik", [(2, 4, 8)], ("[*,x,y]",)),
     ("...ij,...jk->...ik", [(2, 4, 8), (8, 4)], ("[x,*,y]", "[y,*]")),
 ]

@@ -37,6 +37,8 @@ CASES = [
     ("ii->i", ["[x,y]"], [[8, 8]], ["[*,*]"], "[*]", ["relayout input 0 [x,y] -> [*,*]"]),
     ("iij->ij", ["[x,*,y]"], [[2, 2, 8]], ["[*,*,y]"], "[*,y]",
      ["relayout input 0 [x,*,y] -> [*,*,y]"]),
+    # A letter repeated in the output (einsum's gradient of a diagonal) is replicated.
+    ("i->ii", ["[x]"], [[8]], ["[*]"], "[*,*]", ["relayout input 0 [x] -> [*]"]),
     # Ellipsis: broadcast axes aligned from the right; a size-1 axis never shards.
     ("...ij,...jk->...ik", ["[x,*,y]", "[y,*]"], [[2, 4, 8], [8, 4]],
      ["[x,*,y]", "[y,*]"], "[x,*,*]", ["all-reduce(sum) of output 0 over y"]),

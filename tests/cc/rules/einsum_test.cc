@@ -48,6 +48,9 @@ TEST(EinsumRules, TwoDimensionalMesh) {
           // A diagonal: the repeated letter is gathered, the others keep their sharding.
           Einsum("iij->ij", {T("[x,*,y]", {2, 2, 8})}, "[*,*,y] -> [*,y]",
                  {"all-gather axis 0 [x,*,y] -> [*,*,y]", "local Einsum [*,*,y] -> [*,y]"}),
+          // A letter repeated in the output writes a diagonal: replicated.
+          Einsum("ij->iij", {T("[x,y]", {2, 8})}, "[*,y] -> [*,*,y]",
+                 {"all-gather axis 0 [x,y] -> [*,y]", "local Einsum [*,y] -> [*,*,y]"}),
           // Ellipsis: aligned from the right; a size-1 broadcast axis stays unsharded.
           Einsum("...ij,...jk->...ik", {T("[x,*,y]", {2, 4, 8}), T("[y,*]", {8, 4})},
                  "[x,*,y] [y,*] -> [x,*,*]",
