@@ -92,7 +92,7 @@ StatusOr<FactorSpec> EinsumFactors(const OpContext& ctx) {
   // How many axes each operand's "..." covers; the broadcast axes are the longest of them.
   std::vector<int> ellipsis_rank(num_inputs, 0);
   int broadcast_rank = 0;
-  std::map<char, bool> repeated;  // letter -> whether some operand names it twice
+  std::map<char, bool> repeated;  // letter -> whether an operand (or the output) repeats it
   for (int i = 0; i < num_inputs; ++i) {
     const std::string& op = operands[i];
     const bool has_ellipsis = op.find(kEllipsis) != std::string::npos;
