@@ -61,6 +61,13 @@ OpCase& OpCase::Ints(const std::string& name, std::vector<int64_t> values) {
   return *this;
 }
 
+OpCase& OpCase::Str(const std::string& name, std::string value) {
+  AttrValue v;
+  v.s = std::move(value);
+  attrs_.Set(name, std::move(v));
+  return *this;
+}
+
 OpCase& OpCase::Requested(const std::string& spec) {
   ctx_.requested = MakeLayout(spec, mesh_);
   return *this;
@@ -142,6 +149,10 @@ void CheckRuleTable(const Mesh& mesh, const std::vector<RuleRow>& rows) {
     for (const auto& [name, value] : row.ints) {
       op.Int(name, value);
       args.push_back(name + "=" + std::to_string(value));
+    }
+    for (const auto& [name, value] : row.strings) {
+      op.Str(name, value);
+      args.push_back(name + "=\"" + value + "\"");
     }
     SCOPED_TRACE(row.op + "(" + Join(args, ", ") + ") on " + mesh.ShortString() + " of " +
                  mesh.device_type());

@@ -41,6 +41,7 @@ class OpCase {
   OpCase& Bool(const std::string& name, bool value);
   OpCase& Int(const std::string& name, int64_t value);
   OpCase& Ints(const std::string& name, std::vector<int64_t> values);
+  OpCase& Str(const std::string& name, std::string value);
   OpCase& Requested(const std::string& spec);
   // Global shapes of the outputs, for steps after the local op that need them.
   OpCase& OutShapes(std::vector<std::vector<int64_t>> shapes);
@@ -92,6 +93,7 @@ struct RuleRow {
   std::vector<std::string> steps;
   std::map<std::string, bool> bools = {};        // bool attributes (transpose_a, keep_dims)
   std::map<std::string, int64_t> ints = {};      // int attributes (axis, num_split)
+  std::map<std::string, std::string> strings = {};  // string attributes (equation)
 };
 
 // Checks every row on `mesh`; a failure names the row ("MatMul([x,*], [*,*]) on ...").
