@@ -38,16 +38,24 @@ StatusOr<Layout> Layout::Create(const std::vector<std::string>& sharding_specs, 
       specs.push_back(DimSpec::Replicated());
       continue;
     }
-    int index = mesh.DimIndex(name);
-    if (index < 0) {
-      std::vector<std::string> names;
-      for (const MeshDim& d : mesh.dims()) names.push_back("`" + d.name + "`");
-      return InvalidArgument("Layout axis " + std::to_string(i) + " names mesh dimension `" +
-                             name + "`, which " + mesh.ShortString() +
-                             " does not have. Use one of " + Join(names, ", ") +
-                             " or `unsharded`.");
+    // "x" shards over one mesh dimension; "x+y" over x, then each piece over y (a name
+    // that is itself a mesh dimension, "+" included, means that dimension).
+    std::vector<std::string> parts{name};
+    if (mesh.DimIndex(name) < 0 && name.find('+') != std::string::npos) parts = Split(name, '+');
+    std::vector<int> dims;
+    for (const std::string& part : parts) {
+      int index = mesh.DimIndex(part);
+      if (index < 0) {
+        std::vector<std::string> names;
+        for (const MeshDim& d : mesh.dims()) names.push_back("`" + d.name + "`");
+        return InvalidArgument("Layout axis " + std::to_string(i) + " names mesh dimension `" +
+                               part + "`, which " + mesh.ShortString() +
+                               " does not have. Use one of " + Join(names, ", ") +
+                               ", several joined by `+` (e.g. `x+y`), or `unsharded`.");
+      }
+      dims.push_back(index);
     }
-    specs.push_back(DimSpec::Sharded(index));
+    specs.push_back(DimSpec::ShardedOver(dims));
   }
   return FromSpecs(std::move(specs), std::move(mesh), type);
 }
@@ -74,18 +82,23 @@ StatusOr<Layout> Layout::FromSpecs(std::vector<DimSpec> specs, Mesh mesh, Layout
   }
   std::vector<int> used_by(mesh.num_dims(), -1);
   for (size_t i = 0; i < specs.size(); ++i) {
-    if (!specs[i].sharded()) continue;
-    int d = specs[i].mesh_dim;
-    if (d >= mesh.num_dims()) return InvalidArgument("Layout names a mesh dimension out of range.");
-    if (used_by[d] >= 0) {
-      Layout bad(mesh, specs);
-      return InvalidArgument("Layout " + bad.SpecString() + " shards axes " +
-                             std::to_string(used_by[d]) + " and " + std::to_string(i) +
-                             " over the same mesh dimension `" + mesh.dims()[d].name +
-                             "`; a mesh dimension can shard at most one axis. Use `unsharded` "
-                             "for one of them.");
+    for (int d : specs[i].mesh_dims()) {
+      if (d < 0 || d >= mesh.num_dims()) {
+        return InvalidArgument("Layout names a mesh dimension out of range.");
+      }
+      if (used_by[d] >= 0) {
+        Layout bad(mesh, specs);
+        const std::string axes = used_by[d] == static_cast<int>(i)
+                                     ? "axis " + std::to_string(i) + " twice"
+                                     : "axes " + std::to_string(used_by[d]) + " and " +
+                                           std::to_string(i);
+        return InvalidArgument("Layout " + bad.SpecString() + " shards " + axes +
+                               " over the same mesh dimension `" + mesh.dims()[d].name +
+                               "`; a mesh dimension can shard at most one axis, once. Use "
+                               "`unsharded` for one of them.");
+      }
+      used_by[d] = static_cast<int>(i);
     }
-    used_by[d] = static_cast<int>(i);
   }
   return Layout(std::move(mesh), std::move(specs), type);
 }
@@ -268,10 +281,14 @@ StatusOr<Layout> Layout::ToParted() const {
 
 std::vector<std::string> Layout::sharding_specs() const {
   std::vector<std::string> out;
-  for (const DimSpec& s : specs_) {
-    out.push_back(s.sharded() ? mesh_.dims()[s.mesh_dim].name : kUnsharded);
-  }
+  for (const DimSpec& s : specs_) out.push_back(s.sharded() ? SpecName(s) : kUnsharded);
   return out;
+}
+
+std::string Layout::SpecName(const DimSpec& spec) const {
+  std::vector<std::string> names;
+  for (int m : spec.mesh_dims()) names.push_back(mesh_.dims()[m].name);
+  return Join(names, "+");
 }
 
 namespace {
@@ -298,7 +315,7 @@ std::string Layout::ToString() const {
 
 std::string Layout::SpecString() const {
   std::vector<std::string> parts;
-  for (const DimSpec& s : specs_) parts.push_back(s.sharded() ? mesh_.dims()[s.mesh_dim].name : "*");
+  for (const DimSpec& s : specs_) parts.push_back(s.sharded() ? SpecName(s) : "*");
   std::string text = std::string(is_parted() ? "parted" : "") + "[" + Join(parts, ",") + "]";
   if (!partial_.empty()) text += " +partial(" + PartialText(mesh_, partial_, ":") + ")";
   return text;
@@ -323,7 +340,8 @@ StatusOr<Layout> Layout::WithPartial(std::vector<PartialSpec> partial) const {
                              "`: only static layouts carry pending reductions.");
     }
     for (const DimSpec& s : specs_) {
-      if (s.mesh_dim == p.mesh_dim) {
+      const std::vector<int> dims = s.mesh_dims();
+      if (std::find(dims.begin(), dims.end(), p.mesh_dim) != dims.end()) {
         return InvalidArgument("Layout " + ShortString() + " cannot be partial over `" + name +
                                "`: that mesh dimension already shards an axis, and a mesh "
                                "dimension either shards an axis or holds partial values. Use "
@@ -373,7 +391,11 @@ std::vector<std::vector<int64_t>> Layout::OffsetToShard() const {
   for (int64_t offset = 0; offset < mesh_.size(); ++offset) {
     std::vector<int64_t> location = mesh_.DeviceLocation(offset).value();
     std::vector<int64_t> shard;
-    for (const DimSpec& s : specs_) shard.push_back(s.sharded() ? location[s.mesh_dim] : 0);
+    for (const DimSpec& s : specs_) {
+      int64_t index = 0;
+      for (int m : s.mesh_dims()) index = index * mesh_.DimSize(m) + location[m];
+      shard.push_back(index);
+    }
     shards.push_back(std::move(shard));
   }
   return shards;
@@ -410,9 +432,64 @@ bool Layout::IsFullyReplicated() const {
 std::vector<int> Layout::ShardedMeshDims() const {
   std::vector<int> dims;
   for (const DimSpec& s : specs_) {
-    if (s.sharded()) dims.push_back(s.mesh_dim);
+    for (int m : s.mesh_dims()) dims.push_back(m);
   }
   return dims;
+}
+
+std::vector<int> Layout::FirstDeviceOfPieces(int dim) const {
+  if (!specs_[dim].multi()) {
+    return specs_[dim].sharded() ? mesh_.FirstDeviceAlong(specs_[dim].mesh_dim)
+                                 : std::vector<int>{0};
+  }
+  std::vector<int> first(NumShards(dim), -1);
+  for (int d = 0; d < mesh_.num_local_devices(); ++d) {
+    int64_t piece = ShardIndex(d, dim);
+    if (first[piece] < 0) first[piece] = d;
+  }
+  first.erase(std::remove(first.begin(), first.end(), -1), first.end());
+  return first;
+}
+
+bool Layout::HasMultiDimAxis() const {
+  for (const DimSpec& s : specs_) {
+    if (s.multi()) return true;
+  }
+  return false;
+}
+
+Layout Layout::MajorOnly() const {
+  std::vector<DimSpec> specs = specs_;
+  for (DimSpec& s : specs) s.minor.clear();
+  return Layout(mesh_, std::move(specs), type_, partial_);
+}
+
+// The nested cut of a multi-dimension axis: `index` (mixed-radix over `sizes`, major
+// first) picks a piece at each level, e.g. 5 over (2,2): [0:3] -> [0:2],[2:3]; [3:5] ->
+// [3:4],[4:5], as PyTorch's [Shard(0), Shard(0)] cuts it.
+static std::pair<int64_t, int64_t> NestedPiece(int64_t size, const std::vector<int64_t>& sizes,
+                                               int64_t index) {
+  std::vector<int64_t> coords(sizes.size());
+  for (size_t k = sizes.size(); k-- > 0;) {
+    coords[k] = index % sizes[k];
+    index /= sizes[k];
+  }
+  int64_t offset = 0;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    auto [piece, start] = Layout::Piece(size, sizes[k], coords[k]);
+    size = piece;
+    offset += start;
+  }
+  return {size, offset};
+}
+
+std::pair<int64_t, int64_t> Layout::AxisPiece(int dim, int64_t size, int64_t index) const {
+  const DimSpec& s = specs_[dim];
+  if (!s.multi()) return Piece(size, NumShards(dim), index);
+  if (size < 0) return {size, 0};
+  std::vector<int64_t> sizes;
+  for (int m : s.mesh_dims()) sizes.push_back(mesh_.DimSize(m));
+  return NestedPiece(size, sizes, index);
 }
 
 std::pair<int64_t, int64_t> Layout::Piece(int64_t size, int64_t pieces, int64_t index) {
@@ -428,7 +505,7 @@ ShardGeometry Layout::GeometryOfShard(const std::vector<int64_t>& global_shape,
   ShardGeometry g{global_shape, std::vector<int64_t>(global_shape.size(), 0)};
   if (is_single_device()) return g;
   for (int d = 0; d < rank() && d < static_cast<int>(global_shape.size()); ++d) {
-    auto [size, offset] = Piece(global_shape[d], NumShards(d), shard_index[d]);
+    auto [size, offset] = AxisPiece(d, global_shape[d], shard_index[d]);
     g.shape[d] = size;
     g.offset[d] = offset;
   }
@@ -445,7 +522,7 @@ ShardGeometry Layout::GeometryOfDevice(const std::vector<int64_t>& global_shape,
 std::vector<int64_t> Layout::PieceSizes(const std::vector<int64_t>& global_shape, int dim) const {
   std::vector<int64_t> sizes;
   for (int64_t i = 0; i < NumShards(dim); ++i) {
-    sizes.push_back(Piece(global_shape[dim], NumShards(dim), i).first);
+    sizes.push_back(AxisPiece(dim, global_shape[dim], i).first);
   }
   return sizes;
 }
@@ -489,12 +566,11 @@ StatusOr<std::vector<int64_t>> Layout::UniformLocalShape(const std::vector<int64
     int64_t n = NumShards(d);
     if (n == 1 || global_shape[d] < 0) continue;
     if (global_shape[d] % n != 0) {
-      const MeshDim& m = mesh_.dims()[specs_[d].mesh_dim];
       return InvalidArgument("Cannot shard dim " + std::to_string(d) + " (size " +
                              std::to_string(global_shape[d]) + ") of " + what + " over axis '" +
-                             m.name + "' (size " + std::to_string(m.size) + "): " +
+                             SpecName(specs_[d]) + "' (size " + std::to_string(n) + "): " +
                              std::to_string(global_shape[d]) + " is not divisible by " +
-                             std::to_string(m.size) + ". Leave that axis `unsharded` or pad it.");
+                             std::to_string(n) + ". Leave that axis `unsharded` or pad it.");
     }
   }
   return local;
@@ -522,7 +598,10 @@ StatusOr<std::vector<int64_t>> Layout::GlobalShapeChecked(const std::vector<int6
 
 size_t Layout::Hash() const {
   size_t h = mesh_.Hash() * 7 + static_cast<size_t>(type_);
-  for (const DimSpec& s : specs_) h = h * 31 + static_cast<size_t>(s.mesh_dim + 2);
+  for (const DimSpec& s : specs_) {
+    h = h * 31 + static_cast<size_t>(s.mesh_dim + 2);
+    for (int m : s.minor) h = h * 17 + static_cast<size_t>(m + 1);
+  }
   for (const PartialSpec& p : partial_) {
     h = h * 37 + static_cast<size_t>(p.mesh_dim) * 8 + static_cast<size_t>(p.op);
   }

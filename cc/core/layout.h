@@ -41,14 +41,32 @@ struct ShardGeometry {
   std::vector<int64_t> offset;
 };
 
-// One tensor axis: sharded over a mesh dimension (its index), or replicated.
+// One tensor axis: sharded over a mesh dimension (its index), or replicated. An axis may
+// also be sharded over several mesh dimensions, as PyTorch's `[Shard(0), Shard(0)]` does:
+// `mesh_dim` is the major one and `minor` the others, in order; the axis is cut like
+// nested `torch.chunk`s (over the major dimension, then each piece over the next), and its
+// spec reads "x+y". Such an axis is a storage layout: op rules never see it, dispatch
+// relayouts it first (rules/dispatch.cc); relayouts, pack/unpack and variables hold it.
 struct DimSpec {
-  static DimSpec Replicated() { return DimSpec{-1}; }
-  static DimSpec Sharded(int mesh_dim) { return DimSpec{mesh_dim}; }
+  static DimSpec Replicated() { return DimSpec{-1, {}}; }
+  static DimSpec Sharded(int mesh_dim) { return DimSpec{mesh_dim, {}}; }
+  // Over `mesh_dims` (major first; at least one).
+  static DimSpec ShardedOver(const std::vector<int>& mesh_dims) {
+    return DimSpec{mesh_dims[0], std::vector<int>(mesh_dims.begin() + 1, mesh_dims.end())};
+  }
   bool sharded() const { return mesh_dim >= 0; }
-  bool operator==(const DimSpec& o) const { return mesh_dim == o.mesh_dim; }
-  bool operator!=(const DimSpec& o) const { return mesh_dim != o.mesh_dim; }
+  bool multi() const { return !minor.empty(); }
+  // Every mesh dimension sharding the axis, major first (empty when replicated).
+  std::vector<int> mesh_dims() const {
+    if (!sharded()) return {};
+    std::vector<int> dims{mesh_dim};
+    dims.insert(dims.end(), minor.begin(), minor.end());
+    return dims;
+  }
+  bool operator==(const DimSpec& o) const { return mesh_dim == o.mesh_dim && minor == o.minor; }
+  bool operator!=(const DimSpec& o) const { return !(*this == o); }
   int mesh_dim;
+  std::vector<int> minor;
 };
 
 // TF DTensor's layout kinds, with the values of its Python `LayoutType` enum.
@@ -105,9 +123,13 @@ class Layout {
   const std::vector<DimSpec>& specs() const { return specs_; }
   const DimSpec& spec(int dim) const { return specs_[dim]; }
   std::vector<std::string> sharding_specs() const;
+  // "x", or "x+y" for an axis over several mesh dimensions.
+  std::string SpecName(const DimSpec& spec) const;
   // Number of pieces tensor axis `dim` is cut into.
   int64_t NumShards(int dim) const {
-    return specs_[dim].sharded() ? mesh_.DimSize(specs_[dim].mesh_dim) : 1;
+    int64_t n = 1;
+    for (int m : specs_[dim].mesh_dims()) n *= mesh_.DimSize(m);
+    return n;
   }
   // NumShards with `dim` checked against the rank.
   StatusOr<int64_t> NumShardsChecked(int dim) const;
@@ -124,10 +146,22 @@ class Layout {
   // mesh(x=2,y=2) -> 2. Checks one index per axis, each within that axis's shard count.
   StatusOr<int64_t> OffsetTupleToGlobalIndex(const std::vector<int64_t>& shard_index) const;
   // Which piece of axis `dim` the i-th local device of the mesh holds.
+  // Over several mesh dimensions the index is mixed-radix, the major dimension first.
   int64_t ShardIndex(int local_device, int dim) const {
-    return specs_[dim].sharded() ? mesh_.LocalCoord(local_device, specs_[dim].mesh_dim) : 0;
+    const DimSpec& s = specs_[dim];
+    if (!s.multi()) return s.sharded() ? mesh_.LocalCoord(local_device, s.mesh_dim) : 0;
+    int64_t index = 0;
+    for (int m : s.mesh_dims()) index = index * mesh_.DimSize(m) + mesh_.LocalCoord(local_device, m);
+    return index;
   }
-  // Mesh dimensions that shard some axis.
+  // For each piece of axis `dim` (0, 1, ...), the first local device that holds it.
+  std::vector<int> FirstDeviceOfPieces(int dim) const;
+  // Some axis is sharded over more than one mesh dimension (see DimSpec).
+  bool HasMultiDimAxis() const;
+  // This layout with each such axis sharded over its major mesh dimension only: the
+  // layout op rules see (dispatch relayouts to it).
+  Layout MajorOnly() const;
+  // Mesh dimensions that shard some axis (all of them for a multi-dimension axis).
   std::vector<int> ShardedMeshDims() const;
   // Mesh dimensions along which devices hold different data: the sharded ones and the
   // partial ones. Devices that agree on these coordinates hold the same block.
@@ -146,6 +180,9 @@ class Layout {
   ShardGeometry GeometryOfDevice(const std::vector<int64_t>& global_shape,
                                  int local_device) const;
   // Sizes of the pieces of axis `dim` (one per shard along it).
+  // The (size, offset) of piece `index` of axis `dim` of size `size` (nested for an axis
+  // over several mesh dimensions).
+  std::pair<int64_t, int64_t> AxisPiece(int dim, int64_t size, int64_t index) const;
   std::vector<int64_t> PieceSizes(const std::vector<int64_t>& global_shape, int dim) const;
   // Every sharded axis divides evenly (all blocks have one shape).
   bool IsEven(const std::vector<int64_t>& global_shape) const;

@@ -90,10 +90,9 @@ std::vector<int64_t> GlobalShapeOfBlocks(const Layout& layout,
   if (layout.is_single_device() || static_cast<int>(global.size()) != layout.rank()) {
     return global;
   }
-  const Mesh& mesh = layout.mesh();
   for (int axis = 0; axis < layout.rank(); ++axis) {
     if (!layout.spec(axis).sharded()) continue;
-    const std::vector<int> firsts = mesh.FirstDeviceAlong(layout.spec(axis).mesh_dim);
+    const std::vector<int> firsts = layout.FirstDeviceOfPieces(axis);
     if (parted || static_cast<int64_t>(firsts.size()) < layout.NumShards(axis)) {
       global[axis] = blocks[0][axis] * layout.NumShards(axis);
       continue;

@@ -16,7 +16,15 @@ std::vector<std::vector<std::optional<Layout>>> SolveRequests(
     bool any = false;
     for (const std::optional<Layout>& r : requests[n]) any = any || r.has_value();
     if (!any || !node.rule || !node.ctx) continue;
-    std::vector<std::optional<Layout>> wanted = node.rule->Backward(*node.ctx, requests[n]);
+    // Requests over several mesh dimensions per axis ("x+y", made by a relayout) reach
+    // other rules as their major dimension only, as dispatch gives them their inputs.
+    std::vector<std::optional<Layout>> asked = requests[n];
+    if (!node.rule->HandlesMultiDimAxes()) {
+      for (std::optional<Layout>& r : asked) {
+        if (r && r->HasMultiDimAxis()) r = r->MajorOnly();
+      }
+    }
+    std::vector<std::optional<Layout>> wanted = node.rule->Backward(*node.ctx, asked);
     for (size_t i = 0; i < wanted.size() && i < node.inputs.size(); ++i) {
       const SolverNode::Source& source = node.inputs[i];
       if (!wanted[i] || source.node < 0 || source.node >= static_cast<int>(n)) continue;

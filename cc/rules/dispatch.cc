@@ -1,6 +1,7 @@
 #include "cc/rules/dispatch.h"
 
 #include "cc/rules/registry.h"
+#include "cc/spmd/relayout.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
@@ -53,6 +54,30 @@ StatusOr<std::vector<ValueId>> Dispatch(const Rule* rule, OpContext& ctx,
     info.layout = Layout::Replicated(ctx.mesh, static_cast<int>(info.shape.size()));
     info.from_host = true;
   }
+  // An axis sharded over several mesh dimensions ("x+y") is a storage layout: rules other
+  // than relayouts and variable ops see it over its major dimension only.
+  //   [x+y,*] -> all-gather, slice over x -> [x,*] -> the rule
+  std::optional<Layout> caller_request = ctx.requested;
+  if (!rule->HandlesMultiDimAxes()) {
+    for (int i = 0; i < n; ++i) {
+      InputInfo& info = ctx.inputs[i];
+      if (!info.layout || !info.layout->HasMultiDimAxis()) continue;
+      if (info.resource) {
+        return InvalidArgument(
+            "DTensor op " + ctx.DescribeOp() + options.where + " cannot use input " +
+            std::to_string(i) + ", a DVariable with layout " +
+            info.resource->value_layout.ShortString() + " whose axes are sharded over several "
+            "mesh dimensions, in place. Read the variable and pass the value instead.");
+      }
+      TFD_ASSIGN_OR_RETURN(inputs[i], Relayout(builder, inputs[i], info.layout->MajorOnly(),
+                                                "input " + std::to_string(i) + " of '" +
+                                                    ctx.op_name + "'"));
+      info.layout = info.layout->MajorOnly();
+    }
+    if (ctx.requested && ctx.requested->HasMultiDimAxis()) {
+      ctx.requested = ctx.requested->MajorOnly();
+    }
+  }
   builder.SetInputs(inputs);
   if (!has_rule) TFD_RETURN_IF_ERROR(ApplyFallbackPolicy(ctx, options.policy));
   // Inside a function a contraction's all-reduce waits until the value is first needed
@@ -72,6 +97,7 @@ StatusOr<std::vector<ValueId>> Dispatch(const Rule* rule, OpContext& ctx,
   }
   Builder& expand_with = options.expand_with ? *options.expand_with : builder;
   StatusOr<std::vector<ValueId>> results = rule->Expand(ctx, *plan, expand_with);
+  ctx.requested = std::move(caller_request);
   if (!results.ok()) {
     return WithContext(results.status(), "DTensor op " + ctx.DescribeOp() + options.where);
   }

@@ -52,6 +52,15 @@ class PointwiseRule : public Rule {
   }
 };
 
+// Identity and its kin copy their one input: an axis over several mesh dimensions
+// ([x+y,*], see DimSpec) passes as it is, so a tf.function can return one.
+class CopyRule : public PointwiseRule {
+ public:
+  bool HandlesMultiDimAxes() const override { return true; }
+};
+
+std::shared_ptr<const Rule> Copy() { return std::make_shared<CopyRule>(); }
+
 // Select (v1) takes a rank-1 condition that picks whole rows: it aligns on the left.
 class SelectRule : public PointwiseRule {
  public:
@@ -88,6 +97,7 @@ class SelectRule : public PointwiseRule {
 // IdentityN passes each input through with its layout.
 class IdentityNRule : public Rule {
  public:
+  bool HandlesMultiDimAxes() const override { return true; }
   std::vector<std::optional<Layout>> Backward(
       const OpContext& ctx, const std::vector<std::optional<Layout>>& requested) const override {
     std::vector<std::optional<Layout>> out(ctx.inputs.size());
@@ -233,7 +243,7 @@ const bool kRegistered = RegisterRules({
     {"FresnelSin", Pointwise()},
     {"Greater", Pointwise()},
     {"GreaterEqual", Pointwise()},
-    {"Identity", Linear(Pointwise(), Linearity::kStructural)},
+    {"Identity", Linear(Copy(), Linearity::kStructural)},
     {"IdentityN", std::make_shared<IdentityNRule>()},
     {"Igamma", Pointwise()},
     {"IgammaGradA", Pointwise()},
@@ -269,7 +279,7 @@ const bool kRegistered = RegisterRules({
     {"Polygamma", Pointwise()},
     {"PopulationCount", Pointwise()},
     {"Pow", Pointwise()},
-    {"PreventGradient", Pointwise()},
+    {"PreventGradient", Copy()},
     {"RandomGammaGrad", Pointwise()},
     {"Real", Linear(Pointwise(), Linearity::kEachInput)},
     {"RealDiv", Linear(Pointwise(), Linearity::kFirstInput)},
@@ -293,7 +303,7 @@ const bool kRegistered = RegisterRules({
     {"Sign", Pointwise()},
     {"Sin", Pointwise()},
     {"Sinh", Pointwise()},
-    {"Snapshot", Pointwise()},
+    {"Snapshot", Copy()},
     {"Softplus", Pointwise()},
     {"SoftplusGrad", Pointwise()},
     {"Softsign", Pointwise()},
@@ -303,7 +313,7 @@ const bool kRegistered = RegisterRules({
     {"SqrtGrad", Pointwise()},
     {"Square", Pointwise()},
     {"SquaredDifference", Pointwise()},
-    {"StopGradient", Linear(Pointwise(), Linearity::kStructural)},
+    {"StopGradient", Linear(Copy(), Linearity::kStructural)},
     {"Sub", Linear(Pointwise(), Linearity::kEachInput)},
     {"Tan", Pointwise()},
     {"Tanh", Pointwise()},

@@ -146,6 +146,8 @@ class LinearRule : public Rule {
     return inner_->Backward(ctx, requested_outputs);
   }
   bool ReadsRequest() const override { return inner_->ReadsRequest(); }
+  bool MakesMeshValue() const override { return inner_->MakesMeshValue(); }
+  bool HandlesMultiDimAxes() const override { return inner_->HandlesMultiDimAxes(); }
   StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                         Builder& builder) const override {
     return inner_->Expand(ctx, plan, builder);

@@ -12,6 +12,7 @@ namespace {
 
 class RelayoutRule : public Rule {
  public:
+  bool HandlesMultiDimAxes() const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     std::optional<std::string> text = ctx.attrs->GetString("layout");
     if (!text) return InvalidArgument("Relayout needs a `layout` attribute.");
@@ -44,6 +45,7 @@ class RelayoutRule : public Rule {
 
 class RelayoutLikeRule : public Rule {
  public:
+  bool HandlesMultiDimAxes() const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     const InputInfo& in = ctx.inputs[0];
     const InputInfo& like = ctx.inputs[1];

@@ -19,6 +19,7 @@ StatusOr<ResourceInfo> Resource(const OpContext& ctx) {
 
 class VarHandleRule : public Rule {
  public:
+  bool HandlesMultiDimAxes() const override { return true; }
   bool ReadsRequest() const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     const AttrValue* shape_attr = ctx.attrs->Find("shape");
@@ -57,6 +58,7 @@ class VarHandleRule : public Rule {
 
 class ReadVariableRule : public Rule {
  public:
+  bool HandlesMultiDimAxes() const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(ResourceInfo resource, Resource(ctx));
     Plan plan;
@@ -68,6 +70,7 @@ class ReadVariableRule : public Rule {
 
 class AssignVariableRule : public Rule {
  public:
+  bool HandlesMultiDimAxes() const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(ResourceInfo resource, Resource(ctx));
     const InputInfo& value = ctx.inputs[1];
@@ -107,6 +110,7 @@ class AssignVariableRule : public Rule {
 // Per-component ops on handles that produce replicated (or no) outputs.
 class HandleRule : public Rule {
  public:
+  bool HandlesMultiDimAxes() const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     Plan plan;
     plan.inputs.assign(ctx.inputs.size(), std::nullopt);

@@ -120,6 +120,11 @@ class Rule {
   // otherwise keep it on the host inside tf.function): ops that make a handle whose
   // per-device contents will differ (TensorListReserve: each device lists its own blocks).
   virtual bool MakesMeshValue() const { return false; }
+  // Whether the rule takes layouts with an axis sharded over several mesh dimensions
+  // ("x+y", see DimSpec) as they are: relayouts and variable handles, which only move
+  // or hold blocks. Every other rule sees such inputs and requests with each axis over
+  // its major mesh dimension only (dispatch relayouts them first).
+  virtual bool HandlesMultiDimAxes() const { return false; }
   virtual StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                                 Builder& builder) const;
 };

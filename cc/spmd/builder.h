@@ -125,10 +125,14 @@ class Builder {
   // each group keeps the value and the others hold zeros; max, min and mean keep it.
   virtual StatusOr<ValueId> ToPartial(ValueId value, const std::vector<int>& mesh_dims,
                                       ReduceOp op) = 0;
-  // Unshards tensor axis `dim`: [x,*] -> [*,*] by concatenating the pieces along `dim`.
+  // Unshards tensor axis `dim`: [x,*] -> [*,*] by concatenating the pieces along `dim`
+  // (over several mesh dimensions too: [x+y,*] -> [*,*]).
   virtual StatusOr<ValueId> AllGather(ValueId value, int dim) = 0;
   // Shards replicated tensor axis `dim` over `mesh_dim`: [*,*] -> [x,*]; no communication.
   virtual StatusOr<ValueId> Slice(ValueId value, int dim, int mesh_dim) = 0;
+  // Slice with any sharding of the axis, also over several mesh dimensions ([*] -> [x+y]).
+  // Default: a single mesh dimension only.
+  virtual StatusOr<ValueId> SliceOver(ValueId value, int dim, const DimSpec& spec);
   // Moves an unsharded-on-`dim` value to sharding over `mesh_dim`, and a sharded axis
   // `from_dim` to unsharded, in one exchange: [x,*] -> [*,x]. Default: gather + slice.
   virtual StatusOr<ValueId> AllToAll(ValueId value, int from_dim, int to_dim);

@@ -208,20 +208,43 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllReduceByOps(ValueId value,
 template <typename Handle>
 StatusOr<ValueId> ComponentBuilder<Handle>::AllGatherByOps(ValueId value, int dim) {
   const Layout layout = *values_[value].layout;
-  const int mesh_dim = layout.spec(dim).mesh_dim;
+  const DimSpec spec = layout.spec(dim);
   std::vector<DimSpec> specs = layout.specs();
   specs[dim] = DimSpec::Replicated();
   TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithSpecs(specs).WithPartial(layout.partial()));
-  const CollectiveGroups& groups = CollectiveGroups::For(mesh_, {mesh_dim});
+  const CollectiveGroups& groups = CollectiveGroups::For(mesh_, spec.mesh_dims());
   const int n = mesh_.num_local_devices();
   const int rank = layout.rank();
   const int dtype = values_[value].dtype;
   const collective_internal::Wire wire = collective_internal::GatherWire(dtype);
   if (!wire.supported) return collective_internal::UnsupportedCollectiveType("all-gather", dtype);
   const int64_t group_size = groups.group_size();
-  const bool uneven = values_[value].shape[dim] % group_size != 0;
   const int64_t chunk = Layout::Piece(values_[value].shape[dim], group_size, 0).first;
   const std::vector<int64_t> piece_sizes = layout.PieceSizes(values_[value].shape, dim);
+  // The group is ordered row-major over its mesh dimensions in mesh order; an axis over
+  // several of them in another order ("y+x") numbers its pieces differently:
+  // piece_at[r] is the piece held at group position r.
+  std::vector<int64_t> piece_at(group_size);
+  bool reordered = false;
+  {
+    std::vector<int> sorted = spec.mesh_dims();
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t r = 0; r < group_size; ++r) {
+      std::vector<int64_t> coord(mesh_.num_dims(), 0);
+      int64_t rest = r;
+      for (size_t k = sorted.size(); k-- > 0;) {
+        coord[sorted[k]] = rest % mesh_.DimSize(sorted[k]);
+        rest /= mesh_.DimSize(sorted[k]);
+      }
+      int64_t piece = 0;
+      for (int m : spec.mesh_dims()) piece = piece * mesh_.DimSize(m) + coord[m];
+      piece_at[r] = piece;
+      reordered = reordered || piece != r;
+    }
+  }
+  // Uneven pieces are padded to the chunk size and trimmed after; reordered pieces take
+  // the same trimming gather, which puts them in piece order.
+  const bool uneven = values_[value].shape[dim] % group_size != 0 || reordered;
 
   // Handles made here and not handed on; discarded whatever happens.
   std::vector<Handle> temporaries;
@@ -263,7 +286,7 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGatherByOps(ValueId value, int di
     // Every piece to the chunk size: zeros after the real rows (axis `dim` is first now).
     std::vector<std::vector<Handle>> inputs(n);
     for (int d = 0; d < n; ++d) {
-      const int64_t size = piece_sizes[mesh_.LocalCoord(d, mesh_dim)];
+      const int64_t size = piece_sizes[layout.ShardIndex(d, dim)];
       std::vector<int64_t> paddings(2 * rank, 0);
       paddings[1] = chunk - size;
       StatusOr<ValueId> p = HostConstant(paddings, {rank, 2}, TF_INT32);
@@ -332,10 +355,13 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGatherByOps(ValueId value, int di
     }
   }
   if (uneven) {
-    // Keep rows [c * chunk, c * chunk + size_c) of each chunk c, in mesh order.
+    // Keep rows [r * chunk, r * chunk + size) of the chunk at each group position r, in
+    // piece order.
+    std::vector<int64_t> position_of(group_size);
+    for (int64_t r = 0; r < group_size; ++r) position_of[piece_at[r]] = r;
     std::vector<int64_t> rows;
     for (int64_t c = 0; c < group_size; ++c) {
-      for (int64_t j = 0; j < piece_sizes[c]; ++j) rows.push_back(c * chunk + j);
+      for (int64_t j = 0; j < piece_sizes[c]; ++j) rows.push_back(position_of[c] * chunk + j);
     }
     StatusOr<ValueId> indices = HostConstant(rows, {static_cast<int64_t>(rows.size())}, TF_INT32);
     if (!indices.ok()) return cleanup(indices.status());

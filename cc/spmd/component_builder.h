@@ -54,6 +54,7 @@ class ComponentBuilder : public Builder {
                               ReduceOp op) override;
   StatusOr<ValueId> AllGather(ValueId value, int dim) override;
   StatusOr<ValueId> Slice(ValueId value, int dim, int mesh_dim) override;
+  StatusOr<ValueId> SliceOver(ValueId value, int dim, const DimSpec& spec) override;
   // The piece sizes of axis `dim` of `handle` over `pieces` shards, computed on `device`
   // from its size at run time (a data-dependent size inside tf.function: tf.where's rows)
   // by the shard geometry's rule: min(max(n - i * ceil(n / k), 0), ceil(n / k)).
@@ -331,10 +332,10 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
       for (int axis = 0; axis < v.layout->rank(); ++axis) {
         const DimSpec& spec = v.layout->spec(axis);
         if (!spec.sharded() || v.shape[axis] < 0) continue;
-        const std::vector<int> firsts = mesh_.FirstDeviceAlong(spec.mesh_dim);
+        const std::vector<int> firsts = v.layout->FirstDeviceOfPieces(axis);
         // Another client holds some pieces: blocks are taken as even (as TF DTensor does).
-        if (static_cast<int64_t>(firsts.size()) < mesh_.DimSize(spec.mesh_dim)) {
-          v.shape[axis] *= mesh_.DimSize(spec.mesh_dim);
+        if (static_cast<int64_t>(firsts.size()) < v.layout->NumShards(axis)) {
+          v.shape[axis] *= v.layout->NumShards(axis);
           continue;
         }
         int64_t total = 0;
@@ -511,8 +512,7 @@ template <typename Handle>
 StatusOr<ValueId> ComponentBuilder<Handle>::AllGather(ValueId value, int dim) {
   const Layout layout = *values_[value].layout;
   mesh_ = layout.mesh();  // a collective runs on its value's mesh
-  const int mesh_dim = layout.spec(dim).mesh_dim;
-  const CollectiveGroups& groups = CollectiveGroups::For(mesh_, {mesh_dim});
+  const CollectiveGroups& groups = CollectiveGroups::For(mesh_, layout.spec(dim).mesh_dims());
   if (!groups.all_local()) {
     TFD_RETURN_IF_ERROR(CheckCollectiveParticipants(
         mesh_, groups,
@@ -527,7 +527,7 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGather(ValueId value, int dim) {
   std::vector<int> key_dims = out_layout.DistinctMeshDims();
   const int n = mesh_.num_local_devices();
   std::vector<int> leaders = Leaders(key_dims);
-  const int64_t pieces = mesh_.DimSize(mesh_dim);
+  const int64_t pieces = layout.NumShards(dim);
   TFD_ASSIGN_OR_RETURN(ValueId axis, HostConstant({dim}, {}, TF_INT32));
   Value out{out_layout, values_[value].shape, values_[value].dtype};
   out.handles.assign(n, Handle{});
@@ -543,7 +543,7 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGather(ValueId value, int dim) {
     std::vector<Handle> parts(pieces, Handle{});
     std::vector<bool> found(pieces, false);
     for (int e = 0; e < n; ++e) {
-      int64_t c = mesh_.LocalCoord(e, mesh_dim);
+      int64_t c = layout.ShardIndex(e, dim);
       if (SameCoords(d, e, key_dims) && !found[c]) {
         parts[c] = values_[value].handles[e];
         found[c] = true;
@@ -558,10 +558,16 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGather(ValueId value, int dim) {
 
 template <typename Handle>
 StatusOr<ValueId> ComponentBuilder<Handle>::Slice(ValueId value, int dim, int mesh_dim) {
+  return SliceOver(value, dim, DimSpec::Sharded(mesh_dim));
+}
+
+template <typename Handle>
+StatusOr<ValueId> ComponentBuilder<Handle>::SliceOver(ValueId value, int dim,
+                                                      const DimSpec& spec) {
   const Layout layout = *values_[value].layout;
   mesh_ = layout.mesh();  // a collective runs on its value's mesh
   std::vector<DimSpec> specs = layout.specs();
-  specs[dim] = DimSpec::Sharded(mesh_dim);
+  specs[dim] = spec;
   TFD_ASSIGN_OR_RETURN(Layout out_layout,
                        Layout::FromSpecs(specs, layout.mesh(), layout.type(), layout.partial()));
   TFD_RETURN_IF_ERROR(out_layout.LocalShape(values_[value].shape, "the relaid-out tensor").status());
@@ -570,7 +576,12 @@ StatusOr<ValueId> ComponentBuilder<Handle>::Slice(ValueId value, int dim, int me
   std::vector<int> key_dims = layout.DistinctMeshDims();
   std::vector<int> leaders = Leaders(key_dims);
   const int n = mesh_.num_local_devices();
-  const int64_t pieces = mesh_.DimSize(mesh_dim);
+  const int64_t pieces = out_layout.NumShards(dim);
+  if (spec.multi() && values_[value].shape[dim] < 0) {
+    return InvalidArgument("Cannot shard axis " + std::to_string(dim) + " of unknown size over " +
+                           out_layout.SpecName(spec) + " (" + out_layout.ShortString() +
+                           "): nested pieces need the size. Give the value a static shape.");
+  }
   TFD_ASSIGN_OR_RETURN(ValueId axis, HostConstant({dim}, {}, TF_INT32));
   TFD_ASSIGN_OR_RETURN(ValueId sizes, HostConstant(out_layout.PieceSizes(values_[value].shape, dim),
                                                    {pieces}, TF_INT64));
@@ -606,7 +617,7 @@ StatusOr<ValueId> ComponentBuilder<Handle>::Slice(ValueId value, int dim, int me
       }
       splits[leader] = std::move(r).value();
     }
-    StatusOr<Handle> piece = Share(splits[leader][mesh_.LocalCoord(d, mesh_dim)], d);
+    StatusOr<Handle> piece = Share(splits[leader][out_layout.ShardIndex(d, dim)], d);
     if (!piece.ok()) {
       failure = piece.status();
       break;

@@ -15,6 +15,13 @@ StatusOr<ValueId> Builder::ReduceScatter(ValueId value, int dim, int mesh_dim, R
   return Slice(reduced, dim, mesh_dim);
 }
 
+StatusOr<ValueId> Builder::SliceOver(ValueId value, int dim, const DimSpec& spec) {
+  if (spec.multi()) {
+    return Unimplemented("This builder cannot shard an axis over several mesh dimensions.");
+  }
+  return Slice(value, dim, spec.mesh_dim);
+}
+
 StatusOr<ValueId> Relayout(Builder& builder, ValueId value, const Layout& target,
                            const std::string& what) {
   const std::optional<Layout>& source_or = builder.layout(value);
@@ -52,7 +59,8 @@ StatusOr<ValueId> Relayout(Builder& builder, ValueId value, const Layout& target
     if (kept) continue;
     int scatter_axis = -1;
     for (int i = 0; i < target.rank(); ++i) {
-      if (target.spec(i).mesh_dim == p.mesh_dim && !builder.layout(current)->spec(i).sharded()) {
+      if (target.spec(i) == DimSpec::Sharded(p.mesh_dim) &&
+          !builder.layout(current)->spec(i).sharded()) {
         scatter_axis = i;
       }
     }
@@ -65,7 +73,7 @@ StatusOr<ValueId> Relayout(Builder& builder, ValueId value, const Layout& target
   // Pairs [a at i] -> [a at j]: the mesh dimension moves between axes: one all-to-all.
   for (int i = 0; i < source.rank(); ++i) {
     const DimSpec& from = builder.layout(current)->spec(i);
-    if (!from.sharded() || from == target.spec(i)) continue;
+    if (!from.sharded() || from.multi() || from == target.spec(i)) continue;
     for (int j = 0; j < target.rank(); ++j) {
       if (j != i && target.spec(j) == from && !builder.layout(current)->spec(j).sharded()) {
         TFD_ASSIGN_OR_RETURN(current, builder.AllToAll(current, i, j));
@@ -84,7 +92,7 @@ StatusOr<ValueId> Relayout(Builder& builder, ValueId value, const Layout& target
   for (int i = 0; i < target.rank(); ++i) {
     const DimSpec& now = builder.layout(current)->spec(i);
     if (target.spec(i).sharded() && !now.sharded()) {
-      TFD_ASSIGN_OR_RETURN(current, builder.Slice(current, i, target.spec(i).mesh_dim));
+      TFD_ASSIGN_OR_RETURN(current, builder.SliceOver(current, i, target.spec(i)));
     }
   }
   // Pending reductions the target adds: [*] -> [*] +partial(x:sum) keeps the value on the

@@ -13,6 +13,7 @@ namespace tf_dtensor {
 //   [*,*] -> [x,*]  slice (each device keeps its piece; no communication)
 //   [x,*] -> [*,x]  all-to-all
 //   [x,*] -> [y,*]  all-gather, then slice
+//   [x+y,*] <-> [*,*]  all-gather over x and y / nested slice (one axis over two dims)
 //   [x] @ A -> [y] @ B  all-gather on A, move the whole value to B, slice there
 // Fails with a clear message across ranks, for indivisible shapes or variable handles.
 StatusOr<ValueId> Relayout(Builder& builder, ValueId value, const Layout& target,
