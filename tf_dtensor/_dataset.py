@@ -36,6 +36,7 @@ from tensorflow.python.framework import tensor_spec
 from tensorflow.python.util import nest
 
 from tf_dtensor import api
+from tf_dtensor._errors import LayoutError
 from tf_dtensor.layout import UNSHARDED, Layout
 from tf_dtensor.mesh import Mesh
 
@@ -253,6 +254,11 @@ def _validate_elements(flat_layouts: List[Layout], flat_specs: List[Any],
         if spec.shape.rank is None:
             raise ValueError(f"Dataset element {spec} has an unknown rank; DTensorDataset needs "
                              f"static ranks (set shapes with `dataset.map(tf.ensure_shape...)`).")
+        if any("+" in s and s not in layout.mesh.dim_names for s in layout.sharding_specs):
+            raise LayoutError(
+                f"DTensorDataset cannot make elements in layout {layout.short()}: it shards "
+                f"an axis over several mesh dimensions. Use one mesh dimension per axis here "
+                f"and `dtensor.relayout` the elements you read.")
         rank = spec.shape.rank + (0 if already_batched else 1)
         if layout.rank != rank:
             raise ValueError(

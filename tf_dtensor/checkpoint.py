@@ -54,11 +54,9 @@ Block = Tuple[int, ...]
 
 def block_of(layout: Layout, device_id: int) -> Block:
     """The block a device holds: along each tensor axis, its mesh coordinate on the mesh
-    dimension sharding that axis (`[x,*]` on `x=2`: device 1 -> block (1, 0))."""
-    mesh = layout.mesh
-    coords = mesh._mesh.coords(device_id)
-    return tuple(0 if spec == UNSHARDED else coords[mesh.dim_names.index(spec)]
-                 for spec in layout.sharding_specs)
+    dimension sharding that axis (`[x,*]` on `x=2`: device 1 -> block (1, 0)); over
+    several mesh dimensions, the piece they number together (`[x+y]`: 2x + y)."""
+    return tuple(layout._layout.shard_index_of_device(int(device_id)))
 
 
 def local_blocks(layout: Layout) -> List[Block]:

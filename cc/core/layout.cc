@@ -389,16 +389,19 @@ bool Layout::IsBatchParallel() const {
 std::vector<std::vector<int64_t>> Layout::OffsetToShard() const {
   std::vector<std::vector<int64_t>> shards;
   for (int64_t offset = 0; offset < mesh_.size(); ++offset) {
-    std::vector<int64_t> location = mesh_.DeviceLocation(offset).value();
-    std::vector<int64_t> shard;
-    for (const DimSpec& s : specs_) {
-      int64_t index = 0;
-      for (int m : s.mesh_dims()) index = index * mesh_.DimSize(m) + location[m];
-      shard.push_back(index);
-    }
-    shards.push_back(std::move(shard));
+    shards.push_back(ShardIndexOfCoords(mesh_.DeviceLocation(offset).value()));
   }
   return shards;
+}
+
+std::vector<int64_t> Layout::ShardIndexOfCoords(const std::vector<int64_t>& coords) const {
+  std::vector<int64_t> shard;
+  for (const DimSpec& s : specs_) {
+    int64_t index = 0;
+    for (int m : s.mesh_dims()) index = index * mesh_.DimSize(m) + coords[m];
+    shard.push_back(index);
+  }
+  return shard;
 }
 
 StatusOr<int64_t> Layout::OffsetTupleToGlobalIndex(const std::vector<int64_t>& shard_index) const {

@@ -144,6 +144,8 @@ class Layout {
   std::vector<std::vector<int64_t>> OffsetToShard() const;
   // The row-major position of a shard index among all shards: (1,0) of [x,y] on
   // mesh(x=2,y=2) -> 2. Checks one index per axis, each within that axis's shard count.
+  // The shard index (one piece per axis) held by the device at mesh `coords`.
+  std::vector<int64_t> ShardIndexOfCoords(const std::vector<int64_t>& coords) const;
   StatusOr<int64_t> OffsetTupleToGlobalIndex(const std::vector<int64_t>& shard_index) const;
   // Which piece of axis `dim` the i-th local device of the mesh holds.
   // Over several mesh dimensions the index is mixed-radix, the major dimension first.

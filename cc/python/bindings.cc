@@ -348,6 +348,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("is_single_device", &Layout::is_single_device)
       .def("is_batch_parallel", &Layout::IsBatchParallel)
       .def("offset_to_shard", &Layout::OffsetToShard)
+      .def("shard_index_of_device",
+           [](const Layout& layout, int64_t device_id) {
+             return layout.ShardIndexOfCoords(layout.mesh().Coords(device_id));
+           })
       .def("offset_tuple_to_global_index",
            [](const Layout& layout, const std::vector<int64_t>& shard_index) {
              return ValueOrRaise(layout.OffsetTupleToGlobalIndex(shard_index), Subject::kLayout);

@@ -131,7 +131,17 @@ def reassemble(actual) -> np.ndarray:
     partial = layout.partial
     assert len(specs) == len(shape), (
         f"layout {layout.short()} has rank {len(specs)} but the tensor has shape {shape}")
-    pieces = [1 if s == UNSHARDED else mesh.dim_size(s) for s in specs]
+    # An axis over several mesh dims ("x+y") has one piece per coordinate pair, numbered
+    # major first (PyTorch's [Shard(0), Shard(0)]).
+    pieces = [int(np.prod([mesh.dim_size(d) for d in s.split("+")])) if s != UNSHARDED else 1
+              for s in specs]
+
+    def piece_index(spec: str, coords) -> int:
+        index = 0
+        for d in ([] if spec == UNSHARDED else spec.split("+")):
+            index = index * mesh.dim_size(d) + int(coords[mesh.dim_names.index(d)])
+        return index
+
     components = dtensor.unpack(actual)
     assert len(components) == mesh.num_local_devices(), (
         f"unpack returned {len(components)} components for {mesh.num_local_devices()} devices")
@@ -143,8 +153,7 @@ def reassemble(actual) -> np.ndarray:
         assert _same_device(component.device, device), (
             f"component for {device} lives on {component.device}")
         coords = mesh._mesh.coords(device_id)
-        index = tuple(0 if s == UNSHARDED else int(coords[mesh.dim_names.index(s)])
-                      for s in specs)
+        index = tuple(piece_index(s, coords) for s in specs)
         block_shape, _ = layout.shard_geometry(shape, index)
         value = component.numpy()
         assert value.shape == tuple(block_shape), (

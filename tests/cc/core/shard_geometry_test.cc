@@ -96,5 +96,38 @@ TEST(PartialLayout, CheckedAtConstructionWithForms) {
   EXPECT_TRUE(!partial.WithSpecs({DimSpec::Replicated(), DimSpec::Replicated()}).is_partial());
 }
 
+// PyTorch's [Shard(0), Shard(0)]: one axis over two mesh dimensions, cut like nested
+// torch.chunks (over the major dimension, then each piece over the next).
+TEST(ShardGeometry, AxisOverSeveralMeshDimsIsNestedChunks) {
+  Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}});
+  Layout xy = MakeLayout("[x+y,*]", mesh);
+  Layout yx = MakeLayout("[y+x,*]", mesh);
+  EXPECT_EQ(xy.NumShards(0), 4);
+  EXPECT_EQ(xy.sharding_specs(), (std::vector<std::string>{"x+y", "unsharded"}));
+  EXPECT_EQ(xy.ShortString(), "[x+y,*] @ mesh(x=2,y=2)");
+  EXPECT_EQ(*Layout::FromString(xy.ToString()), xy);
+  EXPECT_EQ(*Layout::FromProto(*xy.ToProto()), xy);
+  EXPECT_TRUE(xy != yx && xy.Hash() != yx.Hash());
+  // 5 rows: x cuts 3 | 2, then y cuts 3 -> 2 | 1 and 2 -> 1 | 1 (flat chunks would give
+  // 2, 2, 1, 0).
+  EXPECT_EQ(xy.PieceSizes({5, 2}, 0), (std::vector<int64_t>{2, 1, 1, 1}));
+  const std::vector<int64_t> xy_offsets = {0, 2, 3, 4};  // device (x, y) holds piece 2x + y
+  const std::vector<int64_t> yx_offsets = {0, 3, 2, 4};  // device (x, y) holds piece 2y + x
+  for (int d = 0; d < 4; ++d) {
+    EXPECT_EQ(xy.GeometryOfDevice({5, 2}, d).offset[0], xy_offsets[d]);
+    EXPECT_EQ(yx.GeometryOfDevice({5, 2}, d).offset[0], yx_offsets[d]);
+  }
+  EXPECT_EQ(xy.OffsetToShard(), (std::vector<std::vector<int64_t>>{{0, 0}, {1, 0}, {2, 0}, {3, 0}}));
+  EXPECT_EQ(yx.FirstDeviceOfPieces(0), (std::vector<int>{0, 2, 1, 3}));
+  EXPECT_TRUE(xy.IsEven({8, 2}) && !xy.IsEven({6, 2}));
+  EXPECT_EQ(xy.MajorOnly(), MakeLayout("[x,*]", mesh));
+  EXPECT_EQ(xy.ShardedMeshDims(), (std::vector<int>{0, 1}));
+  // A mesh dimension still shards one axis once, and is never also partial.
+  EXPECT_ERROR(Layout::Create({"x+x"}, mesh), kInvalidArgument, {"axis 0 twice", "`x`"});
+  EXPECT_ERROR(Layout::Create({"x+y", "y"}, mesh), kInvalidArgument, {"axes 0 and 1", "`y`"});
+  EXPECT_ERROR(Layout::Create({"x+z"}, mesh), kInvalidArgument, {"`z`", "`x+y`"});
+  EXPECT_ERROR(xy.WithPartial({{1, ReduceOp::kSum}}), kInvalidArgument, {"partial over `y`"});
+}
+
 }  // namespace
 }  // namespace tf_dtensor
