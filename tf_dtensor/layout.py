@@ -48,7 +48,11 @@ class Layout:
     """How a tensor is laid out on a mesh; the same signature as TF DTensor's `Layout`.
 
     Args:
-      sharding_specs: one entry per tensor axis: a mesh dimension name or `UNSHARDED`.
+      sharding_specs: one entry per tensor axis: a mesh dimension name or `UNSHARDED`;
+        or several names joined by `+` (`"x+y"`) for an axis sharded over x and then each
+        piece over y, as PyTorch's `[Shard(0), Shard(0)]` does. Such an axis is a storage
+        layout: relayouts, pack/unpack, DVariables and checkpoints keep it, and other ops
+        see the axis over its first mesh dimension (they relayout it first).
       mesh: the mesh.
 
     Raises:
