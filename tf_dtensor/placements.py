@@ -32,7 +32,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from tf_dtensor import api, config
-from tf_dtensor._errors import LayoutError, MeshError
+from tf_dtensor._errors import LayoutError, MeshError, RelayoutError
 from tf_dtensor.layout import UNSHARDED, Layout, LayoutType
 from tf_dtensor.mesh import Mesh
 
@@ -299,10 +299,9 @@ def distribute_tensor(tensor, mesh: Mesh, placements: Placements):
     """`tensor` laid out on `mesh` as `placements`: a DTensor with the same global value.
 
     A regular tensor is sliced on each device (no device sees more than its block); a
-    DTensor is redistributed. `Partial` placements are allowed (PyTorch refuses them): the
-    result holds terms whose reduction is `tensor` (for `sum`, the first device along the
-    dimension holds the value and the others zeros; for `mean`/`max`/`min` every device
-    holds the value). Works eagerly and inside `tf.function`; the gradient with respect to
+    DTensor is redistributed. `Partial` placements give terms whose reduction is `tensor`,
+    as recent PyTorch does: for `sum` the first device along the dimension holds the value
+    and the others zeros; for `mean`/`max`/`min` every device holds the value. Works eagerly and inside `tf.function`; the gradient with respect to
     a regular `tensor` is a regular tensor.
 
     Raises:
@@ -411,10 +410,12 @@ def from_local(local, mesh: Mesh, placements: Placements, shape: Optional[Sequen
 
 
 def _distinct_holders(layout: Layout) -> List[bool]:
-    """Per local device: whether it is the first along every replicated mesh dim (its block
-    or term counts once in the derivative of one tensor standing for every block)."""
+    """Per local device: whether its block or term counts in the derivative of one tensor
+    standing for every block: each distinct block once, each `sum`/`mean` term once (the
+    value adds them), and along a replicated or `max`/`min` dimension only the first device
+    (equal copies, whose reduction is one of them)."""
     mesh = layout.mesh
-    used = set(layout.partial)
+    used = {name for name, op in layout.partial.items() if op in ("sum", "mean")}
     for spec in layout.sharding_specs:
         if spec != UNSHARDED:
             used.update(spec.split(MULTI_DIM_SEPARATOR))
@@ -497,7 +498,20 @@ def redistribute(tensor, placements: Placements, mesh: Optional[Mesh] = None):
     else:
         mesh = _traced_mesh(mesh, "redistribute")
     layout = _layout_for(mesh, placements, _rank_of(tensor, "redistribute"), "redistribute")
-    return api.relayout(tensor, layout)
+    try:
+        return api.relayout(tensor, layout)
+    except RelayoutError as error:
+        source = _describe(api.fetch_layout(tensor))
+        raise RelayoutError(f"`redistribute` from {source} to "
+                            f"{format_placements(placements, mesh)}: {error.message}") from error
+
+
+def _describe(layout: Layout) -> str:
+    """A layout as placements where it has them (`[S(0), R] @ mesh(x=2,y=2)`), else short."""
+    try:
+        return format_placements(_placements_of_layout(layout), layout.mesh)
+    except LayoutError:
+        return layout.short()
 
 
 def placements_of(tensor) -> Tuple[Placement, ...]:
