@@ -143,6 +143,29 @@ def test_axis_sharded_over_two_mesh_dims():
         Layout(["y+x", U], MESH_2X2).placements
 
 
+def test_multi_dim_conversions_without_the_cpp_layout(monkeypatch):
+    # The conversions alone, on a stand-in for the C++ layout: `[S(0), S(0)]` <-> "x+y".
+    class FakeLayout:
+        type = tf_dtensor.dtensor.LayoutType.STATIC
+        mesh = MESH_2X2
+
+        def __init__(self, specs, mesh, partial=None):
+            self.sharding_specs, self.partial = specs, partial or {}
+
+        def short(self):
+            specs = ['*' if s == U else s for s in self.sharding_specs]
+            return f"[{','.join(specs)}] @ {MESH_2X2.short()}"
+
+    monkeypatch.setattr(tf_dtensor.placements, "Layout", FakeLayout)
+    layout = tf_dtensor.placements._layout_for(MESH_2X2, [Shard(1), Shard(1)], 2)
+    assert layout.sharding_specs == [U, "x+y"]
+    assert tf_dtensor.placements._placements_of_layout(layout) == (Shard(1), Shard(1))
+    with pytest.raises(tf_dtensor.LayoutError,
+                       match=r"\[\*,y\+x\] @ mesh\(x=2,y=2\) shards axis 1 over `y` then `x`, "
+                             r"minor mesh dimension first.*Use the spec 'x\+y' instead"):
+        tf_dtensor.placements._placements_of_layout(FakeLayout([U, "y+x"], MESH_2X2))
+
+
 def test_parted_and_single_device_layouts_have_no_placements():
     with pytest.raises(tf_dtensor.LayoutError, match="parted layout"):
         Layout(["x", U], MESH_2X2).to_parted().placements
