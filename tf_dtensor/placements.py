@@ -32,7 +32,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from tf_dtensor import api, config
-from tf_dtensor._errors import LayoutError, MeshError, RelayoutError
+from tf_dtensor._errors import LayoutError, MeshError, PackError, RelayoutError
 from tf_dtensor.layout import UNSHARDED, Layout, LayoutType
 from tf_dtensor.mesh import Mesh
 
@@ -301,8 +301,10 @@ def distribute_tensor(tensor, mesh: Mesh, placements: Placements):
     A regular tensor is sliced on each device (no device sees more than its block); a
     DTensor is redistributed. `Partial` placements give terms whose reduction is `tensor`,
     as recent PyTorch does: for `sum` the first device along the dimension holds the value
-    and the others zeros; for `mean`/`max`/`min` every device holds the value. Works eagerly and inside `tf.function`; the gradient with respect to
-    a regular `tensor` is a regular tensor.
+    and the others zeros; for `mean`/`max`/`min` every device holds the value. Works
+    eagerly and inside `tf.function` (call a function that takes regular tensors under
+    `dtensor.run_on(mesh)`); eagerly, the gradient with respect to a regular `tensor` is a
+    regular tensor.
 
     Raises:
       LayoutError: placements that do not fit the tensor or the mesh.
@@ -369,11 +371,13 @@ def from_local(local, mesh: Mesh, placements: Placements, shape: Optional[Sequen
     single = blocks is None
     if single:
         local = tf.convert_to_tensor(local)
-        blocks = [local] * mesh.num_local_devices() if isinstance(mesh, Mesh) else [local]
-    if not blocks:
+    elif not blocks:
         raise LayoutError("`from_local` got an empty list of blocks; give one block per local "
                           "device of the mesh, or one tensor for every device.")
-    layout = _layout_for(mesh, placements, _rank_of(blocks[0], "from_local"), "from_local")
+    layout = _layout_for(mesh, placements, _rank_of(local if single else blocks[0],
+                                                    "from_local"), "from_local")
+    if single:
+        blocks = [local] * mesh.num_local_devices()
     grad_layout = layout.without_partial()
 
     def grad_blocks(dy):
@@ -384,6 +388,13 @@ def from_local(local, mesh: Mesh, placements: Placements, shape: Optional[Sequen
                 parts = [p / mesh.dim_size(name) for p in parts]
         return parts
 
+    def pack(parts):
+        try:
+            return api.pack(parts, layout)
+        except PackError as error:
+            raise PackError(f"`from_local` with {format_placements(placements, mesh)}: "
+                            f"{error.message}") from error
+
     if single:
         @tf.custom_gradient
         def _pack_one(x):
@@ -391,14 +402,14 @@ def from_local(local, mesh: Mesh, placements: Placements, shape: Optional[Sequen
                 parts = grad_blocks(dy)
                 keep = _distinct_holders(layout)
                 return tf.add_n([tf.identity(p) for p, k in zip(parts, keep) if k])
-            return api.pack([x] * len(blocks), layout), grad
+            return pack([x] * len(blocks)), grad
         result = _pack_one(local)
     else:
         @tf.custom_gradient
         def _pack_all(*xs):
             def grad(dy):
                 return [tf.identity(p) for p in grad_blocks(dy)]
-            return api.pack(list(xs), layout), grad
+            return pack(list(xs)), grad
         result = _pack_all(*blocks)
     if shape is not None and list(result.shape) != [int(s) for s in shape]:
         raise LayoutError(
@@ -437,6 +448,9 @@ def to_local(tensor) -> List[tf.Tensor]:
       >>> [b.shape[0] for b in to_local(distribute_tensor(tf.ones([5]), mesh, [Shard(0)]))]
       [2, 2, 1, 0]
     """
+    if context.executing_eagerly() and not api.is_dtensor(tensor):
+        raise LayoutError(f"`to_local` takes a DTensor; got a `{type(tensor).__name__}`. "
+                          f"Make one with `distribute_tensor` or `from_local`.")
     return list(api.unpack(tensor))
 
 

@@ -344,6 +344,12 @@ def test_from_local_uneven_blocks_and_shape_check():
         from_local(blocks, MESH_4, [Shard(0)], shape=(6, 3))
 
 
+def test_from_local_wrong_blocks_name_the_placements():
+    with pytest.raises(tf_dtensor.PackError,
+                       match=r"`from_local` with \[R, S\(0\)\] @ mesh\(x=2,y=2\): .*4"):
+        from_local([tf.ones([2, 3])] * 3, MESH_2X2, [Replicate(), Shard(0)])
+
+
 def test_seed_flows_on_a_2x2_mesh():
     # Row-wise, column-wise, replicated; an all-gather rebuilds the global tensor.
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("x", "y"))
@@ -382,6 +388,7 @@ def test_seed_flows_on_a_2x2_mesh():
     (lambda x: Layout.from_placements(MESH_4, [Shard(0), Shard(1)], 2), tf_dtensor.LayoutError,
      r"`Layout.from_placements`: \[S\(0\), S\(1\)\] has 2 placement"),
     (lambda x: placements_of([1.0]), tf_dtensor.LayoutError, r"`placements_of` takes a DTensor"),
+    (lambda x: to_local(x), tf_dtensor.LayoutError, r"`to_local` takes a DTensor"),
 ])
 def test_error_messages(call, error, message):
     with pytest.raises(error, match=message):
