@@ -288,9 +288,14 @@ def _first_device_layout(mesh: Mesh) -> Layout:
     return Layout.from_device(mesh.local_devices()[0])
 
 
-def _to_plain(tensor) -> tf.Tensor:
+def _to_plain(tensor, function: str = "full_tensor") -> tf.Tensor:
     """Eagerly: the whole value of a DTensor as a regular tensor on its mesh's first device."""
-    single = api.relayout(tensor, _first_device_layout(api.fetch_layout(tensor).mesh))
+    layout = api.fetch_layout(tensor)
+    try:
+        single = api.relayout(tensor, _first_device_layout(layout.mesh))
+    except RelayoutError as error:
+        raise RelayoutError(f"`{function}` of a DTensor placed as {_describe(layout)}: "
+                            f"{error.message}") from error
     (plain,) = api.unpack(single)
     return plain
 

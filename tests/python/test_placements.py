@@ -324,6 +324,26 @@ def test_from_local_one_tensor_is_every_devices_block(mesh, combo, global_shape,
     assert_values_equal(grad_of_c(c), tape.gradient(loss, local).numpy())
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float64, tf.bfloat16.as_numpy_dtype])
+@pytest.mark.parametrize("combo", [[Shard(0), Shard(1)], [Partial("max"), Replicate()],
+                                   [Replicate(), Partial("sum")]], ids=format_placements)
+def test_dtypes_survive(dtype, combo):
+    x = random_array((5, 3), dtype=np.int32, low=-3, high=3).astype(dtype)
+    t = distribute_tensor(tf.constant(x), MESH_2X2, combo)
+    assert t.dtype == tf.as_dtype(dtype) and tuple(t.shape) == (5, 3)
+    for whole in (full_tensor(t), full_tensor(from_local(to_local(t), MESH_2X2, combo))):
+        assert whole.dtype == tf.as_dtype(dtype)
+        np.testing.assert_array_equal(x, whole.numpy())
+
+
+def test_reductions_a_dtype_lacks_name_the_placements():
+    t = distribute_tensor(tf.constant([True, False]), MESH_2X2, [Replicate(), Partial("sum")])
+    with pytest.raises(tf_dtensor.RelayoutError,
+                       match=r"`full_tensor` of a DTensor placed as \[R, P\(sum\)\] @ "
+                             r"mesh\(x=2,y=2\): .*bool"):
+        full_tensor(t)
+
+
 def test_mean_over_uneven_shards_counts_the_true_number_of_rows():
     # PyTorch users reported silent wrong means here: 5 rows on 4 devices (2, 2, 1, 0).
     x = np.arange(10, dtype=np.float32).reshape(5, 2)
