@@ -25,7 +25,7 @@ placements: `[S(0), R] @ mesh(x=2,y=2)`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
