@@ -30,33 +30,13 @@ CHOICES = [Shard(0), Shard(1), Replicate(), Partial("sum"), Partial("mean"), Par
            Partial("min")]
 
 
-def _multi_dim_supported() -> bool:
-    """Whether the C++ layout accepts an axis sharded over two mesh dims ("x+y")."""
-    try:
-        Layout(["x+y"], MESH_2X2)
-    except tf_dtensor.LayoutError:
-        return False
-    return True
-
-
-MULTI_DIM = pytest.mark.skipif(not _multi_dim_supported(),
-                               reason="the C++ layout does not yet shard one axis over two "
-                                      "mesh dims (\"x+y\")")
-
-
-def _is_multi_dim(placements) -> bool:
-    dims = [p.dim for p in placements if isinstance(p, Shard)]
-    return len(dims) != len(set(dims))
-
-
 def _combo_params():
     params = []
     for mesh in (MESH_4, MESH_2X2):
         for combo in itertools.product(CHOICES, repeat=len(mesh.dim_names)):
             for shape in SHAPES:
-                marks = [MULTI_DIM] if _is_multi_dim(combo) else []
                 ident = f"{format_placements(combo)}-{'x'.join(map(str, shape))}@{mesh.short()}"
-                params.append(pytest.param(mesh, combo, shape, marks=marks, id=ident))
+                params.append(pytest.param(mesh, combo, shape, id=ident))
     return params
 
 
@@ -65,13 +45,7 @@ COMBOS = _combo_params()
 
 def _check_value(expected: np.ndarray, layout: Layout, actual) -> None:
     """Layout, dtype, global shape and value of a DTensor, and its blocks' geometry."""
-    if any("+" in s for s in layout.sharding_specs):
-        # `reassemble` reads one mesh dim per axis; check via the blocks and full_tensor.
-        assert dtensor.fetch_layout(actual) == layout
-        assert tuple(actual.shape) == expected.shape and actual.dtype == expected.dtype
-        assert_values_equal(expected, full_tensor(actual).numpy())
-    else:
-        assert_dtensor_equal(expected, layout, actual)
+    assert_dtensor_equal(expected, layout, actual)
     blocks = to_local(actual)
     geometry = layout.device_blocks(expected.shape)
     assert [tuple(b.shape) for b in blocks] == [shape for shape, _ in geometry]
@@ -131,7 +105,6 @@ def test_negative_shard_dims_normalise_against_the_rank():
     assert layout.placements == (Shard(1), Shard(0))
 
 
-@MULTI_DIM
 def test_axis_sharded_over_two_mesh_dims():
     layout = Layout.from_placements(MESH_2X2, [Shard(0), Shard(0)], 2)
     assert layout.sharding_specs == ["x+y", U] and layout.num_shards(0) == 4
@@ -143,27 +116,14 @@ def test_axis_sharded_over_two_mesh_dims():
         Layout(["y+x", U], MESH_2X2).placements
 
 
-def test_multi_dim_conversions_without_the_cpp_layout(monkeypatch):
-    # The conversions alone, on a stand-in for the C++ layout: `[S(0), S(0)]` <-> "x+y".
-    class FakeLayout:
-        type = tf_dtensor.dtensor.LayoutType.STATIC
-        mesh = MESH_2X2
-
-        def __init__(self, specs, mesh, partial=None):
-            self.sharding_specs, self.partial = specs, partial or {}
-
-        def short(self):
-            specs = ['*' if s == U else s for s in self.sharding_specs]
-            return f"[{','.join(specs)}] @ {MESH_2X2.short()}"
-
-    monkeypatch.setattr(tf_dtensor.placements, "Layout", FakeLayout)
+def test_multi_dim_conversions_on_the_second_axis():
     layout = tf_dtensor.placements._layout_for(MESH_2X2, [Shard(1), Shard(1)], 2)
     assert layout.sharding_specs == [U, "x+y"]
-    assert tf_dtensor.placements._placements_of_layout(layout) == (Shard(1), Shard(1))
+    assert layout.placements == (Shard(1), Shard(1))
     with pytest.raises(tf_dtensor.LayoutError,
                        match=r"\[\*,y\+x\] @ mesh\(x=2,y=2\) shards axis 1 over `y` then `x`, "
                              r"minor mesh dimension first.*Use the spec 'x\+y' instead"):
-        tf_dtensor.placements._placements_of_layout(FakeLayout([U, "y+x"], MESH_2X2))
+        Layout([U, "y+x"], MESH_2X2).placements
 
 
 def test_parted_and_single_device_layouts_have_no_placements():
