@@ -1,0 +1,46 @@
+"""Macros shared by the BUILD files: CMakeLists.txt's compile settings, and pytest files as py_test."""
+
+load("@rules_cc//cc:defs.bzl", "cc_library")
+
+# CMakeLists.txt's tfd_configure/tfd_object_library: warnings, and hidden symbols like the
+# module the code goes into. C++17 comes from .bazelrc (it applies to every C++ action).
+TFD_COPTS = [
+    "-Wall",
+    "-Wno-sign-compare",
+    "-Wno-unused-function",
+    "-fvisibility=hidden",
+]
+
+def tfd_cc_library(name, **kwargs):
+    """A cc_library of tf_dtensor's own sources, compiled as CMake compiles them.
+
+    alwayslink: CMake links object libraries, every object file. The rule families register
+    themselves from static initialisers (`const bool kRegistered = RegisterRules(...)`) that
+    nothing references, so an archive would let the linker drop them.
+    """
+    cc_library(
+        name = name,
+        copts = TFD_COPTS + kwargs.pop("copts", []),
+        alwayslink = True,
+        **kwargs
+    )
+
+def tfd_py_tests(srcs, deps, data = [], shard_count = {}, size = "medium", tags = []):
+    """One py_test per pytest file in srcs, named after it, run by //bazel:pytest_main.py.
+
+    shard_count: {file: shards} for the long files; their tests are split round-robin
+    (pytest_main.py). Every test sees 8 virtual CPUs (the conftest.py files in data).
+    """
+    for src in srcs:
+        native.py_test(
+            name = src[:-len(".py")],
+            srcs = ["//bazel:pytest_main.py", src],
+            main = "//bazel:pytest_main.py",
+            args = ["$(location %s)" % src],
+            data = data + ["//:pyproject.toml"],
+            deps = deps,
+            python_version = "PY3",
+            shard_count = shard_count.get(src, 1),
+            size = size,
+            tags = tags,
+        )
