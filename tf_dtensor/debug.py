@@ -5,9 +5,11 @@ from __future__ import annotations
 import itertools
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
+
 from tf_dtensor import _block_picture, _core
 from tf_dtensor import api
-from tf_dtensor.layout import Layout
+from tf_dtensor.layout import UNSHARDED, Layout
 
 
 def _short_device(device: str) -> str:
@@ -67,9 +69,12 @@ def _blocks(layout: Layout, shape: List[int]) -> Tuple[int, int, List[_Block]]:
         blocks[place(shard)] = _Block(*place(shard), ranges)
     names = mesh.dim_names
     partial_dims = sorted(layout.partial)
+    # The layout says which shard each device offset holds (one answer, from C++).
+    offsets = {int(i): n for n, i in enumerate(np.ravel(mesh.global_device_ids()))}
+    shards = layout.offset_to_shard()
     for index, device in zip(mesh.local_device_ids(), mesh.local_devices()):
         coords = dict(zip(names, mesh._mesh.coords(index)))
-        shard = [coords.get(layout.sharding_specs[a], 0) for a in drawn]
+        shard = shards[offsets[int(index)]][:len(drawn)]
         summand = tuple(coords[d] for d in partial_dims)
         blocks[place(shard)].summands.setdefault(summand, []).append(_short_device(device))
     return rows, cols, [blocks[key] for key in sorted(blocks)]
@@ -82,17 +87,18 @@ def _notes(layout: Layout, shape: List[int]) -> List[str]:
         pending = ", ".join(f"{op} over {dim}" for dim, op in sorted(layout.partial.items()))
         notes.append(f"partial: pending {pending}; a block's value combines what its devices "
                      f"hold (summands joined by +)")
-    for axis, spec in enumerate(layout.sharding_specs):
-        if spec in layout.mesh.dim_names and shape[axis] % layout.mesh.dim_size(spec):
+    specs = ["*" if s == UNSHARDED else s for s in layout.sharding_specs]
+    for axis, spec in enumerate(specs):
+        pieces = layout.num_shards(axis)
+        if pieces > 1 and shape[axis] % pieces:
             sizes = []
-            for piece in range(layout.num_shards(axis)):
+            for piece in range(pieces):
                 index = [0] * layout.rank
                 index[axis] = piece
                 sizes.append(str(layout.shard_geometry(shape, index)[0][axis]))
-            notes.append(f"uneven: axis {axis} ({shape[axis]}) over {spec}="
-                         f"{layout.mesh.dim_size(spec)} -> blocks of {', '.join(sizes)}")
+            notes.append(f"uneven: axis {axis} ({shape[axis]}) over {spec}={pieces} -> "
+                         f"blocks of {', '.join(sizes)}")
     if layout.rank > 2:
-        specs = [s if s in layout.mesh.dim_names else "*" for s in layout.sharding_specs]
         axes = "axis 2" if layout.rank == 3 else f"axes 2..{layout.rank - 1}"
         line = f"{axes} not drawn ({', '.join(specs[2:])})"
         split = [f"along {s} they split axis {a}" for a, s in enumerate(specs)
