@@ -376,3 +376,26 @@ def test_load_state_dict_strict_and_shapes(tmp_path):
     save_state_dict({"fc1.weight": tf.zeros([4, 8])}, prefix)
     with pytest.raises(ValueError, match=r"`fc1.weight`: \[4, 8\] in checkpoint"):
         load_state_dict(model, prefix, strict=False)
+
+
+def test_distributed_module_trains_inside_tf_function():
+    x = _inputs()
+    reference = TwoLayer(seed=11)
+    model = distribute_module(TwoLayer(seed=11), MESH_2X2,
+                              partition_fn=_shard_linears([Shard(0), Shard(1)]))
+    layouts = [v.layout for v in model.trainable_variables]
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(model(x)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        for v, g, layout in zip(model.trainable_variables, grads, layouts):
+            v.assign_sub(0.1 * dtensor.relayout(g, layout))
+        return loss
+
+    for _ in range(2):
+        ref_loss, _ = _sgd_step(reference, x)
+        _close(ref_loss, _full(step()), rtol=1e-4)
+    for (_, a), (_, b) in zip(named_parameters(reference), named_parameters(model)):
+        _close(a, _full(b), atol=1e-4)
