@@ -18,12 +18,15 @@ if not _tf.__version__.startswith(_TF_SERIES + "."):
 from tf_dtensor import _core  # noqa: E402  (needs TensorFlow's libraries loaded first)
 from tf_dtensor import debug  # noqa: E402
 from tf_dtensor import dtensor  # noqa: E402
+from tf_dtensor import placements  # noqa: E402
 from tf_dtensor._device import UnsupportedOpWarning  # noqa: E402
 from tf_dtensor._errors import (LayoutError, MeshError, PackError, RelayoutError,  # noqa: E402
                                 UnsupportedOpError)
 from tf_dtensor.dtensor import *  # noqa: E402,F401,F403
+from tf_dtensor.placements import *  # noqa: E402,F401,F403
 
 __version__ = "0.1.0"
 
 __all__ = ["debug", "dtensor", "LayoutError", "MeshError", "PackError", "RelayoutError",
-           "UnsupportedOpError", "UnsupportedOpWarning"] + list(dtensor.__all__)
+           "UnsupportedOpError", "UnsupportedOpWarning", "placements"] + list(dtensor.__all__) + \
+    list(placements.__all__)

@@ -119,6 +119,39 @@ class Layout:
             _serialized(layout_proto, layout_pb2.LayoutProto)))
 
     @staticmethod
+    def from_placements(mesh: Mesh, placements, rank: int) -> "Layout":
+        """The layout of a rank-`rank` tensor placed on `mesh` as PyTorch `placements`, one
+        per mesh dimension (`Shard(dim)`, `Replicate()`, `Partial(op)`); see
+        `tf_dtensor.placements`. The inverse of `placements`.
+
+        Raises:
+          LayoutError: not one placement per mesh dimension, an axis outside `rank`, or
+            placements that make no valid layout (messages show the placements).
+
+        Example:
+          >>> from tf_dtensor.placements import Shard, Replicate
+          >>> Layout.from_placements(mesh2x2, [Shard(0), Replicate()], 2).short()
+          '[x,*] @ mesh(x=2,y=2)'
+        """
+        from tf_dtensor import placements as _placements  # pylint: disable=import-outside-toplevel
+        return _placements._layout_for(mesh, placements, rank)  # pylint: disable=protected-access
+
+    @property
+    def placements(self) -> tuple:
+        """This layout as PyTorch placements, one per mesh dimension (see `from_placements`).
+
+        Raises:
+          LayoutError: a parted or single-device layout, or an axis sharded over several
+            mesh dimensions minor first (`"y+x"` on mesh (x, y)), which placements cannot say.
+
+        Example:
+          >>> Layout([UNSHARDED, "x"], mesh2x2).placements
+          (Shard(dim=1), Replicate())
+        """
+        from tf_dtensor import placements as _placements  # pylint: disable=import-outside-toplevel
+        return _placements._placements_of_layout(self)  # pylint: disable=protected-access
+
+    @staticmethod
     def from_single_device_mesh(mesh: Mesh) -> "Layout":
         """The layout of a tensor held whole by the one device of `mesh`.
 

@@ -1,0 +1,432 @@
+"""PyTorch-style placements (issue 11): conversions, the tensor functions and their messages.
+
+Every placement combination on a 1-D mesh (4 devices) and a 2x2 mesh, for an even and an
+uneven shape, is checked against one plain device (values, dtype, global shape, layout),
+eagerly, inside `tf.function` and through gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dtensor_testing import (MESH_2X2, assert_dtensor_equal, assert_values_equal, cpus,
+                             random_array)
+import tf_dtensor
+from tf_dtensor import dtensor
+from tf_dtensor.dtensor import UNSHARDED, Layout
+from tf_dtensor.placements import (Partial, Replicate, Shard, distribute_tensor,
+                                   format_placements, from_local, full_tensor,
+                                   init_device_mesh, placements_of, redistribute, to_local)
+
+U = UNSHARDED
+MESH_4 = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+SHAPES = [(4, 6), (5, 3)]   # even on both meshes; uneven on both (5 = 2+2+1+0 = 3+2)
+CHOICES = [Shard(0), Shard(1), Replicate(), Partial("sum"), Partial("mean"), Partial("max"),
+           Partial("min")]
+
+
+def _multi_dim_supported() -> bool:
+    """Whether the C++ layout accepts an axis sharded over two mesh dims ("x+y")."""
+    try:
+        Layout(["x+y"], MESH_2X2)
+    except tf_dtensor.LayoutError:
+        return False
+    return True
+
+
+MULTI_DIM = pytest.mark.skipif(not _multi_dim_supported(),
+                               reason="the C++ layout does not yet shard one axis over two "
+                                      "mesh dims (\"x+y\")")
+
+
+def _is_multi_dim(placements) -> bool:
+    dims = [p.dim for p in placements if isinstance(p, Shard)]
+    return len(dims) != len(set(dims))
+
+
+def _combo_params():
+    params = []
+    for mesh in (MESH_4, MESH_2X2):
+        for combo in itertools.product(CHOICES, repeat=len(mesh.dim_names)):
+            for shape in SHAPES:
+                marks = [MULTI_DIM] if _is_multi_dim(combo) else []
+                ident = f"{format_placements(combo)}-{'x'.join(map(str, shape))}@{mesh.short()}"
+                params.append(pytest.param(mesh, combo, shape, marks=marks, id=ident))
+    return params
+
+
+COMBOS = _combo_params()
+
+
+def _check_value(expected: np.ndarray, layout: Layout, actual) -> None:
+    """Layout, dtype, global shape and value of a DTensor, and its blocks' geometry."""
+    if any("+" in s for s in layout.sharding_specs):
+        # `reassemble` reads one mesh dim per axis; check via the blocks and full_tensor.
+        assert dtensor.fetch_layout(actual) == layout
+        assert tuple(actual.shape) == expected.shape and actual.dtype == expected.dtype
+        assert_values_equal(expected, full_tensor(actual).numpy())
+    else:
+        assert_dtensor_equal(expected, layout, actual)
+    blocks = to_local(actual)
+    geometry = layout.device_blocks(expected.shape)
+    assert [tuple(b.shape) for b in blocks] == [shape for shape, _ in geometry]
+    if not layout.is_partial:
+        for block, (shape, offset) in zip(blocks, geometry):
+            region = tuple(slice(o, o + s) for o, s in zip(offset, shape))
+            assert_values_equal(expected[region], block.numpy())
+
+
+# ---------------------------------------------------------------------------------------
+# Placement values and conversions
+# ---------------------------------------------------------------------------------------
+
+def test_placements_are_frozen_hashable_values_with_short_forms():
+    assert {Shard(0), Shard(0), Replicate(), Replicate(), Partial(), Partial("sum")} == {
+        Shard(0), Replicate(), Partial()}
+    assert Shard(1) != Shard(0) and Partial("max") != Partial("sum")
+    assert (repr(Shard(0)), repr(Replicate()), repr(Partial())) == (
+        "Shard(dim=0)", "Replicate()", "Partial(reduce_op='sum')")
+    assert (str(Shard(0)), str(Replicate()), str(Partial()), str(Partial("mean"))) == (
+        "S(0)", "R", "P(sum)", "P(mean)")
+    assert format_placements([Shard(0), Replicate()], MESH_2X2) == "[S(0), R] @ mesh(x=2,y=2)"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Shard(0).dim = 1
+    assert Shard(0).is_shard() and Shard(0).is_shard(0) and not Shard(0).is_shard(1)
+    assert Replicate().is_replicate() and Partial().is_partial() and not Shard(0).is_partial()
+    with pytest.raises(TypeError, match="Shard"):
+        Shard("0")
+
+
+@pytest.mark.parametrize("mesh,combo,shape", [p for p in COMBOS if p.values[2] == SHAPES[0]])
+def test_from_placements_and_placements_are_inverses(mesh, combo, shape):
+    layout = Layout.from_placements(mesh, combo, len(shape))
+    assert layout.placements == tuple(combo)
+    assert Layout.from_placements(mesh, layout.placements, layout.rank) == layout
+    partial = {n: p.reduce_op for n, p in zip(mesh.dim_names, combo) if isinstance(p, Partial)}
+    assert layout.partial == partial
+
+
+@pytest.mark.parametrize("specs,partial,placements", [
+    ([U, U], {}, (Replicate(), Replicate())),
+    (["x", U], {}, (Shard(0), Replicate())),
+    ([U, "x"], {}, (Shard(1), Replicate())),
+    (["y", "x"], {}, (Shard(1), Shard(0))),
+    ([U, "y"], {"x": "sum"}, (Partial("sum"), Shard(1))),
+    ([U, U], {"x": "max", "y": "mean"}, (Partial("max"), Partial("mean"))),
+])
+def test_layouts_to_placements(specs, partial, placements):
+    layout = Layout(specs, MESH_2X2, partial=partial or None)
+    assert layout.placements == placements
+    assert Layout.from_placements(MESH_2X2, placements, len(specs)) == layout
+
+
+def test_negative_shard_dims_normalise_against_the_rank():
+    layout = Layout.from_placements(MESH_2X2, [Shard(-1), Shard(-2)], 2)
+    assert layout == Layout(["y", "x"], MESH_2X2)
+    assert layout.placements == (Shard(1), Shard(0))
+
+
+@MULTI_DIM
+def test_axis_sharded_over_two_mesh_dims():
+    layout = Layout.from_placements(MESH_2X2, [Shard(0), Shard(0)], 2)
+    assert layout.sharding_specs == ["x+y", U] and layout.num_shards(0) == 4
+    assert layout.placements == (Shard(0), Shard(0))
+    # Nested torch.chunk: 5 rows over x (3, 2), then each piece over y.
+    assert [(s[0], o[0]) for s, o in layout.device_blocks([5, 3])] == [
+        (2, 0), (1, 2), (1, 3), (1, 4)]
+    with pytest.raises(tf_dtensor.LayoutError, match=r"minor mesh dimension first.*'x\+y'"):
+        Layout(["y+x", U], MESH_2X2).placements
+
+
+def test_multi_dim_conversions_without_the_cpp_layout(monkeypatch):
+    # The conversions alone, on a stand-in for the C++ layout: `[S(0), S(0)]` <-> "x+y".
+    class FakeLayout:
+        type = tf_dtensor.dtensor.LayoutType.STATIC
+        mesh = MESH_2X2
+
+        def __init__(self, specs, mesh, partial=None):
+            self.sharding_specs, self.partial = specs, partial or {}
+
+        def short(self):
+            specs = ['*' if s == U else s for s in self.sharding_specs]
+            return f"[{','.join(specs)}] @ {MESH_2X2.short()}"
+
+    monkeypatch.setattr(tf_dtensor.placements, "Layout", FakeLayout)
+    layout = tf_dtensor.placements._layout_for(MESH_2X2, [Shard(1), Shard(1)], 2)
+    assert layout.sharding_specs == [U, "x+y"]
+    assert tf_dtensor.placements._placements_of_layout(layout) == (Shard(1), Shard(1))
+    with pytest.raises(tf_dtensor.LayoutError,
+                       match=r"\[\*,y\+x\] @ mesh\(x=2,y=2\) shards axis 1 over `y` then `x`, "
+                             r"minor mesh dimension first.*Use the spec 'x\+y' instead"):
+        tf_dtensor.placements._placements_of_layout(FakeLayout([U, "y+x"], MESH_2X2))
+
+
+def test_parted_and_single_device_layouts_have_no_placements():
+    with pytest.raises(tf_dtensor.LayoutError, match="parted layout"):
+        Layout(["x", U], MESH_2X2).to_parted().placements
+    with pytest.raises(tf_dtensor.LayoutError, match="single_device layout"):
+        Layout.from_device("CPU:0").placements
+
+
+# ---------------------------------------------------------------------------------------
+# init_device_mesh
+# ---------------------------------------------------------------------------------------
+
+def test_init_device_mesh_names_and_devices():
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("x", "y"))
+    assert mesh == MESH_2X2
+    assert init_device_mesh("CPU", (4,), ("x",)) == MESH_4
+    unnamed = init_device_mesh("cpu", (2, 2))
+    assert unnamed.dim_names == ["dim_0", "dim_1"] and unnamed.shape() == [2, 2]
+    assert init_device_mesh("cpu", 2).short() == "mesh(dim_0=2)"
+
+
+def test_init_device_mesh_errors():
+    with pytest.raises(tf_dtensor.MeshError, match="needs 16 CPU devices but this client has 8"):
+        init_device_mesh("cpu", (4, 4))
+    with pytest.raises(tf_dtensor.MeshError, match="one name per dimension"):
+        init_device_mesh("cpu", (2, 2), ("x",))
+    with pytest.raises(tf_dtensor.MeshError):
+        init_device_mesh("cpu", (2, 2), ("x", "x"))
+
+
+# ---------------------------------------------------------------------------------------
+# Every combination: distribute, read back, redistribute, from_local, gradients
+# ---------------------------------------------------------------------------------------
+
+def _loss(t):
+    return tf.reduce_sum(tf.square(full_tensor(t)))
+
+
+@pytest.mark.parametrize("mesh,combo,shape", COMBOS)
+def test_every_placement_against_one_device(mesh, combo, shape):
+    x = random_array(shape, seed=len(COMBOS))
+    layout = Layout.from_placements(mesh, combo, len(shape))
+    t = distribute_tensor(tf.constant(x), mesh, combo)
+    _check_value(x, layout, t)
+    assert placements_of(t) == tuple(combo)
+
+    # full_tensor: a regular tensor with the whole value.
+    whole = full_tensor(t)
+    assert not dtensor.is_dtensor(whole) and whole.dtype == tf.float32
+    assert_values_equal(x, whole.numpy())
+
+    # An op on the distributed value agrees with one device; the mean counts every element.
+    assert_values_equal(np.mean(x * 2.0 + 1.0, axis=0),
+                        full_tensor(tf.reduce_mean(t * 2.0 + 1.0, axis=0)).numpy())
+
+    # to_local / from_local round trip, with the global shape checked.
+    back = from_local(to_local(t), mesh, combo, shape=shape)
+    _check_value(x, layout, back)
+
+    # redistribute to fully replicated, to the other combinations' first entries, and back.
+    for target in ([Replicate()] * len(mesh.dim_names), [Shard(1)] + [Replicate()] * (
+            len(mesh.dim_names) - 1)):
+        moved = redistribute(t, target)
+        _check_value(x, Layout.from_placements(mesh, target, 2), moved)
+        _check_value(x, layout, redistribute(moved, combo))
+
+    # Gradients through distribute_tensor and full_tensor (eager): d sum(x^2) = 2x, a
+    # regular tensor like the input.
+    xc = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xc)
+        loss = _loss(distribute_tensor(xc, mesh, combo))
+    grad = tape.gradient(loss, xc)
+    assert not dtensor.is_dtensor(grad)
+    assert_values_equal(2.0 * x, grad.numpy())
+    assert_values_equal(np.sum(x * x), loss.numpy())
+
+
+@pytest.mark.parametrize("mesh,combo,shape", COMBOS)
+def test_every_placement_inside_tf_function(mesh, combo, shape):
+    x = random_array(shape, seed=7)
+    replicated = dtensor.copy_to_mesh(tf.constant(x), Layout.replicated(mesh, 2))
+    layout = Layout.from_placements(mesh, combo, 2)
+
+    @tf.function
+    def step(r):
+        with tf.GradientTape() as tape:
+            tape.watch(r)
+            t = redistribute(r, combo, mesh=mesh)
+            scaled = t * 3.0
+            whole = full_tensor(scaled, mesh=mesh)
+            loss = tf.reduce_sum(tf.square(whole))
+        return t, whole, tf.reduce_mean(t), tape.gradient(loss, r)
+
+    t, whole, mean, grad = step(replicated)
+    _check_value(x, layout, t)
+    assert dtensor.fetch_layout(whole) == Layout.replicated(mesh, 2)
+    assert_values_equal(3.0 * x, whole.numpy())
+    assert_values_equal(np.float32(x.mean()), full_tensor(mean).numpy())
+    assert_values_equal(18.0 * x, full_tensor(grad).numpy())
+
+    # distribute_tensor of a regular tensor inside a function run on the mesh.
+    @tf.function
+    def distribute(v):
+        with tf.GradientTape() as tape:
+            tape.watch(v)
+            loss = tf.reduce_sum(tf.square(distribute_tensor(v, mesh, combo)))
+        return distribute_tensor(v, mesh, combo), tape.gradient(loss, v)
+
+    with dtensor.run_on(mesh):
+        inside, grad = distribute(tf.constant(x))
+    _check_value(x, layout, inside)
+    assert_values_equal(2.0 * x, full_tensor(grad).numpy())
+
+
+@pytest.mark.parametrize("mesh,combo,shape", COMBOS)
+def test_from_local_gradient_is_each_devices_block(mesh, combo, shape):
+    x = random_array(shape, seed=3)
+    c = random_array(shape, seed=4)
+    layout = Layout.from_placements(mesh, combo, 2)
+    blocks = to_local(distribute_tensor(tf.constant(x), mesh, combo))
+    with tf.GradientTape() as tape:
+        tape.watch(blocks)
+        t = from_local(blocks, mesh, combo)
+        loss = tf.reduce_sum(full_tensor(t) * c)
+    grads = tape.gradient(loss, blocks)
+    scale = np.prod([mesh.dim_size(n) for n, p in zip(mesh.dim_names, combo)
+                     if p == Partial("mean")])
+    for grad, (bshape, offset) in zip(grads, layout.device_blocks(shape)):
+        region = tuple(slice(o, o + s) for o, s in zip(offset, bshape))
+        assert not dtensor.is_dtensor(grad)
+        assert_values_equal(c[region] / scale, grad.numpy())
+
+
+# ---------------------------------------------------------------------------------------
+# One local tensor for every device, uneven shapes, the seed's flows
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mesh,combo,global_shape,grad_of_c", [
+    (MESH_4, [Shard(0)], (8, 3), lambda c: c.reshape(4, 2, 3).sum(0)),
+    (MESH_4, [Replicate()], (2, 3), lambda c: c),
+    (MESH_4, [Partial("sum")], (2, 3), lambda c: 4 * c),
+    (MESH_4, [Partial("mean")], (2, 3), lambda c: c),
+    (MESH_4, [Partial("max")], (2, 3), lambda c: c),
+    (MESH_2X2, [Replicate(), Shard(0)], (4, 3), lambda c: c.reshape(2, 2, 3).sum(0)),
+    (MESH_2X2, [Shard(1), Partial("sum")], (2, 6), lambda c: 2 * (c[:, :3] + c[:, 3:])),
+], ids=lambda v: format_placements(v) if isinstance(v, list) else None)
+def test_from_local_one_tensor_is_every_devices_block(mesh, combo, global_shape, grad_of_c):
+    local = tf.constant(random_array((2, 3), seed=5))
+    c = random_array(global_shape, seed=6)
+    with tf.GradientTape() as tape:
+        tape.watch(local)
+        t = from_local(local, mesh, combo)
+        loss = tf.reduce_sum(full_tensor(t) * c)
+    assert tuple(t.shape) == global_shape and placements_of(t) == tuple(combo)
+    assert all(np.array_equal(b.numpy(), local.numpy()) for b in to_local(t))
+    assert_values_equal(grad_of_c(c), tape.gradient(loss, local).numpy())
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float64, tf.bfloat16.as_numpy_dtype])
+@pytest.mark.parametrize("combo", [[Shard(0), Shard(1)], [Partial("max"), Replicate()],
+                                   [Replicate(), Partial("sum")]], ids=format_placements)
+def test_dtypes_survive(dtype, combo):
+    x = random_array((5, 3), dtype=np.int32, low=-3, high=3).astype(dtype)
+    t = distribute_tensor(tf.constant(x), MESH_2X2, combo)
+    assert t.dtype == tf.as_dtype(dtype) and tuple(t.shape) == (5, 3)
+    for whole in (full_tensor(t), full_tensor(from_local(to_local(t), MESH_2X2, combo))):
+        assert whole.dtype == tf.as_dtype(dtype)
+        np.testing.assert_array_equal(x, whole.numpy())
+
+
+def test_reductions_a_dtype_lacks_name_the_placements():
+    t = distribute_tensor(tf.constant([True, False]), MESH_2X2, [Replicate(), Partial("sum")])
+    with pytest.raises(tf_dtensor.RelayoutError,
+                       match=r"`full_tensor` of a DTensor placed as \[R, P\(sum\)\] @ "
+                             r"mesh\(x=2,y=2\): .*bool"):
+        full_tensor(t)
+
+
+def test_mean_over_uneven_shards_counts_the_true_number_of_rows():
+    # PyTorch users reported silent wrong means here: 5 rows on 4 devices (2, 2, 1, 0).
+    x = np.arange(10, dtype=np.float32).reshape(5, 2)
+    t = distribute_tensor(tf.constant(x), MESH_4, [Shard(0)])
+    assert [b.shape[0] for b in to_local(t)] == [2, 2, 1, 0]
+    for run in (tf.reduce_mean, tf.function(tf.reduce_mean)):
+        assert_values_equal(np.float32(x.mean()), full_tensor(run(t)).numpy())
+    assert_values_equal(x.mean(0), full_tensor(tf.reduce_mean(t, 0)).numpy())
+
+
+def test_from_local_uneven_blocks_and_shape_check():
+    blocks = [tf.ones([2, 3]), tf.ones([2, 3]), tf.ones([1, 3]), tf.zeros([0, 3])]
+    t = from_local(blocks, MESH_4, [Shard(0)], shape=(5, 3))
+    assert tuple(t.shape) == (5, 3)
+    with pytest.raises(tf_dtensor.LayoutError,
+                       match=r"`from_local`: the blocks make a tensor of shape \[5, 3\] for "
+                             r"\[S\(0\)\] @ mesh\(x=4\), but `shape` is \[6, 3\]"):
+        from_local(blocks, MESH_4, [Shard(0)], shape=(6, 3))
+
+
+def test_from_local_wrong_blocks_name_the_placements():
+    with pytest.raises(tf_dtensor.PackError,
+                       match=r"`from_local` with \[R, S\(0\)\] @ mesh\(x=2,y=2\): .*4"):
+        from_local([tf.ones([2, 3])] * 3, MESH_2X2, [Replicate(), Shard(0)])
+
+
+def test_seed_flows_on_a_2x2_mesh():
+    # Row-wise, column-wise, replicated; an all-gather rebuilds the global tensor.
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("x", "y"))
+    x = random_array((4, 4), seed=8)
+    t = distribute_tensor(tf.constant(x), mesh, [Replicate(), Shard(0)])
+    assert [b.shape for b in to_local(t)] == [(2, 4)] * 4
+    chain = [[Shard(0), Shard(1)], [Replicate(), Shard(1)], [Partial(), Replicate()],
+             [Shard(1), Replicate()], [Replicate(), Replicate()]]
+    for placements in chain:
+        t = redistribute(t, placements)
+        assert placements_of(t) == tuple(placements)
+        assert_values_equal(x, full_tensor(t).numpy())
+
+
+# ---------------------------------------------------------------------------------------
+# Messages speak placements
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call,error,message", [
+    (lambda x: distribute_tensor(x, MESH_2X2, [Shard(0)]), tf_dtensor.LayoutError,
+     r"`distribute_tensor`: \[S\(0\)\] has 1 placement\(s\) but mesh\(x=2,y=2\) has 2 "
+     r"dimension\(s\); give one placement per mesh dimension"),
+    (lambda x: distribute_tensor(x, MESH_2X2, [Shard(2), Replicate()]), tf_dtensor.LayoutError,
+     r"`distribute_tensor`: S\(2\) on mesh dimension `x` of \[S\(2\), R\] @ mesh\(x=2,y=2\) "
+     r"names axis 2, but the tensor has rank 2; use an axis in \[-2, 2\)"),
+    (lambda x: distribute_tensor(x, MESH_2X2, [Partial("median"), Replicate()]),
+     tf_dtensor.LayoutError,
+     r"`distribute_tensor`: \[P\(median\), R\] @ mesh\(x=2,y=2\) for a rank-2 tensor is not "
+     r"a valid layout: .*`median`"),
+    (lambda x: distribute_tensor(x, MESH_2X2, [Shard(0), "R"]), TypeError,
+     r"'R' in `placements` is not a placement"),
+    (lambda x: distribute_tensor(x, "mesh", [Shard(0)]), tf_dtensor.MeshError,
+     r"`distribute_tensor` takes a `Mesh`"),
+    (lambda x: redistribute(x, [Shard(0)]), tf_dtensor.LayoutError,
+     r"`redistribute` takes a DTensor"),
+    (lambda x: Layout.from_placements(MESH_4, [Shard(0), Shard(1)], 2), tf_dtensor.LayoutError,
+     r"`Layout.from_placements`: \[S\(0\), S\(1\)\] has 2 placement"),
+    (lambda x: placements_of([1.0]), tf_dtensor.LayoutError, r"`placements_of` takes a DTensor"),
+    (lambda x: to_local(x), tf_dtensor.LayoutError, r"`to_local` takes a DTensor"),
+])
+def test_error_messages(call, error, message):
+    with pytest.raises(error, match=message):
+        call(tf.ones([4, 6]))
+
+
+def test_traced_functions_explain_what_they_need():
+    t = distribute_tensor(tf.ones([4, 6]), MESH_2X2, [Shard(0), Replicate()])
+    with pytest.raises(RuntimeError, match=r"`redistribute` was called while tracing.*"
+                                           r"Pass `mesh=`"):
+        tf.function(lambda v: redistribute(v, [Replicate(), Replicate()]))(t)
+    with pytest.raises(RuntimeError, match=r"`full_tensor` was called while tracing"):
+        tf.function(full_tensor)(t)
+    with pytest.raises(RuntimeError, match=r"`from_local` places blocks on devices"):
+        tf.function(lambda v: from_local(v, MESH_2X2, [Replicate(), Replicate()]))(t)
+
+
+def test_top_level_names():
+    for name in ("Shard", "Replicate", "Partial", "init_device_mesh", "distribute_tensor",
+                 "from_local", "to_local", "full_tensor", "redistribute", "placements_of"):
+        assert getattr(tf_dtensor, name) is getattr(tf_dtensor.placements, name)
