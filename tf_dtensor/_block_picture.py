@@ -49,8 +49,10 @@ def _extents(sizes: Sequence[int]) -> List[Tuple[float, float]]:
     return out
 
 
-def draw(layout: Layout, shape: Sequence[int], grid, notes: Sequence[str], path: str) -> None:
-    """Writes the block map of `grid` (debug._blocks' rows, columns, blocks) to `path`."""
+def draw(layout: Layout, shape: Sequence[int], title: str, grid, notes: Sequence[str],
+         path: str) -> None:
+    """Writes the block map of `grid` (debug._blocks' rows, columns, blocks) under `title`
+    to `path`."""
     colormaps, FigureCanvasAgg, Figure, Rectangle = _matplotlib()
     rows, cols, blocks = grid
     rank = len(shape)
@@ -109,8 +111,8 @@ def draw(layout: Layout, shape: Sequence[int], grid, notes: Sequence[str], path:
         axes.text(x + w / 2, y + h / 2, "\n".join(lines), ha="center", va="center",
                   fontsize=max(size, 5.0), rotation=90 if vertical else 0,
                   bbox=dict(facecolor="white", alpha=0.7, linewidth=0) if partial else None)
-    figure.text(0.5, 1 - 0.5 * title_in / total_in, f"{layout.short()}  shape={list(shape)}",
-                fontsize=11, ha="center", va="center")
+    figure.text(0.5, 1 - 0.5 * title_in / total_in, title, fontsize=11, ha="center",
+                va="center")
     for i, note in enumerate(notes):
         figure.text(0.03, (text_in - 0.25 - 0.25 * i) / total_in, note, fontsize=9,
                     va="center")

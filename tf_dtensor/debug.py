@@ -9,6 +9,7 @@ import numpy as np
 
 from tf_dtensor import _block_picture, _core
 from tf_dtensor import api
+from tf_dtensor._errors import LayoutError
 from tf_dtensor.layout import UNSHARDED, Layout
 
 
@@ -109,6 +110,17 @@ def _notes(layout: Layout, shape: List[int]) -> List[str]:
     return notes
 
 
+def _title(layout: Layout, shape: List[int]) -> str:
+    """`[x,*] @ mesh(x=2,y=2)  shape=[4, 8]  placements=[S(0), R]` (placements when the
+    layout has them)."""
+    from tf_dtensor import placements  # pylint: disable=import-outside-toplevel
+    title = f"{layout.short()}  shape={shape}"
+    try:
+        return f"{title}  placements={placements.format_placements(layout.placements)}"
+    except LayoutError:  # e.g. an axis over two mesh dims, minor first: no placements
+        return title
+
+
 def block_table(layout: Layout, shape: Sequence[int]) -> str:
     """The block map of a tensor of `shape` laid out as `layout`, as text.
 
@@ -120,7 +132,7 @@ def block_table(layout: Layout, shape: Sequence[int]) -> str:
 
     Example:
       >>> print(block_table(Layout(["x"], mesh, partial={"y": "sum"}), [5]))  # mesh x=2,y=2
-      [x] +partial(y:sum) @ mesh(x=2,y=2)  shape=[5]
+      [x] +partial(y:sum) @ mesh(x=2,y=2)  shape=[5]  placements=[S(0), P(sum)]
       +-----------------+-----------------+
       |      [0:3]      |      [3:5]      |
       |  CPU:0 + CPU:1  |  CPU:2 + CPU:3  |
@@ -135,7 +147,7 @@ def block_table(layout: Layout, shape: Sequence[int]) -> str:
     cells = [(b.range_text(), b.holders_text(partial)) for b in blocks]
     width = max(len(text) for cell in cells for text in cell) + 4
     border = "+" + "+".join(["-" * width] * cols) + "+"
-    lines = [f"{layout.short()}  shape={shape}", border]
+    lines = [_title(layout, shape), border]
     for r in range(rows):
         row = [cell for b, cell in zip(blocks, cells) if b.row == r]
         lines.append("|" + "|".join(c[0].center(width) for c in row) + "|")
@@ -171,8 +183,8 @@ def visualize(tensor, path: Optional[str] = None) -> str:
     text = block_table(layout, shape)
     print(text)
     if path is not None:
-        _block_picture.draw(layout, shape, _blocks(layout, shape), _notes(layout, shape),
-                            str(path))
+        _block_picture.draw(layout, shape, _title(layout, shape), _blocks(layout, shape),
+                            _notes(layout, shape), str(path))
     return text
 
 

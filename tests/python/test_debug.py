@@ -28,7 +28,7 @@ def test_visualize_row_sharded(mesh_2x2, capsys):
     text = tf_dtensor.debug.visualize(t)
     assert capsys.readouterr().out.strip() == text.strip()
     assert sorted(_devices_in(text)) == ["CPU:0", "CPU:1", "CPU:2", "CPU:3"]
-    assert text.splitlines()[0] == "[x,*] @ mesh(x=2,y=2)  shape=[4, 8]"
+    assert text.splitlines()[0] == "[x,*] @ mesh(x=2,y=2)  shape=[4, 8]  placements=[S(0), R]"
     # x=0 (devices 0 and 1) holds rows 0:2, x=1 (devices 2 and 3) rows 2:4.
     lines = text.splitlines()
     top = next(i for i, l in enumerate(lines) if "[0:2, 0:8]" in l)
@@ -92,7 +92,7 @@ def test_block_table_partial_joins_summands_with_plus(mesh_2x2, capsys):
     assert notes == ["partial: pending sum over y; a block's value combines what its devices "
                      "hold (summands joined by +)"]
     assert capsys.readouterr().out.splitlines()[0] == (
-        "[x,*] +partial(y:sum) @ mesh(x=2,y=2)  shape=[4, 4]")
+        "[x,*] +partial(y:sum) @ mesh(x=2,y=2)  shape=[4, 4]  placements=[S(0), P(sum)]")
 
 
 def test_block_table_partial_with_replicas(mesh_2x2):
