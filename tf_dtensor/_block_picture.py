@@ -72,7 +72,7 @@ def draw(layout: Layout, shape: Sequence[int], title: str, grid, notes: Sequence
     height = 1.0
     if rank >= 2 and shape[1] and shape[0]:
         height = min(max(shape[0] / shape[1], 0.3), 3.0)
-    elif rank == 1:
+    elif rank < 2:  # one row of blocks (or one cell)
         height = 0.3
     width_in = 8.0
     plot_in, title_in, text_in = width_in * height, 0.5, 0.3 + 0.25 * len(notes)
