@@ -3,74 +3,188 @@
 from __future__ import annotations
 
 import itertools
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tf_dtensor import _core
+import numpy as np
+
+from tf_dtensor import _block_picture, _core
 from tf_dtensor import api
-from tf_dtensor.layout import Layout
+from tf_dtensor._errors import LayoutError
+from tf_dtensor.layout import UNSHARDED, Layout
 
 
 def _short_device(device: str) -> str:
     return device.rsplit("device:", 1)[-1]
 
 
+class _Block:
+    """One drawn block: its place in the grid, its index range along each drawn axis and
+    the devices holding it, grouped by summand (one group unless the layout is partial)."""
+
+    __slots__ = ("row", "col", "ranges", "summands")
+
+    def __init__(self, row: int, col: int, ranges: List[Tuple[int, int]]):
+        self.row, self.col, self.ranges = row, col, ranges
+        self.summands: Dict[tuple, List[str]] = {}
+
+    @property
+    def empty(self) -> bool:
+        return any(stop == start for start, stop in self.ranges)
+
+    def range_text(self) -> str:
+        text = "[" + (", ".join(f"{a}:{b}" for a, b in self.ranges) or "scalar") + "]"
+        return text + " empty" if self.empty else text
+
+    def holders_text(self, partial: Mapping[str, str]) -> str:
+        groups = [" ".join(devices) for _, devices in sorted(self.summands.items())]
+        if not partial or len(groups) < 2:
+            return " ".join(groups)
+        groups = [f"({g})" if " " in g else g for g in groups]
+        ops = set(partial.values())
+        if ops == {"sum"}:
+            return " + ".join(groups)  # a block is the sum of what these devices hold
+        return f"{ops.pop() if len(ops) == 1 else 'reduce'}({', '.join(groups)})"
+
+
+def _blocks(layout: Layout, shape: List[int]) -> Tuple[int, int, List[_Block]]:
+    """(rows, columns, blocks) of the grid drawn for the first two axes of `shape`.
+
+    A rank-2 tensor is rows x columns, a rank-1 tensor one row of column blocks, a scalar
+    one cell. Every local device joins the block it holds; along a partial mesh dimension
+    devices hold different summands of the same block, so they go to different groups.
+    """
+    mesh = layout.mesh
+    rank = layout.rank
+    drawn = list(range(min(rank, 2)))
+    pieces = [layout.num_shards(a) for a in drawn]
+    rows, cols = (pieces + [1, 1])[:2] if rank != 1 else (1, pieces[0])
+
+    def place(shard: Sequence[int]) -> Tuple[int, int]:
+        return (0, shard[0]) if rank == 1 else tuple((list(shard) + [0, 0])[:2])
+
+    blocks: Dict[Tuple[int, int], _Block] = {}
+    for shard in itertools.product(*[range(p) for p in pieces]):
+        index = list(shard) + [0] * (rank - len(shard))
+        size, offset = layout.shard_geometry(shape, index)
+        ranges = [(offset[a], offset[a] + size[a]) for a in drawn]
+        blocks[place(shard)] = _Block(*place(shard), ranges)
+    names = mesh.dim_names
+    partial_dims = sorted(layout.partial)
+    # The layout says which shard each device offset holds (one answer, from C++).
+    offsets = {int(i): n for n, i in enumerate(np.ravel(mesh.global_device_ids()))}
+    shards = layout.offset_to_shard()
+    for index, device in zip(mesh.local_device_ids(), mesh.local_devices()):
+        coords = dict(zip(names, mesh._mesh.coords(index)))
+        shard = shards[offsets[int(index)]][:len(drawn)]
+        summand = tuple(coords[d] for d in partial_dims)
+        blocks[place(shard)].summands.setdefault(summand, []).append(_short_device(device))
+    return rows, cols, [blocks[key] for key in sorted(blocks)]
+
+
+def _notes(layout: Layout, shape: List[int]) -> List[str]:
+    """The lines under the picture: pending reductions, uneven axes, axes not drawn."""
+    notes = []
+    if layout.is_partial:
+        pending = ", ".join(f"{op} over {dim}" for dim, op in sorted(layout.partial.items()))
+        notes.append(f"partial: pending {pending}; a block's value combines what its devices "
+                     f"hold (summands joined by +)")
+    specs = ["*" if s == UNSHARDED else s for s in layout.sharding_specs]
+    for axis, spec in enumerate(specs):
+        pieces = layout.num_shards(axis)
+        if pieces > 1 and shape[axis] % pieces:
+            sizes = []
+            for piece in range(pieces):
+                index = [0] * layout.rank
+                index[axis] = piece
+                sizes.append(str(layout.shard_geometry(shape, index)[0][axis]))
+            notes.append(f"uneven: axis {axis} ({shape[axis]}) over {spec}={pieces} -> "
+                         f"blocks of {', '.join(sizes)}")
+    if layout.rank > 2:
+        axes = "axis 2" if layout.rank == 3 else f"axes 2..{layout.rank - 1}"
+        line = f"{axes} not drawn ({', '.join(specs[2:])})"
+        split = [f"along {s} they split axis {a}" for a, s in enumerate(specs)
+                 if a >= 2 and s != "*"]
+        if split:
+            line += f"; a cell's devices hold different slices: {'; '.join(split)}"
+        notes.append(line)
+    return notes
+
+
+def _title(layout: Layout, shape: List[int]) -> str:
+    """`[x,*] @ mesh(x=2,y=2)  shape=[4, 8]  placements=[S(0), R]` (placements when the
+    layout has them)."""
+    from tf_dtensor import placements  # pylint: disable=import-outside-toplevel
+    title = f"{layout.short()}  shape={shape}"
+    try:
+        return f"{title}  placements={placements.format_placements(layout.placements)}"
+    except LayoutError:  # e.g. an axis over two mesh dims, minor first: no placements
+        return title
+
+
 def block_table(layout: Layout, shape: Sequence[int]) -> str:
     """The block map of a tensor of `shape` laid out as `layout`, as text.
 
     Rows and columns follow the first two axes (a rank-1 tensor is one row); each cell
-    names the block's index range and the devices that hold it.
+    names the block's index range (`[3:5, 0:8]`, `[4:4] empty` for an empty uneven block)
+    and the devices that hold it. Along a partial mesh dimension the devices hold summands
+    of the block, joined by `+`; notes under the table name the pending reductions,
+    uneven axes and axes not drawn.
+
+    Example:
+      >>> print(block_table(Layout(["x"], mesh, partial={"y": "sum"}), [5]))  # mesh x=2,y=2
+      [x] +partial(y:sum) @ mesh(x=2,y=2)  shape=[5]  placements=[S(0), P(sum)]
+      +-----------------+-----------------+
+      |      [0:3]      |      [3:5]      |
+      |  CPU:0 + CPU:1  |  CPU:2 + CPU:3  |
+      +-----------------+-----------------+
+      partial: pending sum over y; ...
+      uneven: axis 0 (5) over x=2 -> blocks of 3, 2
     """
     shape = [int(d) for d in shape]
     layout.local_shape(shape)  # raises for a rank other than the layout's
-    mesh = layout.mesh
-    rank = layout.rank
-    grid_axes = list(range(min(rank, 2)))
-    pieces = [layout.num_shards(a) for a in grid_axes]
-    holders: Dict[tuple, List[str]] = {}
-    for index, device in zip(mesh.local_device_ids(), mesh.local_devices()):
-        coords = mesh._mesh.coords(index)
-        block = []
-        for a in grid_axes:
-            spec = layout.sharding_specs[a]
-            block.append(coords[mesh.dim_names.index(spec)] if spec in mesh.dim_names else 0)
-        holders.setdefault(tuple(block), []).append(_short_device(device))
-
-    def label(axis: int, piece: int) -> str:
-        # The shard geometry of the layout (uneven blocks included): [4:5], [5:5] if empty.
-        index = [0] * rank
-        index[axis] = piece
-        size, offset = layout.shard_geometry(shape, index)
-        return f"{offset[axis]}:{offset[axis] + size[axis]}"
-
-    rows = pieces[0] if grid_axes else 1
-    cols = pieces[1] if len(grid_axes) > 1 else 1
-    cells = []
-    for r, c in itertools.product(range(rows), range(cols)):
-        key = tuple([r, c][: len(grid_axes)])
-        ranges = ", ".join(label(a, p) for a, p in zip(grid_axes, key)) or "scalar"
-        cells.append((r, c, f"[{ranges}]", " ".join(holders.get(key, []))))
-    width = max(max(len(x[2]), len(x[3])) for x in cells) + 2
+    rows, cols, blocks = _blocks(layout, shape)
+    partial = layout.partial
+    cells = [(b.range_text(), b.holders_text(partial)) for b in blocks]
+    width = max(len(text) for cell in cells for text in cell) + 4
     border = "+" + "+".join(["-" * width] * cols) + "+"
-    lines = [f"{layout.short()}  shape={shape}", border]
+    lines = [_title(layout, shape), border]
     for r in range(rows):
-        row = [x for x in cells if x[0] == r]
-        lines.append("|" + "|".join(x[2].center(width) for x in row) + "|")
-        lines.append("|" + "|".join(x[3].center(width) for x in row) + "|")
+        row = [cell for b, cell in zip(blocks, cells) if b.row == r]
+        lines.append("|" + "|".join(c[0].center(width) for c in row) + "|")
+        lines.append("|" + "|".join(c[1].center(width) for c in row) + "|")
         lines.append(border)
-    if rank > 2:
-        lines.append(f"(axes 2..{rank - 1}: {layout.sharding_specs[2:]})")
-    return "\n".join(lines)
+    return "\n".join(lines + _notes(layout, shape))
 
 
-def visualize(tensor) -> str:
+def visualize(tensor, path: Optional[str] = None) -> str:
     """Prints (and returns) which device holds which block of a DTensor.
+
+    With `path`, also draws the map as a PNG: block sizes in proportion (an empty uneven
+    block as a thin dashed cell), each holder set in its own colour, partial blocks hatched
+    and labelled with their pending reduction. Drawing needs matplotlib
+    (`pip install "tf_dtensor[viz]"`).
+
+    Args:
+      tensor: a DTensor or DVariable.
+      path: where to write the PNG; None draws nothing.
+
+    Returns:
+      The text table (see `block_table`).
+
+    Raises:
+      ImportError: `path` is given and matplotlib is not installed.
 
     Example:
       >>> t = call_with_layout(tf.zeros, Layout(["x", UNSHARDED], mesh), [4, 2])
       >>> _ = visualize(t)
     """
-    text = block_table(api.fetch_layout(tensor), tensor.shape)
+    layout = api.fetch_layout(tensor)
+    shape = [int(d) for d in tensor.shape]
+    text = block_table(layout, shape)
     print(text)
+    if path is not None:
+        _block_picture.draw(layout, shape, _title(layout, shape), _blocks(layout, shape),
+                            _notes(layout, shape), str(path))
     return text
 
 

@@ -549,3 +549,11 @@ def placements_of(tensor) -> Tuple[Placement, ...]:
 __all__ = ["Placement", "Shard", "Replicate", "Partial", "format_placements",
            "init_device_mesh", "distribute_tensor", "from_local", "to_local", "full_tensor",
            "redistribute", "placements_of"]
+
+# The module-level API (distribute_module, state dicts) lives in _module.py, over these.
+from tf_dtensor import _module  # noqa: E402
+from tf_dtensor._module import (LoadResult, distribute_module,  # noqa: E402,F401
+                                distribute_parameter, load_state_dict, named_modules,
+                                named_parameters, save_state_dict, state_dict)
+
+__all__ += _module.__all__

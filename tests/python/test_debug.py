@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import re
+import struct
+import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tf_dtensor
-from dtensor_testing import layout_of, to_dtensor
-from tf_dtensor.dtensor import Layout
+from dtensor_testing import MESH_1D, MESH_2X2, cpus, layout_of, to_dtensor
+from tf_dtensor import dtensor
+from tf_dtensor.dtensor import UNSHARDED, Layout
+
+MESH_4 = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+U = UNSHARDED
 
 
 def _devices_in(text):
@@ -21,7 +28,7 @@ def test_visualize_row_sharded(mesh_2x2, capsys):
     text = tf_dtensor.debug.visualize(t)
     assert capsys.readouterr().out.strip() == text.strip()
     assert sorted(_devices_in(text)) == ["CPU:0", "CPU:1", "CPU:2", "CPU:3"]
-    assert text.splitlines()[0] == "[x,*] @ mesh(x=2,y=2)  shape=[4, 8]"
+    assert text.splitlines()[0] == "[x,*] @ mesh(x=2,y=2)  shape=[4, 8]  placements=[S(0), R]"
     # x=0 (devices 0 and 1) holds rows 0:2, x=1 (devices 2 and 3) rows 2:4.
     lines = text.splitlines()
     top = next(i for i, l in enumerate(lines) if "[0:2, 0:8]" in l)
@@ -57,6 +64,146 @@ def test_block_table_uneven_shape(mesh_2x2):
     # 5 rows over x=2: blocks of 3 and 2 rows (the shard geometry), each on its devices.
     text = tf_dtensor.debug.block_table(layout_of("[x,*]", mesh_2x2), [5, 8])
     assert "[0:3, 0:8]" in text and "[3:5, 0:8]" in text, text
+
+
+def _cells(text):
+    """{block range text: holders text} read from a block table, and the notes under it."""
+    lines = text.splitlines()
+    rows = [l for l in lines if l.startswith("|")]
+    cells = {}
+    for ranges, holders in zip(rows[0::2], rows[1::2]):
+        for r, h in zip(ranges.strip("|").split("|"), holders.strip("|").split("|")):
+            cells[r.strip()] = h.strip()
+    notes = [l for l in lines[1:] if not l.startswith(("|", "+"))]
+    return cells, notes
+
+
+def _partial(layout, shape):
+    """A DTensor with a partial layout: device i holds the block filled with i."""
+    local = layout.without_partial().local_shape(shape)
+    return dtensor.pack([tf.fill(local, float(i)) for i in range(layout.mesh.size)], layout)
+
+
+def test_block_table_partial_joins_summands_with_plus(mesh_2x2, capsys):
+    t = _partial(Layout(["x", U], mesh_2x2, partial={"y": "sum"}), [4, 4])
+    cells, notes = _cells(tf_dtensor.debug.visualize(t))
+    # Along y devices hold summands of one block; along x different blocks.
+    assert cells == {"[0:2, 0:4]": "CPU:0 + CPU:1", "[2:4, 0:4]": "CPU:2 + CPU:3"}
+    assert notes == ["partial: pending sum over y; a block's value combines what its devices "
+                     "hold (summands joined by +)"]
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "[x,*] +partial(y:sum) @ mesh(x=2,y=2)  shape=[4, 4]  placements=[S(0), P(sum)]")
+
+
+def test_block_table_partial_with_replicas(mesh_2x2):
+    # Partial over x, replicated over y: two summands, each held by two replicas.
+    cells, _ = _cells(tf_dtensor.debug.block_table(
+        Layout([U], mesh_2x2, partial={"x": "sum"}), [6]))
+    assert cells == {"[0:6]": "(CPU:0 CPU:1) + (CPU:2 CPU:3)"}
+
+
+def test_block_table_partial_max_on_1d_mesh(mesh_1d):
+    cells, notes = _cells(tf_dtensor.debug.block_table(
+        Layout([U, U], mesh_1d, partial={"x": "max"}), [2, 3]))
+    assert cells == {"[0:2, 0:3]": "max(CPU:0, CPU:1)"}
+    assert notes[0].startswith("partial: pending max over x")
+
+
+def test_block_table_uneven_with_empty_block():
+    # 5 rows over x=4 are cut like torch.chunk: 2, 2, 1 and an empty block on CPU:3.
+    t = to_dtensor(np.zeros((5, 6), np.float32), Layout(["x", U], MESH_4))
+    cells, notes = _cells(tf_dtensor.debug.visualize(t))
+    assert cells == {"[0:2, 0:6]": "CPU:0", "[2:4, 0:6]": "CPU:1", "[4:5, 0:6]": "CPU:2",
+                     "[5:5, 0:6] empty": "CPU:3"}
+    assert notes == ["uneven: axis 0 (5) over x=4 -> blocks of 2, 2, 1, 0"]
+
+
+def test_block_table_uneven_both_axes(mesh_2x2):
+    cells, notes = _cells(tf_dtensor.debug.block_table(layout_of("[x,y]", mesh_2x2), [5, 3]))
+    assert cells == {"[0:3, 0:2]": "CPU:0", "[0:3, 2:3]": "CPU:1",
+                     "[3:5, 0:2]": "CPU:2", "[3:5, 2:3]": "CPU:3"}
+    assert notes == ["uneven: axis 0 (5) over x=2 -> blocks of 3, 2",
+                     "uneven: axis 1 (3) over y=2 -> blocks of 2, 1"]
+
+
+def test_block_table_rank_1_is_one_row(mesh_2x2):
+    text = tf_dtensor.debug.block_table(layout_of("[y]", mesh_2x2), [4])
+    rows = [l for l in text.splitlines() if l.startswith("|")]
+    assert len(rows) == 2 and rows[0].index("[0:2]") < rows[0].index("[2:4]")
+    assert _cells(text)[0] == {"[0:2]": "CPU:0 CPU:2", "[2:4]": "CPU:1 CPU:3"}
+
+
+def test_block_table_scalar(mesh_1d):
+    cells, notes = _cells(tf_dtensor.debug.block_table(Layout([], mesh_1d), []))
+    assert cells == {"[scalar]": "CPU:0 CPU:1"} and notes == []
+
+
+def test_block_table_rank_3_notes_the_axes_not_drawn(mesh_2x2):
+    cells, notes = _cells(tf_dtensor.debug.block_table(layout_of("[*,x,y]", mesh_2x2),
+                                                       [4, 6, 2]))
+    assert cells == {"[0:4, 0:3]": "CPU:0 CPU:1", "[0:4, 3:6]": "CPU:2 CPU:3"}
+    assert notes == ["axis 2 not drawn (y); a cell's devices hold different slices: "
+                     "along y they split axis 2"]
+    _, notes = _cells(tf_dtensor.debug.block_table(layout_of("[x,*,*,*]", mesh_2x2),
+                                                   [2, 2, 2, 2]))
+    assert notes == ["axes 2..3 not drawn (*, *)"]
+
+
+def _png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.parametrize("value,layout", [
+    (np.zeros((4, 8), np.float32), layout_of("[x,y]", MESH_2X2)),
+    (np.zeros((5, 6), np.float32), Layout(["x", U], MESH_4)),
+    (np.zeros((5,), np.float32), Layout(["x"], MESH_2X2)),
+    (np.float32(1), Layout([], MESH_1D)),
+    (np.zeros((3, 4, 2, 2), np.float32), layout_of("[*,x,y,*]", MESH_2X2)),
+], ids=lambda x: x.short() if isinstance(x, Layout) else "")
+def test_visualize_writes_png(tmp_path, value, layout):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "blocks.png"
+    text = tf_dtensor.debug.visualize(to_dtensor(value, layout), path=str(path))
+    assert text.startswith(layout.short())
+    width, height = _png_size(path)
+    assert width == 800 and 150 <= height <= 3000, (width, height)
+
+
+def test_visualize_png_partial(tmp_path, mesh_2x2):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "partial.png"
+    tf_dtensor.debug.visualize(_partial(Layout(["x", U], mesh_2x2, partial={"y": "sum"}),
+                                        [4, 4]), path=path)
+    assert _png_size(path)[0] == 800
+
+
+def test_visualize_png_block_widths_follow_sizes(tmp_path, mesh_1d):
+    # 9 columns over x=2: blocks of 5 and 4 columns, drawn 5:4 wide.
+    image = pytest.importorskip("matplotlib.image")
+    path = tmp_path / "uneven.png"
+    tf_dtensor.debug.visualize(to_dtensor(np.zeros((2, 9), np.float32),
+                                          layout_of("[*,x]", mesh_1d)), path=str(path))
+    pixels = image.imread(str(path))[..., :3]
+    for row in pixels[len(pixels) // 6: len(pixels) // 2]:
+        dark = np.flatnonzero(row.sum(axis=-1) < 0.5)
+        edges = [int(x) for i, x in enumerate(dark) if i == 0 or dark[i - 1] != x - 1]
+        if len(edges) == 3:  # a row through both blocks, above the labels
+            left, middle, right = edges
+            assert abs((middle - left) / (right - middle) - 5 / 4) < 0.03, edges
+            return
+    pytest.fail("found no row crossing the two blocks")
+
+
+def test_visualize_png_without_matplotlib_says_how_to_install(tmp_path, mesh_1d, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    t = to_dtensor(np.zeros((2,), np.float32), layout_of("[x]", mesh_1d))
+    with pytest.raises(ImportError, match=r"tf_dtensor\[viz\]"):
+        tf_dtensor.debug.visualize(t, path=str(tmp_path / "x.png"))
+    assert not (tmp_path / "x.png").exists()
+    assert "[0:1]" in tf_dtensor.debug.visualize(t)  # the text table needs nothing
 
 
 def test_explain_reports_collectives(mesh_2x2):

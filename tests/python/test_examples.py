@@ -61,3 +61,28 @@ def test_checkpoint_example_restores_into_another_mesh_and_a_plain_variable():
     assert "('model/kernel/.ATTRIBUTES/VARIABLE_VALUE', [4, 6])" in out
     assert "restored layout: [x,y] @ mesh(x=2,y=3)" in out
     assert "plain bias: [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]" in out
+
+
+def test_placements_example_walks_every_flow_of_the_seed():
+    out = run_example("placements.py")
+    assert "Success!!!" in out and "Exist bug" not in out and "FAILED" not in out
+    for check in [
+        "row-wise: 4 blocks of [222, 12]",
+        "column-wise: 4 blocks of [888, 3]",
+        "replicated: every device holds the whole [888, 12]",
+        "uneven Shard(0) of 5 rows: blocks of 2, 2, 1, 0",
+        "mean over uneven blocks is 2.0",
+        "[Replicate(), Shard(0)] on 2x2: blocks of [444, 12]",
+        "from_local: one [8, 8] block per device makes a [32, 8] tensor",
+        "redistribute: Shard(0) -> Shard(1) -> Replicate() keeps the value",
+        "gradients flow through from_local and redistribute",
+        "distribute_module: fc1/fc2 weights are Shard(0) DVariables",
+        "distribute_module: same output as unsharded",
+        "Partial -> Replicate: an all-reduce; every device holds 10",
+        "Partial -> Shard(0): a reduce-scatter; each device holds one summed row",
+        "Partial('mean') -> Replicate: 2.5",
+    ]:
+        assert f"ok: {check}" in out, f"missing: {check}"
+    # The block tables: [R, S(0)] on 2x2, and the Partial term on every device.
+    assert "CPU:0 + CPU:1 + CPU:2 + CPU:3" in out
+    assert out.rstrip().endswith("all placement flows ran")
