@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cc/spmd/component_builder.h"
+#include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
 
@@ -66,6 +68,10 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllToAllShared(ValueId value, int fr
   std::vector<int> other_dims;
   for (int k : layout.DistinctMeshDims()) {
     if (k != mesh_dim) other_dims.push_back(k);
+  }
+  if (std::optional<StatusOr<ValueId>> stitched =
+          AllToAllStitched(value, from_dim, to_dim, out_layout, other_dims)) {
+    return *std::move(stitched);
   }
   TFD_ASSIGN_OR_RETURN(ValueId from_axis, HostConstant({from_dim}, {}, TF_INT32));
   TFD_ASSIGN_OR_RETURN(ValueId to_axis, HostConstant({to_dim}, {}, TF_INT32));
@@ -137,6 +143,198 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllToAllShared(ValueId value, int fr
     }
     return failure;
   }
+  return Add(std::move(out));
+}
+
+
+namespace all_to_all_internal {
+
+inline int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= dims[i];
+  return p;
+}
+
+// For source piece c of an all-to-all of `global` from axis `from` to axis `to` over
+// `pieces` devices (target pieces even, of T/K), where each target row (a run of
+// contiguous elements) lands in the stacked target blocks [block 0 rows; block 1 rows;
+// ...]. l = max(from, to) is the axis the rows cut: with l = to a row is one target
+// piece of the to-axis times the inner axes; with l = from it is the whole source piece
+// of the from-axis (even) times the inner axes.
+inline std::vector<int64_t> StitchIndices(const std::vector<int64_t>& global, int from, int to,
+                                          int64_t pieces, int64_t c, int64_t piece_size,
+                                          int64_t piece_offset) {
+  const int l = std::max(from, to);
+  std::vector<int64_t> source = global;  // the source block's shape
+  source[from] = piece_size;
+  std::vector<int64_t> target = global;  // every target block's shape
+  target[to] = global[to] / pieces;
+  // Rows of a source block: its axes before l, then (l = to) the K target pieces.
+  std::vector<int64_t> outer(source.begin(), source.begin() + l);
+  const int64_t per_row = l == to ? pieces : 1;
+  const int64_t target_rows = Product(target, 0, l) * (l == from ? pieces : 1);
+  std::vector<int64_t> indices;
+  indices.reserve(Product(outer, 0, outer.size()) * per_row);
+  std::vector<int64_t> coord(outer.size(), 0);
+  const int64_t count = Product(outer, 0, outer.size());
+  for (int64_t i = 0; i < count; ++i) {
+    // coord: row-major position i over `outer`.
+    int64_t rest = i;
+    for (int a = static_cast<int>(outer.size()) - 1; a >= 0; --a) {
+      coord[a] = rest % outer[a];
+      rest /= outer[a];
+    }
+    if (l == to) {
+      // Target coordinates: the from-axis moves by this piece's offset.
+      int64_t row = 0;
+      for (int a = 0; a < l; ++a) {
+        row = row * target[a] + (a == from ? coord[a] + piece_offset : coord[a]);
+      }
+      for (int64_t k = 0; k < pieces; ++k) indices.push_back(k * target_rows + row);
+    } else {
+      // The to-axis coordinate t is in target block k = t / (T/K), at t % (T/K); the row
+      // continues with this source's piece c of the from-axis.
+      const int64_t k = coord[to] / target[to];
+      int64_t row = 0;
+      for (int a = 0; a < l; ++a) {
+        row = row * target[a] + (a == to ? coord[a] % target[to] : coord[a]);
+      }
+      indices.push_back(k * target_rows + row * pieces + c);
+    }
+  }
+  return indices;
+}
+
+}  // namespace all_to_all_internal
+
+// [x,*] -> [*,x] in one pass: every source block, viewed as rows (Reshape, no copy), goes
+// to its place in the stacked target blocks (ParallelDynamicStitch, one memcpy per row),
+// which Split cuts along the stacking axis into views, one per target block. Taken when
+// the target pieces are even (and, with from > to, the source pieces too), rows are at
+// least 256 bytes, and SplitV along `to_dim` would copy (some axis before it is > 1);
+// otherwise nullopt and the split + concat runs.
+template <typename Handle>
+std::optional<StatusOr<ValueId>> ComponentBuilder<Handle>::AllToAllStitched(
+    ValueId value, int from_dim, int to_dim, const Layout& out_layout,
+    const std::vector<int>& other_dims) {
+  using all_to_all_internal::Product;
+  const Layout layout = *values_[value].layout;  // a copy: HostConstant grows values_
+  const int dtype = values_[value].dtype;
+  const int64_t pieces = layout.NumShards(from_dim);
+  const int l = std::max(from_dim, to_dim);
+  // The blocks' shape with the from- and to-axes whole: the other axes keep their
+  // sharding (by other mesh dims), even, so that every group's blocks have one shape.
+  std::vector<int64_t> dims = values_[value].shape;
+  for (int a = 0; a < static_cast<int>(dims.size()); ++a) {
+    if (dims[a] < 0) return std::nullopt;
+    if (a == from_dim || a == to_dim) continue;
+    if (dims[a] % layout.NumShards(a) != 0) return std::nullopt;
+    dims[a] /= layout.NumShards(a);
+  }
+  if (dims[to_dim] % pieces != 0 || (l == from_dim && dims[from_dim] % pieces != 0)) {
+    return std::nullopt;
+  }
+  const size_t width = TF_DataTypeSize(static_cast<TF_DataType>(dtype));
+  const int64_t row_elements = Product(dims, l + 1, dims.size()) *
+                               (l == to_dim ? dims[to_dim] / pieces : dims[from_dim] / pieces);
+  const int64_t total = Product(dims, 0, dims.size());
+  std::vector<int64_t> first_block = dims;
+  first_block[from_dim] = layout.AxisPiece(from_dim, dims[from_dim], 0).first;
+  if (width == 0 || row_elements * static_cast<int64_t>(width) < 256 || total == 0 ||
+      total / row_elements >= (int64_t{1} << 31) || Product(first_block, 0, to_dim) <= 1) {
+    return std::nullopt;
+  }
+  std::vector<int64_t> target_block = dims;
+  target_block[to_dim] /= pieces;
+  const int n = mesh_.num_local_devices();
+  std::vector<Handle> made;  // temporaries
+  Value out{out_layout, values_[value].shape, dtype};
+  out.handles.assign(n, Handle{});
+  std::vector<bool> filled(n, false);
+  auto fail = [&](const Status& status) -> StatusOr<ValueId> {
+    DiscardAll(made);
+    for (int d = 0; d < n; ++d) {
+      if (filled[d]) Discard(out.handles[d]);
+    }
+    return status;
+  };
+  auto run = [&](const std::string& op, const std::vector<Handle>& inputs,
+                 std::vector<AttrOverride> overrides, int device,
+                 int outputs) -> StatusOr<std::vector<Handle>> {
+    LocalOpOptions options;
+    options.copy_attrs = false;
+    options.overrides = std::move(overrides);
+    TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn(op, inputs, options, device, outputs));
+    made.insert(made.end(), r.begin(), r.end());
+    return r;
+  };
+  const AttrOverride type = AttrOverride::Type("T", dtype);
+  const AttrOverride tshape = AttrOverride::Type("Tshape", TF_INT64);
+  StatusOr<ValueId> zero = HostConstant({0}, {}, TF_INT32);
+  if (!zero.ok()) return fail(zero.status());
+  StatusOr<ValueId> block_shape =
+      HostConstant(target_block, {static_cast<int64_t>(target_block.size())}, TF_INT64);
+  if (!block_shape.ok()) return fail(block_shape.status());
+  std::map<int, std::vector<Handle>> blocks;  // group's first device -> target blocks by k
+  for (int d = 0; d < n; ++d) {
+    int group = d;
+    for (int e = 0; e < d; ++e) {
+      if (SameCoords(d, e, other_dims)) {
+        group = e;
+        break;
+      }
+    }
+    if (!blocks.count(group)) {
+      std::vector<Handle> indices(pieces), rows(pieces);
+      std::vector<bool> found(pieces, false);
+      for (int e = 0; e < n; ++e) {
+        const int64_t c = layout.ShardIndex(e, from_dim);
+        if (found[c] || !SameCoords(group, e, other_dims)) continue;
+        found[c] = true;
+        auto [size, offset] = layout.AxisPiece(from_dim, dims[from_dim], c);
+        std::vector<int64_t> index = all_to_all_internal::StitchIndices(
+            dims, from_dim, to_dim, pieces, c, size, offset);
+        const int64_t count = static_cast<int64_t>(index.size());
+        StatusOr<ValueId> index_value = HostConstant(index, {count}, TF_INT32);
+        if (!index_value.ok()) return fail(index_value.status());
+        StatusOr<ValueId> row_shape = HostConstant({count, row_elements}, {2}, TF_INT64);
+        if (!row_shape.ok()) return fail(row_shape.status());
+        StatusOr<std::vector<Handle>> r =
+            run("Reshape", {values_[value].handles[e], values_[*row_shape].host},
+                {type, tshape}, group, 1);
+        if (!r.ok()) return fail(r.status());
+        indices[c] = values_[*index_value].host;
+        rows[c] = (*r)[0];
+      }
+      if (std::find(found.begin(), found.end(), false) != found.end()) {
+        return fail(Internal("all-to-all of a " + layout.ShortString() +
+                             " value: a source piece has no local device."));
+      }
+      std::vector<Handle> inputs = indices;
+      inputs.insert(inputs.end(), rows.begin(), rows.end());
+      StatusOr<std::vector<Handle>> stacked = run(
+          "ParallelDynamicStitch", inputs, {type, AttrOverride::Int("N", pieces)}, group, 1);
+      if (!stacked.ok()) return fail(stacked.status());
+      StatusOr<std::vector<Handle>> split =
+          run("Split", {values_[*zero].host, (*stacked)[0]},
+              {type, AttrOverride::Int("num_split", pieces)}, group, static_cast<int>(pieces));
+      if (!split.ok()) return fail(split.status());
+      std::vector<Handle> group_blocks;
+      for (const Handle& h : *split) {
+        StatusOr<std::vector<Handle>> r =
+            run("Reshape", {h, values_[*block_shape].host}, {type, tshape}, group, 1);
+        if (!r.ok()) return fail(r.status());
+        SetLocalShape((*r)[0], target_block);
+        group_blocks.push_back((*r)[0]);
+      }
+      blocks[group] = std::move(group_blocks);
+    }
+    StatusOr<Handle> h = Share(blocks[group][out_layout.ShardIndex(d, to_dim)], d);
+    if (!h.ok()) return fail(h.status());
+    out.handles[d] = *h;
+    filled[d] = true;
+  }
+  DiscardAll(made);
   return Add(std::move(out));
 }
 

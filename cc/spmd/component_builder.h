@@ -113,6 +113,11 @@ class ComponentBuilder : public Builder {
   // `to_dim` into the target's pieces, and each distinct target block concatenates its
   // piece of every source block along `from_dim`; no whole tensor is built.
   StatusOr<ValueId> AllToAllShared(ValueId value, int from_dim, int to_dim);
+  // The same exchange as one ParallelDynamicStitch per group of devices, when the split
+  // would copy (see all_to_all_shared.h); nullopt when the shapes do not allow it.
+  std::optional<StatusOr<ValueId>> AllToAllStitched(ValueId value, int from_dim, int to_dim,
+                                                    const Layout& out_layout,
+                                                    const std::vector<int>& other_dims);
   // Puts the `pieces` equal chunks along axis 0 of every device's handle in the order
   // `order(device)[j]` names for chunk j (Split + ConcatV2); temporaries go to `made`.
   StatusOr<std::vector<Handle>> PermuteChunks(const std::vector<Handle>& handles, int64_t pieces,

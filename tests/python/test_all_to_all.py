@@ -39,6 +39,15 @@ RELAYOUTS = [
     (MESH_2X4, "x,*,y", "*,x,y", (4, 6, 8)),
     (MESH_2X4, "*,y,x", "y,*,x", (5, 3, 4)),
     (MESH_2X4, "x,*,*", "*,*,x", (8, 2, 3)),
+    # Rows of at least 256 bytes: one ParallelDynamicStitch per group (uneven source
+    # pieces too when they are cut before the target axis).
+    (MESH_8, "x,*", "*,x", (16, 512)),
+    (MESH_8, "x,*", "*,x", (13, 512)),
+    (MESH_3, "x,*", "*,x", (7, 192)),
+    (MESH_8, "*,*,x", "*,x,*", (2, 8, 512)),
+    (MESH_2X4, "x,*,y", "*,x,y", (4, 8, 512)),
+    (MESH_2X4, "y,x,*", "*,x,y", (8, 4, 256)),
+    (MESH_2X4, "*,y,x", "*,x,y", (3, 8, 256)),
 ]
 
 
@@ -63,14 +72,15 @@ def test_all_to_all_matches_one_device(case, traced):
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.float64], ids=lambda d: d.__name__)
-def test_all_to_all_of_other_dtypes(dtype):
-    value = (np.arange(35).reshape(5, 7) % 3 == 0).astype(dtype)
+@pytest.mark.parametrize("shape", [(5, 7), (16, 2048)], ids=str)
+def test_all_to_all_of_other_dtypes(dtype, shape):
+    value = (np.arange(np.prod(shape)).reshape(shape) % 3 == 0).astype(dtype)
     target = layout_of("*,x", MESH_8)
     assert_dtensor_equal(value, target,
                          tf_dtensor.relayout(to_dtensor(value, layout_of("x,*", MESH_8)), target))
 
 
-@pytest.mark.parametrize("shape", [(4, 6), (3, 5)], ids=str)
+@pytest.mark.parametrize("shape", [(4, 6), (3, 5), (4, 256)], ids=str)
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
 def test_all_to_all_keeps_pending_reductions(shape, traced):
     # [x,*] +partial(y:sum) -> [*,x] +partial(y:sum): each y's term moves on its own.
@@ -86,8 +96,8 @@ def test_all_to_all_keeps_pending_reductions(shape, traced):
         assert np.count_nonzero(term) == (0 if y else term.size)
 
 
-@pytest.mark.parametrize("case", [RELAYOUTS[3], RELAYOUTS[10]], ids=[_id(RELAYOUTS[3]),
-                                                                   _id(RELAYOUTS[10])])
+@pytest.mark.parametrize("case", [RELAYOUTS[3], RELAYOUTS[10], RELAYOUTS[14], RELAYOUTS[17]],
+                         ids=[_id(RELAYOUTS[i]) for i in (3, 10, 14, 17)])
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
 def test_gradient_through_all_to_all(case, traced):
     # d/dt sum(relayout(t) * w) = w, relaid out back (another all-to-all).
