@@ -1,6 +1,12 @@
 // The all-to-all of ComponentBuilder on meshes whose devices share host memory (virtual
-// CPUs): sub-blocks move between devices as shared buffers, so the exchange is one split
-// per distinct source block and one concatenation per distinct target block.
+// CPUs): sub-blocks move between devices as shared buffers. Two forms, both one copy of
+// the data when they are chosen:
+//   - split + concat: one SplitV per distinct source block, one ConcatV2 per distinct
+//     target block; the split is a view when no axis before `to_dim` is > 1 ([*,x] ->
+//     [x,*]), and this form takes uneven pieces;
+//   - stitch: one ParallelDynamicStitch per group writes every source row in its place in
+//     the stacked target blocks, cut into views by Split ([x,*] -> [*,x], where the split
+//     would copy). Measured on 8 virtual CPUs for 64 MiB: about 1.5x the split + concat.
 // Included by component_builder.h (templates).
 #ifndef TF_DTENSOR_CC_SPMD_ALL_TO_ALL_SHARED_H_
 #define TF_DTENSOR_CC_SPMD_ALL_TO_ALL_SHARED_H_
@@ -21,7 +27,8 @@ namespace tf_dtensor {
 //   target block k [all rows, columns k] = ConcatV2 along from_dim of (0, k), (1, k), ...
 // Pieces follow the shard geometry on both sides (uneven too). Devices that agree on the
 // other distinct mesh dims (other sharded axes, pending reductions) exchange among
-// themselves; replicas share their leader's blocks.
+// themselves; replicas share their leader's blocks. The stitch form runs instead where
+// it applies (AllToAllStitched).
 template <typename Handle>
 StatusOr<ValueId> ComponentBuilder<Handle>::AllToAllShared(ValueId value, int from_dim,
                                                            int to_dim) {
