@@ -1,6 +1,6 @@
 """Peak memory: tf_dtensor vs TensorFlow's built-in DTensor vs plain TensorFlow.
 
-Each measurement runs in a fresh subprocess and reports its peak resident set (ru_maxrss)
+Each measurement runs in a fresh subprocess and reports its peak resident set (VmHWM)
 above the resident set it had just before the workload (after importing TensorFlow and
 making the mesh):
 
@@ -33,6 +33,12 @@ def rss_mib() -> float:
 
 
 def peak_mib() -> float:
+    """This process's peak resident set. VmHWM, not ru_maxrss: Linux carries ru_maxrss
+    over exec, so a subprocess of a large parent would report the parent's peak."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
