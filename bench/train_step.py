@@ -147,8 +147,9 @@ def timed(fn: Callable[[], object], read: Callable[[object], object]) -> float:
     return time.perf_counter() - start
 
 
-def bench_train_step(setup: Setup, steps: int, rounds: int):
-    """(first call, median seconds per step) of the training step."""
+def train_step_runner(setup: Setup, steps: int):
+    """(first call in seconds, a function timing one round of `steps` steps and returning
+    the seconds per step) of the training step."""
     rng = np.random.RandomState(0)
     x = setup.batch_sharded(rng.rand(BATCH_SIZE, SIZES[0]).astype(np.float32))
     y = setup.batch_sharded(rng.randint(0, SIZES[-1], BATCH_SIZE).astype(np.int64))
@@ -163,17 +164,31 @@ def bench_train_step(setup: Setup, steps: int, rounds: int):
             train_step(model, x, y)
         return train_step(model, x, y)
 
-    per_step = statistics.median(timed(round_trip, setup.read) / steps for _ in range(rounds))
-    return first, per_step
+    return first, lambda: timed(round_trip, setup.read) / steps
+
+
+def bench_train_step(setup: Setup, steps: int, rounds: int):
+    """(first call, median seconds per step) of the training step."""
+    first, time_round = train_step_runner(setup, steps)
+    return first, statistics.median(time_round() for _ in range(rounds))
+
+
+def chain_runner(setup: Setup, k: int):
+    """A function that traces a fresh k-op chain on `[batch,*]` input and returns (first
+    call, the chain and its inputs)."""
+    rng = np.random.RandomState(1)
+    x = setup.batch_sharded(rng.rand(BATCH_SIZE, CHAIN_WIDTH).astype(np.float32))
+    w = setup.replicated(np.eye(CHAIN_WIDTH, dtype=np.float32))
+
+    def first_call():
+        chain = make_chain(k)
+        return timed(lambda: chain(x, w), setup.read), chain, (x, w)
+    return first_call
 
 
 def bench_chain(setup: Setup, k: int, rounds: int):
     """(first call, median seconds per later call) of a k-op chain on `[batch,*]` input."""
-    rng = np.random.RandomState(1)
-    x = setup.batch_sharded(rng.rand(BATCH_SIZE, CHAIN_WIDTH).astype(np.float32))
-    w = setup.replicated(np.eye(CHAIN_WIDTH, dtype=np.float32))
-    chain = make_chain(k)
-    first = timed(lambda: chain(x, w), setup.read)
+    first, chain, (x, w) = chain_runner(setup, k)()
     later = statistics.median(timed(lambda: chain(x, w), setup.read) for _ in range(rounds))
     return first, later
 

@@ -433,15 +433,6 @@ StatusOr<std::vector<Handle>> ComponentBuilder<Handle>::PermuteChunks(
   return result;
 }
 
-template <typename Handle>
-StatusOr<ValueId> ComponentBuilder<Handle>::AllToAll(ValueId value, int from_dim, int to_dim) {
-  mesh_ = values_[value].layout->mesh();  // a collective runs on its value's mesh
-  if (LoweringFor(mesh_) == CollectiveLowering::kCollectiveOps) {
-    return AllToAllByOps(value, from_dim, to_dim);
-  }
-  return Builder::AllToAll(value, from_dim, to_dim);
-}
-
 // [x,*] -> [*,x] in one exchange. With f = from_dim, t = to_dim and N devices along x,
 // device c holds rows block c; it sends its column block k to device k and receives
 // every device's rows of its own column block:

@@ -59,8 +59,8 @@ class ComponentBuilder : public Builder {
   // from its size at run time (a data-dependent size inside tf.function: tf.where's rows)
   // by the shard geometry's rule: min(max(n - i * ceil(n / k), 0), ceil(n / k)).
   StatusOr<Handle> DynamicPieceSizes(Handle handle, int dim, int64_t pieces, int device);
-  // With TF collective ops: one CollectiveAllToAllV2 (collective_ops_lowering.h); else
-  // Builder's gather + slice.
+  // With TF collective ops: one CollectiveAllToAllV2 (collective_ops_lowering.h); on
+  // shared host memory an exchange of sub-blocks (AllToAllShared).
   StatusOr<ValueId> AllToAll(ValueId value, int from_dim, int to_dim) override;
   StatusOr<ValueId> Broadcast(ValueId host_value, const Mesh& mesh) override;
   StatusOr<ValueId> MoveToMesh(ValueId value, const Mesh& mesh) override;
@@ -109,6 +109,15 @@ class ComponentBuilder : public Builder {
   StatusOr<ValueId> AllReduceByOps(ValueId value, const std::vector<int>& mesh_dims, ReduceOp op);
   StatusOr<ValueId> AllGatherByOps(ValueId value, int dim);
   StatusOr<ValueId> AllToAllByOps(ValueId value, int from_dim, int to_dim);
+  // [x,*] -> [*,x] on shared host memory: each distinct source block is split once along
+  // `to_dim` into the target's pieces, and each distinct target block concatenates its
+  // piece of every source block along `from_dim`; no whole tensor is built.
+  StatusOr<ValueId> AllToAllShared(ValueId value, int from_dim, int to_dim);
+  // The same exchange as one ParallelDynamicStitch per group of devices, when the split
+  // would copy (see all_to_all_shared.h); nullopt when the shapes do not allow it.
+  std::optional<StatusOr<ValueId>> AllToAllStitched(ValueId value, int from_dim, int to_dim,
+                                                    const Layout& out_layout,
+                                                    const std::vector<int>& other_dims);
   // Puts the `pieces` equal chunks along axis 0 of every device's handle in the order
   // `order(device)[j]` names for chunk j (Split + ConcatV2); temporaries go to `made`.
   StatusOr<std::vector<Handle>> PermuteChunks(const std::vector<Handle>& handles, int64_t pieces,
@@ -557,6 +566,15 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGather(ValueId value, int dim) {
 }
 
 template <typename Handle>
+StatusOr<ValueId> ComponentBuilder<Handle>::AllToAll(ValueId value, int from_dim, int to_dim) {
+  mesh_ = values_[value].layout->mesh();  // a collective runs on its value's mesh
+  if (LoweringFor(mesh_) == CollectiveLowering::kCollectiveOps) {
+    return AllToAllByOps(value, from_dim, to_dim);
+  }
+  return AllToAllShared(value, from_dim, to_dim);
+}
+
+template <typename Handle>
 StatusOr<ValueId> ComponentBuilder<Handle>::Slice(ValueId value, int dim, int mesh_dim) {
   return SliceOver(value, dim, DimSpec::Sharded(mesh_dim));
 }
@@ -707,6 +725,7 @@ StatusOr<ValueId> ComponentBuilder<Handle>::MoveToMesh(ValueId value, const Mesh
 
 }  // namespace tf_dtensor
 
+#include "cc/spmd/all_to_all_shared.h"
 #include "cc/spmd/collective_ops_lowering.h"
 
 #endif  // TF_DTENSOR_CC_SPMD_COMPONENT_BUILDER_H_
