@@ -21,20 +21,16 @@ import tempfile
 import time
 from typing import Callable
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF DTensor logs every SPMD cache miss.
+from _setup import DEVICES, N_DEVICES  # noqa: E402,F401  (first: splits the CPU)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
-N_DEVICES = 8
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N_DEVICES)
 
 from tensorflow.experimental import dtensor as tf_builtin  # noqa: E402
 
 from tf_dtensor import dtensor as ours  # noqa: E402
 
-CPUS = [f"CPU:{i}" for i in range(N_DEVICES)]
+CPUS = DEVICES
 
 
 def median_seconds(fn: Callable[[], object], rounds: int) -> float:

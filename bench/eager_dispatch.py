@@ -15,18 +15,15 @@ import argparse
 import statistics
 import time
 
-import numpy as np
-import tensorflow as tf
+from _setup import DEVICES, N_DEVICES  # noqa: E402,F401  (first: splits the CPU)
 
-N_DEVICES = 8
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N_DEVICES)
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from tensorflow.experimental import dtensor as tf_builtin  # noqa: E402
 
 from tf_dtensor import dtensor as ours  # noqa: E402
 
-DEVICES = [f"CPU:{i}" for i in range(N_DEVICES)]
 
 
 def per_op_seconds(op, a, b, read, repeats: int, chain: int) -> float:

@@ -29,14 +29,10 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+from _setup import DEVICES, N_DEVICES  # noqa: E402,F401  (first: splits the CPU)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
-N_DEVICES = 8
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N_DEVICES)
 
 from tensorflow.experimental import dtensor as tf_builtin  # noqa: E402
 

@@ -17,30 +17,25 @@ returns before its per-device executors have finished.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 import warnings
 from typing import Callable, List, Optional
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF DTensor logs every SPMD cache miss.
+from _setup import DEVICES, N_DEVICES  # noqa: E402,F401  (first: splits the CPU)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-N_DEVICES = 8
 BATCH_SIZE = 128
 SIZES = (784, 700, 500, 10)
 CHAIN_WIDTH = 64
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N_DEVICES)
 
 from tensorflow.experimental import dtensor as tf_builtin  # noqa: E402
 
 import tf_dtensor  # noqa: E402
 from tf_dtensor import dtensor as ours  # noqa: E402
 
-DEVICES = [f"CPU:{i}" for i in range(N_DEVICES)]
 tf.get_logger().setLevel("ERROR")  # Retracing notices: every model traces its initializer.
 
 
