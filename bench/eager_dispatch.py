@@ -47,6 +47,26 @@ def per_op_seconds(op, a, b, read, repeats: int, chain: int) -> float:
     return statistics.median(samples)
 
 
+def hand_blocks(value, n: int):
+    """`value` cut into n row blocks, block i on virtual CPU i (a sharded value by hand)."""
+    blocks = []
+    for i, block in enumerate(np.split(value, n)):
+        with tf.device(DEVICES[i]):
+            blocks.append(tf.constant(block))
+    return blocks
+
+
+def per_device(op):
+    """`op` applied by hand to every device's block, each on its own device."""
+    def run(xs, bs):
+        out = []
+        for i, (x, b) in enumerate(zip(xs, bs)):
+            with tf.device(DEVICES[i]):
+                out.append(op(x, b))
+        return out
+    return run
+
+
 def make_inputs(api, shape, specs):
     mesh = api.create_mesh([("x", N_DEVICES)], devices=DEVICES)
     layout = api.Layout(specs, mesh)

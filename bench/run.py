@@ -15,6 +15,13 @@ Rows (the code lives in the other bench modules, which also run on their own):
 - peak RSS growth of the training step and of a sharded `--mib` variable, each in a fresh
   subprocess (memory.py); `--quick` leaves them out.
 
+A fourth column, "plain TF, by hand", runs the per-device program a sharded row stands for
+in plain TensorFlow without any DTensor: every block on its own virtual CPU with its own
+ops (eager: one op per device; the training step and the chain: one tf.function whose
+ops for each block of the batch are placed on that block's device, the update made once).
+That is the floor of sharding on this host, where eight virtual devices share two cores:
+eight small-batch kernels and eight times the nodes of one device's program.
+
 Ratio columns are always tf_dtensor's time over the other's (below 1: tf_dtensor faster;
 for GB/s rows, the other's rate over ours; for memory, ours over the other's growth).
 """
@@ -37,7 +44,7 @@ import relayout as rl  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import train_step as ts  # noqa: E402
 
-COLUMNS = ("plain", "builtin", "ours")
+COLUMNS = ("plain", "by_hand", "builtin", "ours")
 
 
 class Row:
@@ -84,6 +91,11 @@ def eager_add_row(name: str, specs: List[str], target: str, chain: int, repeats:
     plain_a, plain_b = tf.constant(value), tf.constant(value)
     samplers = {"plain": lambda: ed.per_op_seconds(op, plain_a, plain_b, lambda t: t.numpy(),
                                                    repeats, chain)}
+    if "x" in specs:
+        # By hand: the same blocks on their own devices, one plain eager op per device.
+        blocks_a, blocks_b = ed.hand_blocks(value, ed.N_DEVICES), ed.hand_blocks(value, ed.N_DEVICES)
+        samplers["by_hand"] = lambda: ed.per_op_seconds(
+            ed.per_device(op), blocks_a, blocks_b, lambda ts: ts[0].numpy(), repeats, chain)
     for column, api in (("builtin", ed.tf_builtin), ("ours", ed.ours)):
         a, _ = ed.make_inputs(api, shape, specs)
         b, _ = ed.make_inputs(api, shape, specs)
@@ -106,12 +118,15 @@ def train_row(setups, steps: int, target: str) -> Row:
     for setup in setups:
         _, time_round = ts.train_step_runner(setup, steps)  # first call traces
         samplers[setup.label] = time_round
+    samplers["by_hand"] = ts.by_hand_train_step_runner(steps)[1]
     return Row("MLP train step (tf.function, Adam)", "s", target, samplers)
 
 
 def first_call_row(setups, k: int, target: str) -> Row:
     samplers = {s.label: (lambda first_call: lambda: first_call()[0])(ts.chain_runner(s, k))
                 for s in setups}
+    by_hand = ts.by_hand_chain_runner(k)
+    samplers["by_hand"] = lambda: by_hand()[0]
     return Row(f"first call, K = {k} op chain", "s", target, samplers)
 
 
@@ -121,7 +136,7 @@ def memory_rows(mib: int, steps: int) -> List[Row]:
                                ("variable", f"peak RSS growth, {mib} MiB variable [x,*]",
                                 "≈ plain (size once)")):
         row = Row(name, "MiB", target, {})
-        for column in COLUMNS:
+        for column in ("plain", "builtin", "ours"):
             base, peak = memory.measure(column, case, mib, steps)
             row.samples[column].append(peak - base)
         rows.append(row)
@@ -129,12 +144,13 @@ def memory_rows(mib: int, steps: int) -> List[Row]:
 
 
 def print_table(rows: List[Row]) -> None:
-    print("| workload | plain TF | TF DTensor | tf_dtensor | ours/plain | ours/TF-DT | target |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| workload | plain TF | plain TF, by hand | TF DTensor | tf_dtensor | ours/plain "
+          "| ours/by hand | ours/TF-DT | target |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
-        print(f"| {row.name} | {row.cell('plain')} | {row.cell('builtin')} | "
-              f"{row.cell('ours')} | {row.ratio('plain')} | {row.ratio('builtin')} | "
-              f"{row.target} |", flush=True)
+        print(f"| {row.name} | {row.cell('plain')} | {row.cell('by_hand')} | "
+              f"{row.cell('builtin')} | {row.cell('ours')} | {row.ratio('plain')} | "
+              f"{row.ratio('by_hand')} | {row.ratio('builtin')} | {row.target} |", flush=True)
 
 
 def main() -> None:
@@ -174,6 +190,8 @@ def main() -> None:
         rows += memory_rows(args.mib, steps)
     print_table(rows)
     print("\nrelayout rows: plain TF = one numpy copy of the same bytes (the bound here). "
+          "By hand: the same per-device program written in plain TF without DTensor (each "
+          "block's ops on its own virtual CPU): the floor of sharding on this host. "
           "Ratios: tf_dtensor's time (or memory) over the other column's; below 1 is better.")
 
 

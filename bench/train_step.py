@@ -162,6 +162,78 @@ def train_step_runner(setup: Setup, steps: int):
     return first, lambda: timed(round_trip, setup.read) / steps
 
 
+def by_hand_train_step_runner(steps: int):
+    """The same training step written by hand per device in plain TensorFlow, no DTensor:
+    the batch cut into N_DEVICES blocks, each block's forward and backward on its own
+    virtual CPU, the losses summed and the update made once on CPU:0. This is the SPMD
+    program a data-parallel step is, so its time is the floor of sharding the step on
+    this host (eight small-batch kernels where one device runs one large one).
+    Returns (first call in seconds, a function timing one round: seconds per step)."""
+    rng = np.random.RandomState(0)
+    x_value = rng.rand(BATCH_SIZE, SIZES[0]).astype(np.float32)
+    y_value = rng.randint(0, SIZES[-1], BATCH_SIZE).astype(np.int64)
+    block = BATCH_SIZE // N_DEVICES
+    xs, ys = [], []
+    for i, device in enumerate(DEVICES):
+        with tf.device(device):
+            xs.append(tf.constant(x_value[i * block:(i + 1) * block]))
+            ys.append(tf.constant(y_value[i * block:(i + 1) * block]))
+    model = Model(Setup("plain"))
+
+    @tf.function
+    def train_step(xs, ys):
+        with tf.GradientTape() as tape:
+            losses = []
+            for i, device in enumerate(DEVICES):
+                with tf.device(device):
+                    losses.append(tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                        labels=ys[i], logits=model(xs[i]))))
+            with tf.device(DEVICES[0]):
+                loss = tf.add_n(losses) / BATCH_SIZE
+        with tf.device(DEVICES[0]):
+            model.apply_gradients(tape.gradient(loss, model.weights))
+        return loss
+
+    read = lambda t: t.numpy()  # noqa: E731
+    first = timed(lambda: train_step(xs, ys), read)
+
+    def round_trip():
+        for _ in range(steps - 1):
+            train_step(xs, ys)
+        return train_step(xs, ys)
+
+    return first, lambda: timed(round_trip, read) / steps
+
+
+def by_hand_chain_runner(k: int):
+    """The k-op chain written by hand per device in plain TensorFlow: each device's block
+    of the batch through its own chain on its own virtual CPU (the SPMD program of a
+    batch-sharded chain, N_DEVICES times the nodes of one device's). Returns a function
+    that traces a fresh one and gives (first call, chain, inputs)."""
+    rng = np.random.RandomState(1)
+    value = rng.rand(BATCH_SIZE, CHAIN_WIDTH).astype(np.float32)
+    block = BATCH_SIZE // N_DEVICES
+    xs, ws = [], []
+    for i, device in enumerate(DEVICES):
+        with tf.device(device):
+            xs.append(tf.constant(value[i * block:(i + 1) * block]))
+            ws.append(tf.constant(np.eye(CHAIN_WIDTH, dtype=np.float32)))
+
+    def first_call():
+        @tf.function
+        def chain(xs, ws):
+            outs = []
+            for i, device in enumerate(DEVICES):
+                with tf.device(device):
+                    x = xs[i]
+                    for j in range(k):
+                        x = tf.matmul(x, ws[i]) if j % 2 == 0 else tf.nn.relu(x)
+                    outs.append(x)
+            return outs
+        return timed(lambda: chain(xs, ws), lambda outs: outs[0].numpy()), chain, (xs, ws)
+    return first_call
+
+
 def bench_train_step(setup: Setup, steps: int, rounds: int):
     """(first call, median seconds per step) of the training step."""
     first, time_round = train_step_runner(setup, steps)

@@ -8,8 +8,9 @@ import threading
 import warnings
 from typing import List, Optional
 
+from tensorflow.python import pywrap_tfe
 from tensorflow.python.eager import context
-from tensorflow.python.eager import execute
+from tensorflow.python.eager import core
 from tensorflow.python.framework import ops
 
 from tf_dtensor import _core
@@ -81,8 +82,15 @@ def run(op_name: str, inputs, attrs, num_outputs: int = 1):
             f"`{op_name}` moves tensors between the host and the mesh and runs eagerly only; "
             f"it was called while tracing a tf.function. Call pack, unpack and fetch_layout "
             f"outside the function and pass DTensors in.")
-    with ops.device(DEVICE_NAME):
-        return execute.execute(op_name, num_outputs, inputs, attrs, context.context())
+    # Straight to the device by name: what `with ops.device(DEVICE_NAME)` around
+    # `execute.execute` does, without entering a device scope each time (about 2 us).
+    ctx = context.context()
+    ctx.ensure_initialized()
+    try:
+        return pywrap_tfe.TFE_Py_Execute(ctx._handle, DEVICE_NAME, op_name, inputs, attrs,
+                                         num_outputs)
+    except core._NotOkStatusException as error:  # pylint: disable=protected-access
+        raise core._status_to_exception(error) from None  # pylint: disable=protected-access
 
 
 @contextlib.contextmanager

@@ -125,7 +125,7 @@ Status EmitOutputs(EagerBuilder& builder, const std::vector<ValueId>& values,
   if (static_cast<int>(values.size()) > *num_outputs) {
     return Internal("The op produced more outputs than TensorFlow expects.");
   }
-  StatusPtr status(TF_NewStatus());
+  TF_Status* status = EagerBuilder::ThreadStatus();
   // Outputs wrapped before a later one fails are released again: TensorFlow takes none
   // of them when the op fails.
   auto fail = [&](size_t wrapped, Status error) {
@@ -140,9 +140,8 @@ Status EmitOutputs(EagerBuilder& builder, const std::vector<ValueId>& values,
     if (!tensor.ok()) return fail(i, tensor.status());
     (*tensor)->set_parted(parted && !(*tensor)->resource());
     outputs[i] = TensorWithLayout::MakeHandle(context, device_name, std::move(tensor).value(),
-                                              status.get());
-    Status wrapped = FromTF(status.get(), "wrapping an output");
-    if (!wrapped.ok()) return fail(i, wrapped);
+                                              status);
+    if (TF_GetCode(status) != TF_OK) return fail(i, FromTF(status, "wrapping an output"));
   }
   *num_outputs = static_cast<int>(values.size());
   return Status::Ok();
@@ -214,7 +213,9 @@ void DTensorDevice::Execute(const TFE_Op* op, int* num_outputs, TFE_TensorHandle
 }
 
 Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs) {
-  StatusPtr tf_status(TF_NewStatus());
+  // One status per thread: the calls below only report into it and are checked at once.
+  thread_local StatusPtr tf_status(TF_NewStatus());
+  TF_SetStatus(tf_status.get(), TF_OK, "");
   const std::string op_name = TFE_OpGetName(op, tf_status.get());
   if (op_name == kPackOp) return Pack(op, num_outputs, outputs);
   if (op_name == kUnpackOp) return Unpack(op, num_outputs, outputs);
@@ -225,6 +226,8 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   const int num_inputs = TFE_OpGetFlatInputCount(op, tf_status.get());
   std::vector<TFE_TensorHandle*> handles;
   std::vector<const TensorWithLayout*> dtensors;
+  handles.reserve(num_inputs);
+  dtensors.reserve(num_inputs);
   for (int i = 0; i < num_inputs; ++i) {
     TFE_TensorHandle* h = TFE_OpGetFlatInput(op, i, tf_status.get());
     handles.push_back(h);
@@ -315,6 +318,8 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
 
   EagerBuilder builder(context, ctx.mesh, TFE_OpGetAttrs(op), *num_outputs);
   std::vector<ValueId> inputs;
+  inputs.reserve(num_inputs);
+  ctx.inputs.reserve(num_inputs);
   for (int i = 0; i < num_inputs; ++i) {
     InputInfo info;
     if (dtensors[i]) {
@@ -434,20 +439,20 @@ Status DTensorDevice::ExecuteFunction(const TFE_Op* op, const std::string& funct
     std::vector<std::vector<HandlePtr>> per_result(num_results);
     for (int d = 0; d < n; ++d) {
       std::unique_ptr<TFE_Op, OpDeleter> call(TFE_NewOp(context, function.c_str(), status.get()));
-      TFD_RETURN_IF_ERROR(FromTF(status.get(), "calling '" + function + "' on a part"));
+      TFD_RETURN_IF_TF_ERROR(status.get(), "calling '" + function + "' on a part");
       TFE_OpAddAttrs(call.get(), TFE_OpGetAttrs(op));
       TFE_OpSetDevice(call.get(), mesh.local_devices()[d].c_str(), status.get());
       for (size_t i = 0; i < handles.size(); ++i) {
         TFE_OpAddInput(call.get(), dtensors[i] ? dtensors[i]->component(d) : handles[i],
                        status.get());
-        TFD_RETURN_IF_ERROR(FromTF(status.get(), "passing input " + std::to_string(i) +
-                                                     " to '" + function + "'"));
+        TFD_RETURN_IF_TF_ERROR(status.get(), "passing input " + std::to_string(i) +
+                                                     " to '" + function + "'");
       }
       std::vector<TFE_TensorHandle*> results(num_results, nullptr);
       int count = num_results;
       TFE_Execute(call.get(), results.data(), &count, status.get());
-      TFD_RETURN_IF_ERROR(FromTF(status.get(), "running tf.function '" + function + "' on the part on " +
-                                                   ShortDeviceName(mesh.local_devices()[d])));
+      TFD_RETURN_IF_TF_ERROR(status.get(), "running tf.function '" + function + "' on the part on " +
+                                                   ShortDeviceName(mesh.local_devices()[d]));
       for (int k = 0; k < count; ++k) per_result[k].emplace_back(results[k]);
     }
     for (int k = 0; k < num_results; ++k) {
@@ -458,7 +463,7 @@ Status DTensorDevice::ExecuteFunction(const TFE_Op* op, const std::string& funct
                              "computed from the parts.");
       }
       std::vector<int64_t> local = HandleShape(per_result[k][0].get(), status.get());
-      TFD_RETURN_IF_ERROR(FromTF(status.get(), "reading the shape of a result of '" + function + "'"));
+      TFD_RETURN_IF_TF_ERROR(status.get(), "reading the shape of a result of '" + function + "'");
       TFD_ASSIGN_OR_RETURN(std::vector<int64_t> global,
                            m.layout->GlobalShapeChecked(local, "result " + std::to_string(k) +
                                                                    " of '" + function + "'"));
@@ -467,13 +472,13 @@ Status DTensorDevice::ExecuteFunction(const TFE_Op* op, const std::string& funct
                                                        std::move(per_result[k]));
       tensor->set_parted(true);
       outputs[k] = TensorWithLayout::MakeHandle(context, name_, std::move(tensor), status.get());
-      TFD_RETURN_IF_ERROR(FromTF(status.get(), "wrapping a result of '" + function + "'"));
+      TFD_RETURN_IF_TF_ERROR(status.get(), "wrapping a result of '" + function + "'");
     }
     *num_outputs = num_results;
     return Status::Ok();
   }
   std::unique_ptr<TFE_Op, OpDeleter> call(TFE_NewOp(context, expanded->name.c_str(), status.get()));
-  TFD_RETURN_IF_ERROR(FromTF(status.get(), "calling the SPMD function of '" + function + "'"));
+  TFD_RETURN_IF_TF_ERROR(status.get(), "calling the SPMD function of '" + function + "'");
   TFE_OpSetDevice(call.get(), mesh.local_devices()[0].c_str(), status.get());
   for (size_t i = 0; i < handles.size(); ++i) {
     if (!dtensors[i]) {
@@ -483,16 +488,16 @@ Status DTensorDevice::ExecuteFunction(const TFE_Op* op, const std::string& funct
         TFE_OpAddInput(call.get(), dtensors[i]->component(d), status.get());
       }
     }
-    TFD_RETURN_IF_ERROR(FromTF(status.get(), "passing input " + std::to_string(i) + " to '" +
-                                                 function + "'"));
+    TFD_RETURN_IF_TF_ERROR(status.get(), "passing input " + std::to_string(i) + " to '" +
+                                                 function + "'");
   }
   // Each result has one component per local device of its own mesh.
   int flat = 0;
   for (const ValueMeta& m : expanded->outputs) flat += m.num_flat();
   std::vector<TFE_TensorHandle*> results(flat, nullptr);
   TFE_Execute(call.get(), results.data(), &flat, status.get());
-  TFD_RETURN_IF_ERROR(FromTF(status.get(), "running tf.function '" + function + "' on " +
-                                               mesh.ShortString()));
+  TFD_RETURN_IF_TF_ERROR(status.get(), "running tf.function '" + function + "' on " +
+                                               mesh.ShortString());
   int next = 0;
   for (size_t k = 0; k < expanded->outputs.size(); ++k) {
     const ValueMeta& m = expanded->outputs[k];
@@ -506,8 +511,8 @@ Status DTensorDevice::ExecuteFunction(const TFE_Op* op, const std::string& funct
       std::vector<std::vector<int64_t>> blocks;
       for (const HandlePtr& c : components) {
         blocks.push_back(HandleShape(c.get(), status.get()));
-        TFD_RETURN_IF_ERROR(FromTF(status.get(), "reading the shape of result " +
-                                                     std::to_string(k) + " of '" + function + "'"));
+        TFD_RETURN_IF_TF_ERROR(status.get(), "reading the shape of result " +
+                                                     std::to_string(k) + " of '" + function + "'");
       }
       shape = GlobalShapeOfBlocks(*m.layout, blocks, false);
     }
@@ -517,7 +522,7 @@ Status DTensorDevice::ExecuteFunction(const TFE_Op* op, const std::string& funct
     tensor->set_resource(m.resource);
     tensor->set_parted(parts_out && !m.resource && requested && *m.layout == *requested);
     outputs[k] = TensorWithLayout::MakeHandle(context, name_, std::move(tensor), status.get());
-    TFD_RETURN_IF_ERROR(FromTF(status.get(), "wrapping a result of '" + function + "'"));
+    TFD_RETURN_IF_TF_ERROR(status.get(), "wrapping a result of '" + function + "'");
   }
   *num_outputs = static_cast<int>(expanded->outputs.size());
   return Status::Ok();
@@ -534,7 +539,7 @@ Status DTensorDevice::Pack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle*
   const int rank0 = n > 0 ? TFE_TensorHandleNumDims(TFE_OpGetFlatInput(op, 0, status.get()),
                                                     status.get())
                           : 0;
-  TFD_RETURN_IF_ERROR(FromTF(status.get(), "reading pack component 0"));
+  TFD_RETURN_IF_TF_ERROR(status.get(), "reading pack component 0");
   const Layout layout = RuntimeLayout(user_layout, rank0);
   const Mesh& mesh = layout.mesh();
   if (n != mesh.num_local_devices()) {
@@ -577,7 +582,7 @@ Status DTensorDevice::Pack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle*
     // Place each component on its device (on virtual CPUs this shares the buffer).
     TFE_TensorHandle* placed =
         TFE_TensorHandleCopyToDevice(h, context, mesh.local_devices()[i].c_str(), status.get());
-    TFD_RETURN_IF_ERROR(FromTF(status.get(), "copying pack component " + std::to_string(i)));
+    TFD_RETURN_IF_TF_ERROR(status.get(), "copying pack component " + std::to_string(i));
     components.emplace_back(placed);
   }
   // The global shape adds up the blocks along each sharded axis; then every component must
@@ -601,7 +606,7 @@ Status DTensorDevice::Pack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle*
                                                    std::move(components));
   tensor->set_parted(user_layout.is_parted());
   outputs[0] = TensorWithLayout::MakeHandle(context, name_, std::move(tensor), status.get());
-  TFD_RETURN_IF_ERROR(FromTF(status.get(), "pack"));
+  TFD_RETURN_IF_TF_ERROR(status.get(), "pack");
   *num_outputs = 1;
   return Status::Ok();
 }
@@ -628,7 +633,7 @@ Status DTensorDevice::Unpack(const TFE_Op* op, int* num_outputs, TFE_TensorHandl
       outputs[i] = TFE_TensorHandleCopyToDevice(c, context, mesh.local_devices()[i].c_str(),
                                                 status.get());
     }
-    TFD_RETURN_IF_ERROR(FromTF(status.get(), "unpack component " + std::to_string(i)));
+    TFD_RETURN_IF_TF_ERROR(status.get(), "unpack component " + std::to_string(i));
   }
   *num_outputs = tensor->num_components();
   return Status::Ok();
@@ -647,7 +652,7 @@ Status DTensorDevice::FetchLayout(const TFE_Op* op, int* num_outputs,
   TF_TString_Copy(tstring, text.data(), text.size());
   outputs[0] = TFE_NewTensorHandle(host, status.get());
   TF_DeleteTensor(host);
-  TFD_RETURN_IF_ERROR(FromTF(status.get(), "fetch_layout"));
+  TFD_RETURN_IF_TF_ERROR(status.get(), "fetch_layout");
   *num_outputs = 1;
   return Status::Ok();
 }

@@ -19,7 +19,9 @@ EagerBuilder::EagerBuilder(TFE_Context* context, Mesh mesh, const TFE_OpAttrs* a
       context_(context),
       attrs_(attrs),
       max_outputs_(max_outputs),
-      status_(TF_NewStatus()) {}
+      status_(ThreadStatus()) {
+  values_.reserve(8);  // an op's inputs and outputs, without regrowing for most ops
+}
 
 EagerBuilder::~EagerBuilder() {
   for (Value& v : values_) {
@@ -29,7 +31,15 @@ EagerBuilder::~EagerBuilder() {
     }
     if (v.host) TFE_DeleteTensorHandle(v.host);
   }
-  TF_DeleteStatus(status_);
+}
+
+TF_Status* EagerBuilder::ThreadStatus() {
+  // A builder lives on one thread and checks its status after every call, so builders of
+  // one thread (one at a time, or nested) can share it; each starts it clean.
+  thread_local std::unique_ptr<TF_Status, decltype(&TF_DeleteStatus)> status(TF_NewStatus(),
+                                                                             TF_DeleteStatus);
+  TF_SetStatus(status.get(), TF_OK, "");
+  return status.get();
 }
 
 ValueId EagerBuilder::AddInput(const TensorWithLayout* tensor) {
@@ -38,6 +48,7 @@ ValueId EagerBuilder::AddInput(const TensorWithLayout* tensor) {
   v.shape = tensor->shape();
   v.dtype = tensor->dtype();
   v.resource = tensor->resource();
+  v.handles.reserve(tensor->num_components());
   for (int i = 0; i < tensor->num_components(); ++i) v.handles.push_back(tensor->component(i));
   v.owned = false;
   return Add(std::move(v));
@@ -57,12 +68,13 @@ StatusOr<std::unique_ptr<TensorWithLayout>> EagerBuilder::Release(ValueId value)
   Value& v = values_[value];
   if (!v.layout) return Internal("Releasing a host value as a DTensor.");
   std::vector<HandlePtr> components;
+  components.reserve(v.handles.size());
   for (TFE_TensorHandle* h : v.handles) {
     if (v.owned) {
       components.emplace_back(h);
     } else {
       components.push_back(ShareHandle(h, status_));
-      TFD_RETURN_IF_ERROR(FromTF(status_, "sharing a component"));
+      TFD_RETURN_IF_TF_ERROR(status_, "sharing a component");
     }
   }
   // The record owns the handles now; later releases share them.
@@ -90,7 +102,7 @@ StatusOr<TFE_TensorHandle*> EagerBuilder::Share(TFE_TensorHandle* leader_handle,
     out = TFE_TensorHandleCopyToDevice(leader_handle, context_,
                                        mesh_.local_devices()[device].c_str(), status_);
   }
-  TFD_RETURN_IF_ERROR(FromTF(status_, "placing a component on " + mesh_.local_devices()[device]));
+  TFD_RETURN_IF_TF_ERROR(status_, "placing a component on " + mesh_.local_devices()[device]);
   return out;
 }
 
@@ -105,7 +117,7 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunOn(
   } else {
     TFE_OpReset(op_.get(), op_name.c_str(), nullptr, status_);
   }
-  TFD_RETURN_IF_ERROR(FromTF(status_, "creating '" + op_name + "'"));
+  TFD_RETURN_IF_TF_ERROR(status_, "creating '" + op_name + "'");
   return Execute(op_.get(), attrs_, op_name, inputs, options, device_name, num_outputs, status_);
 }
 
@@ -137,20 +149,20 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::Execute(
         TFE_OpSetAttrIntList(op, a.name.c_str(), a.ints.data(), static_cast<int>(a.ints.size()));
         break;
     }
-    TFD_RETURN_IF_ERROR(FromTF(status, "setting attribute '" + a.name + "' of '" + op_name + "'"));
+    TFD_RETURN_IF_TF_ERROR(status, "setting attribute '" + a.name + "' of '" + op_name + "'");
   }
   if (options.copy_attrs && attrs) TFE_OpAddAttrs(op, attrs);
   TFE_OpSetDevice(op, device_name.c_str(), status);
-  TFD_RETURN_IF_ERROR(FromTF(status, "placing '" + op_name + "'"));
+  TFD_RETURN_IF_TF_ERROR(status, "placing '" + op_name + "'");
   for (TFE_TensorHandle* h : inputs) {
     TFE_OpAddInput(op, h, status);
-    TFD_RETURN_IF_ERROR(FromTF(status, "adding an input to '" + op_name + "'"));
+    TFD_RETURN_IF_TF_ERROR(status, "adding an input to '" + op_name + "'");
   }
   std::vector<TFE_TensorHandle*> outputs(num_outputs, nullptr);
   int n = num_outputs;
   TFE_Execute(op, outputs.data(), &n, status);
-  TFD_RETURN_IF_ERROR(
-      FromTF(status, "running '" + op_name + "' on " + ShortDeviceName(device_name)));
+  TFD_RETURN_IF_TF_ERROR(status,
+                         "running '" + op_name + "' on " + ShortDeviceName(device_name));
   outputs.resize(n);
   return outputs;
 }
@@ -232,7 +244,7 @@ StatusOr<ValueId> EagerBuilder::HostConstant(const std::vector<int64_t>& values,
   TFD_ASSIGN_OR_RETURN(TF_Tensor * tensor, IntTensor(values, shape, dtype));
   TFE_TensorHandle* handle = TFE_NewTensorHandle(tensor, status_);
   TF_DeleteTensor(tensor);
-  TFD_RETURN_IF_ERROR(FromTF(status_, "creating a host constant"));
+  TFD_RETURN_IF_TF_ERROR(status_, "creating a host constant");
   Value v;
   v.shape = shape;
   v.dtype = dtype;

@@ -23,11 +23,21 @@ namespace tf_dtensor {
 // Converts a failed TF_Status into our Status, with context.
 Status FromTF(TF_Status* status, const std::string& context);
 
+// Returns FromTF(status, context) from the enclosing function when `status` holds an
+// error. `context` is evaluated only then: hot paths build no message on success.
+#define TFD_RETURN_IF_TF_ERROR(status, context)                      \
+  do {                                                               \
+    if (TF_GetCode(status) != TF_OK) return FromTF(status, context); \
+  } while (0)
+
 class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
  public:
   // `attrs` are the attributes of the op being expanded (copied into local ops).
   EagerBuilder(TFE_Context* context, Mesh mesh, const TFE_OpAttrs* attrs, int max_outputs);
   ~EagerBuilder() override;
+
+  // This thread's status object, reset to OK (a TF_Status per op was a malloc and a free).
+  static TF_Status* ThreadStatus();
 
   // Inputs, borrowed for the builder's lifetime.
   ValueId AddInput(const TensorWithLayout* tensor);

@@ -266,17 +266,23 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
     for (int d : l.DistinctMeshDims()) key_dims.push_back(d);
   }
   const int n = mesh_.num_local_devices();
-  std::vector<int> leaders = options.run_once ? std::vector<int>(n, 0) : Leaders(key_dims);
+  std::vector<int> once;
+  if (options.run_once) once.assign(n, 0);
+  const std::vector<int>& leaders = options.run_once ? once : Leaders(key_dims);
   const int num_outputs =
       out_layouts.empty() ? default_num_outputs() : static_cast<int>(out_layouts.size());
 
+  // The leaders run the op; every other device shares its leader's outputs.
   std::vector<std::vector<Handle>> per_device(n);
   auto fail = [&](const Status& status) {
     for (const auto& hs : per_device) DiscardAll(hs);
     return status;
   };
+  std::vector<Handle> local_inputs;
+  local_inputs.reserve(inputs.size());
   for (int d = 0; d < n; ++d) {
     if (leaders[d] != d) {
+      per_device[d].reserve(per_device[leaders[d]].size());
       for (const Handle& h : per_device[leaders[d]]) {
         StatusOr<Handle> shared = Share(h, d);
         if (!shared.ok()) return fail(shared.status());
@@ -284,7 +290,7 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
       }
       continue;
     }
-    std::vector<Handle> local_inputs;
+    local_inputs.clear();
     for (ValueId v : inputs) local_inputs.push_back(local(v, d));
     std::optional<ValueId> empty = options.zeros_for_empty_blocks
                                        ? EmptyBlockInput(inputs, d)
@@ -359,6 +365,7 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
         v.shape[axis] = total;
       }
     }
+    v.handles.reserve(n);
     for (int d = 0; d < n; ++d) v.handles.push_back(per_device[d][j]);
     if (given && (*given)->size() == v.shape.size() &&
         v.layout->rank() == static_cast<int>(v.shape.size())) {
