@@ -476,6 +476,8 @@ def full_tensor(tensor, mesh: Optional[Mesh] = None):
         return api.relayout(tensor, layout)
     if not api.is_dtensor(tensor):
         return tf.convert_to_tensor(tensor)
+    if isinstance(tensor, tf.Variable):
+        tensor = tensor.read_value()  # a DVariable: its value (a tape still sees the read)
     layout = api.fetch_layout(tensor)
 
     @tf.custom_gradient

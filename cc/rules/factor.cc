@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "cc/core/strings.h"
+
 namespace tf_dtensor {
 namespace {
 
@@ -43,6 +45,46 @@ Status CheckSpec(const OpContext& ctx, const FactorSpec& spec) {
   }
   for (int f : spec.priority) {
     if (f < 0 || f >= num_factors) return bad("the priority names no factor");
+  }
+  return Status::Ok();
+}
+
+// The global sizes the inputs give one contracted factor must agree, so that a mismatch
+// is reported with global shapes and layouts before any shard runs (a local kernel would
+// name only its block's shape). Pass-through factors are not checked: they broadcast, and
+// some ops feed them placeholders (FusedBatchNorm's empty mean and variance in training).
+// Unknown sizes (-1, while tracing) are not checked.
+//   MatMul [4,6] @ [5,3]: k is 6 in input 0 and 5 in input 1 -> InvalidArgument
+Status CheckFactorSizes(const OpContext& ctx, const FactorSpec& spec) {
+  std::vector<std::optional<std::pair<int, int>>> first(spec.factors.size());  // (input, axis)
+  for (size_t i = 0; i < spec.inputs.size() && i < ctx.inputs.size(); ++i) {
+    if (!spec.inputs[i]) continue;
+    const std::vector<int>& axes = *spec.inputs[i];
+    const std::vector<int64_t>& shape = ctx.inputs[i].shape;
+    for (size_t a = 0; a < axes.size() && a < shape.size(); ++a) {
+      const int f = axes[a];
+      const FactorKind kind = spec.factors[f];
+      if (kind != FactorKind::kContracted || shape[a] < 0) continue;
+      if (!first[f]) {
+        first[f] = {static_cast<int>(i), static_cast<int>(a)};
+        continue;
+      }
+      const auto [j, b] = *first[f];
+      const int64_t size = ctx.inputs[j].shape[b];
+      if (size == shape[a]) continue;
+      auto describe = [&](int input, int axis) {
+        const InputInfo& in = ctx.inputs[input];
+        return "axis " + std::to_string(axis) + " of input " + std::to_string(input) +
+               " (global shape " + ShapeString(in.shape) +
+               (in.layout ? ", layout " + in.layout->ShortString() : std::string()) + ")";
+      };
+      return InvalidArgument(
+          "'" + ctx.op_name + "' cannot contract " +
+          describe(j, b) + " with " + describe(static_cast<int>(i), static_cast<int>(a)) +
+          ": sizes " + std::to_string(size) + " and " + std::to_string(shape[a]) + ". " +
+          "Contracted axes must have the same size. Check the shapes and the op's transpose or "
+          "adjoint attributes.");
+    }
   }
   return Status::Ok();
 }
@@ -107,6 +149,7 @@ Plan FactorPlan(const OpContext& ctx, const FactorSpec& spec, const FactorAssign
 StatusOr<Plan> FactorRule::Forward(const OpContext& ctx) const {
   TFD_ASSIGN_OR_RETURN(FactorSpec spec, spec_(ctx));
   TFD_RETURN_IF_ERROR(CheckSpec(ctx, spec));
+  TFD_RETURN_IF_ERROR(CheckFactorSizes(ctx, spec));
   const std::vector<int64_t> sizes = FactorSizes(ctx, spec);
   FactorAssignment assignment(spec.factors.size(), DimSpec::Replicated());
   std::vector<bool> used(ctx.mesh.num_dims(), false);

@@ -390,3 +390,26 @@ def test_top_level_names():
     for name in ("Shard", "Replicate", "Partial", "init_device_mesh", "distribute_tensor",
                  "from_local", "to_local", "full_tensor", "redistribute", "placements_of"):
         assert getattr(tf_dtensor, name) is getattr(tf_dtensor.placements, name)
+
+
+def test_full_tensor_of_a_dvariable_reads_it():
+    """`full_tensor` of a DVariable gives its whole value (it used to raise TypeError),
+    eagerly and inside a tf.function, and a tape sees the read."""
+    value = random_array((5, 3))
+    layout = Layout(["x", U], MESH_4)
+    variable = dtensor.DVariable(dtensor.pack(
+        [value[a:b] for a, b in _row_blocks(5, 4)], layout))
+    assert_values_equal(value, full_tensor(variable))
+    assert_values_equal(value, dtensor.unpack(
+        tf.function(lambda: full_tensor(variable, mesh=MESH_4))())[0])
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(full_tensor(variable) * 2.0)
+    grad = tape.gradient(total, variable)
+    assert dtensor.fetch_layout(grad) == layout
+    assert_values_equal(np.full((5, 3), 2.0, np.float32), full_tensor(grad))
+
+
+def _row_blocks(rows: int, pieces: int):
+    """torch.chunk's row ranges: ceil(rows / pieces) each, the last ones smaller or empty."""
+    size = -(-rows // pieces)
+    return [(min(i * size, rows), min((i + 1) * size, rows)) for i in range(pieces)]

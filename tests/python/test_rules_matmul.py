@@ -110,6 +110,31 @@ def test_matmul_rejects_vectors(mesh_2x2):
                                             layout_of("[*,*]", mesh_2x2)], [[8], [8, 4]])
 
 
+def test_matmul_mismatched_shapes_report_global_shapes(mesh_2x2):
+    """A contraction over axes of different sizes is refused before any shard runs, with
+    the global shapes and layouts (the local kernel would name its block's shape: [2,6])."""
+    a = dtensor.call_with_layout(tf.ones, layout_of("[x,*]", mesh_2x2), shape=(4, 6))
+    b = dtensor.call_with_layout(tf.ones, layout_of("[*,*]", mesh_2x2), shape=(5, 3))
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        tf.matmul(a, b)
+    message = str(caught.value)
+    assert "'MatMul' cannot contract axis 1 of input 0 (global shape [4, 6], layout [x,*]" in (
+        message)
+    assert "axis 0 of input 1 (global shape [5, 3], layout [*,*]" in message
+    assert "sizes 6 and 5" in message and "transpose" in message
+    # The same shapes with transpose_b line up, and the product is right.
+    c = tf.matmul(a, dtensor.call_with_layout(tf.ones, layout_of("[*,*]", mesh_2x2),
+                                              shape=(5, 6)), transpose_b=True)
+    assert_dtensor_equal(np.full((4, 5), 6.0, np.float32), layout_of("[x,*]", mesh_2x2), c)
+
+
+def test_batch_matmul_broadcast_batch_is_not_a_mismatch(mesh_2x2):
+    """Batch axes of size 1 broadcast (a pass-through factor), so they pass the check."""
+    a, b = random_array((1, 4, 6)), random_array((3, 6, 2), seed=1)
+    check_op(tf.matmul, "BatchMatMulV2", [a, b],
+             [layout_of("[*,x,*]", mesh_2x2), layout_of("[*,*,y]", mesh_2x2)])
+
+
 _MESH_4X2 = dtensor.create_mesh([("x", 4), ("y", 2)], devices=[f"CPU:{i}" for i in range(8)])
 
 
