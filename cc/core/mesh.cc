@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <functional>
+#include <mutex>
 #include <set>
+#include <unordered_map>
 
 #include "cc/core/strings.h"
 #include "cc/core/wire.h"
@@ -169,8 +171,7 @@ StatusOr<Mesh> Mesh::Create(std::vector<MeshDim> dims, std::vector<int64_t> glob
   rep->use_xla_spmd = use_xla_spmd;
   Mesh mesh(rep);
   for (int64_t id : rep->local_device_ids) rep->local_coords.push_back(mesh.Coords(id));
-  rep->hash = std::hash<std::string>()(mesh.ToString());
-  return mesh;
+  return Interned(std::move(rep));
 }
 
 StatusOr<Mesh> Mesh::FromDevice(std::string_view device) {
@@ -187,9 +188,27 @@ StatusOr<Mesh> Mesh::FromDevice(std::string_view device) {
   TFD_ASSIGN_OR_RETURN(Mesh one_device, Create({}, {0}, {0}, {name}));
   auto rep = std::make_shared<Rep>(*one_device.rep_);
   rep->single_device = name;
-  Mesh mesh(rep);
-  rep->hash = std::hash<std::string>()(mesh.ToString());
-  return mesh;
+  return Interned(std::move(rep));
+}
+
+Mesh Mesh::Interned(std::shared_ptr<Rep> rep) {
+  rep->key = Mesh(rep).ToString();
+  rep->hash = std::hash<std::string>()(rep->key);
+  static std::mutex* mutex = new std::mutex();
+  static auto* alive = new std::unordered_map<std::string, std::weak_ptr<const Rep>>();
+  std::lock_guard<std::mutex> lock(*mutex);
+  auto it = alive->find(rep->key);
+  if (it != alive->end()) {
+    if (std::shared_ptr<const Rep> existing = it->second.lock()) return Mesh(existing);
+  }
+  // Forget the meshes no longer alive now and then, so the table stays small.
+  if (alive->size() >= 64) {
+    for (auto e = alive->begin(); e != alive->end();) {
+      e = e->second.expired() ? alive->erase(e) : std::next(e);
+    }
+  }
+  (*alive)[rep->key] = rep;
+  return Mesh(std::move(rep));
 }
 
 StatusOr<Mesh> Mesh::FromString(std::string_view text) {
@@ -477,7 +496,7 @@ std::vector<int64_t> Mesh::Coords(int64_t device_id) const {
 
 bool Mesh::operator==(const Mesh& other) const {
   if (rep_ == other.rep_) return true;
-  return rep_->hash == other.rep_->hash && ToString() == other.ToString();
+  return rep_->hash == other.rep_->hash && rep_->key == other.rep_->key;
 }
 
 }  // namespace tf_dtensor

@@ -113,6 +113,9 @@ class Mesh {
   bool operator==(const Mesh& other) const;
   bool operator!=(const Mesh& other) const { return !(*this == other); }
   size_t Hash() const { return rep_->hash; }
+  // Whether both are one object. Equal meshes made while one of them is alive always are
+  // (see Interned), so the equality above is a pointer comparison on hot paths.
+  bool SharesRepresentation(const Mesh& other) const { return rep_ == other.rep_; }
 
  private:
   struct Rep {
@@ -128,8 +131,13 @@ class Mesh {
     std::vector<std::vector<int64_t>> local_coords;
     std::string single_device;
     size_t hash = 0;
+    std::string key;  // ToString(), kept: equality compares it without building it
   };
   explicit Mesh(std::shared_ptr<const Rep> rep) : rep_(std::move(rep)) {}
+  // Fills in `rep`'s hash and key and returns the mesh of the equal rep already alive, if
+  // any, so that equal meshes share one rep and compare by pointer (a layout parsed from
+  // text, a mesh made twice in Python) and caches keyed by mesh stay cheap.
+  static Mesh Interned(std::shared_ptr<Rep> rep);
   std::shared_ptr<const Rep> rep_;
 };
 
