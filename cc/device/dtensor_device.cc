@@ -213,23 +213,22 @@ void DTensorDevice::Execute(const TFE_Op* op, int* num_outputs, TFE_TensorHandle
 }
 
 Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs) {
-  // One status per thread: the calls below only report into it and are checked at once.
-  thread_local StatusPtr tf_status(TF_NewStatus());
-  TF_SetStatus(tf_status.get(), TF_OK, "");
-  const std::string op_name = TFE_OpGetName(op, tf_status.get());
+  // The thread's status (the builder's too): these calls only report into it.
+  TF_Status* status = EagerBuilder::ThreadStatus();
+  const std::string op_name = TFE_OpGetName(op, status);
   if (op_name == kPackOp) return Pack(op, num_outputs, outputs);
   if (op_name == kUnpackOp) return Unpack(op, num_outputs, outputs);
   if (op_name == kFetchLayoutOp) return FetchLayout(op, num_outputs, outputs);
-  TFE_Context* context = TFE_OpGetContext(op, tf_status.get());
+  TFE_Context* context = TFE_OpGetContext(op, status);
   AttrMap attrs = ReadAttrs(op);
 
-  const int num_inputs = TFE_OpGetFlatInputCount(op, tf_status.get());
+  const int num_inputs = TFE_OpGetFlatInputCount(op, status);
   std::vector<TFE_TensorHandle*> handles;
   std::vector<const TensorWithLayout*> dtensors;
   handles.reserve(num_inputs);
   dtensors.reserve(num_inputs);
   for (int i = 0; i < num_inputs; ++i) {
-    TFE_TensorHandle* h = TFE_OpGetFlatInput(op, i, tf_status.get());
+    TFE_TensorHandle* h = TFE_OpGetFlatInput(op, i, status);
     handles.push_back(h);
     dtensors.push_back(TensorWithLayout::FromHandle(h, name_));
     if (dtensors.back() && dtensors.back()->context() != context) {
@@ -329,7 +328,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
       info.resource = dtensors[i]->resource();
       inputs.push_back(builder.AddInput(dtensors[i]));
     } else {
-      info.shape = HandleShape(handles[i], tf_status.get());
+      info.shape = HandleShape(handles[i], status);
       info.dtype = TFE_TensorHandleDataType(handles[i]);
       inputs.push_back(builder.AddHostInput(handles[i], info.shape,
                                             static_cast<TF_DataType>(info.dtype)));
