@@ -16,6 +16,7 @@
 
 #include "cc/core/layout.h"
 #include "cc/core/status.h"
+#include "cc/device/executor.h"
 #include "cc/device/tensor_with_layout.h"
 #include "cc/graph/function_expander.h"
 
@@ -82,6 +83,7 @@ class DTensorDevice {
   std::function<void(const std::string&)> warning_handler_;
   FunctionExpander expander_;
   PlanCache plan_cache_;  // eager plans, reused by repeated ops
+  OpPool op_pool_;        // the eager builders' local TFE ops, reused
 };
 
 // Sets `status` from ours.

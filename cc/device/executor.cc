@@ -13,14 +13,65 @@ Status FromTF(TF_Status* status, const std::string& context) {
   return Status(static_cast<Code>(code), context + ": " + TF_Message(status));
 }
 
+OpPool::~OpPool() {
+  for (TFE_Op* op : free_) TFE_DeleteOp(op);
+}
+
+TFE_Op* OpPool::Take(TFE_Context* context, const char* op_name, TF_Status* status) {
+  TFE_Op* op = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!free_.empty()) {
+      op = free_.back();
+      free_.pop_back();
+    }
+  }
+  if (op) {
+    TFE_OpReset(op, op_name, nullptr, status);
+  } else {
+    op = TFE_NewOp(context, op_name, status);
+  }
+  if (TF_GetCode(status) != TF_OK) {
+    if (op) TFE_DeleteOp(op);
+    return nullptr;
+  }
+  return op;
+}
+
+void OpPool::Return(TFE_Op* op, TF_Status* status) {
+  // Resetting drops the input handles the op holds since it last ran.
+  TFE_OpReset(op, "NoOp", nullptr, status);
+  if (TF_GetCode(status) != TF_OK) {
+    TFE_DeleteOp(op);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.push_back(op);
+}
+
+namespace {
+
+// Each thread keeps the value table of its last finished builder, so that an eager op
+// does not allocate one (an op's inputs and outputs: about 2 KiB, a malloc and a free per
+// op). Nested builders find it taken and allocate their own.
+template <typename Value>
+std::vector<Value>& SpareValues() {
+  thread_local std::vector<Value> spare;
+  return spare;
+}
+
+}  // namespace
+
 EagerBuilder::EagerBuilder(TFE_Context* context, Mesh mesh, const TFE_OpAttrs* attrs,
-                           int max_outputs)
+                           int max_outputs, OpPool* pool)
     : ComponentBuilder(std::move(mesh)),
       context_(context),
+      pool_(pool),
       attrs_(attrs),
       max_outputs_(max_outputs),
       status_(ThreadStatus()) {
-  values_.reserve(8);  // an op's inputs and outputs, without regrowing for most ops
+  values_.swap(SpareValues<Value>());
+  if (values_.capacity() == 0) values_.reserve(8);  // most ops, without regrowing
 }
 
 EagerBuilder::~EagerBuilder() {
@@ -31,6 +82,16 @@ EagerBuilder::~EagerBuilder() {
     }
     if (v.host) TFE_DeleteTensorHandle(v.host);
   }
+  if (op_) {
+    if (pool_) {
+      pool_->Return(op_, status_);  // the builder's own status is done with
+    } else {
+      TFE_DeleteOp(op_);
+    }
+  }
+  values_.clear();
+  std::vector<Value>& spare = SpareValues<Value>();
+  if (spare.capacity() < values_.capacity()) spare.swap(values_);
 }
 
 TF_Status* EagerBuilder::ThreadStatus() {
@@ -89,6 +150,7 @@ StatusOr<std::unique_ptr<TensorWithLayout>> EagerBuilder::Release(ValueId value)
 std::optional<std::vector<int64_t>> EagerBuilder::LocalShapeOf(TFE_TensorHandle* handle) {
   std::vector<int64_t> shape;
   int rank = TFE_TensorHandleNumDims(handle, status_);
+  if (rank > 0) shape.reserve(rank);
   for (int d = 0; d < rank; ++d) shape.push_back(TFE_TensorHandleDim(handle, d, status_));
   if (TF_GetCode(status_) != TF_OK) return std::nullopt;
   return shape;
@@ -110,15 +172,16 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunOn(
     const std::string& op_name, const std::vector<TFE_TensorHandle*>& inputs,
     const LocalOpOptions& options, int device, int num_outputs) {
   const std::string& device_name = mesh_.local_devices()[device];
-  // One TFE_Op object is reset and reused for every local op of this expansion.
   if (!op_) {
-    op_.reset(TFE_NewOp(context_, op_name.c_str(), status_));
-    if (TF_GetCode(status_) != TF_OK) op_.reset();
+    op_ = pool_ ? pool_->Take(context_, op_name.c_str(), status_)
+                : TFE_NewOp(context_, op_name.c_str(), status_);
   } else {
-    TFE_OpReset(op_.get(), op_name.c_str(), nullptr, status_);
+    TFE_OpReset(op_, op_name.c_str(), nullptr, status_);
   }
-  TFD_RETURN_IF_TF_ERROR(status_, "creating '" + op_name + "'");
-  return Execute(op_.get(), attrs_, op_name, inputs, options, device_name, num_outputs, status_);
+  if (TF_GetCode(status_) == TF_OK) TFE_OpSetDevice(op_, device_name.c_str(), status_);
+  TFD_RETURN_IF_TF_ERROR(status_,
+                         "creating '" + op_name + "' on " + ShortDeviceName(device_name));
+  return Execute(op_, attrs_, op_name, inputs, options, device_name, num_outputs, status_);
 }
 
 StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::Execute(
@@ -152,8 +215,6 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::Execute(
     TFD_RETURN_IF_TF_ERROR(status, "setting attribute '" + a.name + "' of '" + op_name + "'");
   }
   if (options.copy_attrs && attrs) TFE_OpAddAttrs(op, attrs);
-  TFE_OpSetDevice(op, device_name.c_str(), status);
-  TFD_RETURN_IF_TF_ERROR(status, "placing '" + op_name + "'");
   for (TFE_TensorHandle* h : inputs) {
     TFE_OpAddInput(op, h, status);
     TFD_RETURN_IF_TF_ERROR(status, "adding an input to '" + op_name + "'");
@@ -214,6 +275,7 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunCollective(
   RunConcurrently(static_cast<int>(inputs.size()), [&](int d) {
     TF_Status* status = TF_NewStatus();
     TFE_Op* op = TFE_NewOp(context_, op_name.c_str(), status);
+    if (TF_GetCode(status) == TF_OK) TFE_OpSetDevice(op, mesh.local_devices()[d].c_str(), status);
     if (TF_GetCode(status) == TF_OK) {
       results[d] = Execute(op, nullptr, op_name, inputs[d], options, mesh.local_devices()[d], 1,
                            status);

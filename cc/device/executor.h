@@ -11,6 +11,7 @@
 #define TF_DTENSOR_CC_DEVICE_EXECUTOR_H_
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,10 +31,34 @@ Status FromTF(TF_Status* status, const std::string& context);
     if (TF_GetCode(status) != TF_OK) return FromTF(status, context); \
   } while (0)
 
+// TFE_Op objects kept for reuse, owned by the DTensor device (so by one context): an
+// eager op's builder takes one and gives it back, instead of allocating and deleting an
+// op per eager op. Ops come back reset to NoOp, so a pooled op holds no input handles (no
+// buffers kept alive).
+class OpPool {
+ public:
+  OpPool() = default;
+  OpPool(const OpPool&) = delete;
+  OpPool& operator=(const OpPool&) = delete;
+  ~OpPool();
+
+  // An op reset to `op_name` (no device yet), from the pool or new; nullptr with `status`
+  // set on failure.
+  TFE_Op* Take(TFE_Context* context, const char* op_name, TF_Status* status);
+  // Gives `op` back (deleted instead if it cannot be reset; `status` is scratch).
+  void Return(TFE_Op* op, TF_Status* status);
+
+ private:
+  std::mutex mutex_;
+  std::vector<TFE_Op*> free_;
+};
+
 class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
  public:
-  // `attrs` are the attributes of the op being expanded (copied into local ops).
-  EagerBuilder(TFE_Context* context, Mesh mesh, const TFE_OpAttrs* attrs, int max_outputs);
+  // `attrs` are the attributes of the op being expanded (copied into local ops). Local ops
+  // come from `pool` when one is given.
+  EagerBuilder(TFE_Context* context, Mesh mesh, const TFE_OpAttrs* attrs, int max_outputs,
+               OpPool* pool = nullptr);
   ~EagerBuilder() override;
 
   // This thread's status object, reset to OK (a TF_Status per op was a malloc and a free).
@@ -69,18 +94,15 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
       const LocalOpOptions& options) override;
 
  private:
-  // Sets up `op` (fresh or reset to `op_name`) and runs it on `device_name`.
+  // Sets up `op` (of `op_name`, already placed on `device_name`) and runs it.
   static StatusOr<std::vector<TFE_TensorHandle*>> Execute(
       TFE_Op* op, const TFE_OpAttrs* attrs, const std::string& op_name,
       const std::vector<TFE_TensorHandle*>& inputs, const LocalOpOptions& options,
       const std::string& device_name, int num_outputs, TF_Status* status);
 
-  struct OpDeleter {
-    void operator()(TFE_Op* op) const { TFE_DeleteOp(op); }
-  };
-
   TFE_Context* context_;
-  std::unique_ptr<TFE_Op, OpDeleter> op_;
+  OpPool* pool_;
+  TFE_Op* op_ = nullptr;  // reset and reused for every local op of this builder
   const TFE_OpAttrs* attrs_;
   int max_outputs_;
   TF_Status* status_;
