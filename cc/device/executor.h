@@ -85,7 +85,9 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
   StatusOr<TFE_TensorHandle*> Share(TFE_TensorHandle* leader, int device) override;
   std::optional<std::vector<int64_t>> LocalShapeOf(TFE_TensorHandle* handle) override;
   int DTypeOf(TFE_TensorHandle* handle) override { return TFE_TensorHandleDataType(handle); }
-  void Discard(TFE_TensorHandle* handle) override { TFE_DeleteTensorHandle(handle); }
+  void Discard(TFE_TensorHandle* handle) override {
+    if (handle) TFE_DeleteTensorHandle(handle);
+  }
   int default_num_outputs() const override { return max_outputs_; }
   // TF collective ops: every device's op on its own thread (device_threads.h), since
   // the participants wait for each other.

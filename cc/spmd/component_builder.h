@@ -273,20 +273,21 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
       out_layouts.empty() ? default_num_outputs() : static_cast<int>(out_layouts.size());
 
   // The leaders run the op; every other device shares its leader's outputs.
-  std::vector<std::vector<Handle>> per_device(n);
+  // per_output[j][d]: device d's handle of output j (Handle{} until made; an output's
+  // vector moves into its value once that value is made). Device 0 always leads.
+  std::vector<std::vector<Handle>> per_output;
   auto fail = [&](const Status& status) {
-    for (const auto& hs : per_device) DiscardAll(hs);
+    for (const auto& hs : per_output) DiscardAll(hs);
     return status;
   };
   std::vector<Handle> local_inputs;
   local_inputs.reserve(inputs.size());
   for (int d = 0; d < n; ++d) {
     if (leaders[d] != d) {
-      per_device[d].reserve(per_device[leaders[d]].size());
-      for (const Handle& h : per_device[leaders[d]]) {
-        StatusOr<Handle> shared = Share(h, d);
+      for (auto& hs : per_output) {
+        StatusOr<Handle> shared = Share(hs[leaders[d]], d);
         if (!shared.ok()) return fail(shared.status());
-        per_device[d].push_back(*shared);
+        hs[d] = *shared;
       }
       continue;
     }
@@ -299,11 +300,19 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
         empty ? ZerosOn(*empty, options, out_layouts, d)
               : RunOn(op_name, local_inputs, options, d, num_outputs);
     if (!outs.ok()) return fail(outs.status());
-    per_device[d] = std::move(outs).value();
+    if (d == 0) {
+      per_output.assign(outs->size(), std::vector<Handle>(n));
+    } else if (outs->size() != per_output.size()) {
+      DiscardAll(*outs);
+      return fail(Internal("'" + op_name + "' made " + std::to_string(outs->size()) +
+                           " outputs on device " + std::to_string(d) + " but " +
+                           std::to_string(per_output.size()) + " on device 0."));
+    }
+    for (size_t j = 0; j < outs->size(); ++j) per_output[j][d] = (*outs)[j];
   }
   std::vector<ValueId> result;
-  for (size_t j = 0; j < per_device[0].size(); ++j) {
-    const Handle first = per_device[0][j];
+  for (size_t j = 0; j < per_output.size(); ++j) {
+    const Handle first = per_output[j][0];
     std::optional<std::vector<int64_t>> local_shape = LocalShapeOf(first);
     const std::optional<std::vector<int64_t>>* given =
         j < options.global_shapes.size() && options.global_shapes[j] ? &options.global_shapes[j]
@@ -315,7 +324,7 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
       local_shape = std::vector<int64_t>((*given)->size(), -1);
       std::vector<int64_t> global = **given;
       for (int d = 0; d < n; ++d) {
-        SetLocalShape(per_device[d][j], out_layouts[j].GeometryOfDevice(global, d).shape);
+        SetLocalShape(per_output[j][d], out_layouts[j].GeometryOfDevice(global, d).shape);
       }
     }
     if (!local_shape) {
@@ -355,7 +364,7 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
         }
         int64_t total = 0;
         for (int device : firsts) {
-          std::optional<std::vector<int64_t>> piece = LocalShapeOf(per_device[device][j]);
+          std::optional<std::vector<int64_t>> piece = LocalShapeOf(per_output[j][device]);
           if (!piece || (*piece)[axis] < 0) {
             total = -1;
             break;
@@ -365,8 +374,7 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
         v.shape[axis] = total;
       }
     }
-    v.handles.reserve(n);
-    for (int d = 0; d < n; ++d) v.handles.push_back(per_device[d][j]);
+    v.handles = std::move(per_output[j]);
     if (given && (*given)->size() == v.shape.size() &&
         v.layout->rank() == static_cast<int>(v.shape.size())) {
       bool filled = false;
