@@ -315,7 +315,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   ctx.requested = requested;
   ctx.num_outputs = *num_outputs;
 
-  EagerBuilder builder(context, ctx.mesh, TFE_OpGetAttrs(op), *num_outputs, &op_pool_);
+  EagerBuilder builder(context, ctx.mesh, TFE_OpGetAttrs(op), *num_outputs, op_pool_);
   std::vector<ValueId> inputs;
   inputs.reserve(num_inputs);
   ctx.inputs.reserve(num_inputs);
@@ -668,7 +668,7 @@ TFE_TensorHandle* DTensorDevice::CopyToDevice(TFE_Context* context, TFE_TensorHa
          status);
     return nullptr;
   }
-  EagerBuilder builder(context, *mesh, nullptr, 1, &op_pool_);
+  EagerBuilder builder(context, *mesh, nullptr, 1, op_pool_);
   TF_DataType dtype = TFE_TensorHandleDataType(tensor);
   std::vector<int64_t> shape = HandleShape(tensor, status);
   std::optional<Layout> layout;

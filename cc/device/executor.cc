@@ -17,20 +17,16 @@ OpPool::~OpPool() {
   for (TFE_Op* op : free_) TFE_DeleteOp(op);
 }
 
-TFE_Op* OpPool::Take(TFE_Context* context, const char* op_name, TF_Status* status) {
-  TFE_Op* op = nullptr;
+TFE_Op* OpPool::Take(TFE_Context* context, TF_Status* status) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!free_.empty()) {
-      op = free_.back();
+      TFE_Op* op = free_.back();
       free_.pop_back();
+      return op;
     }
   }
-  if (op) {
-    TFE_OpReset(op, op_name, nullptr, status);
-  } else {
-    op = TFE_NewOp(context, op_name, status);
-  }
+  TFE_Op* op = TFE_NewOp(context, "NoOp", status);
   if (TF_GetCode(status) != TF_OK) {
     if (op) TFE_DeleteOp(op);
     return nullptr;
@@ -63,7 +59,7 @@ std::vector<Value>& SpareValues() {
 }  // namespace
 
 EagerBuilder::EagerBuilder(TFE_Context* context, Mesh mesh, const TFE_OpAttrs* attrs,
-                           int max_outputs, OpPool* pool)
+                           int max_outputs, OpPool& pool)
     : ComponentBuilder(std::move(mesh)),
       context_(context),
       pool_(pool),
@@ -82,13 +78,7 @@ EagerBuilder::~EagerBuilder() {
     }
     if (v.host) TFE_DeleteTensorHandle(v.host);
   }
-  if (op_) {
-    if (pool_) {
-      pool_->Return(op_, status_);  // the builder's own status is done with
-    } else {
-      TFE_DeleteOp(op_);
-    }
-  }
+  if (op_) pool_.Return(op_, status_);  // the builder's own status is done with
   values_.clear();
   std::vector<Value>& spare = SpareValues<Value>();
   if (spare.capacity() < values_.capacity()) spare.swap(values_);
@@ -172,13 +162,9 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunOn(
     const std::string& op_name, const std::vector<TFE_TensorHandle*>& inputs,
     const LocalOpOptions& options, int device, int num_outputs) {
   const std::string& device_name = mesh_.local_devices()[device];
-  if (!op_) {
-    op_ = pool_ ? pool_->Take(context_, op_name.c_str(), status_)
-                : TFE_NewOp(context_, op_name.c_str(), status_);
-  } else {
-    TFE_OpReset(op_, op_name.c_str(), nullptr, status_);
-  }
-  if (TF_GetCode(status_) == TF_OK) TFE_OpSetDevice(op_, device_name.c_str(), status_);
+  // One op object serves every local op of this builder: reset to the op and its device.
+  if (!op_) op_ = pool_.Take(context_, status_);
+  if (op_) TFE_OpReset(op_, op_name.c_str(), device_name.c_str(), status_);
   TFD_RETURN_IF_TF_ERROR(status_,
                          "creating '" + op_name + "' on " + ShortDeviceName(device_name));
   return Execute(op_, attrs_, op_name, inputs, options, device_name, num_outputs, status_);
@@ -274,15 +260,15 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunCollective(
   const Mesh mesh = mesh_;
   RunConcurrently(static_cast<int>(inputs.size()), [&](int d) {
     TF_Status* status = TF_NewStatus();
-    TFE_Op* op = TFE_NewOp(context_, op_name.c_str(), status);
-    if (TF_GetCode(status) == TF_OK) TFE_OpSetDevice(op, mesh.local_devices()[d].c_str(), status);
+    const std::string& device = mesh.local_devices()[d];
+    TFE_Op* op = pool_.Take(context_, status);
+    if (op) TFE_OpReset(op, op_name.c_str(), device.c_str(), status);
     if (TF_GetCode(status) == TF_OK) {
-      results[d] = Execute(op, nullptr, op_name, inputs[d], options, mesh.local_devices()[d], 1,
-                           status);
+      results[d] = Execute(op, nullptr, op_name, inputs[d], options, device, 1, status);
     } else {
-      results[d] = FromTF(status, "creating '" + op_name + "'");
+      results[d] = FromTF(status, "creating '" + op_name + "' on " + ShortDeviceName(device));
     }
-    if (op) TFE_DeleteOp(op);
+    if (op) pool_.Return(op, status);
     TF_DeleteStatus(status);
   });
   std::vector<TFE_TensorHandle*> outputs;

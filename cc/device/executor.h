@@ -31,10 +31,10 @@ Status FromTF(TF_Status* status, const std::string& context);
     if (TF_GetCode(status) != TF_OK) return FromTF(status, context); \
   } while (0)
 
-// TFE_Op objects kept for reuse, owned by the DTensor device (so by one context): an
-// eager op's builder takes one and gives it back, instead of allocating and deleting an
-// op per eager op. Ops come back reset to NoOp, so a pooled op holds no input handles (no
-// buffers kept alive).
+// TFE_Op objects kept for reuse, owned by the DTensor device (so by one context): a
+// builder takes one and gives it back, instead of allocating and deleting an op per eager
+// op. Pooled ops are reset to NoOp, so they hold no input handles (no buffers kept alive);
+// a taken op is reset by its user to the op and device it runs (one TFE_OpReset).
 class OpPool {
  public:
   OpPool() = default;
@@ -42,9 +42,8 @@ class OpPool {
   OpPool& operator=(const OpPool&) = delete;
   ~OpPool();
 
-  // An op reset to `op_name` (no device yet), from the pool or new; nullptr with `status`
-  // set on failure.
-  TFE_Op* Take(TFE_Context* context, const char* op_name, TF_Status* status);
+  // A pooled op, or a new one; nullptr with `status` set on failure. Thread-safe.
+  TFE_Op* Take(TFE_Context* context, TF_Status* status);
   // Gives `op` back (deleted instead if it cannot be reset; `status` is scratch).
   void Return(TFE_Op* op, TF_Status* status);
 
@@ -56,9 +55,9 @@ class OpPool {
 class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
  public:
   // `attrs` are the attributes of the op being expanded (copied into local ops). Local ops
-  // come from `pool` when one is given.
+  // come from `pool`.
   EagerBuilder(TFE_Context* context, Mesh mesh, const TFE_OpAttrs* attrs, int max_outputs,
-               OpPool* pool = nullptr);
+               OpPool& pool);
   ~EagerBuilder() override;
 
   // This thread's status object, reset to OK (a TF_Status per op was a malloc and a free).
@@ -103,7 +102,7 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
       const std::string& device_name, int num_outputs, TF_Status* status);
 
   TFE_Context* context_;
-  OpPool* pool_;
+  OpPool& pool_;
   TFE_Op* op_ = nullptr;  // reset and reused for every local op of this builder
   const TFE_OpAttrs* attrs_;
   int max_outputs_;
