@@ -1,5 +1,6 @@
 #include "cc/device/attrs.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "cc/core/wire.h"
@@ -134,6 +135,8 @@ Status ParseAttrValue(std::string_view bytes, AttrValue* value) {
 
 StatusOr<AttrMap> AttrMap::Parse(std::string_view bytes) {
   AttrMap map;
+  // Each attribute's entry as encoded, by name: the canonical bytes (see Bytes).
+  std::vector<std::pair<std::string, std::string_view>> entries;
   WireReader reader(bytes);
   int field, wire_type;
   while (!reader.done()) {
@@ -162,8 +165,14 @@ StatusOr<AttrMap> AttrMap::Parse(std::string_view bytes) {
       }
     }
     map.values_[key] = std::move(value);
+    entries.emplace_back(std::move(key), entry);
   }
-  map.bytes_ = std::string(bytes);
+  std::sort(entries.begin(), entries.end());
+  for (const auto& [key, entry] : entries) {
+    map.bytes_ += std::to_string(entry.size());
+    map.bytes_ += ':';
+    map.bytes_ += entry;
+  }
   return map;
 }
 
@@ -179,7 +188,10 @@ void AttrMap::Load() const {
   bytes_ = loader();
   StatusOr<AttrMap> parsed = Parse(bytes_);
   // Undecodable attributes read as absent; rules then report what they miss.
-  if (parsed.ok()) values_ = std::move(parsed->values_);
+  if (parsed.ok()) {
+    values_ = std::move(parsed->values_);
+    bytes_ = std::move(parsed->bytes_);
+  }
 }
 
 const std::string& AttrMap::Bytes() const {

@@ -52,7 +52,10 @@ class AttrMap {
 
   // Whether any attribute was read (a plan that read none holds for any attributes).
   bool used() const { return used_; }
-  // The serialized attributes (read now if they were lazy): equal bytes, equal attributes.
+  // The attributes as one string (read now if they were lazy), for keys: each attribute's
+  // encoded entry, sorted by name. Equal bytes, equal attributes; TF serializes its
+  // attribute map in no fixed order, so its own bytes differ for equal attributes (plans
+  // keyed by them were missed on most repeats).
   const std::string& Bytes() const;
 
  private:

@@ -98,5 +98,31 @@ TEST(Dispatch, PlanCacheServesRepeatedOps) {
   EXPECT_EQ(cache.size(), 2u);
 }
 
+// A serialized NameAttrList holding `entries` (name, serialized AttrValue) in that order.
+std::string NameAttrList(const std::vector<std::pair<std::string, std::string>>& entries) {
+  auto field = [](int number, const std::string& bytes) {
+    return std::string(1, static_cast<char>(number << 3 | 2)) +
+           std::string(1, static_cast<char>(bytes.size())) + bytes;
+  };
+  std::string out = field(1, "MatMul");
+  for (const auto& [name, value] : entries) out += field(2, field(1, name) + field(2, value));
+  return out;
+}
+
+TEST(Dispatch, AttributeKeysDoNotDependOnTheirOrder) {
+  // TF serializes an op's attribute map in no fixed order; plans keyed by the attributes
+  // must be found again whatever order they come in.
+  const std::string yes("\x28\x01", 2), no("\x28\x00", 2), f32("\x30\x01", 2);
+  StatusOr<AttrMap> a = AttrMap::Parse(NameAttrList({{"transpose_a", yes}, {"T", f32}}));
+  StatusOr<AttrMap> b = AttrMap::Parse(NameAttrList({{"T", f32}, {"transpose_a", yes}}));
+  StatusOr<AttrMap> c = AttrMap::Parse(NameAttrList({{"T", f32}, {"transpose_a", no}}));
+  ASSERT_OK(a.status());
+  ASSERT_OK(b.status());
+  ASSERT_OK(c.status());
+  EXPECT_TRUE(a->GetBool("transpose_a", false));
+  EXPECT_EQ(a->Bytes(), b->Bytes());
+  EXPECT_NE(a->Bytes(), c->Bytes());
+}
+
 }  // namespace
 }  // namespace tf_dtensor
