@@ -147,6 +147,26 @@ Status EmitOutputs(EagerBuilder& builder, const std::vector<ValueId>& values,
   return Status::Ok();
 }
 
+// The mesh of an op's inputs when a local-only run may serve it (PlanCache::SetLocalOnly):
+// every input a DTensor (no resource, no parts, nothing partial, each axis over one mesh
+// dimension) of one mesh, and none read as a host argument (its value would be part of the
+// plan); else null. (Where results are copied to devices rather than shared, GPUs, the
+// expansion is not recorded: EagerBuilder::LocalOnly sees the copies.)
+const Mesh* LocalOnlyMesh(const Rule& rule, const std::vector<const TensorWithLayout*>& dtensors) {
+  const int n = static_cast<int>(dtensors.size());
+  if (n == 0 || !dtensors[0]) return nullptr;
+  const Mesh& mesh = dtensors[0]->layout().mesh();
+  for (int i = 0; i < n; ++i) {
+    const TensorWithLayout* t = dtensors[i];
+    if (!t || t->resource() || t->parted() || t->layout().is_partial() ||
+        t->layout().is_single_device() || t->layout().HasMultiDimAxis() ||
+        t->layout().mesh() != mesh || rule.IsHostArgument(i, n)) {
+      return nullptr;
+    }
+  }
+  return &mesh;
+}
+
 }  // namespace
 
 void ToTF(const Status& status, TF_Status* tf_status) {
@@ -186,14 +206,17 @@ std::optional<Mesh> DTensorDevice::default_mesh() const {
 void DTensorDevice::PushDefaultLayout(std::optional<Layout> layout) {
   std::lock_guard<std::mutex> lock(mutex_);
   layout_stack_.push_back(std::move(layout));
+  layouts_pushed_.store(static_cast<int>(layout_stack_.size()));
 }
 
 void DTensorDevice::PopDefaultLayout() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!layout_stack_.empty()) layout_stack_.pop_back();
+  layouts_pushed_.store(static_cast<int>(layout_stack_.size()));
 }
 
 std::optional<Layout> DTensorDevice::default_layout() const {
+  if (layouts_pushed_.load() == 0) return std::nullopt;
   std::lock_guard<std::mutex> lock(mutex_);
   return layout_stack_.empty() ? std::nullopt : layout_stack_.back();
 }
@@ -245,6 +268,22 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   // No rule: run replicated (the documented policy, applied by Dispatch).
   static const std::shared_ptr<const Rule> fallback = Replicated();
   if (!rule) rule = fallback.get();
+
+  // A repeated op whose expansion was local-only runs its local ops directly.
+  const Mesh* local_only_mesh =
+      has_rule && layouts_pushed_.load() == 0 ? LocalOnlyMesh(*rule, dtensors) : nullptr;
+  if (local_only_mesh) {
+    std::vector<PlanCache::InputView> views;
+    views.reserve(num_inputs);
+    for (const TensorWithLayout* t : dtensors) {
+      views.push_back({&t->layout(), &t->shape(), t->dtype()});
+    }
+    std::shared_ptr<const LocalOnlyRun> run = plan_cache_.FindLocalOnly(
+        rule, op_name, *local_only_mesh, *num_outputs, views, attrs);
+    if (run && RunLocalOnly(op, op_name, *local_only_mesh, *run, dtensors, num_outputs, outputs)) {
+      return Status::Ok();
+    }
+  }
 
   // A replicated scalar, or a replicated value read as a host argument (a shape, an
   // axis), may come from another mesh: TF caches small constants per device, and one
@@ -350,10 +389,17 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   options.expand_with = parted_builder ? &*parted_builder : nullptr;
   options.cache = &plan_cache_;
   options.stateful = !has_rule && IsStatefulOp(op_name);
+  if (local_only_mesh) builder.WatchLocalOnly(op_name, inputs);
   StatusOr<std::vector<ValueId>> results =
       Dispatch(has_rule ? rule : nullptr, ctx, std::move(inputs), builder, options);
   if (!results.ok()) return results.status();
   std::vector<ValueId> out = std::move(results).value();
+  // The plan's expansion was local-only: later calls run its local ops directly.
+  if (local_only_mesh && !ctx.requested && !parted_builder) {
+    if (std::optional<LocalOnlyRun> run = builder.LocalOnly(out)) {
+      plan_cache_.SetLocalOnly(rule, ctx, std::make_shared<const LocalOnlyRun>(std::move(*run)));
+    }
+  }
 
   // call_with_layout: a single output of the requested rank takes the requested layout,
   // where its shape allows. Constants made from Python values (_EagerConst) are mostly
@@ -368,6 +414,87 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
     if (user_requested->is_parted() && builder.layout(out[0]) == ctx.requested) parted_out = true;
   }
   return EmitOutputs(builder, out, context, name_, num_outputs, outputs, parted_out);
+}
+
+bool DTensorDevice::RunLocalOnly(const TFE_Op* op, const std::string& op_name, const Mesh& mesh,
+                                 const LocalOnlyRun& run,
+                                 const std::vector<const TensorWithLayout*>& dtensors,
+                                 int* num_outputs, TFE_TensorHandle** outputs) {
+  TF_Status* status = EagerBuilder::ThreadStatus();
+  TFE_Context* context = TFE_OpGetContext(op, status);
+  TFE_Op* local = op_pool_.Take(context, status);
+  if (!local) return false;
+  const int devices = mesh.num_local_devices();
+  const int max_outputs = *num_outputs;
+  const int num_results = static_cast<int>(run.outputs.size());
+  // results[d * max_outputs + j]: output j of leading device d, as EagerBuilder::RunOn
+  // runs it (the op on the device, its attributes, the device's components).
+  std::vector<TFE_TensorHandle*> results(static_cast<size_t>(devices) * max_outputs, nullptr);
+  for (int d = 0; d < devices && TF_GetCode(status) == TF_OK; ++d) {
+    if (run.leaders[d] != d) continue;
+    TFE_OpReset(local, op_name.c_str(), mesh.local_devices()[d].c_str(), status);
+    if (TF_GetCode(status) == TF_OK) TFE_OpAddAttrs(local, TFE_OpGetAttrs(op));
+    for (size_t i = 0; i < dtensors.size() && TF_GetCode(status) == TF_OK; ++i) {
+      TFE_OpAddInput(local, dtensors[i]->component(d), status);
+    }
+    int n = max_outputs;
+    if (TF_GetCode(status) == TF_OK) TFE_Execute(local, &results[d * max_outputs], &n, status);
+    if (TF_GetCode(status) == TF_OK && n != num_results) {
+      TF_SetStatus(status, TF_INTERNAL, "a different number of outputs");
+    }
+  }
+  const bool ran = TF_GetCode(status) == TF_OK;
+  op_pool_.Return(local, status);
+  int wrapped = 0;
+  for (; ran && wrapped < num_results; ++wrapped) {
+    const int j = wrapped;
+    TFE_TensorHandle* first = results[j];
+    std::vector<int64_t> shape = HandleShape(first, status);
+    const Layout* layout = &run.outputs[j];
+    std::optional<Layout> adapted;
+    if (layout->rank() != static_cast<int>(shape.size())) {
+      // As LocalOp: a replicated plan takes the kernel's rank; anything else is expanded
+      // again, which reports it.
+      if (!layout->IsFullyReplicated()) break;
+      adapted = Layout::Replicated(mesh, static_cast<int>(shape.size()));
+      layout = &*adapted;
+    }
+    if (!layout->IsFullyReplicated()) {
+      std::vector<std::vector<int64_t>> blocks(devices);
+      for (int d = 0; d < devices && TF_GetCode(status) == TF_OK; ++d) {
+        blocks[d] = d == 0 ? shape : HandleShape(results[run.leaders[d] * max_outputs + j], status);
+      }
+      shape = GlobalShapeOfBlocks(*layout, blocks, /*parted=*/false);
+    }
+    std::vector<HandlePtr> components;
+    components.reserve(devices);
+    for (int d = 0; d < devices && TF_GetCode(status) == TF_OK; ++d) {
+      TFE_TensorHandle*& result = results[run.leaders[d] * max_outputs + j];
+      if (run.leaders[d] == d) {
+        components.emplace_back(result);  // owned by the record from here on
+        result = nullptr;
+      } else {
+        components.push_back(ShareHandle(components[run.leaders[d]].get(), status));
+      }
+    }
+    if (TF_GetCode(status) != TF_OK) break;
+    const TF_DataType dtype = TFE_TensorHandleDataType(first);
+    auto tensor = std::make_unique<TensorWithLayout>(*layout, std::move(shape), dtype,
+                                                     std::move(components));
+    outputs[j] = TensorWithLayout::MakeHandle(context, name_, std::move(tensor), status);
+    if (TF_GetCode(status) != TF_OK) break;
+  }
+  if (ran && wrapped == num_results) {
+    *num_outputs = num_results;
+    local_only_runs_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  // Nothing is handed out: the op is expanded again and reports what went wrong.
+  for (int k = 0; k < wrapped; ++k) TFE_DeleteTensorHandle(outputs[k]);
+  for (TFE_TensorHandle* h : results) {
+    if (h) TFE_DeleteTensorHandle(h);
+  }
+  return false;
 }
 
 FallbackPolicy DTensorDevice::policy() {

@@ -46,6 +46,8 @@ class DTensorDevice {
   // Expanded tf.functions held in the cache (for tests and debugging).
   int num_expanded_functions() const { return expander_.cache_size(); }
   size_t num_cached_plans() const { return plan_cache_.size(); }
+  // Eager ops run by their plan's local-only run (RunLocalOnly), for tests.
+  int64_t num_local_only_runs() const { return local_only_runs_.load(); }
   void set_warning_handler(std::function<void(const std::string&)> handler) {
     warning_handler_ = std::move(handler);
   }
@@ -70,6 +72,12 @@ class DTensorDevice {
                          std::optional<Layout> requested, bool parts_in, bool parts_out,
                          int* num_outputs,
                          TFE_TensorHandle** outputs);
+  // Runs a repeated op by its plan's local-only run (PlanCache::SetLocalOnly): the op on
+  // each leading device's components, the others sharing. False when that failed and
+  // nothing was made: the caller expands the op, which reports the error.
+  bool RunLocalOnly(const TFE_Op* op, const std::string& op_name, const Mesh& mesh,
+                    const LocalOnlyRun& run, const std::vector<const TensorWithLayout*>& dtensors,
+                    int* num_outputs, TFE_TensorHandle** outputs);
   FallbackPolicy policy();
   std::optional<Layout> default_layout() const;
   void WarnOnce(const std::string& op_name, const std::string& message);
@@ -79,11 +87,13 @@ class DTensorDevice {
   mutable std::mutex mutex_;
   std::vector<std::optional<Mesh>> mesh_stack_;
   std::vector<std::optional<Layout>> layout_stack_;
+  std::atomic<int> layouts_pushed_{0};  // layout_stack_.size(), read without the lock
   std::set<std::string> warned_;
   std::function<void(const std::string&)> warning_handler_;
   FunctionExpander expander_;
   PlanCache plan_cache_;  // eager plans, reused by repeated ops
   OpPool op_pool_;        // the eager builders' local TFE ops, reused
+  std::atomic<int64_t> local_only_runs_{0};
 };
 
 // Sets `status` from ours.

@@ -167,7 +167,58 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunOn(
   if (op_) TFE_OpReset(op_, op_name.c_str(), device_name.c_str(), status_);
   TFD_RETURN_IF_TF_ERROR(status_,
                          "creating '" + op_name + "' on " + ShortDeviceName(device_name));
-  return Execute(op_, attrs_, op_name, inputs, options, device_name, num_outputs, status_);
+  StatusOr<std::vector<TFE_TensorHandle*>> outputs =
+      Execute(op_, attrs_, op_name, inputs, options, device_name, num_outputs, status_);
+  if (watch_ && watch_->local_only) {
+    Watch& w = *watch_;
+    bool same = outputs.ok() && op_name == w.op_name && options.copy_attrs &&
+                options.overrides.empty() && inputs.size() == w.inputs.size() &&
+                w.outputs[device].empty();
+    for (size_t i = 0; same && i < inputs.size(); ++i) {
+      same = inputs[i] == values_[w.inputs[i]].handles[device];
+    }
+    w.local_only = same;
+    if (same) w.outputs[device] = *outputs;
+  }
+  return outputs;
+}
+
+void EagerBuilder::WatchLocalOnly(const std::string& op_name, std::vector<ValueId> inputs) {
+  watch_ = Watch{op_name, std::move(inputs), true,
+                 std::vector<std::vector<TFE_TensorHandle*>>(mesh_.num_local_devices())};
+}
+
+std::optional<LocalOnlyRun> EagerBuilder::LocalOnly(const std::vector<ValueId>& outputs) const {
+  if (!watch_ || !watch_->local_only) return std::nullopt;
+  const Watch& w = *watch_;
+  const int n = mesh_.num_local_devices();
+  LocalOnlyRun run;
+  run.leaders.assign(n, -1);
+  for (int d = 0; d < n; ++d) {
+    if (w.outputs[d].empty()) continue;
+    if (w.outputs[d].size() != outputs.size()) return std::nullopt;
+    run.leaders[d] = d;
+  }
+  if (outputs.empty() || run.leaders[0] != 0) return std::nullopt;
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    const Value& v = values_[outputs[j]];
+    if (!v.layout || v.resource || !v.owned || v.layout->is_partial() ||
+        static_cast<int>(v.handles.size()) != n) {
+      return std::nullopt;
+    }
+    // Each device holds its own result or, shared, the very handle of a device that ran.
+    for (int d = 0; d < n; ++d) {
+      if (run.leaders[d] < 0) {  // first output: find the device it shares with
+        for (int l = 0; l < d && run.leaders[d] < 0; ++l) {
+          if (!w.outputs[l].empty() && w.outputs[l][0] == v.handles[d]) run.leaders[d] = l;
+        }
+        if (run.leaders[d] < 0) return std::nullopt;
+      }
+      if (v.handles[d] != w.outputs[run.leaders[d]][j]) return std::nullopt;
+    }
+    run.outputs.push_back(*v.layout);
+  }
+  return run;
 }
 
 StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::Execute(
@@ -254,6 +305,7 @@ std::optional<std::vector<int64_t>> EagerBuilder::IntValue(ValueId value) {
 StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunCollective(
     const std::string& op_name, const std::vector<std::vector<TFE_TensorHandle*>>& inputs,
     const LocalOpOptions& options) {
+  if (watch_) watch_->local_only = false;
   // Every participant blocks until the whole group has arrived: one thread per device.
   std::vector<StatusOr<std::vector<TFE_TensorHandle*>>> results(
       inputs.size(), StatusOr<std::vector<TFE_TensorHandle*>>(Internal("not run")));
@@ -292,6 +344,7 @@ StatusOr<ValueId> EagerBuilder::HostConstant(const std::vector<int64_t>& values,
   TFD_ASSIGN_OR_RETURN(TF_Tensor * tensor, IntTensor(values, shape, dtype));
   TFE_TensorHandle* handle = TFE_NewTensorHandle(tensor, status_);
   TF_DeleteTensor(tensor);
+  if (watch_) watch_->local_only = false;
   TFD_RETURN_IF_TF_ERROR(status_, "creating a host constant");
   Value v;
   v.shape = shape;

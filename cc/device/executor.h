@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cc/device/tensor_with_layout.h"
+#include "cc/rules/plan_cache.h"
 #include "cc/spmd/component_builder.h"
 
 namespace tf_dtensor {
@@ -76,6 +77,13 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
   // Reads the host tensor, or component 0 of a replicated DTensor (not a resource).
   std::optional<std::vector<int64_t>> IntValue(ValueId value) override;
 
+  // Watches the expansion for a local-only run (PlanCache::SetLocalOnly): whether it runs
+  // nothing but `op_name` itself, with the expanded op's attributes, on each device's
+  // components of `inputs` (DTensors on the builder).
+  void WatchLocalOnly(const std::string& op_name, std::vector<ValueId> inputs);
+  // After the expansion, given its results: the run when it was local-only, else nullopt.
+  std::optional<LocalOnlyRun> LocalOnly(const std::vector<ValueId>& outputs) const;
+
  protected:
   StatusOr<std::vector<TFE_TensorHandle*>> RunOn(const std::string& op_name,
                                                  const std::vector<TFE_TensorHandle*>& inputs,
@@ -107,6 +115,15 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
   const TFE_OpAttrs* attrs_;
   int max_outputs_;
   TF_Status* status_;
+  // What a watched expansion did (WatchLocalOnly): still local-only so far, and each
+  // device's results of the op (empty where it did not run).
+  struct Watch {
+    std::string op_name;
+    std::vector<ValueId> inputs;
+    bool local_only = true;
+    std::vector<std::vector<TFE_TensorHandle*>> outputs;
+  };
+  std::optional<Watch> watch_;
 };
 
 }  // namespace tf_dtensor

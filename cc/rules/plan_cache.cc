@@ -19,18 +19,29 @@ bool SameInput(const InputInfo& a, const InputInfo& b) {
          SameResource(a.resource, b.resource);
 }
 
+// The parts of the key both lookups hash: the op, and each input's layout, dtype, shape.
+size_t HashOp(const Rule* rule, const std::string& op_name, const Mesh& mesh, int num_outputs,
+              bool keep_partial) {
+  size_t h = std::hash<const void*>()(rule);
+  h = Mix(h, std::hash<std::string>()(op_name));
+  h = Mix(h, mesh.Hash());
+  return Mix(h, static_cast<size_t>(num_outputs) * 2 + (keep_partial ? 1 : 0));
+}
+
+size_t MixInput(size_t h, const Layout* layout, int dtype, const std::vector<int64_t>& shape) {
+  h = Mix(h, layout ? layout->Hash() : 17);
+  h = Mix(h, static_cast<size_t>(dtype));
+  for (int64_t d : shape) h = Mix(h, static_cast<size_t>(d));
+  return h;
+}
+
 }  // namespace
 
 size_t PlanCache::Hash(const Rule* rule, const OpContext& ctx) {
-  size_t h = std::hash<const void*>()(rule);
-  h = Mix(h, std::hash<std::string>()(ctx.op_name));
-  h = Mix(h, ctx.mesh.Hash());
-  h = Mix(h, static_cast<size_t>(ctx.num_outputs) * 2 + (ctx.keep_partial ? 1 : 0));
+  size_t h = HashOp(rule, ctx.op_name, ctx.mesh, ctx.num_outputs, ctx.keep_partial);
   if (ctx.requested) h = Mix(h, ctx.requested->Hash());
   for (const InputInfo& in : ctx.inputs) {
-    h = Mix(h, in.layout ? in.layout->Hash() : 17);
-    h = Mix(h, static_cast<size_t>(in.dtype));
-    for (int64_t d : in.shape) h = Mix(h, static_cast<size_t>(d));
+    h = MixInput(h, in.layout ? &*in.layout : nullptr, in.dtype, in.shape);
     if (in.int_value) {
       for (int64_t v : *in.int_value) h = Mix(h, static_cast<size_t>(v) + 31);
     }
@@ -51,13 +62,51 @@ bool PlanCache::Entry::Matches(const Rule* r, const OpContext& ctx) const {
   return !uses_attrs || (ctx.attrs && ctx.attrs->Bytes() == attrs);
 }
 
+PlanCache::Entry* PlanCache::FindLocked(const Rule* rule, const OpContext& ctx) {
+  auto it = entries_.find(Hash(rule, ctx));
+  if (it == entries_.end()) return nullptr;
+  for (Entry& e : it->second) {
+    if (e.Matches(rule, ctx)) return &e;
+  }
+  return nullptr;
+}
+
 std::shared_ptr<const Plan> PlanCache::Find(const Rule* rule, const OpContext& ctx) {
-  const size_t h = Hash(rule, ctx);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Entry* e = FindLocked(rule, ctx);
+  return e ? e->plan : nullptr;
+}
+
+void PlanCache::SetLocalOnly(const Rule* rule, const OpContext& ctx,
+                             std::shared_ptr<const LocalOnlyRun> run) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Entry* e = FindLocked(rule, ctx)) e->local_only = std::move(run);
+}
+
+std::shared_ptr<const LocalOnlyRun> PlanCache::FindLocalOnly(const Rule* rule,
+                                                             const std::string& op_name,
+                                                             const Mesh& mesh, int num_outputs,
+                                                             const std::vector<InputView>& inputs,
+                                                             const AttrMap& attrs) {
+  size_t h = HashOp(rule, op_name, mesh, num_outputs, /*keep_partial=*/false);
+  for (const InputView& in : inputs) h = MixInput(h, in.layout, in.dtype, *in.shape);
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(h);
   if (it == entries_.end()) return nullptr;
   for (const Entry& e : it->second) {
-    if (e.Matches(rule, ctx)) return e.plan;
+    if (!e.local_only || e.rule != rule || e.op_name != op_name || e.mesh != mesh ||
+        e.num_outputs != num_outputs || e.keep_partial || e.requested ||
+        e.inputs.size() != inputs.size()) {
+      continue;
+    }
+    bool same = true;
+    for (size_t i = 0; i < inputs.size() && same; ++i) {
+      const InputInfo& a = e.inputs[i];
+      same = a.layout && *a.layout == *inputs[i].layout && a.shape == *inputs[i].shape &&
+             a.dtype == inputs[i].dtype && !a.int_value && !a.from_host && !a.resource;
+    }
+    // A plan that read attributes holds only for the same attributes.
+    if (same && (!e.uses_attrs || attrs.Bytes() == e.attrs)) return e.local_only;
   }
   return nullptr;
 }

@@ -14,6 +14,15 @@
 
 namespace tf_dtensor {
 
+// An expansion that was the op itself on each device's own components (SetLocalOnly).
+struct LocalOnlyRun {
+  // leaders[d]: the device whose results device d shares (d itself: it runs the op).
+  std::vector<int> leaders;
+  // The outputs' layouts. A replicated plan adapts to the rank the kernel gives (as
+  // ComponentBuilder::LocalOp does).
+  std::vector<Layout> outputs;
+};
+
 class PlanCache {
  public:
   // The plan made before for the same op and inputs, or null.
@@ -22,6 +31,28 @@ class PlanCache {
   // Forward read). Old entries go when the cache is full.
   void Insert(const Rule* rule, const OpContext& ctx, std::shared_ptr<const Plan> plan);
   size_t size() const;
+
+  // Local-only plans. Many ops expand to the op itself on each device's own components:
+  // no relayout, no collective, no attribute of its own; on virtual CPUs devices that hold
+  // the same shard share one result (a replicated op runs once). The eager executor records that outcome for the plan once an expansion turned
+  // out so (for `ctx` as planned: after Dispatch); a repeated op then runs those local ops
+  // directly, without building the expansion again. Whether it is so is the rule's answer,
+  // not a guess: only an expansion that did exactly this is recorded, and only for the
+  // inputs, request and (when the plan read them) attributes it was made for.
+  void SetLocalOnly(const Rule* rule, const OpContext& ctx,
+                    std::shared_ptr<const LocalOnlyRun> run);
+  // An input as the eager executor holds it, to look a plan up without an OpContext.
+  struct InputView {
+    const Layout* layout;
+    const std::vector<int64_t>* shape;
+    int dtype;
+  };
+  // The local-only run recorded for these inputs (DTensors, no resource, no request,
+  // nothing partial), or null. `attrs` are read only if the plan read attributes.
+  std::shared_ptr<const LocalOnlyRun> FindLocalOnly(const Rule* rule, const std::string& op_name,
+                                                    const Mesh& mesh, int num_outputs,
+                                                    const std::vector<InputView>& inputs,
+                                                    const AttrMap& attrs);
 
   static constexpr size_t kMaxEntries = 4096;
 
@@ -37,9 +68,11 @@ class PlanCache {
     bool uses_attrs;
     std::string attrs;
     std::shared_ptr<const Plan> plan;
+    std::shared_ptr<const LocalOnlyRun> local_only;  // see SetLocalOnly
     bool Matches(const Rule* r, const OpContext& ctx) const;
   };
   static size_t Hash(const Rule* rule, const OpContext& ctx);
+  Entry* FindLocked(const Rule* rule, const OpContext& ctx);
 
   mutable std::mutex mutex_;
   std::unordered_map<size_t, std::vector<Entry>> entries_;
