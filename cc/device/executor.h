@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "cc/device/tensor_with_layout.h"
-#include "cc/rules/plan_cache.h"
 #include "cc/spmd/component_builder.h"
 
 namespace tf_dtensor {

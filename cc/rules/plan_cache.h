@@ -14,15 +14,6 @@
 
 namespace tf_dtensor {
 
-// An expansion that was the op itself on each device's own components (SetLocalOnly).
-struct LocalOnlyRun {
-  // leaders[d]: the device whose results device d shares (d itself: it runs the op).
-  std::vector<int> leaders;
-  // The outputs' layouts. A replicated plan adapts to the rank the kernel gives (as
-  // ComponentBuilder::LocalOp does).
-  std::vector<Layout> outputs;
-};
-
 class PlanCache {
  public:
   // The plan made before for the same op and inputs, or null.

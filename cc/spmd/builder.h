@@ -80,6 +80,16 @@ struct LocalOpOptions {
   std::vector<std::vector<int64_t>> zeros_grow;
 };
 
+// An expansion that was the op itself on each device's own components (the eager executor
+// records it with the op's plan: PlanCache::SetLocalOnly).
+struct LocalOnlyRun {
+  // leaders[d]: the device whose results device d shares (d itself: it runs the op).
+  std::vector<int> leaders;
+  // The outputs' layouts. A replicated plan adapts to the rank the kernel gives (as
+  // ComponentBuilder::LocalOp does).
+  std::vector<Layout> outputs;
+};
+
 // Metadata for a resource (variable) handle: the layout and shape of the value it holds.
 struct ResourceInfo {
   Layout value_layout;
