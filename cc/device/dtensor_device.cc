@@ -148,23 +148,28 @@ Status EmitOutputs(EagerBuilder& builder, const std::vector<ValueId>& values,
 }
 
 // The mesh of an op's inputs when a local-only run may serve it (PlanCache::SetLocalOnly):
-// every input a DTensor (no resource, no parts, nothing partial, each axis over one mesh
-// dimension) of one mesh, and none read as a host argument (its value would be part of the
-// plan); else null. (Where results are copied to devices rather than shared, GPUs, the
-// expansion is not recorded: EagerBuilder::LocalOnly sees the copies.)
+// every input a DTensor of one mesh (no resource, no parts, nothing partial, each axis
+// over one mesh dimension) where the rule reads data, and a host tensor where it reads a
+// host argument (an axis, a permutation: its value is part of the plan); else null.
+// (Where results are copied to devices rather than shared, GPUs, a replicated op is not
+// recorded: EagerBuilder::LocalOnly sees the copies.)
 const Mesh* LocalOnlyMesh(const Rule& rule, const std::vector<const TensorWithLayout*>& dtensors) {
   const int n = static_cast<int>(dtensors.size());
-  if (n == 0 || !dtensors[0]) return nullptr;
-  const Mesh& mesh = dtensors[0]->layout().mesh();
+  const Mesh* mesh = nullptr;
   for (int i = 0; i < n; ++i) {
     const TensorWithLayout* t = dtensors[i];
+    if (rule.IsHostArgument(i, n)) {
+      if (t) return nullptr;
+      continue;
+    }
     if (!t || t->resource() || t->parted() || t->layout().is_partial() ||
         t->layout().is_single_device() || t->layout().HasMultiDimAxis() ||
-        t->layout().mesh() != mesh || rule.IsHostArgument(i, n)) {
+        (mesh && t->layout().mesh() != *mesh)) {
       return nullptr;
     }
+    mesh = &t->layout().mesh();
   }
-  return &mesh;
+  return mesh;
 }
 
 }  // namespace
@@ -273,14 +278,32 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   const Mesh* local_only_mesh =
       has_rule && layouts_pushed_.load() == 0 ? LocalOnlyMesh(*rule, dtensors) : nullptr;
   if (local_only_mesh) {
-    std::vector<PlanCache::InputView> views;
-    views.reserve(num_inputs);
-    for (const TensorWithLayout* t : dtensors) {
-      views.push_back({&t->layout(), &t->shape(), t->dtype()});
+    std::vector<PlanCache::InputView> views(num_inputs);
+    // Host arguments' shapes and values (sized at the first one, before views point in).
+    std::vector<std::vector<int64_t>> host_shapes;
+    std::vector<std::optional<std::vector<int64_t>>> host_values;
+    bool readable = true;
+    for (int i = 0; i < num_inputs && readable; ++i) {
+      if (const TensorWithLayout* t = dtensors[i]) {
+        views[i] = {&t->layout(), &t->shape(), t->dtype()};
+        continue;
+      }
+      if (host_shapes.empty()) {
+        host_shapes.resize(num_inputs);
+        host_values.resize(num_inputs);
+      }
+      host_shapes[i] = HandleShape(handles[i], status);
+      host_values[i] = ReadIntValue(handles[i]);
+      readable = TF_GetCode(status) == TF_OK && host_values[i].has_value();
+      views[i] = {nullptr, &host_shapes[i], TFE_TensorHandleDataType(handles[i]),
+                  readable ? &*host_values[i] : nullptr};
     }
-    std::shared_ptr<const LocalOnlyRun> run = plan_cache_.FindLocalOnly(
-        rule, op_name, *local_only_mesh, *num_outputs, views, attrs);
-    if (run && RunLocalOnly(op, op_name, *local_only_mesh, *run, dtensors, num_outputs, outputs)) {
+    std::shared_ptr<const LocalOnlyRun> run =
+        readable ? plan_cache_.FindLocalOnly(rule, op_name, *local_only_mesh, *num_outputs,
+                                             views, attrs)
+                 : nullptr;
+    if (run && RunLocalOnly(op, op_name, *local_only_mesh, *run, handles, dtensors,
+                            num_outputs, outputs)) {
       return Status::Ok();
     }
   }
@@ -418,6 +441,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
 
 bool DTensorDevice::RunLocalOnly(const TFE_Op* op, const std::string& op_name, const Mesh& mesh,
                                  const LocalOnlyRun& run,
+                                 const std::vector<TFE_TensorHandle*>& handles,
                                  const std::vector<const TensorWithLayout*>& dtensors,
                                  int* num_outputs, TFE_TensorHandle** outputs) {
   TF_Status* status = EagerBuilder::ThreadStatus();
@@ -435,7 +459,7 @@ bool DTensorDevice::RunLocalOnly(const TFE_Op* op, const std::string& op_name, c
     TFE_OpReset(local, op_name.c_str(), mesh.local_devices()[d].c_str(), status);
     if (TF_GetCode(status) == TF_OK) TFE_OpAddAttrs(local, TFE_OpGetAttrs(op));
     for (size_t i = 0; i < dtensors.size() && TF_GetCode(status) == TF_OK; ++i) {
-      TFE_OpAddInput(local, dtensors[i]->component(d), status);
+      TFE_OpAddInput(local, dtensors[i] ? dtensors[i]->component(d) : handles[i], status);
     }
     int n = max_outputs;
     if (TF_GetCode(status) == TF_OK) TFE_Execute(local, &results[d * max_outputs], &n, status);

@@ -73,11 +73,13 @@ class DTensorDevice {
                          int* num_outputs,
                          TFE_TensorHandle** outputs);
   // Runs a repeated op by its plan's local-only run (PlanCache::SetLocalOnly): the op on
-  // each leading device's components, the others sharing. False when that failed and
-  // nothing was made: the caller expands the op, which reports the error.
+  // each leading device's components (and the host arguments, `handles`), the others
+  // sharing. False when that failed and nothing was made: the caller expands the op,
+  // which reports the error.
   bool RunLocalOnly(const TFE_Op* op, const std::string& op_name, const Mesh& mesh,
-                    const LocalOnlyRun& run, const std::vector<const TensorWithLayout*>& dtensors,
-                    int* num_outputs, TFE_TensorHandle** outputs);
+                    const LocalOnlyRun& run, const std::vector<TFE_TensorHandle*>& handles,
+                    const std::vector<const TensorWithLayout*>& dtensors, int* num_outputs,
+                    TFE_TensorHandle** outputs);
   FallbackPolicy policy();
   std::optional<Layout> default_layout() const;
   void WarnOnce(const std::string& op_name, const std::string& message);

@@ -175,7 +175,7 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunOn(
                 options.overrides.empty() && inputs.size() == w.inputs.size() &&
                 w.outputs[device].empty();
     for (size_t i = 0; same && i < inputs.size(); ++i) {
-      same = inputs[i] == values_[w.inputs[i]].handles[device];
+      same = inputs[i] == local(w.inputs[i], device);
     }
     w.local_only = same;
     if (same) w.outputs[device] = *outputs;
@@ -265,13 +265,9 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::Execute(
   return outputs;
 }
 
-namespace {
-
-// Host arguments are small (shapes, axes, permutations); larger tensors are data.
-constexpr int64_t kMaxIntValueElements = 1 << 12;
-
-// The integer value of a small host tensor, if it is one.
 std::optional<std::vector<int64_t>> ReadIntValue(TFE_TensorHandle* handle) {
+  // Host arguments are small (shapes, axes, permutations); larger tensors are data.
+  constexpr int64_t kMaxIntValueElements = 1 << 12;
   TF_DataType dtype = TFE_TensorHandleDataType(handle);
   if (dtype != TF_INT32 && dtype != TF_INT64) return std::nullopt;
   std::unique_ptr<TF_Status, decltype(&TF_DeleteStatus)> status(TF_NewStatus(), TF_DeleteStatus);
@@ -287,8 +283,6 @@ std::optional<std::vector<int64_t>> ReadIntValue(TFE_TensorHandle* handle) {
   TF_DeleteTensor(tensor);
   return values;
 }
-
-}  // namespace
 
 std::optional<std::vector<int64_t>> EagerBuilder::IntValue(ValueId value) {
   Value& v = values_[value];

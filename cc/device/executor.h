@@ -24,6 +24,10 @@ namespace tf_dtensor {
 // Converts a failed TF_Status into our Status, with context.
 Status FromTF(TF_Status* status, const std::string& context);
 
+// The integer value of a small int32 or int64 tensor (a host argument: an axis, a shape),
+// or nullopt for other tensors.
+std::optional<std::vector<int64_t>> ReadIntValue(TFE_TensorHandle* handle);
+
 // Returns FromTF(status, context) from the enclosing function when `status` holds an
 // error. `context` is evaluated only then: hot paths build no message on success.
 #define TFD_RETURN_IF_TF_ERROR(status, context)                      \
@@ -78,7 +82,7 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
 
   // Watches the expansion for a local-only run (PlanCache::SetLocalOnly): whether it runs
   // nothing but `op_name` itself, with the expanded op's attributes, on each device's
-  // components of `inputs` (DTensors on the builder).
+  // components of `inputs` (DTensors and host arguments on the builder).
   void WatchLocalOnly(const std::string& op_name, std::vector<ValueId> inputs);
   // After the expansion, given its results: the run when it was local-only, else nullopt.
   std::optional<LocalOnlyRun> LocalOnly(const std::vector<ValueId>& outputs) const;

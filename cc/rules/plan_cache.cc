@@ -28,10 +28,14 @@ size_t HashOp(const Rule* rule, const std::string& op_name, const Mesh& mesh, in
   return Mix(h, static_cast<size_t>(num_outputs) * 2 + (keep_partial ? 1 : 0));
 }
 
-size_t MixInput(size_t h, const Layout* layout, int dtype, const std::vector<int64_t>& shape) {
+size_t MixInput(size_t h, const Layout* layout, int dtype, const std::vector<int64_t>& shape,
+                const std::vector<int64_t>* int_value) {
   h = Mix(h, layout ? layout->Hash() : 17);
   h = Mix(h, static_cast<size_t>(dtype));
   for (int64_t d : shape) h = Mix(h, static_cast<size_t>(d));
+  if (int_value) {
+    for (int64_t v : *int_value) h = Mix(h, static_cast<size_t>(v) + 31);
+  }
   return h;
 }
 
@@ -41,10 +45,8 @@ size_t PlanCache::Hash(const Rule* rule, const OpContext& ctx) {
   size_t h = HashOp(rule, ctx.op_name, ctx.mesh, ctx.num_outputs, ctx.keep_partial);
   if (ctx.requested) h = Mix(h, ctx.requested->Hash());
   for (const InputInfo& in : ctx.inputs) {
-    h = MixInput(h, in.layout ? &*in.layout : nullptr, in.dtype, in.shape);
-    if (in.int_value) {
-      for (int64_t v : *in.int_value) h = Mix(h, static_cast<size_t>(v) + 31);
-    }
+    h = MixInput(h, in.layout ? &*in.layout : nullptr, in.dtype, in.shape,
+                 in.int_value ? &*in.int_value : nullptr);
   }
   return h;
 }
@@ -89,7 +91,7 @@ std::shared_ptr<const LocalOnlyRun> PlanCache::FindLocalOnly(const Rule* rule,
                                                              const std::vector<InputView>& inputs,
                                                              const AttrMap& attrs) {
   size_t h = HashOp(rule, op_name, mesh, num_outputs, /*keep_partial=*/false);
-  for (const InputView& in : inputs) h = MixInput(h, in.layout, in.dtype, *in.shape);
+  for (const InputView& in : inputs) h = MixInput(h, in.layout, in.dtype, *in.shape, in.int_value);
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(h);
   if (it == entries_.end()) return nullptr;
@@ -102,8 +104,10 @@ std::shared_ptr<const LocalOnlyRun> PlanCache::FindLocalOnly(const Rule* rule,
     bool same = true;
     for (size_t i = 0; i < inputs.size() && same; ++i) {
       const InputInfo& a = e.inputs[i];
-      same = a.layout && *a.layout == *inputs[i].layout && a.shape == *inputs[i].shape &&
-             a.dtype == inputs[i].dtype && !a.int_value && !a.from_host && !a.resource;
+      const InputView& b = inputs[i];
+      same = a.shape == *b.shape && a.dtype == b.dtype && !a.from_host && !a.resource &&
+             (b.layout ? a.layout && *a.layout == *b.layout && !a.int_value
+                       : !a.layout && a.int_value && b.int_value && *a.int_value == *b.int_value);
     }
     // A plan that read attributes holds only for the same attributes.
     if (same && (!e.uses_attrs || attrs.Bytes() == e.attrs)) return e.local_only;

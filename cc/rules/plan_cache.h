@@ -25,21 +25,26 @@ class PlanCache {
 
   // Local-only plans. Many ops expand to the op itself on each device's own components:
   // no relayout, no collective, no attribute of its own; on virtual CPUs devices that hold
-  // the same shard share one result (a replicated op runs once). The eager executor records that outcome for the plan once an expansion turned
-  // out so (for `ctx` as planned: after Dispatch); a repeated op then runs those local ops
-  // directly, without building the expansion again. Whether it is so is the rule's answer,
-  // not a guess: only an expansion that did exactly this is recorded, and only for the
-  // inputs, request and (when the plan read them) attributes it was made for.
+  // the same shard share one result (a replicated op runs once). The eager executor
+  // records that outcome for the plan once an expansion turned out so (for `ctx` as
+  // planned: after Dispatch); a repeated op then runs those local ops directly, without
+  // building the expansion again. Whether it is so is the rule's answer, not a guess: only
+  // an expansion that did exactly this is recorded, and only for the inputs (host
+  // argument values included), request and (when the plan read them) attributes it was
+  // made for.
   void SetLocalOnly(const Rule* rule, const OpContext& ctx,
                     std::shared_ptr<const LocalOnlyRun> run);
-  // An input as the eager executor holds it, to look a plan up without an OpContext.
+  // An input as the eager executor holds it, to look a plan up without an OpContext: a
+  // DTensor (its layout) or a host argument (its integer value).
   struct InputView {
     const Layout* layout;
     const std::vector<int64_t>* shape;
     int dtype;
+    const std::vector<int64_t>* int_value = nullptr;
   };
-  // The local-only run recorded for these inputs (DTensors, no resource, no request,
-  // nothing partial), or null. `attrs` are read only if the plan read attributes.
+  // The local-only run recorded for these inputs (DTensors with no resource and nothing
+  // partial, host arguments; no request), or null. `attrs` are read only if the plan
+  // read attributes.
   std::shared_ptr<const LocalOnlyRun> FindLocalOnly(const Rule* rule, const std::string& op_name,
                                                     const Mesh& mesh, int num_outputs,
                                                     const std::vector<InputView>& inputs,

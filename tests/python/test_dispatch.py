@@ -89,6 +89,29 @@ def test_local_only_run_with_uneven_shards():
     assert device.num_local_only_runs == before + 1
 
 
+def test_local_only_runs_with_host_arguments_are_keyed_by_their_values():
+    # An axis or a permutation is part of the plan: each value has its own run, and a
+    # value whose expansion needs a collective (the sum over the sharded axis) has none.
+    device = _device.get()
+    a = random_array((4, 6), seed=10)
+    rows = to_dtensor(a, layout_of("[x,*]", MESH_2X2))
+    for axis in (1, 0, 1, 0, 1):
+        kept = layout_of("[x]" if axis == 1 else "[*]", MESH_2X2)
+        assert_dtensor_equal(a.sum(axis=axis), kept, tf.reduce_sum(rows, axis=axis))
+    before = device.num_local_only_runs
+    tf.reduce_sum(rows, axis=1)
+    assert device.num_local_only_runs == before + 1
+    tf.reduce_sum(rows, axis=0)  # all-reduces over x: never recorded
+    assert device.num_local_only_runs == before + 1
+    blocks = to_dtensor(a, layout_of("[x,y]", MESH_2X2))
+    for perm in ([1, 0], [0, 1], [1, 0], [0, 1]):
+        expected = layout_of("[y,x]" if perm == [1, 0] else "[x,y]", MESH_2X2)
+        assert_dtensor_equal(a.transpose(perm), expected, tf.transpose(blocks, perm))
+    before = device.num_local_only_runs
+    tf.transpose(blocks, [1, 0])
+    assert device.num_local_only_runs == before + 1
+
+
 def test_local_only_runs_take_each_ops_own_attributes():
     # Cast's plan does not read DstT, so casts to different types share it; the local op
     # must still take each call's attributes. MatMul's plan reads transpose_a: keyed by it.
