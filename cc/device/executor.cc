@@ -270,11 +270,16 @@ std::optional<std::vector<int64_t>> ReadIntValue(TFE_TensorHandle* handle) {
   constexpr int64_t kMaxIntValueElements = 1 << 12;
   TF_DataType dtype = TFE_TensorHandleDataType(handle);
   if (dtype != TF_INT32 && dtype != TF_INT64) return std::nullopt;
-  std::unique_ptr<TF_Status, decltype(&TF_DeleteStatus)> status(TF_NewStatus(), TF_DeleteStatus);
-  int64_t count = TFE_TensorHandleNumElements(handle, status.get());
-  if (TF_GetCode(status.get()) != TF_OK || count > kMaxIntValueElements) return std::nullopt;
-  TF_Tensor* tensor = TFE_TensorHandleResolve(handle, status.get());
-  if (TF_GetCode(status.get()) != TF_OK) return std::nullopt;
+  // Its own scratch status (not the thread's, which a builder may be reading): a status
+  // per call was a malloc on the eager path of every op with a host argument.
+  thread_local std::unique_ptr<TF_Status, decltype(&TF_DeleteStatus)> scratch(TF_NewStatus(),
+                                                                              TF_DeleteStatus);
+  TF_Status* status = scratch.get();
+  TF_SetStatus(status, TF_OK, "");
+  int64_t count = TFE_TensorHandleNumElements(handle, status);
+  if (TF_GetCode(status) != TF_OK || count > kMaxIntValueElements) return std::nullopt;
+  TF_Tensor* tensor = TFE_TensorHandleResolve(handle, status);
+  if (TF_GetCode(status) != TF_OK) return std::nullopt;
   std::vector<int64_t> values(count);
   for (int64_t i = 0; i < count; ++i) {
     values[i] = dtype == TF_INT32 ? static_cast<const int32_t*>(TF_TensorData(tensor))[i]
