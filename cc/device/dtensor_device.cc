@@ -451,23 +451,23 @@ bool DTensorDevice::RunLocalOnly(const TFE_Op* op, const std::string& op_name, c
   const int devices = mesh.num_local_devices();
   const int max_outputs = *num_outputs;
   const int num_results = static_cast<int>(run.outputs.size());
-  // results[d * max_outputs + j]: output j of leading device d, as EagerBuilder::RunOn
-  // runs it (the op on the device, its attributes, the device's components).
+  // results[d * max_outputs + j]: output j of leading device d, run as the expansion ran
+  // it (EagerBuilder::RunLocal: the op, its attributes, the device's components).
   std::vector<TFE_TensorHandle*> results(static_cast<size_t>(devices) * max_outputs, nullptr);
-  for (int d = 0; d < devices && TF_GetCode(status) == TF_OK; ++d) {
+  static const LocalOpOptions kAsIs;
+  std::vector<TFE_TensorHandle*> inputs(dtensors.size());
+  bool ran = true;
+  for (int d = 0; d < devices && ran; ++d) {
     if (run.leaders[d] != d) continue;
-    TFE_OpReset(local, op_name.c_str(), mesh.local_devices()[d].c_str(), status);
-    if (TF_GetCode(status) == TF_OK) TFE_OpAddAttrs(local, TFE_OpGetAttrs(op));
-    for (size_t i = 0; i < dtensors.size() && TF_GetCode(status) == TF_OK; ++i) {
-      TFE_OpAddInput(local, dtensors[i] ? dtensors[i]->component(d) : handles[i], status);
+    for (size_t i = 0; i < dtensors.size(); ++i) {
+      inputs[i] = dtensors[i] ? dtensors[i]->component(d) : handles[i];
     }
     int n = max_outputs;
-    if (TF_GetCode(status) == TF_OK) TFE_Execute(local, &results[d * max_outputs], &n, status);
-    if (TF_GetCode(status) == TF_OK && n != num_results) {
-      TF_SetStatus(status, TF_INTERNAL, "a different number of outputs");
-    }
+    ran = EagerBuilder::RunLocal(local, op_name, mesh.local_devices()[d], TFE_OpGetAttrs(op),
+                                 inputs, kAsIs, &results[d * max_outputs], &n, status)
+              .ok() &&
+          n == num_results;
   }
-  const bool ran = TF_GetCode(status) == TF_OK;
   op_pool_.Return(local, status);
   int wrapped = 0;
   for (; ran && wrapped < num_results; ++wrapped) {

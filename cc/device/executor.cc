@@ -161,24 +161,23 @@ StatusOr<TFE_TensorHandle*> EagerBuilder::Share(TFE_TensorHandle* leader_handle,
 StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunOn(
     const std::string& op_name, const std::vector<TFE_TensorHandle*>& inputs,
     const LocalOpOptions& options, int device, int num_outputs) {
-  const std::string& device_name = mesh_.local_devices()[device];
-  // One op object serves every local op of this builder: reset to the op and its device.
+  // One op object serves every local op of this builder.
   if (!op_) op_ = pool_.Take(context_, status_);
-  if (op_) TFE_OpReset(op_, op_name.c_str(), device_name.c_str(), status_);
-  TFD_RETURN_IF_TF_ERROR(status_,
-                         "creating '" + op_name + "' on " + ShortDeviceName(device_name));
-  StatusOr<std::vector<TFE_TensorHandle*>> outputs =
-      Execute(op_, attrs_, op_name, inputs, options, device_name, num_outputs, status_);
+  TFD_RETURN_IF_TF_ERROR(status_, "creating '" + op_name + "'");
+  std::vector<TFE_TensorHandle*> outputs(num_outputs, nullptr);
+  int n = num_outputs;
+  TFD_RETURN_IF_ERROR(RunLocal(op_, op_name, mesh_.local_devices()[device], attrs_, inputs,
+                               options, outputs.data(), &n, status_));
+  outputs.resize(n);
   if (watch_ && watch_->local_only) {
     Watch& w = *watch_;
-    bool same = outputs.ok() && op_name == w.op_name && options.copy_attrs &&
-                options.overrides.empty() && inputs.size() == w.inputs.size() &&
-                w.outputs[device].empty();
+    bool same = op_name == w.op_name && options.copy_attrs && options.overrides.empty() &&
+                inputs.size() == w.inputs.size() && w.outputs[device].empty();
     for (size_t i = 0; same && i < inputs.size(); ++i) {
       same = inputs[i] == local(w.inputs[i], device);
     }
     w.local_only = same;
-    if (same) w.outputs[device] = *outputs;
+    if (same) w.outputs[device] = outputs;
   }
   return outputs;
 }
@@ -221,10 +220,15 @@ std::optional<LocalOnlyRun> EagerBuilder::LocalOnly(const std::vector<ValueId>& 
   return run;
 }
 
-StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::Execute(
-    TFE_Op* op, const TFE_OpAttrs* attrs, const std::string& op_name,
-    const std::vector<TFE_TensorHandle*>& inputs, const LocalOpOptions& options,
-    const std::string& device_name, int num_outputs, TF_Status* status) {
+Status EagerBuilder::RunLocal(TFE_Op* op, const std::string& op_name,
+                              const std::string& device_name, const TFE_OpAttrs* attrs,
+                              const std::vector<TFE_TensorHandle*>& inputs,
+                              const LocalOpOptions& options, TFE_TensorHandle** outputs,
+                              int* num_outputs, TF_Status* status) {
+  // One reset names the op and places it (an executed op's device is unset again).
+  TFE_OpReset(op, op_name.c_str(), device_name.c_str(), status);
+  TFD_RETURN_IF_TF_ERROR(status,
+                         "creating '" + op_name + "' on " + ShortDeviceName(device_name));
   // Overrides first: TF's eager attribute builder keeps the first value set for a name,
   // so the copied attributes fill in only what the overrides leave out.
   for (const AttrOverride& a : options.overrides) {
@@ -256,13 +260,10 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::Execute(
     TFE_OpAddInput(op, h, status);
     TFD_RETURN_IF_TF_ERROR(status, "adding an input to '" + op_name + "'");
   }
-  std::vector<TFE_TensorHandle*> outputs(num_outputs, nullptr);
-  int n = num_outputs;
-  TFE_Execute(op, outputs.data(), &n, status);
+  TFE_Execute(op, outputs, num_outputs, status);
   TFD_RETURN_IF_TF_ERROR(status,
                          "running '" + op_name + "' on " + ShortDeviceName(device_name));
-  outputs.resize(n);
-  return outputs;
+  return Status::Ok();
 }
 
 std::optional<std::vector<int64_t>> ReadIntValue(TFE_TensorHandle* handle) {
@@ -313,9 +314,12 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunCollective(
     TF_Status* status = TF_NewStatus();
     const std::string& device = mesh.local_devices()[d];
     TFE_Op* op = pool_.Take(context_, status);
-    if (op) TFE_OpReset(op, op_name.c_str(), device.c_str(), status);
-    if (TF_GetCode(status) == TF_OK) {
-      results[d] = Execute(op, nullptr, op_name, inputs[d], options, device, 1, status);
+    if (op) {
+      TFE_TensorHandle* out = nullptr;
+      int n = 1;
+      Status run = RunLocal(op, op_name, device, nullptr, inputs[d], options, &out, &n, status);
+      results[d] = run.ok() ? StatusOr<std::vector<TFE_TensorHandle*>>(std::vector{out})
+                            : StatusOr<std::vector<TFE_TensorHandle*>>(run);
     } else {
       results[d] = FromTF(status, "creating '" + op_name + "' on " + ShortDeviceName(device));
     }

@@ -80,6 +80,15 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
   // Reads the host tensor, or component 0 of a replicated DTensor (not a resource).
   std::optional<std::vector<int64_t>> IntValue(ValueId value) override;
 
+  // Runs one local op the way every eager local op runs: `op` (a pooled op) reset to
+  // `op_name` on `device_name`, `options`' overrides, then `attrs` (the expanded op's,
+  // when options.copy_attrs), then `inputs`. At most `*num_outputs` results go to
+  // `outputs`; `*num_outputs` is then how many were made. Errors name the op and device.
+  static Status RunLocal(TFE_Op* op, const std::string& op_name, const std::string& device_name,
+                         const TFE_OpAttrs* attrs, const std::vector<TFE_TensorHandle*>& inputs,
+                         const LocalOpOptions& options, TFE_TensorHandle** outputs,
+                         int* num_outputs, TF_Status* status);
+
   // Watches the expansion for a local-only run (PlanCache::SetLocalOnly): whether it runs
   // nothing but `op_name` itself, with the expanded op's attributes, on each device's
   // components of `inputs` (DTensors and host arguments on the builder).
@@ -106,12 +115,6 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
       const LocalOpOptions& options) override;
 
  private:
-  // Sets up `op` (of `op_name`, already placed on `device_name`) and runs it.
-  static StatusOr<std::vector<TFE_TensorHandle*>> Execute(
-      TFE_Op* op, const TFE_OpAttrs* attrs, const std::string& op_name,
-      const std::vector<TFE_TensorHandle*>& inputs, const LocalOpOptions& options,
-      const std::string& device_name, int num_outputs, TF_Status* status);
-
   TFE_Context* context_;
   OpPool& pool_;
   TFE_Op* op_ = nullptr;  // reset and reused for every local op of this builder
