@@ -57,6 +57,19 @@ cc_library(
     includes = ["tensorflow/include"],
 )
 
+cc_library(
+    name = "tensorflow_runtime_headers",
+    # TF's C++ runtime headers, for the one file that uses them (cc/device/kernel_cache.cc):
+    # the wheel's whole include tree (Eigen's headers have no extension), and farmhash's
+    # folder, which TF's headers include bare.
+    hdrs = glob(["tensorflow/include/**"]),
+    includes = [
+        "tensorflow/include",
+        "tensorflow/include/external/farmhash_archive/src",
+    ],
+    deps = [":tensorflow_headers"],
+)
+
 cc_import(
     name = "tensorflow_cc",
     shared_library = "tensorflow/libtensorflow_cc.so.2",

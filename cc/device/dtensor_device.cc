@@ -377,7 +377,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   ctx.requested = requested;
   ctx.num_outputs = *num_outputs;
 
-  EagerBuilder builder(context, ctx.mesh, TFE_OpGetAttrs(op), *num_outputs, op_pool_);
+  EagerBuilder builder(context, ctx.mesh, TFE_OpGetAttrs(op), *num_outputs, op_pool_, kernels_);
   std::vector<ValueId> inputs;
   inputs.reserve(num_inputs);
   ctx.inputs.reserve(num_inputs);
@@ -464,7 +464,7 @@ bool DTensorDevice::RunLocalOnly(const TFE_Op* op, const std::string& op_name, c
     }
     int n = max_outputs;
     ran = EagerBuilder::RunLocal(local, op_name, mesh.local_devices()[d], TFE_OpGetAttrs(op),
-                                 inputs, kAsIs, &results[d * max_outputs], &n, status)
+                                 inputs, kAsIs, kernels_, &results[d * max_outputs], &n, status)
               .ok() &&
           n == num_results;
   }
@@ -819,7 +819,7 @@ TFE_TensorHandle* DTensorDevice::CopyToDevice(TFE_Context* context, TFE_TensorHa
          status);
     return nullptr;
   }
-  EagerBuilder builder(context, *mesh, nullptr, 1, op_pool_);
+  EagerBuilder builder(context, *mesh, nullptr, 1, op_pool_, kernels_);
   TF_DataType dtype = TFE_TensorHandleDataType(tensor);
   std::vector<int64_t> shape = HandleShape(tensor, status);
   std::optional<Layout> layout;

@@ -48,6 +48,8 @@ class DTensorDevice {
   size_t num_cached_plans() const { return plan_cache_.size(); }
   // Eager ops run by their plan's local-only run (RunLocalOnly), for tests.
   int64_t num_local_only_runs() const { return local_only_runs_.load(); }
+  // Local ops run with their cached TF kernel (KernelCache), for tests.
+  int64_t num_direct_kernel_runs() const { return kernels_.num_runs(); }
   void set_warning_handler(std::function<void(const std::string&)> handler) {
     warning_handler_ = std::move(handler);
   }
@@ -95,6 +97,7 @@ class DTensorDevice {
   FunctionExpander expander_;
   PlanCache plan_cache_;  // eager plans, reused by repeated ops
   OpPool op_pool_;        // the eager builders' local TFE ops, reused
+  KernelCache kernels_;   // TF's kernels for local ops on CPU devices, run directly
   std::atomic<int64_t> local_only_runs_{0};
 };
 

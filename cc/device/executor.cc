@@ -59,10 +59,11 @@ std::vector<Value>& SpareValues() {
 }  // namespace
 
 EagerBuilder::EagerBuilder(TFE_Context* context, Mesh mesh, const TFE_OpAttrs* attrs,
-                           int max_outputs, OpPool& pool)
+                           int max_outputs, OpPool& pool, KernelCache& kernels)
     : ComponentBuilder(std::move(mesh)),
       context_(context),
       pool_(pool),
+      kernels_(kernels),
       attrs_(attrs),
       max_outputs_(max_outputs),
       status_(ThreadStatus()) {
@@ -167,7 +168,7 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunOn(
   std::vector<TFE_TensorHandle*> outputs(num_outputs, nullptr);
   int n = num_outputs;
   TFD_RETURN_IF_ERROR(RunLocal(op_, op_name, mesh_.local_devices()[device], attrs_, inputs,
-                               options, outputs.data(), &n, status_));
+                               options, kernels_, outputs.data(), &n, status_));
   outputs.resize(n);
   if (watch_ && watch_->local_only) {
     Watch& w = *watch_;
@@ -223,8 +224,8 @@ std::optional<LocalOnlyRun> EagerBuilder::LocalOnly(const std::vector<ValueId>& 
 Status EagerBuilder::RunLocal(TFE_Op* op, const std::string& op_name,
                               const std::string& device_name, const TFE_OpAttrs* attrs,
                               const std::vector<TFE_TensorHandle*>& inputs,
-                              const LocalOpOptions& options, TFE_TensorHandle** outputs,
-                              int* num_outputs, TF_Status* status) {
+                              const LocalOpOptions& options, KernelCache& kernels,
+                              TFE_TensorHandle** outputs, int* num_outputs, TF_Status* status) {
   // One reset names the op and places it (an executed op's device is unset again).
   TFE_OpReset(op, op_name.c_str(), device_name.c_str(), status);
   TFD_RETURN_IF_TF_ERROR(status,
@@ -260,7 +261,9 @@ Status EagerBuilder::RunLocal(TFE_Op* op, const std::string& op_name,
     TFE_OpAddInput(op, h, status);
     TFD_RETURN_IF_TF_ERROR(status, "adding an input to '" + op_name + "'");
   }
-  TFE_Execute(op, outputs, num_outputs, status);
+  if (!kernels.Run(op, device_name.c_str(), outputs, num_outputs, status)) {
+    TFE_Execute(op, outputs, num_outputs, status);
+  }
   TFD_RETURN_IF_TF_ERROR(status,
                          "running '" + op_name + "' on " + ShortDeviceName(device_name));
   return Status::Ok();
@@ -317,7 +320,8 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunCollective(
     if (op) {
       TFE_TensorHandle* out = nullptr;
       int n = 1;
-      Status run = RunLocal(op, op_name, device, nullptr, inputs[d], options, &out, &n, status);
+      Status run = RunLocal(op, op_name, device, nullptr, inputs[d], options, kernels_, &out,
+                            &n, status);
       results[d] = run.ok() ? StatusOr<std::vector<TFE_TensorHandle*>>(std::vector{out})
                             : StatusOr<std::vector<TFE_TensorHandle*>>(run);
     } else {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/device/kernel_cache.h"
 #include "cc/device/tensor_with_layout.h"
 #include "cc/spmd/component_builder.h"
 
@@ -59,9 +60,9 @@ class OpPool {
 class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
  public:
   // `attrs` are the attributes of the op being expanded (copied into local ops). Local ops
-  // come from `pool`.
+  // come from `pool` and run with `kernels`' kernels where they can.
   EagerBuilder(TFE_Context* context, Mesh mesh, const TFE_OpAttrs* attrs, int max_outputs,
-               OpPool& pool);
+               OpPool& pool, KernelCache& kernels);
   ~EagerBuilder() override;
 
   // This thread's status object, reset to OK (a TF_Status per op was a malloc and a free).
@@ -82,12 +83,13 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
 
   // Runs one local op the way every eager local op runs: `op` (a pooled op) reset to
   // `op_name` on `device_name`, `options`' overrides, then `attrs` (the expanded op's,
-  // when options.copy_attrs), then `inputs`. At most `*num_outputs` results go to
-  // `outputs`; `*num_outputs` is then how many were made. Errors name the op and device.
+  // when options.copy_attrs), then `inputs`, run with its kernel from `kernels` or else
+  // TFE_Execute. At most `*num_outputs` results go to `outputs`; `*num_outputs` is then
+  // how many were made. Errors name the op and device.
   static Status RunLocal(TFE_Op* op, const std::string& op_name, const std::string& device_name,
                          const TFE_OpAttrs* attrs, const std::vector<TFE_TensorHandle*>& inputs,
-                         const LocalOpOptions& options, TFE_TensorHandle** outputs,
-                         int* num_outputs, TF_Status* status);
+                         const LocalOpOptions& options, KernelCache& kernels,
+                         TFE_TensorHandle** outputs, int* num_outputs, TF_Status* status);
 
   // Watches the expansion for a local-only run (PlanCache::SetLocalOnly): whether it runs
   // nothing but `op_name` itself, with the expanded op's attributes, on each device's
@@ -117,6 +119,7 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
  private:
   TFE_Context* context_;
   OpPool& pool_;
+  KernelCache& kernels_;
   TFE_Op* op_ = nullptr;  // reset and reused for every local op of this builder
   const TFE_OpAttrs* attrs_;
   int max_outputs_;

@@ -402,6 +402,8 @@ PYBIND11_MODULE(_core, m) {
                              [](const DeviceRef& ref) { return ref.get().num_cached_plans(); })
       .def_property_readonly("num_local_only_runs",
                              [](const DeviceRef& ref) { return ref.get().num_local_only_runs(); })
+      .def_property_readonly("num_direct_kernel_runs",
+                             [](const DeviceRef& ref) { return ref.get().num_direct_kernel_runs(); })
       .def("push_default_mesh",
            [](const DeviceRef& ref, std::optional<Mesh> mesh) { ref.get().PushDefaultMesh(mesh); })
       .def("pop_default_mesh", [](const DeviceRef& ref) { ref.get().PopDefaultMesh(); })

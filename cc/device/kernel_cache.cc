@@ -1,0 +1,173 @@
+#include "cc/device/kernel_cache.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "tensorflow/c/eager/tfe_op_internal.h"
+#include "tensorflow/c/eager/tfe_tensorhandle_internal.h"
+#include "tensorflow/core/common_runtime/eager/context.h"
+#include "tensorflow/core/common_runtime/eager/eager_op_rewrite_registry.h"
+#include "tensorflow/core/common_runtime/eager/eager_operation.h"
+#include "tensorflow/core/common_runtime/eager/kernel_and_device.h"
+#include "tensorflow/core/common_runtime/eager/tensor_handle.h"
+#include "tensorflow/core/framework/op.h"
+
+namespace tf_dtensor {
+
+namespace tf = ::tensorflow;
+
+namespace {
+
+// Bounds the cache: ops whose attributes take many values (shapes, sizes) would otherwise
+// keep a kernel per value. Cleared when full, as the plan cache is.
+constexpr size_t kMaxKernels = 4096;
+
+// Whether TF runs the op as written: no eager rewrite (oneDNN replaces some CPU ops with
+// its own before running them) in either phase.
+bool RewrittenByTF(tf::EagerOperation* op) {
+  for (auto phase : {tf::EagerOpRewriteRegistry::PRE_EXECUTION,
+                     tf::EagerOpRewriteRegistry::POST_PLACEMENT}) {
+    std::unique_ptr<tf::EagerOperation> rewritten;
+    if (!tf::EagerOpRewriteRegistry::Global()->RunRewrite(phase, op, &rewritten).ok() ||
+        rewritten) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether the op's definition lets its kernel run outside TF's eager dispatch: stateless
+// (no resources, step containers, rendezvous or collectives to look up) and without
+// function attributes (no function library to run them).
+bool StatelessWithoutFunctions(const std::string& op_name) {
+  const tf::OpRegistrationData* registration = nullptr;
+  if (!tf::OpRegistry::Global()->LookUp(op_name, &registration).ok()) return false;
+  const tf::OpDef& def = registration->op_def;
+  if (def.is_stateful()) return false;
+  for (const auto& attr : def.attr()) {
+    if (attr.type() == "func" || attr.type() == "list(func)") return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+struct KernelCache::Impl {
+  std::mutex mutex;
+  // Null where the op runs with TFE_Execute (decided once per key).
+  std::unordered_map<tf::Fprint128, tf::core::RefCountPtr<tf::KernelAndDeviceOp>,
+                     tf::Fprint128Hasher>
+      kernels;
+
+  // TF's eager kernel for `op` on `device_name`, or null when the op is not one to run here.
+  static tf::core::RefCountPtr<tf::KernelAndDeviceOp> Create(tf::EagerOperation* op,
+                                                             const char* device_name) {
+    if (op->is_function() || !StatelessWithoutFunctions(op->Name())) return nullptr;
+    tf::EagerContext& context = op->EagerContext();
+    tf::Device* device = nullptr;
+    if (!context.local_device_mgr()->LookupDevice(device_name, &device).ok() ||
+        device->device_type() != tf::DEVICE_CPU) {
+      return nullptr;
+    }
+    tf::FunctionLibraryRuntime* library = context.func_lib(device);
+    if (library == nullptr || RewrittenByTF(op)) return nullptr;
+    // As TF's eager runtime makes the kernel of an op it does not wrap in a function.
+    tf::core::RefCountPtr<tf::KernelAndDeviceOp> kernel(new tf::KernelAndDeviceOp(
+        /*rendezvous=*/nullptr, context.LogMemory(), library, context.runner(),
+        /*collective_executor=*/nullptr, context.HostCPU()));
+    const tf::NodeDef& node_def = op->MutableAttrs()->BuildNodeDef();
+    if (!kernel->Init(/*log_device_placement=*/false, node_def, /*graph_collector=*/nullptr,
+                      std::nullopt)
+             .ok() ||
+        const_cast<tf::OpKernel*>(kernel->kernel())->AsAsync() != nullptr) {
+      return nullptr;
+    }
+    for (const tf::DataTypeVector* types : {&kernel->input_dtypes(), &kernel->output_dtypes()}) {
+      for (tf::DataType type : *types) {
+        if (type == tf::DT_RESOURCE) return nullptr;
+      }
+    }
+    return kernel;
+  }
+};
+
+KernelCache::KernelCache() : impl_(std::make_unique<Impl>()) {}
+KernelCache::~KernelCache() = default;
+
+bool KernelCache::Enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("TF_DTENSOR_DIRECT_KERNELS");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return enabled;
+}
+
+bool KernelCache::Run(TFE_Op* op, const char* device_name, TFE_TensorHandle** outputs,
+                      int* num_outputs, TF_Status* status) {
+  if (!Enabled()) return false;
+  tf::EagerOperation* eager_op = tf::OperationFromInterface(tf::unwrap(op));
+  // Asynchronous contexts queue ops on TF's executor; inputs there may not be computed yet.
+  if (eager_op->Executor().Async() || eager_op->HasCustomDeviceInput()) return false;
+  const tf::Fprint128 key = eager_op->MutableAttrs()->CacheKey(device_name);
+  tf::KernelAndDeviceOp* kernel = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    auto found = impl_->kernels.find(key);
+    if (found != impl_->kernels.end()) kernel = found->second.get();
+    if (found == impl_->kernels.end()) {
+      if (impl_->kernels.size() >= kMaxKernels) impl_->kernels.clear();
+      kernel = impl_->kernels.emplace(key, Impl::Create(eager_op, device_name))
+                   .first->second.get();
+    }
+  }
+  if (kernel == nullptr) return false;
+
+  // The inputs as TF's eager runtime would hand them to the kernel: local tensors of the
+  // kernel's types. CPU devices of one process share host memory, so a tensor on another
+  // CPU device is used in place (TF's copy between them shares the buffer too).
+  const auto inputs = eager_op->GetInputs();
+  if (static_cast<int>(inputs.size()) != kernel->num_inputs() ||
+      kernel->num_outputs() > *num_outputs) {
+    return false;  // TFE_Execute reports it
+  }
+  tf::EagerContext& context = eager_op->EagerContext();
+  absl::InlinedVector<tf::TensorValue, 4> values(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!tf::TensorHandle::classof(inputs[i])) return false;
+    tf::TensorHandle* handle = tf::TensorHandleFromInterface(inputs[i]);
+    const tf::Tensor* tensor = nullptr;
+    if (handle->Type() != tf::TensorHandle::LOCAL || handle->dtype != kernel->input_dtypes()[i] ||
+        handle->DeviceOrHostCPU(context)->device_type() != tf::DEVICE_CPU ||
+        !handle->Tensor(&tensor).ok()) {
+      return false;
+    }
+    values[i] = tf::TensorValue(const_cast<tf::Tensor*>(tensor));
+  }
+  tf::EagerKernelArgs args(std::move(values));
+  std::vector<tf::EagerKernelRet> results;
+  const absl::Status run = kernel->Run(context.StepContainer(), args, &results,
+                                       /*cancellation_manager=*/nullptr, std::nullopt,
+                                       std::nullopt, /*coordination_service_agent=*/nullptr);
+  runs_.fetch_add(1, std::memory_order_relaxed);
+  if (!run.ok()) {
+    TF_SetStatus(status, static_cast<TF_Code>(run.code()), std::string(run.message()).c_str());
+    return true;
+  }
+  // Result handles as TF's eager runtime makes them (GetKernelOutputs): on the kernel's
+  // output device, which is the host CPU's handle convention (no device) on CPU:0.
+  for (size_t i = 0; i < results.size(); ++i) {
+    outputs[i] = tf::wrap(tf::TensorHandle::CreateLocalHandle(
+        std::move(std::get<tf::Tensor>(results[i])),
+        context.CanonicalDevice(kernel->OutputDevice(i)), kernel->device(),
+        kernel->OutputResourceDevice(i), &context));
+  }
+  *num_outputs = static_cast<int>(results.size());
+  return true;
+}
+
+}  // namespace tf_dtensor
