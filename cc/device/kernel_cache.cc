@@ -113,6 +113,9 @@ bool KernelCache::Run(TFE_Op* op, const char* device_name, TFE_TensorHandle** ou
   tf::EagerOperation* eager_op = tf::OperationFromInterface(tf::unwrap(op));
   // Asynchronous contexts queue ops on TF's executor; inputs there may not be computed yet.
   if (eager_op->Executor().Async() || eager_op->HasCustomDeviceInput()) return false;
+  // While TF logs where each op runs, local ops go through its dispatch, which logs them.
+  tf::EagerContext& context = eager_op->EagerContext();
+  if (context.LogDevicePlacement()) return false;
   const tf::Fprint128 key = eager_op->MutableAttrs()->CacheKey(device_name);
   tf::KernelAndDeviceOp* kernel = nullptr;
   {
@@ -135,7 +138,6 @@ bool KernelCache::Run(TFE_Op* op, const char* device_name, TFE_TensorHandle** ou
       kernel->num_outputs() > *num_outputs) {
     return false;  // TFE_Execute reports it
   }
-  tf::EagerContext& context = eager_op->EagerContext();
   absl::InlinedVector<tf::TensorValue, 4> values(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!tf::TensorHandle::classof(inputs[i])) return false;

@@ -14,8 +14,8 @@
 // sure to do what TF would: a stateful op, an op with a resource or function, a device
 // that is not a local CPU, an asynchronous context, an op TF rewrites before running it
 // (oneDNN's eager rewrites), an input on another kind of device or of another type than
-// the kernel's. This file is the one that includes TF's C++ runtime headers (the pinned
-// tensorflow 2.21 wheel); everything else uses the C API.
+// the kernel's, or while TF logs device placement (its dispatch writes the log). This file is the one that includes TF's C++ runtime headers (the
+// pinned tensorflow 2.21 wheel's); everything else uses the C API.
 #ifndef TF_DTENSOR_CC_DEVICE_KERNEL_CACHE_H_
 #define TF_DTENSOR_CC_DEVICE_KERNEL_CACHE_H_
 

@@ -8,6 +8,10 @@ same elements), and that the path was taken (or, where it must not be, that it w
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -121,6 +125,34 @@ def test_asynchronous_execution_runs_through_tensorflow():
             got = got * 1.0
         assert device.num_direct_kernel_runs == before
     assert_dtensor_equal(a * a + a, layout_of("[x,y]", MESH_2X2), got)
+
+
+PLACEMENT_LOG_PROGRAM = """
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+tf.debugging.set_log_device_placement(True)  # TF reads it when its context starts
+from tf_dtensor import _device, dtensor
+mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+x = dtensor.pack([tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0])],
+                 dtensor.Layout(["x"], mesh))
+y = x + x
+y = y + x
+print("direct", _device.get().num_direct_kernel_runs)
+print("values", [t.numpy().tolist() for t in dtensor.unpack(y)])
+"""
+
+
+def test_placement_logging_runs_through_tensorflow():
+    # TF's dispatch logs where each op runs; while it does, local ops go through it, so
+    # each shard's op is in the log.
+    result = subprocess.run([sys.executable, "-c", PLACEMENT_LOG_PROGRAM],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "direct 0" in result.stdout
+    assert "values [[3.0, 6.0], [9.0, 12.0]]" in result.stdout
+    assert re.search(r"Executing op AddV2 in device \S*CPU:1", result.stderr), result.stderr[-2000:]
 
 
 def test_stateful_ops_run_through_tensorflow():
