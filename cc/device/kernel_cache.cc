@@ -130,14 +130,18 @@ bool KernelCache::Run(TFE_Op* op, const char* device_name, TFE_TensorHandle** ou
   }
   if (kernel == nullptr) return false;
 
-  // The inputs as TF's eager runtime would hand them to the kernel: local tensors of the
-  // kernel's types. CPU devices of one process share host memory, so a tensor on another
-  // CPU device is used in place (TF's copy between them shares the buffer too).
+  // The inputs as TF's eager runtime hands them to a kernel: local tensors of the kernel's
+  // types. CPU devices of one process share host memory, so a tensor on another CPU device
+  // is used in place (TF's copy between them shares the buffer too). The kernel gets
+  // copies, which share each buffer: a buffer held once could otherwise be taken over by
+  // the kernel for its output (forwarding), overwriting an input that others still read
+  // (TF's op-as-function run passes its arguments the same way).
   const auto inputs = eager_op->GetInputs();
   if (static_cast<int>(inputs.size()) != kernel->num_inputs() ||
       kernel->num_outputs() > *num_outputs) {
     return false;  // TFE_Execute reports it
   }
+  absl::InlinedVector<tf::Tensor, 4> tensors(inputs.size());
   absl::InlinedVector<tf::TensorValue, 4> values(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!tf::TensorHandle::classof(inputs[i])) return false;
@@ -148,7 +152,8 @@ bool KernelCache::Run(TFE_Op* op, const char* device_name, TFE_TensorHandle** ou
         !handle->Tensor(&tensor).ok()) {
       return false;
     }
-    values[i] = tf::TensorValue(const_cast<tf::Tensor*>(tensor));
+    tensors[i] = *tensor;
+    values[i] = tf::TensorValue(&tensors[i]);
   }
   tf::EagerKernelArgs args(std::move(values));
   std::vector<tf::EagerKernelRet> results;

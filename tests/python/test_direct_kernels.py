@@ -52,6 +52,22 @@ def test_elementwise_ops_run_with_cached_kernels_bit_for_bit(spec, fn):
         expected[tuple(slice(0, n) for n in dtensor.unpack(got)[0].shape)])
 
 
+@pytest.mark.parametrize("spec,mesh", [("[x,*]", MESH_8), ("[x,y]", MESH_2X2), ("[*,*]", MESH_8)])
+def test_inputs_are_never_overwritten(spec, mesh):
+    # TF kernels may write their output into an input buffer that nothing else holds
+    # (forwarding). Fresh results, held once, go into ops that could do that; each must
+    # keep its value.
+    layout = layout_of(spec, mesh)
+    a = random_array((8, 4), seed=8)
+    x = to_dtensor(a, layout)
+    y = x * 2.0
+    results = [tf.nn.relu(y), tf.negative(y), tf.exp(y), y + 1.0, tf.square(y)]
+    assert_dtensor_equal(a * 2.0, layout, y)
+    for got, expected in zip(results, [np.maximum(a * 2, 0), -a * 2, np.exp(a * 2), a * 2 + 1,
+                                       (a * 2) ** 2]):
+        assert_dtensor_equal(expected.astype(np.float32), layout, got)
+
+
 def test_each_distinct_shard_runs_one_kernel():
     # [x,*] on 8 devices: 8 distinct shards, 8 kernel runs per op (a replicated op runs once,
     # its result shared).
