@@ -109,7 +109,8 @@ bool KernelCache::Enabled() {
 
 bool KernelCache::Run(TFE_Op* op, const char* device_name, TFE_TensorHandle** outputs,
                       int* num_outputs, TF_Status* status) {
-  if (!Enabled()) return false;
+  // Other devices keep TF's dispatch; checked on the name first, before any lookup.
+  if (!Enabled() || std::strstr(device_name, "/device:CPU:") == nullptr) return false;
   tf::EagerOperation* eager_op = tf::OperationFromInterface(tf::unwrap(op));
   // Asynchronous contexts queue ops on TF's executor; inputs there may not be computed yet.
   if (eager_op->Executor().Async() || eager_op->HasCustomDeviceInput()) return false;
