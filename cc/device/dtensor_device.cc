@@ -67,14 +67,6 @@ AttrMap ReadAttrs(const TFE_Op* op) {
   });
 }
 
-std::vector<int64_t> HandleShape(TFE_TensorHandle* handle, TF_Status* status) {
-  std::vector<int64_t> shape;
-  int rank = TFE_TensorHandleNumDims(handle, status);
-  for (int d = 0; d < rank; ++d) shape.push_back(TFE_TensorHandleDim(handle, d, status));
-  return shape;
-}
-
-
 std::atomic<int> live_devices{0};
 
 // The global shape that the blocks of a DTensor (one shape per local device) add up to:

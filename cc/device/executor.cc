@@ -138,11 +138,16 @@ StatusOr<std::unique_ptr<TensorWithLayout>> EagerBuilder::Release(ValueId value)
   return tensor;
 }
 
-std::optional<std::vector<int64_t>> EagerBuilder::LocalShapeOf(TFE_TensorHandle* handle) {
+std::vector<int64_t> HandleShape(TFE_TensorHandle* handle, TF_Status* status) {
   std::vector<int64_t> shape;
-  int rank = TFE_TensorHandleNumDims(handle, status_);
+  int rank = TFE_TensorHandleNumDims(handle, status);
   if (rank > 0) shape.reserve(rank);
-  for (int d = 0; d < rank; ++d) shape.push_back(TFE_TensorHandleDim(handle, d, status_));
+  for (int d = 0; d < rank; ++d) shape.push_back(TFE_TensorHandleDim(handle, d, status));
+  return shape;
+}
+
+std::optional<std::vector<int64_t>> EagerBuilder::LocalShapeOf(TFE_TensorHandle* handle) {
+  std::vector<int64_t> shape = HandleShape(handle, status_);
   if (TF_GetCode(status_) != TF_OK) return std::nullopt;
   return shape;
 }

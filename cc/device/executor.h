@@ -25,6 +25,9 @@ namespace tf_dtensor {
 // Converts a failed TF_Status into our Status, with context.
 Status FromTF(TF_Status* status, const std::string& context);
 
+// The shape of a local tensor; `status` says whether it could be read.
+std::vector<int64_t> HandleShape(TFE_TensorHandle* handle, TF_Status* status);
+
 // The integer value of a small int32 or int64 tensor (a host argument: an axis, a shape),
 // or nullopt for other tensors.
 std::optional<std::vector<int64_t>> ReadIntValue(TFE_TensorHandle* handle);
