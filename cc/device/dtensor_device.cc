@@ -1,6 +1,5 @@
 #include "cc/device/dtensor_device.h"
 
-#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -8,6 +7,7 @@
 #include "cc/core/strings.h"
 #include "cc/device/attrs.h"
 #include "cc/device/executor.h"
+#include "cc/device/kernel_cache.h"
 #include "cc/device/ops.h"
 #include "cc/graph/function_def.h"
 #include "cc/rules/dispatch.h"
@@ -25,31 +25,6 @@ struct StatusDeleter {
   void operator()(TF_Status* s) const { TF_DeleteStatus(s); }
 };
 using StatusPtr = std::unique_ptr<TF_Status, StatusDeleter>;
-
-// Integer inputs up to this many elements are read as values (axes, shapes, seeds).
-
-// Whether TF registers `op_name` as stateful (random, shuffle, ...), from its OpDef; asked
-// only for ops without a rule, and remembered.
-bool IsStatefulOp(const std::string& op_name) {
-  static std::mutex mutex;
-  static std::map<std::string, bool>* known = new std::map<std::string, bool>();
-  static TF_Graph* registry = TF_NewGraph();  // any graph sees every registered OpDef
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = known->find(op_name);
-  if (it != known->end()) return it->second;
-  StatusPtr status(TF_NewStatus());
-  TF_Buffer* buffer = TF_NewBuffer();
-  TF_GraphGetOpDef(registry, op_name.c_str(), buffer, status.get());
-  bool stateful = false;
-  if (TF_GetCode(status.get()) == TF_OK) {
-    StatusOr<OpSpec> spec =
-        ParseOpDef(std::string_view(static_cast<const char*>(buffer->data), buffer->length));
-    stateful = spec.ok() && spec->is_stateful;
-  }
-  TF_DeleteBuffer(buffer);
-  (*known)[op_name] = stateful;
-  return stateful;
-}
 
 // The op's attributes, read when a rule first asks for one.
 AttrMap ReadAttrs(const TFE_Op* op) {

@@ -10,12 +10,15 @@
 
 #include "tensorflow/c/eager/tfe_op_internal.h"
 #include "tensorflow/c/eager/tfe_tensorhandle_internal.h"
+#include "tensorflow/c/tf_status_helper.h"
 #include "tensorflow/core/common_runtime/eager/context.h"
 #include "tensorflow/core/common_runtime/eager/eager_op_rewrite_registry.h"
 #include "tensorflow/core/common_runtime/eager/eager_operation.h"
 #include "tensorflow/core/common_runtime/eager/kernel_and_device.h"
 #include "tensorflow/core/common_runtime/eager/tensor_handle.h"
 #include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/util/util.h"
 
 namespace tf_dtensor {
 
@@ -27,9 +30,27 @@ namespace {
 // keep a kernel per value. Cleared when full, as the plan cache is.
 constexpr size_t kMaxKernels = 4096;
 
+// Whether oneDNN's graph pass (MklLayoutRewritePass) may replace the op: TFE_Execute runs
+// an eager op as a one-node function, and that function's graph goes through the pass,
+// which swaps ops that have a `_Mkl` or `_MklNative` CPU kernel for it (Softmax, Transpose,
+// ConcatV2, pooling, batch norm: results can differ in the last bits). Such ops keep TF's
+// dispatch while oneDNN is on; the check is by name, so it also keeps some the pass would
+// leave alone (a dtype it does not cover), which only costs their speed.
+bool MaybeRewrittenByOneDnn(const std::string& op_name) {
+  if (!tf::IsMKLEnabled()) return false;
+  for (const char* prefix : {"_Mkl", "_MklNative"}) {
+    const tf::KernelList kernels = tf::GetRegisteredKernelsForOp(prefix + op_name);
+    for (const tf::KernelDef& kernel : kernels.kernel()) {
+      if (kernel.device_type() == tf::DEVICE_CPU) return true;
+    }
+  }
+  return false;
+}
+
 // Whether TF runs the op as written: no eager rewrite (oneDNN replaces some CPU ops with
-// its own before running them) in either phase.
+// its own before running them) in either phase, and no oneDNN graph rewrite.
 bool RewrittenByTF(tf::EagerOperation* op) {
+  if (MaybeRewrittenByOneDnn(op->Name())) return true;
   for (auto phase : {tf::EagerOpRewriteRegistry::PRE_EXECUTION,
                      tf::EagerOpRewriteRegistry::POST_PLACEMENT}) {
     std::unique_ptr<tf::EagerOperation> rewritten;
@@ -57,12 +78,24 @@ bool StatelessWithoutFunctions(const std::string& op_name) {
 
 }  // namespace
 
+bool IsStatefulOp(const std::string& op_name) {
+  const tf::OpRegistrationData* registration = nullptr;
+  return tf::OpRegistry::Global()->LookUp(op_name, &registration).ok() &&
+         registration->op_def.is_stateful();
+}
+
 struct KernelCache::Impl {
   std::mutex mutex;
   // Null where the op runs with TFE_Execute (decided once per key).
   std::unordered_map<tf::Fprint128, tf::core::RefCountPtr<tf::KernelAndDeviceOp>,
                      tf::Fprint128Hasher>
       kernels;
+  // What the kernels were made with. TF can replace both while the device lives
+  // (enabling collective ops swaps the local devices and rebuilds the function
+  // libraries, clearing TF's own kernel cache); the kernels are dropped when they change.
+  // The old device manager stays alive in TF, so its address is not reused.
+  const tf::DeviceMgr* device_mgr = nullptr;
+  const tf::ProcessFunctionLibraryRuntime* libraries = nullptr;
 
   // TF's eager kernel for `op` on `device_name`, or null when the op is not one to run here.
   static tf::core::RefCountPtr<tf::KernelAndDeviceOp> Create(tf::EagerOperation* op,
@@ -118,15 +151,35 @@ bool KernelCache::Run(TFE_Op* op, const char* device_name, TFE_TensorHandle** ou
   tf::EagerContext& context = eager_op->EagerContext();
   if (context.LogDevicePlacement()) return false;
   const tf::Fprint128 key = eager_op->MutableAttrs()->CacheKey(device_name);
-  tf::KernelAndDeviceOp* kernel = nullptr;
+  // A reference of our own: another thread may drop the cache's while this one runs.
+  tf::core::RefCountPtr<tf::KernelAndDeviceOp> kernel;
+  bool known = false;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->device_mgr != context.local_device_mgr() ||
+        impl_->libraries != context.pflr()) {
+      impl_->kernels.clear();
+      impl_->device_mgr = context.local_device_mgr();
+      impl_->libraries = context.pflr();
+    }
     auto found = impl_->kernels.find(key);
-    if (found != impl_->kernels.end()) kernel = found->second.get();
-    if (found == impl_->kernels.end()) {
-      if (impl_->kernels.size() >= kMaxKernels) impl_->kernels.clear();
-      kernel = impl_->kernels.emplace(key, Impl::Create(eager_op, device_name))
-                   .first->second.get();
+    if (found != impl_->kernels.end()) {
+      known = true;
+      if (found->second) {
+        found->second->Ref();
+        kernel.reset(found->second.get());
+      }
+    }
+  }
+  if (!known) {
+    // Made outside the lock (other threads' ops go on); a thread that made it first wins.
+    tf::core::RefCountPtr<tf::KernelAndDeviceOp> made = Impl::Create(eager_op, device_name);
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->kernels.size() >= kMaxKernels) impl_->kernels.clear();
+    auto& entry = impl_->kernels.try_emplace(key, std::move(made)).first->second;
+    if (entry) {
+      entry->Ref();
+      kernel.reset(entry.get());
     }
   }
   if (kernel == nullptr) return false;
@@ -163,7 +216,7 @@ bool KernelCache::Run(TFE_Op* op, const char* device_name, TFE_TensorHandle** ou
                                        std::nullopt, /*coordination_service_agent=*/nullptr);
   runs_.fetch_add(1, std::memory_order_relaxed);
   if (!run.ok()) {
-    TF_SetStatus(status, static_cast<TF_Code>(run.code()), std::string(run.message()).c_str());
+    tsl::Set_TF_Status_from_Status(status, run);
     return true;
   }
   // Result handles as TF's eager runtime makes them (GetKernelOutputs): on the kernel's

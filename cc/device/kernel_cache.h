@@ -13,9 +13,12 @@
 // An op runs through TFE_Execute instead (Run returns false) when the cache cannot be
 // sure to do what TF would: a stateful op, an op with a resource or function, a device
 // that is not a local CPU, an asynchronous context, an op TF rewrites before running it
-// (oneDNN's eager rewrites), an input on another kind of device or of another type than
-// the kernel's, or while TF logs device placement (its dispatch writes the log). This file is the one that includes TF's C++ runtime headers (the
-// pinned tensorflow 2.21 wheel's); everything else uses the C API.
+// (oneDNN's eager rewrites, and its graph pass over the one-node function TFE_Execute
+// runs), an input on another kind of device or of another type than the kernel's, or
+// while TF logs device placement (its dispatch writes the log).
+//
+// This file is the one that includes TF's C++ runtime headers (the pinned tensorflow
+// 2.21 wheel's); everything else uses the C API.
 #ifndef TF_DTENSOR_CC_DEVICE_KERNEL_CACHE_H_
 #define TF_DTENSOR_CC_DEVICE_KERNEL_CACHE_H_
 
@@ -23,10 +26,15 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "tensorflow/c/eager/c_api.h"
 
 namespace tf_dtensor {
+
+// Whether TF registers `op_name` as stateful (random, shuffle, ...), from its OpDef in TF's
+// op registry; false for an op TF does not know.
+bool IsStatefulOp(const std::string& op_name);
 
 class KernelCache {
  public:

@@ -205,3 +205,67 @@ def test_threads_share_the_cache():
     for t in threads:
         t.join()
     assert not failures, failures
+
+
+def test_threads_keep_their_kernels_while_the_cache_is_cleared():
+    # LeakyRelu's alpha is an attribute: each value is a new kernel per device, so two
+    # threads fill the cache (4,096 kernels) and clear it several times while a third
+    # runs one op over and over. A kernel in use stays alive until its run ends.
+    a = random_array((16, 4), seed=9)
+    layout = layout_of("[x,*]", MESH_8)
+    da = to_dtensor(a, layout)
+    failures = []
+
+    def fill(first):
+        try:
+            for k in range(first, first + 700):
+                alpha = k / 1000.0
+                got = tf.nn.leaky_relu(da, alpha=alpha)
+                if k % 97 == 0:
+                    assert_dtensor_equal(np.where(a > 0, a, a * np.float32(alpha)), layout, got)
+        except Exception as error:  # noqa: BLE001 -- reported below
+            failures.append(error)
+
+    def repeat():
+        try:
+            for _ in range(1500):
+                got = tf.nn.relu(da)
+            assert_dtensor_equal(np.maximum(a, 0), layout, got)
+        except Exception as error:  # noqa: BLE001 -- reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=fill, args=(1,)), threading.Thread(target=fill, args=(701,)),
+               threading.Thread(target=repeat)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+
+
+def onednn_enabled() -> bool:
+    from tensorflow.python.util import _pywrap_util_port
+    return _pywrap_util_port.IsMklEnabled()
+
+
+@pytest.mark.parametrize("fn", [tf.nn.softmax, lambda x: tf.transpose(x, [1, 0]),
+                                lambda x: tf.concat([x, x], axis=1)],
+                         ids=["softmax", "transpose", "concat"])
+def test_ops_onednn_rewrites_keep_tensorflows_dispatch(fn):
+    # TFE_Execute runs an eager op as a one-node function, whose graph goes through
+    # oneDNN's rewrite pass: Softmax, Transpose, ConcatV2 (among others) then run oneDNN's
+    # kernels, and softmax's results differ from Eigen's in the last bits. Those ops keep
+    # TF's dispatch while oneDNN is on, so each shard matches plain TF's bit for bit.
+    device = _device.get()
+    a = random_array((32, 64), seed=10)
+    layout = layout_of("[x,*]", MESH_8)
+    da = to_dtensor(a, layout)
+    fn(da)
+    before = device.num_direct_kernel_runs
+    got = fn(da)
+    if onednn_enabled():
+        assert device.num_direct_kernel_runs == before
+    blocks = np.split(a, 8)
+    expected = [plain(fn, block) for block in blocks]
+    for component, want in zip(dtensor.unpack(got), expected):
+        assert bits(component.numpy()) == bits(want)
