@@ -184,27 +184,36 @@ def test_stateful_ops_run_through_tensorflow():
     assert_dtensor_equal(np.full((4, 2), 2.0, np.float32), layout, v.read_value())
 
 
-def test_threads_share_the_cache():
-    a = random_array((8, 4), seed=6)
-    layout = layout_of("[x,y]", MESH_2X2)
-    da = to_dtensor(a, layout)
+def run_in_threads(*work):
+    """Runs each function on its own thread; fails with what any of them raised."""
     failures = []
 
-    def work(k):
+    def guarded(fn):
         try:
-            y = da
-            for _ in range(50):
-                y = y * 1.0 + float(k)
-            np.testing.assert_allclose(reassemble(y), a + 50.0 * k, rtol=1e-5)
+            fn()
         except Exception as error:  # noqa: BLE001 -- reported below
             failures.append(error)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    threads = [threading.Thread(target=guarded, args=(fn,)) for fn in work]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not failures, failures
+
+
+def test_threads_share_the_cache():
+    a = random_array((8, 4), seed=6)
+    layout = layout_of("[x,y]", MESH_2X2)
+    da = to_dtensor(a, layout)
+
+    def work(k):
+        y = da
+        for _ in range(50):
+            y = y * 1.0 + float(k)
+        np.testing.assert_allclose(reassemble(y), a + 50.0 * k, rtol=1e-5)
+
+    run_in_threads(*[lambda k=k: work(k) for k in range(4)])
 
 
 def test_threads_keep_their_kernels_while_the_cache_is_cleared():
@@ -214,33 +223,20 @@ def test_threads_keep_their_kernels_while_the_cache_is_cleared():
     a = random_array((16, 4), seed=9)
     layout = layout_of("[x,*]", MESH_8)
     da = to_dtensor(a, layout)
-    failures = []
 
     def fill(first):
-        try:
-            for k in range(first, first + 700):
-                alpha = k / 1000.0
-                got = tf.nn.leaky_relu(da, alpha=alpha)
-                if k % 97 == 0:
-                    assert_dtensor_equal(np.where(a > 0, a, a * np.float32(alpha)), layout, got)
-        except Exception as error:  # noqa: BLE001 -- reported below
-            failures.append(error)
+        for k in range(first, first + 700):
+            alpha = k / 1000.0
+            got = tf.nn.leaky_relu(da, alpha=alpha)
+            if k % 97 == 0:
+                assert_dtensor_equal(np.where(a > 0, a, a * np.float32(alpha)), layout, got)
 
     def repeat():
-        try:
-            for _ in range(1500):
-                got = tf.nn.relu(da)
-            assert_dtensor_equal(np.maximum(a, 0), layout, got)
-        except Exception as error:  # noqa: BLE001 -- reported below
-            failures.append(error)
+        for _ in range(1500):
+            got = tf.nn.relu(da)
+        assert_dtensor_equal(np.maximum(a, 0), layout, got)
 
-    threads = [threading.Thread(target=fill, args=(1,)), threading.Thread(target=fill, args=(701,)),
-               threading.Thread(target=repeat)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not failures, failures
+    run_in_threads(lambda: fill(1), lambda: fill(701), repeat)
 
 
 def onednn_enabled() -> bool:
