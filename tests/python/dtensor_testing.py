@@ -9,6 +9,9 @@ them is used.
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 import warnings
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -296,3 +299,18 @@ def random_array(shape: Sequence[int], dtype=np.float32, low: float = -2.0, high
     if np.dtype(dtype) == np.bool_:
         return rng.random(shape) < 0.5
     return rng.uniform(low, high, size=shape).astype(dtype)
+
+
+def run_python(source: str, env: Optional[Dict[str, str]] = None,
+               timeout: int = 300) -> subprocess.CompletedProcess:
+    """Runs `source` with `python -c` in a fresh process that imports the same tf_dtensor
+    build as this one (installed, or the source tree with its built module), with
+    `env` added to this process's environment. `-c` puts the working directory first on
+    sys.path, so it runs from the package's parent directory: a source checkout there
+    (as in CI, which installs the package) has no built module."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(tf_dtensor.__file__)))
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [package_root, full_env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=package_root)

@@ -11,15 +11,10 @@ this process hold.
 from __future__ import annotations
 
 import json
-import importlib.util
 import os
-import subprocess
-import sys
 import textwrap
 
-# The directory holding the tf_dtensor this process would import (installed, or the
-# source tree), found without importing it: subprocesses import the same build.
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(importlib.util.find_spec("tf_dtensor").origin))
+from dtensor_testing import run_python
 
 _PRELUDE = """
 import gc, json, resource, sys
@@ -36,13 +31,9 @@ def configure(n):
 
 def _run(program: str, timeout: int = 300) -> dict:
     """Runs `program` in a fresh process and returns the JSON it printed last."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # `-c` puts the working directory first on sys.path: run from the package's directory.
-    result = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(program)],
-                            capture_output=True, text=True, env=env, timeout=timeout,
-                            cwd=_PACKAGE_ROOT)
+    result = run_python(_PRELUDE + textwrap.dedent(program),
+                        env={"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
+                        timeout=timeout)
     assert result.returncode == 0, f"exit {result.returncode}:\n{result.stderr[-5000:]}"
     return json.loads(result.stdout.strip().splitlines()[-1])
 

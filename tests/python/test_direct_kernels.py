@@ -8,10 +8,7 @@ same elements), and that the path was taken (or, where it must not be, that it w
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -20,7 +17,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from dtensor_testing import MESH_2X2, MESH_8, assert_dtensor_equal, layout_of, random_array, \
-    reassemble, to_dtensor
+    reassemble, run_python, to_dtensor
 from tf_dtensor import _device, dtensor
 from tf_dtensor.dtensor import Layout
 
@@ -162,9 +159,7 @@ print("values", [t.numpy().tolist() for t in dtensor.unpack(y)])
 def test_placement_logging_runs_through_tensorflow():
     # TF's dispatch logs where each op runs; while it does, local ops go through it, so
     # each shard's op is in the log.
-    result = subprocess.run([sys.executable, "-c", PLACEMENT_LOG_PROGRAM],
-                            capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    result = run_python(PLACEMENT_LOG_PROGRAM, env={"TF_CPP_MIN_LOG_LEVEL": "0"})
     assert result.returncode == 0, result.stderr[-2000:]
     assert "direct 0" in result.stdout
     assert "values [[3.0, 6.0], [9.0, 12.0]]" in result.stdout

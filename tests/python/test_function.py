@@ -8,9 +8,6 @@ eagerly on the same DTensors: the eager path is the layout reference.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 import warnings
 
@@ -21,7 +18,7 @@ import tensorflow as tf
 import tf_dtensor
 from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal,
                              assert_values_equal, layout_of, random_array, reassemble,
-                             run_without_fallback, spec_params, to_dtensor)
+                             run_python, run_without_fallback, spec_params, to_dtensor)
 from tf_dtensor import _device
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import Layout
@@ -921,14 +918,7 @@ _TRACE_FIRST = textwrap.dedent("""
 
 def test_relayout_traced_before_the_device_is_first_used():
     # A fresh process: in this one the device is registered already.
-    env = dict(os.environ)
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(tf_dtensor.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    # Run from the package's parent: `python -c` puts the working directory first on the
-    # path, and a source checkout there has no built module.
-    result = subprocess.run([sys.executable, "-c", _TRACE_FIRST], capture_output=True,
-                            text=True, timeout=300, check=False, env=env, cwd=package_root)
+    result = run_python(_TRACE_FIRST, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
 
 
