@@ -62,15 +62,20 @@ bool RewrittenByTF(tf::EagerOperation* op) {
   return false;
 }
 
+// The op's definition in TF's op registry, or null for an op TF does not know.
+const tf::OpDef* RegisteredOpDef(const std::string& op_name) {
+  const tf::OpRegistrationData* registration = nullptr;
+  if (!tf::OpRegistry::Global()->LookUp(op_name, &registration).ok()) return nullptr;
+  return &registration->op_def;
+}
+
 // Whether the op's definition lets its kernel run outside TF's eager dispatch: stateless
 // (no resources, step containers, rendezvous or collectives to look up) and without
 // function attributes (no function library to run them).
 bool StatelessWithoutFunctions(const std::string& op_name) {
-  const tf::OpRegistrationData* registration = nullptr;
-  if (!tf::OpRegistry::Global()->LookUp(op_name, &registration).ok()) return false;
-  const tf::OpDef& def = registration->op_def;
-  if (def.is_stateful()) return false;
-  for (const auto& attr : def.attr()) {
+  const tf::OpDef* def = RegisteredOpDef(op_name);
+  if (def == nullptr || def->is_stateful()) return false;
+  for (const auto& attr : def->attr()) {
     if (attr.type() == "func" || attr.type() == "list(func)") return false;
   }
   return true;
@@ -79,9 +84,8 @@ bool StatelessWithoutFunctions(const std::string& op_name) {
 }  // namespace
 
 bool IsStatefulOp(const std::string& op_name) {
-  const tf::OpRegistrationData* registration = nullptr;
-  return tf::OpRegistry::Global()->LookUp(op_name, &registration).ok() &&
-         registration->op_def.is_stateful();
+  const tf::OpDef* def = RegisteredOpDef(op_name);
+  return def != nullptr && def->is_stateful();
 }
 
 struct KernelCache::Impl {
