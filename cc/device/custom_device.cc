@@ -1,7 +1,7 @@
 // Translates the TFE custom-device callbacks into DTensorDevice calls. No policy here.
 #include "cc/device/custom_device.h"
 
-#include "cc/device/executor.h"
+#include "cc/eager/executor.h"
 
 namespace tf_dtensor {
 namespace {

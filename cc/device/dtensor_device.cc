@@ -5,11 +5,10 @@
 #include <set>
 
 #include "cc/core/strings.h"
-#include "cc/device/attrs.h"
-#include "cc/device/executor.h"
-#include "cc/device/kernel_cache.h"
-#include "cc/device/ops.h"
-#include "cc/graph/function_def.h"
+#include "cc/tf/attrs.h"
+#include "cc/eager/executor.h"
+#include "cc/eager/kernel_cache.h"
+#include "cc/tf/ops.h"
 #include "cc/rules/dispatch.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/layout_types.h"

@@ -16,8 +16,8 @@
 
 #include "cc/core/layout.h"
 #include "cc/core/status.h"
-#include "cc/device/executor.h"
-#include "cc/device/tensor_with_layout.h"
+#include "cc/eager/executor.h"
+#include "cc/eager/tensor_with_layout.h"
 #include "cc/graph/function_expander.h"
 
 namespace tf_dtensor {

@@ -3,7 +3,7 @@
 // then-branch's result layouts) and While (loop variables keep their entry layouts).
 #include "cc/graph/function_expansion.h"
 
-#include "cc/device/executor.h"
+#include "cc/tf/handles.h"
 
 namespace tf_dtensor {
 

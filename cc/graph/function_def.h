@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cc/core/status.h"
-#include "cc/device/attrs.h"
+#include "cc/tf/attrs.h"
 
 namespace tf_dtensor {
 

@@ -8,8 +8,8 @@
 
 #include "cc/core/strings.h"
 #include "cc/core/wire.h"
-#include "cc/device/executor.h"
-#include "cc/device/ops.h"
+#include "cc/tf/handles.h"
+#include "cc/tf/ops.h"
 #include "cc/graph/function_def.h"
 #include "cc/graph/graph_builder.h"
 #include "cc/propagation/propagate.h"

@@ -3,7 +3,7 @@
 #include <set>
 
 #include "cc/core/strings.h"
-#include "cc/device/executor.h"
+#include "cc/tf/handles.h"
 #include "tensorflow/c/tf_tensor.h"
 
 namespace tf_dtensor {

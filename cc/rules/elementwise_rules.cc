@@ -3,7 +3,7 @@
 //   identity_n([x,*], [*,y]) -> [x,*], [*,y]
 // No collectives unless the inputs disagree; then the merge rule in
 // propagation/merge.h picks the output and the other inputs are relaid out.
-#include "cc/propagation/merge.h"
+#include "cc/rules/merge.h"
 #include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"

@@ -9,7 +9,7 @@
 // batch, m, n, k, claimed in that order (on a clash the later axis is relaid out to
 // unsharded); when only one side of k is sharded the other is sliced to match (free),
 // rather than gathering. Batch axes merge like broadcasting elementwise ops.
-#include "cc/propagation/merge.h"
+#include "cc/rules/merge.h"
 #include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
 

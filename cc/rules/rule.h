@@ -22,7 +22,7 @@
 
 #include "cc/core/layout.h"
 #include "cc/core/status.h"
-#include "cc/device/attrs.h"
+#include "cc/tf/attrs.h"
 #include "cc/spmd/builder.h"
 
 namespace tf_dtensor {

@@ -14,7 +14,7 @@
 #include <numeric>
 
 #include "cc/core/strings.h"
-#include "cc/propagation/merge.h"
+#include "cc/rules/merge.h"
 #include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/relayout.h"

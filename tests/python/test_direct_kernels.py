@@ -1,4 +1,4 @@
-"""Eager local ops run with TF's own cached kernels on CPU devices (cc/device/kernel_cache.h).
+"""Eager local ops run with TF's own cached kernels on CPU devices (cc/eager/kernel_cache.h).
 
 The cache skips TF's per-call eager dispatch, never the kernel: on each device the kernel
 TensorFlow would run for the op runs. So each test checks results against plain

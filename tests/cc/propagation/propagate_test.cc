@@ -2,7 +2,7 @@
 // Backward to the ops that produce it.
 #include "cc/propagation/propagate.h"
 
-#include "cc/device/attrs.h"
+#include "cc/tf/attrs.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"
 #include "tests/cc/testing.h"

@@ -2,7 +2,7 @@
 // data joining the mesh, and the plan cache, recorded with RecordingBuilder.
 #include "cc/rules/dispatch.h"
 
-#include "cc/device/attrs.h"
+#include "cc/tf/attrs.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"
 #include "tests/cc/spmd/recording_builder.h"

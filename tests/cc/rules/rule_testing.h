@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cc/device/attrs.h"
+#include "cc/tf/attrs.h"
 #include "cc/rules/registry.h"
 #include "cc/rules/rule.h"
 #include "tensorflow/c/tf_datatype.h"

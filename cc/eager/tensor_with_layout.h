@@ -3,8 +3,8 @@
 //
 // On meshes of virtual CPUs, devices that hold the same shard share one buffer: their
 // handles are copies sharing one tensor, and each distinct shard is computed once.
-#ifndef TF_DTENSOR_CC_DEVICE_TENSOR_WITH_LAYOUT_H_
-#define TF_DTENSOR_CC_DEVICE_TENSOR_WITH_LAYOUT_H_
+#ifndef TF_DTENSOR_CC_EAGER_TENSOR_WITH_LAYOUT_H_
+#define TF_DTENSOR_CC_EAGER_TENSOR_WITH_LAYOUT_H_
 
 #include <atomic>
 #include <memory>
@@ -96,4 +96,4 @@ HandlePtr ShareHandle(TFE_TensorHandle* handle, TF_Status* status);
 
 }  // namespace tf_dtensor
 
-#endif  // TF_DTENSOR_CC_DEVICE_TENSOR_WITH_LAYOUT_H_
+#endif  // TF_DTENSOR_CC_EAGER_TENSOR_WITH_LAYOUT_H_

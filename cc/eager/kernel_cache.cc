@@ -1,4 +1,4 @@
-#include "cc/device/kernel_cache.h"
+#include "cc/eager/kernel_cache.h"
 
 #include <cstdlib>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "cc/device/device_threads.h"
+#include "cc/eager/device_threads.h"
 
 #include <condition_variable>
 #include <memory>

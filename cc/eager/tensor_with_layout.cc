@@ -1,4 +1,4 @@
-#include "cc/device/tensor_with_layout.h"
+#include "cc/eager/tensor_with_layout.h"
 
 #include <complex>
 #include <cstdio>

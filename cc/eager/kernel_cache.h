@@ -19,8 +19,8 @@
 //
 // This file is the one that includes TF's C++ runtime headers (the pinned tensorflow
 // 2.21 wheel's); everything else uses the C API.
-#ifndef TF_DTENSOR_CC_DEVICE_KERNEL_CACHE_H_
-#define TF_DTENSOR_CC_DEVICE_KERNEL_CACHE_H_
+#ifndef TF_DTENSOR_CC_EAGER_KERNEL_CACHE_H_
+#define TF_DTENSOR_CC_EAGER_KERNEL_CACHE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -65,4 +65,4 @@ class KernelCache {
 
 }  // namespace tf_dtensor
 
-#endif  // TF_DTENSOR_CC_DEVICE_KERNEL_CACHE_H_
+#endif  // TF_DTENSOR_CC_EAGER_KERNEL_CACHE_H_

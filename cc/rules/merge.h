@@ -7,8 +7,8 @@
 // Merge rule: for each output axis, the first input (in input order) that shards it
 // wins, unless its mesh dimension already shards an earlier axis; sharded beats
 // replicated because slicing a replicated input costs no communication.
-#ifndef TF_DTENSOR_CC_PROPAGATION_MERGE_H_
-#define TF_DTENSOR_CC_PROPAGATION_MERGE_H_
+#ifndef TF_DTENSOR_CC_RULES_MERGE_H_
+#define TF_DTENSOR_CC_RULES_MERGE_H_
 
 #include <cstdint>
 #include <vector>
@@ -37,4 +37,4 @@ std::vector<DimSpec> ProjectBroadcast(const std::vector<DimSpec>& out,
 
 }  // namespace tf_dtensor
 
-#endif  // TF_DTENSOR_CC_PROPAGATION_MERGE_H_
+#endif  // TF_DTENSOR_CC_RULES_MERGE_H_

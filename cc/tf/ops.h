@@ -5,8 +5,8 @@
 //   TfDTensorRelayoutLike(input: T, layout_input: U) -> T   input in layout_input's layout
 //   TfDTensorFetchLayout(input: T) -> string            the layout, in TF DTensor's form
 // They only ever run on the DTensor device, which intercepts them; they have no kernels.
-#ifndef TF_DTENSOR_CC_DEVICE_OPS_H_
-#define TF_DTENSOR_CC_DEVICE_OPS_H_
+#ifndef TF_DTENSOR_CC_TF_OPS_H_
+#define TF_DTENSOR_CC_TF_OPS_H_
 
 namespace tf_dtensor {
 
@@ -21,4 +21,4 @@ void RegisterOps();
 
 }  // namespace tf_dtensor
 
-#endif  // TF_DTENSOR_CC_DEVICE_OPS_H_
+#endif  // TF_DTENSOR_CC_TF_OPS_H_

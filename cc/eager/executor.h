@@ -7,8 +7,8 @@
 // lowering: GPUs, or TF_DTENSOR_COLLECTIVES=ops) are the exception: their participants
 // wait for each other, so they run on a thread per device (device_threads.h). Which
 // device computes what, and the collectives, are ComponentBuilder's; this file runs the ops.
-#ifndef TF_DTENSOR_CC_DEVICE_EXECUTOR_H_
-#define TF_DTENSOR_CC_DEVICE_EXECUTOR_H_
+#ifndef TF_DTENSOR_CC_EAGER_EXECUTOR_H_
+#define TF_DTENSOR_CC_EAGER_EXECUTOR_H_
 
 #include <memory>
 #include <mutex>
@@ -16,28 +16,12 @@
 #include <string>
 #include <vector>
 
-#include "cc/device/kernel_cache.h"
-#include "cc/device/tensor_with_layout.h"
+#include "cc/eager/kernel_cache.h"
+#include "cc/eager/tensor_with_layout.h"
 #include "cc/spmd/component_builder.h"
+#include "cc/tf/handles.h"
 
 namespace tf_dtensor {
-
-// Converts a failed TF_Status into our Status, with context.
-Status FromTF(TF_Status* status, const std::string& context);
-
-// The shape of a local tensor; `status` says whether it could be read.
-std::vector<int64_t> HandleShape(TFE_TensorHandle* handle, TF_Status* status);
-
-// The integer value of a small int32 or int64 tensor (a host argument: an axis, a shape),
-// or nullopt for other tensors.
-std::optional<std::vector<int64_t>> ReadIntValue(TFE_TensorHandle* handle);
-
-// Returns FromTF(status, context) from the enclosing function when `status` holds an
-// error. `context` is evaluated only then: hot paths build no message on success.
-#define TFD_RETURN_IF_TF_ERROR(status, context)                      \
-  do {                                                               \
-    if (TF_GetCode(status) != TF_OK) return FromTF(status, context); \
-  } while (0)
 
 // TFE_Op objects kept for reuse, owned by the DTensor device (so by one context): a
 // builder takes one and gives it back, instead of allocating and deleting an op per eager
@@ -140,4 +124,4 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
 
 }  // namespace tf_dtensor
 
-#endif  // TF_DTENSOR_CC_DEVICE_EXECUTOR_H_
+#endif  // TF_DTENSOR_CC_EAGER_EXECUTOR_H_

@@ -1,4 +1,4 @@
-#include "cc/device/ops.h"
+#include "cc/tf/ops.h"
 
 #include <initializer_list>
 #include <string>

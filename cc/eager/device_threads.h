@@ -1,8 +1,8 @@
 // Runs per-device work at once: what TF collective ops need in eager mode, where every
 // participant blocks until its whole group has arrived (TF's parallel device keeps a
 // thread per device for the same reason).
-#ifndef TF_DTENSOR_CC_DEVICE_DEVICE_THREADS_H_
-#define TF_DTENSOR_CC_DEVICE_DEVICE_THREADS_H_
+#ifndef TF_DTENSOR_CC_EAGER_DEVICE_THREADS_H_
+#define TF_DTENSOR_CC_EAGER_DEVICE_THREADS_H_
 
 #include <functional>
 
@@ -15,4 +15,4 @@ void RunConcurrently(int n, const std::function<void(int)>& work);
 
 }  // namespace tf_dtensor
 
-#endif  // TF_DTENSOR_CC_DEVICE_DEVICE_THREADS_H_
+#endif  // TF_DTENSOR_CC_EAGER_DEVICE_THREADS_H_

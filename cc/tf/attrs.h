@@ -3,8 +3,8 @@
 // The C API hands attributes over only as a serialized NameAttrList; including the
 // generated protobuf headers would tie every translation unit to TensorFlow's internal
 // protobuf build, so this decodes the few wire-format fields that rules need.
-#ifndef TF_DTENSOR_CC_DEVICE_ATTRS_H_
-#define TF_DTENSOR_CC_DEVICE_ATTRS_H_
+#ifndef TF_DTENSOR_CC_TF_ATTRS_H_
+#define TF_DTENSOR_CC_TF_ATTRS_H_
 
 #include <cstdint>
 #include <functional>
@@ -68,4 +68,4 @@ class AttrMap {
 
 }  // namespace tf_dtensor
 
-#endif  // TF_DTENSOR_CC_DEVICE_ATTRS_H_
+#endif  // TF_DTENSOR_CC_TF_ATTRS_H_

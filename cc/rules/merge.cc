@@ -1,4 +1,4 @@
-#include "cc/propagation/merge.h"
+#include "cc/rules/merge.h"
 
 #include "cc/core/strings.h"
 

@@ -1,4 +1,4 @@
-#include "cc/device/attrs.h"
+#include "cc/tf/attrs.h"
 
 #include <algorithm>
 #include <cstring>
