@@ -59,7 +59,8 @@ cc_library(
 
 cc_library(
     name = "tensorflow_runtime_headers",
-    # TF's C++ runtime headers, for the one file that uses them (cc/device/kernel_cache.cc):
+    # TF's C++ runtime headers, for the two files that use them (cc/eager/kernel_cache.cc,
+    # cc/tf/op_registry.cc):
     # the wheel's whole include tree (Eigen's headers have no extension), and farmhash's
     # folder, which TF's headers include bare.
     hdrs = glob(["tensorflow/include/**"]),

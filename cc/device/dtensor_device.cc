@@ -8,6 +8,7 @@
 #include "cc/tf/attrs.h"
 #include "cc/eager/executor.h"
 #include "cc/eager/kernel_cache.h"
+#include "cc/tf/op_registry.h"
 #include "cc/tf/ops.h"
 #include "cc/rules/dispatch.h"
 #include "cc/rules/registry.h"

@@ -8,6 +8,7 @@
 #include <variant>
 #include <vector>
 
+#include "cc/tf/op_registry.h"
 #include "tensorflow/c/eager/tfe_op_internal.h"
 #include "tensorflow/c/eager/tfe_tensorhandle_internal.h"
 #include "tensorflow/c/tf_status_helper.h"
@@ -62,31 +63,7 @@ bool RewrittenByTF(tf::EagerOperation* op) {
   return false;
 }
 
-// The op's definition in TF's op registry, or null for an op TF does not know.
-const tf::OpDef* RegisteredOpDef(const std::string& op_name) {
-  const tf::OpRegistrationData* registration = nullptr;
-  if (!tf::OpRegistry::Global()->LookUp(op_name, &registration).ok()) return nullptr;
-  return &registration->op_def;
-}
-
-// Whether the op's definition lets its kernel run outside TF's eager dispatch: stateless
-// (no resources, step containers, rendezvous or collectives to look up) and without
-// function attributes (no function library to run them).
-bool StatelessWithoutFunctions(const std::string& op_name) {
-  const tf::OpDef* def = RegisteredOpDef(op_name);
-  if (def == nullptr || def->is_stateful()) return false;
-  for (const auto& attr : def->attr()) {
-    if (attr.type() == "func" || attr.type() == "list(func)") return false;
-  }
-  return true;
-}
-
 }  // namespace
-
-bool IsStatefulOp(const std::string& op_name) {
-  const tf::OpDef* def = RegisteredOpDef(op_name);
-  return def != nullptr && def->is_stateful();
-}
 
 struct KernelCache::Impl {
   std::mutex mutex;
@@ -104,7 +81,7 @@ struct KernelCache::Impl {
   // TF's eager kernel for `op` on `device_name`, or null when the op is not one to run here.
   static tf::core::RefCountPtr<tf::KernelAndDeviceOp> Create(tf::EagerOperation* op,
                                                              const char* device_name) {
-    if (op->is_function() || !StatelessWithoutFunctions(op->Name())) return nullptr;
+    if (op->is_function() || !IsStatelessWithoutFunctions(op->Name())) return nullptr;
     tf::EagerContext& context = op->EagerContext();
     tf::Device* device = nullptr;
     if (!context.local_device_mgr()->LookupDevice(device_name, &device).ok() ||

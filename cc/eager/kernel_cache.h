@@ -17,8 +17,8 @@
 // runs), an input on another kind of device or of another type than the kernel's, or
 // while TF logs device placement (its dispatch writes the log).
 //
-// This file is the one that includes TF's C++ runtime headers (the pinned tensorflow
-// 2.21 wheel's); everything else uses the C API.
+// This file and cc/tf/op_registry.cc include TF's C++ runtime headers (the pinned
+// tensorflow 2.21 wheel's); everything else uses the C API.
 #ifndef TF_DTENSOR_CC_EAGER_KERNEL_CACHE_H_
 #define TF_DTENSOR_CC_EAGER_KERNEL_CACHE_H_
 
@@ -31,10 +31,6 @@
 #include "tensorflow/c/eager/c_api.h"
 
 namespace tf_dtensor {
-
-// Whether TF registers `op_name` as stateful (random, shuffle, ...), from its OpDef in TF's
-// op registry; false for an op TF does not know.
-bool IsStatefulOp(const std::string& op_name);
 
 class KernelCache {
  public:

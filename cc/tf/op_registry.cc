@@ -1,0 +1,33 @@
+#include "cc/tf/op_registry.h"
+
+#include "tensorflow/core/framework/op.h"
+
+namespace tf_dtensor {
+namespace {
+
+namespace tf = ::tensorflow;
+
+// The op's definition in TF's op registry, or null for an op TF does not know.
+const tf::OpDef* RegisteredOpDef(const std::string& op_name) {
+  const tf::OpRegistrationData* registration = nullptr;
+  if (!tf::OpRegistry::Global()->LookUp(op_name, &registration).ok()) return nullptr;
+  return &registration->op_def;
+}
+
+}  // namespace
+
+bool IsStatefulOp(const std::string& op_name) {
+  const tf::OpDef* def = RegisteredOpDef(op_name);
+  return def != nullptr && def->is_stateful();
+}
+
+bool IsStatelessWithoutFunctions(const std::string& op_name) {
+  const tf::OpDef* def = RegisteredOpDef(op_name);
+  if (def == nullptr || def->is_stateful()) return false;
+  for (const auto& attr : def->attr()) {
+    if (attr.type() == "func" || attr.type() == "list(func)") return false;
+  }
+  return true;
+}
+
+}  // namespace tf_dtensor

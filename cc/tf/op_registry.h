@@ -1,0 +1,22 @@
+// What TF's op registry says of an op: the statefulness the device and the kernel cache
+// decide on. Read from the op's OpDef in TF's registry (TF's C++ framework headers: the C
+// API has no per-op lookup), so it sees every op the process has loaded, ours included.
+#ifndef TF_DTENSOR_CC_TF_OP_REGISTRY_H_
+#define TF_DTENSOR_CC_TF_OP_REGISTRY_H_
+
+#include <string>
+
+namespace tf_dtensor {
+
+// Whether TF registers `op_name` as stateful (random, shuffle, ...); false for an op TF
+// does not know.
+bool IsStatefulOp(const std::string& op_name);
+
+// Whether the op's definition lets its kernel run outside TF's eager dispatch: a known op,
+// stateless (no resources, step containers, rendezvous or collectives to look up) and
+// without function attributes (no function library to run them).
+bool IsStatelessWithoutFunctions(const std::string& op_name);
+
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_TF_OP_REGISTRY_H_
