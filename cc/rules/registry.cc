@@ -77,24 +77,14 @@ StatusOr<std::vector<int64_t>> OpContext::IntValue(int input, const std::string&
 
 std::vector<std::string> Plan::Collectives(const OpContext& ctx) const {
   std::vector<std::string> out;
+  // The inputs' relayouts, planned by the function that plans them for ExpandDefault.
   for (size_t i = 0; i < inputs.size() && i < ctx.inputs.size(); ++i) {
-    if (!inputs[i] || !ctx.inputs[i].layout || *inputs[i] == *ctx.inputs[i].layout) continue;
-    const Layout& from = *ctx.inputs[i].layout;
-    // Pending reductions the op cannot take are done first (as the relayout planner does).
-    for (const PartialSpec& p : from.partial()) {
-      bool kept = false;
-      for (const PartialSpec& q : inputs[i]->partial()) kept = kept || p == q;
-      if (kept) continue;
-      bool scatter = false;
-      for (const DimSpec& s : inputs[i]->specs()) scatter = scatter || s.mesh_dim == p.mesh_dim;
-      out.push_back(std::string(scatter ? "reduce-scatter(" : "all-reduce(") +
-                    ReduceOpName(p.op) + ") of input " + std::to_string(i) + " over " +
-                    ctx.mesh.dims()[p.mesh_dim].name);
-    }
-    if (from.WithoutPartial().specs() != inputs[i]->specs()) {
-      out.push_back("relayout input " + std::to_string(i) + " " +
-                    from.WithoutPartial().SpecString() + " -> " +
-                    inputs[i]->WithoutPartial().SpecString());
+    const InputInfo& in = ctx.inputs[i];
+    if (!inputs[i] || !in.layout || *inputs[i] == *in.layout) continue;
+    for (const std::string& line : DescribeRelayout(*in.layout, *inputs[i], in.shape,
+                                                    ctx.Describe(static_cast<int>(i)),
+                                                    in.resource.has_value())) {
+      out.push_back("input " + std::to_string(i) + ": " + line);
     }
   }
   for (size_t o = 0; o < partial_dims.size(); ++o) {

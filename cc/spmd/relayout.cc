@@ -1,5 +1,8 @@
 #include "cc/spmd/relayout.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "cc/core/strings.h"
 
 namespace tf_dtensor {
@@ -22,88 +25,296 @@ StatusOr<ValueId> Builder::SliceOver(ValueId value, int dim, const DimSpec& spec
   return Slice(value, dim, spec.mesh_dim);
 }
 
-StatusOr<ValueId> Relayout(Builder& builder, ValueId value, const Layout& target,
-                           const std::string& what) {
-  const std::optional<Layout>& source_or = builder.layout(value);
-  if (!source_or) return Internal("Relayout of a host value.");
-  Layout source = *source_or;
-  if (source == target) return value;
+namespace {
+
+std::string MeshDimNames(const Mesh& mesh, const std::vector<int>& dims) {
+  std::vector<std::string> names;
+  for (int d : dims) names.push_back(mesh.dims()[d].name);
+  return Join(names, ",");
+}
+
+// `from` with axis `axis` checked against its rank: the steps that change an axis.
+Status CheckAxis(const Layout& from, int axis, const char* step) {
+  if (axis < 0 || axis >= from.rank()) {
+    return Internal(std::string(step) + " of axis " + std::to_string(axis) + " of " +
+                    from.ShortString());
+  }
+  return Status::Ok();
+}
+
+// The layout after a step, or an Internal error naming the step: a planner or a rule that
+// asks for an impossible step fails there, not on the devices.
+StatusOr<Layout> Checked(StatusOr<Layout> layout, const char* step) {
+  if (!layout.ok()) return Internal(std::string(step) + ": " + layout.status().message());
+  return layout;
+}
+
+bool Contains(const std::vector<PartialSpec>& partial, const PartialSpec& p) {
+  for (const PartialSpec& q : partial) {
+    if (q == p) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string RelayoutStep::ToString() const {
+  const std::string op_name = ReduceOpName(op);
+  switch (kind) {
+    case Kind::kAllReduce:
+      return "all-reduce(" + op_name + ") " + from.SpecString() + " over " +
+             MeshDimNames(from.mesh(), mesh_dims);
+    case Kind::kReduceScatter:
+      return "reduce-scatter(" + op_name + ") axis " + std::to_string(axis) + " over " +
+             MeshDimNames(from.mesh(), mesh_dims) + " " + from.SpecString() + " -> " +
+             to.SpecString();
+    case Kind::kAllToAll:
+      return "all-to-all axis " + std::to_string(axis) + " -> " + std::to_string(to_axis) + " " +
+             from.SpecString() + " -> " + to.SpecString();
+    case Kind::kAllGather:
+      return "all-gather axis " + std::to_string(axis) + " " + from.SpecString() + " -> " +
+             to.SpecString();
+    case Kind::kSlice:
+      return "slice axis " + std::to_string(axis) + " over " + to.SpecName(spec) + " " +
+             from.SpecString() + " -> " + to.SpecString();
+    case Kind::kToPartial:
+      return "to-partial(" + op_name + ") " + from.SpecString() + " -> " + to.SpecString();
+    case Kind::kMoveToMesh:
+      return "move " + from.ShortString() + " -> " + to.ShortString();
+  }
+  return "";
+}
+
+StatusOr<RelayoutStep> AllReduceStep(const Layout& from, std::vector<int> mesh_dims, ReduceOp op) {
+  // The pending reductions over `mesh_dims` are done; the others stay.
+  std::vector<PartialSpec> still;
+  for (const PartialSpec& p : from.partial()) {
+    if (std::find(mesh_dims.begin(), mesh_dims.end(), p.mesh_dim) == mesh_dims.end()) {
+      still.push_back(p);
+    }
+  }
+  TFD_ASSIGN_OR_RETURN(Layout to, Checked(from.WithoutPartial().WithPartial(still), "all-reduce"));
+  RelayoutStep step{RelayoutStep::Kind::kAllReduce, from, std::move(to)};
+  step.mesh_dims = std::move(mesh_dims);
+  step.op = op;
+  return step;
+}
+
+StatusOr<RelayoutStep> ReduceScatterStep(const Layout& from, int axis, int mesh_dim, ReduceOp op) {
+  TFD_RETURN_IF_ERROR(CheckAxis(from, axis, "reduce-scatter"));
+  std::vector<PartialSpec> still;
+  for (const PartialSpec& p : from.partial()) {
+    if (p.mesh_dim != mesh_dim) still.push_back(p);
+  }
+  std::vector<DimSpec> specs = from.specs();
+  specs[axis] = DimSpec::Sharded(mesh_dim);
+  TFD_ASSIGN_OR_RETURN(Layout to, Checked(Layout::FromSpecs(std::move(specs), from.mesh(),
+                                                            from.type(), std::move(still)),
+                                          "reduce-scatter"));
+  RelayoutStep step{RelayoutStep::Kind::kReduceScatter, from, std::move(to), axis};
+  step.mesh_dims = {mesh_dim};
+  step.op = op;
+  return step;
+}
+
+StatusOr<RelayoutStep> AllToAllStep(const Layout& from, int axis, int to_axis) {
+  TFD_RETURN_IF_ERROR(CheckAxis(from, axis, "all-to-all"));
+  TFD_RETURN_IF_ERROR(CheckAxis(from, to_axis, "all-to-all"));
+  if (!from.spec(axis).sharded() || from.spec(to_axis).sharded()) {
+    return Internal("all-to-all from axis " + std::to_string(axis) + " to " +
+                    std::to_string(to_axis) + " of " + from.ShortString());
+  }
+  std::vector<DimSpec> specs = from.specs();
+  std::swap(specs[axis], specs[to_axis]);
+  TFD_ASSIGN_OR_RETURN(
+      Layout to, Checked(Layout::FromSpecs(std::move(specs), from.mesh(), from.type(),
+                                           from.partial()),
+                         "all-to-all"));
+  return RelayoutStep{RelayoutStep::Kind::kAllToAll, from, std::move(to), axis, to_axis};
+}
+
+StatusOr<RelayoutStep> AllGatherStep(const Layout& from, int axis) {
+  TFD_RETURN_IF_ERROR(CheckAxis(from, axis, "all-gather"));
+  if (!from.spec(axis).sharded()) {
+    return Internal("all-gather of unsharded axis " + std::to_string(axis) + " of " +
+                    from.ShortString());
+  }
+  std::vector<DimSpec> specs = from.specs();
+  specs[axis] = DimSpec::Replicated();
+  TFD_ASSIGN_OR_RETURN(
+      Layout to, Checked(Layout::FromSpecs(std::move(specs), from.mesh(), from.type(),
+                                           from.partial()),
+                         "all-gather"));
+  return RelayoutStep{RelayoutStep::Kind::kAllGather, from, std::move(to), axis};
+}
+
+StatusOr<RelayoutStep> SliceStep(const Layout& from, int axis, const DimSpec& spec) {
+  TFD_RETURN_IF_ERROR(CheckAxis(from, axis, "slice"));
+  if (from.spec(axis).sharded() || !spec.sharded()) {
+    return Internal("slice of axis " + std::to_string(axis) + " of " + from.ShortString() +
+                    " (it must go from unsharded to sharded)");
+  }
+  std::vector<DimSpec> specs = from.specs();
+  specs[axis] = spec;
+  TFD_ASSIGN_OR_RETURN(
+      Layout to, Checked(Layout::FromSpecs(std::move(specs), from.mesh(), from.type(),
+                                           from.partial()),
+                         "slice"));
+  RelayoutStep step{RelayoutStep::Kind::kSlice, from, std::move(to), axis};
+  step.spec = spec;
+  return step;
+}
+
+StatusOr<RelayoutStep> ToPartialStep(const Layout& from, std::vector<int> mesh_dims, ReduceOp op) {
+  std::vector<PartialSpec> added;
+  for (int d : mesh_dims) added.push_back({d, op});
+  TFD_ASSIGN_OR_RETURN(Layout to, Checked(from.WithPartial(std::move(added)), "to-partial"));
+  RelayoutStep step{RelayoutStep::Kind::kToPartial, from, std::move(to)};
+  step.mesh_dims = std::move(mesh_dims);
+  step.op = op;
+  return step;
+}
+
+StatusOr<RelayoutStep> MoveToMeshStep(const Layout& from, const Mesh& mesh, int rank) {
+  if (!from.IsFullyReplicated() && !from.is_single_device()) {
+    return Internal("move to another mesh of " + from.SpecString() + ", which is not whole");
+  }
+  return RelayoutStep{RelayoutStep::Kind::kMoveToMesh, from, Layout::Replicated(mesh, rank)};
+}
+
+StatusOr<std::vector<RelayoutStep>> PlanRelayout(const Layout& source, const Layout& target,
+                                                 const std::vector<int64_t>& shape,
+                                                 const std::string& what,
+                                                 bool variable_handle) {
+  std::vector<RelayoutStep> steps;
+  if (source == target) return steps;
+  const int rank = static_cast<int>(shape.size());
   if (source.mesh() != target.mesh()) {
     // [x,*] @ A -> [*,y] @ B: whole on A (all-gathers), handed to every device of B, then
     // sliced there. Values cross meshes only whole, so any pair of layouts works.
-    if (builder.resource(value)) {
+    if (variable_handle) {
       return InvalidArgument("Cannot move " + what + " (a variable handle on " +
                              source.ShortString() + ") to another mesh (" +
                              target.ShortString() + "); read its value and move that.");
     }
-    const int rank = static_cast<int>(builder.shape(value).size());
-    TFD_RETURN_IF_ERROR(target.LocalShape(builder.shape(value), what).status());
-    TFD_ASSIGN_OR_RETURN(ValueId whole,
-                         Relayout(builder, value, Layout::Replicated(source.mesh(), rank), what));
-    TFD_ASSIGN_OR_RETURN(ValueId moved, builder.MoveToMesh(whole, target.mesh()));
-    return Relayout(builder, moved, target, what);
+    TFD_RETURN_IF_ERROR(target.LocalShape(shape, what).status());
+    const Layout whole = Layout::Replicated(source.mesh(), rank);
+    TFD_ASSIGN_OR_RETURN(steps, PlanRelayout(source, whole, shape, what));
+    TFD_ASSIGN_OR_RETURN(RelayoutStep move, MoveToMeshStep(whole, target.mesh(), rank));
+    TFD_ASSIGN_OR_RETURN(std::vector<RelayoutStep> there,
+                         PlanRelayout(move.to, target, shape, what));
+    steps.push_back(std::move(move));
+    steps.insert(steps.end(), there.begin(), there.end());
+    return steps;
   }
   if (source.rank() != target.rank()) {
     return InvalidArgument("Cannot relayout " + what + " of rank " +
                            std::to_string(source.rank()) + " to layout " + target.ShortString() +
                            " of rank " + std::to_string(target.rank()) + ".");
   }
-  TFD_RETURN_IF_ERROR(target.LocalShape(builder.shape(value), what).status());
-  ValueId current = value;
+  TFD_RETURN_IF_ERROR(target.LocalShape(shape, what).status());
+  Layout current = source;
+  auto add = [&](StatusOr<RelayoutStep> step) -> Status {
+    if (!step.ok()) return step.status();
+    current = step->to;
+    steps.push_back(*std::move(step));
+    return Status::Ok();
+  };
   // Pending reductions the target does not keep are done first, where the target shards
   // an axis over the same mesh dimension as a reduce-scatter:
   //   [*] +partial(x:sum) -> [x]: reduce-scatter     [*] +partial(x:sum) -> [*]: all-reduce
   for (const PartialSpec& p : source.partial()) {
-    bool kept = false;
-    for (const PartialSpec& q : target.partial()) kept = kept || q == p;
-    if (kept) continue;
+    if (Contains(target.partial(), p)) continue;
     int scatter_axis = -1;
     for (int i = 0; i < target.rank(); ++i) {
-      if (target.spec(i) == DimSpec::Sharded(p.mesh_dim) &&
-          !builder.layout(current)->spec(i).sharded()) {
+      if (target.spec(i) == DimSpec::Sharded(p.mesh_dim) && !current.spec(i).sharded()) {
         scatter_axis = i;
       }
     }
-    if (scatter_axis >= 0) {
-      TFD_ASSIGN_OR_RETURN(current, builder.ReduceScatter(current, scatter_axis, p.mesh_dim, p.op));
-    } else {
-      TFD_ASSIGN_OR_RETURN(current, builder.AllReduce(current, {p.mesh_dim}, p.op));
-    }
+    TFD_RETURN_IF_ERROR(add(scatter_axis >= 0
+                                ? ReduceScatterStep(current, scatter_axis, p.mesh_dim, p.op)
+                                : AllReduceStep(current, {p.mesh_dim}, p.op)));
   }
   // Pairs [a at i] -> [a at j]: the mesh dimension moves between axes: one all-to-all.
   for (int i = 0; i < source.rank(); ++i) {
-    const DimSpec& from = builder.layout(current)->spec(i);
+    const DimSpec from = current.spec(i);
     if (!from.sharded() || from.multi() || from == target.spec(i)) continue;
     for (int j = 0; j < target.rank(); ++j) {
-      if (j != i && target.spec(j) == from && !builder.layout(current)->spec(j).sharded()) {
-        TFD_ASSIGN_OR_RETURN(current, builder.AllToAll(current, i, j));
+      if (j != i && target.spec(j) == from && !current.spec(j).sharded()) {
+        TFD_RETURN_IF_ERROR(add(AllToAllStep(current, i, j)));
         break;
       }
     }
   }
   // Unshard every axis whose sharding differs from the target.
   for (int i = 0; i < target.rank(); ++i) {
-    const DimSpec& now = builder.layout(current)->spec(i);
-    if (now.sharded() && now != target.spec(i)) {
-      TFD_ASSIGN_OR_RETURN(current, builder.AllGather(current, i));
+    if (current.spec(i).sharded() && current.spec(i) != target.spec(i)) {
+      TFD_RETURN_IF_ERROR(add(AllGatherStep(current, i)));
     }
   }
   // Shard the axes the target shards.
   for (int i = 0; i < target.rank(); ++i) {
-    const DimSpec& now = builder.layout(current)->spec(i);
-    if (target.spec(i).sharded() && !now.sharded()) {
-      TFD_ASSIGN_OR_RETURN(current, builder.SliceOver(current, i, target.spec(i)));
+    if (target.spec(i).sharded() && !current.spec(i).sharded()) {
+      TFD_RETURN_IF_ERROR(add(SliceStep(current, i, target.spec(i))));
     }
   }
   // Pending reductions the target adds: [*] -> [*] +partial(x:sum) keeps the value on the
   // first device along x and zeros elsewhere.
   for (const PartialSpec& q : target.partial()) {
-    bool have = false;
-    for (const PartialSpec& p : builder.layout(current)->partial()) have = have || p == q;
-    if (have) continue;
-    TFD_ASSIGN_OR_RETURN(current, builder.ToPartial(current, {q.mesh_dim}, q.op));
+    if (Contains(current.partial(), q)) continue;
+    TFD_RETURN_IF_ERROR(add(ToPartialStep(current, {q.mesh_dim}, q.op)));
+  }
+  return steps;
+}
+
+std::vector<std::string> DescribeRelayout(const Layout& source, const Layout& target,
+                                          const std::vector<int64_t>& shape,
+                                          const std::string& what, bool variable_handle) {
+  StatusOr<std::vector<RelayoutStep>> steps =
+      PlanRelayout(source, target, shape, what, variable_handle);
+  if (!steps.ok()) return {"cannot relayout: " + steps.status().message()};
+  std::vector<std::string> lines;
+  for (const RelayoutStep& step : *steps) lines.push_back(step.ToString());
+  return lines;
+}
+
+namespace {
+
+// The builder collective that carries out `step` on `value`.
+StatusOr<ValueId> EmitStep(Builder& builder, ValueId value, const RelayoutStep& step) {
+  using Kind = RelayoutStep::Kind;
+  switch (step.kind) {
+    case Kind::kAllReduce: return builder.AllReduce(value, step.mesh_dims, step.op);
+    case Kind::kReduceScatter:
+      return builder.ReduceScatter(value, step.axis, step.mesh_dims[0], step.op);
+    case Kind::kAllToAll: return builder.AllToAll(value, step.axis, step.to_axis);
+    case Kind::kAllGather: return builder.AllGather(value, step.axis);
+    case Kind::kSlice: return builder.SliceOver(value, step.axis, step.spec);
+    case Kind::kToPartial: return builder.ToPartial(value, step.mesh_dims, step.op);
+    case Kind::kMoveToMesh: return builder.MoveToMesh(value, step.to.mesh());
+  }
+  return Internal("Unknown relayout step.");
+}
+
+}  // namespace
+
+StatusOr<ValueId> EmitRelayout(Builder& builder, ValueId value,
+                               const std::vector<RelayoutStep>& steps) {
+  ValueId current = value;
+  for (const RelayoutStep& step : steps) {
+    TFD_ASSIGN_OR_RETURN(current, EmitStep(builder, current, step));
   }
   return current;
+}
+
+StatusOr<ValueId> Relayout(Builder& builder, ValueId value, const Layout& target,
+                           const std::string& what) {
+  const std::optional<Layout>& source = builder.layout(value);
+  if (!source) return Internal("Relayout of a host value.");
+  TFD_ASSIGN_OR_RETURN(std::vector<RelayoutStep> steps,
+                       PlanRelayout(*source, target, builder.shape(value), what,
+                                    builder.resource(value).has_value()));
+  return EmitRelayout(builder, value, steps);
 }
 
 }  // namespace tf_dtensor

@@ -214,6 +214,34 @@ def test_explain_reports_collectives(mesh_2x2):
     assert plan["collectives"] == ["all-reduce(sum) of output 0 over x"]
 
 
+def test_explain_lists_the_planned_relayout_steps(mesh_2x2):
+    # The steps come from the relayout planner that execution runs (cc/spmd/relayout.h).
+    plan = tf_dtensor.debug.explain("MatMul", [layout_of("[y,x]", mesh_2x2),
+                                               layout_of("[*,y]", mesh_2x2)], [[4, 8], [8, 4]])
+    assert plan["inputs"] == [layout_of("[y,x]", mesh_2x2), layout_of("[x,*]", mesh_2x2)]
+    assert plan["collectives"] == ["input 1: all-gather axis 1 [*,y] -> [*,*]",
+                                   "input 1: slice axis 0 over x [*,*] -> [x,*]",
+                                   "all-reduce(sum) of output 0 over x"]
+
+
+def test_explain_keeps_its_forward_plan_with_a_backward_one(mesh_2x2):
+    plan = tf_dtensor.debug.explain("MatMul", [layout_of("[*,x]", mesh_2x2),
+                                               layout_of("[x,*]", mesh_2x2)], [[8, 8], [8, 8]],
+                                    output_layouts=[layout_of("[x,y]", mesh_2x2)])
+    assert plan["outputs"] == [layout_of("[*,*]", mesh_2x2)]
+    assert plan["collectives"] == ["all-reduce(sum) of output 0 over x"]
+    assert plan["backward"] == [layout_of("[x,*]", mesh_2x2), layout_of("[*,y]", mesh_2x2)]
+    assert "backward" not in tf_dtensor.debug.explain(
+        "MatMul", [layout_of("[*,x]", mesh_2x2), layout_of("[x,*]", mesh_2x2)], [[8, 8], [8, 8]])
+
+
+def test_explain_raises_the_errors_planning_raises(mesh_2x2):
+    with pytest.raises(tf_dtensor.UnsupportedOpError, match="'NoSuchOp' has no tf_dtensor rule"):
+        tf_dtensor.debug.explain("NoSuchOp", [layout_of("[x,*]", mesh_2x2)], [[8, 8]])
+    with pytest.raises(ValueError, match="Incompatible shapes for 'Mul'"):
+        tf_dtensor.debug.explain("Mul", [layout_of("[*,*]", mesh_2x2)] * 2, [[8, 8], [4, 8]])
+
+
 def test_explain_without_communication(mesh_2x2):
     plan = tf_dtensor.debug.explain("AddV2", [layout_of("[x,y]", mesh_2x2)] * 2, [[4, 8]] * 2)
     assert plan["outputs"] == [layout_of("[x,y]", mesh_2x2)]

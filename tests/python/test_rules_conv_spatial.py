@@ -124,7 +124,7 @@ def test_explain_names_the_halo_and_the_fallback(mesh_1d):
     plan = tf_dtensor.debug.explain("Conv2D", [x, w], [[2, 8, 6, 3], [3, 3, 3, 4]],
                                     attrs=_conv_attrs("VALID", 1, 1))
     assert plan["outputs"] == [Layout.replicated(mesh_1d, 4)]
-    assert plan["collectives"][0] == "relayout input 0 [*,x,*,*] -> [*,*,*,*]"
+    assert plan["collectives"][0] == "input 0: all-gather axis 1 [*,x,*,*] -> [*,*,*,*]"
     assert plan["collectives"][1].startswith("spatial axis 1 of input 0 gathered over x: "
                                              "output block 1 starts at row 3")
 

@@ -294,8 +294,8 @@ def test_segment_sum_into_row_blocks_gathers_the_ids_not_the_table(mesh_2x2):
         "UnsortedSegmentSum", [layout_of("[x,*]", mesh_2x2), layout_of("[x]", mesh_2x2), None],
         [[6, 4], [6], []], int_values={2: [8]}, requested=layout_of("[x,*]", mesh_2x2))
     assert plan["outputs"][0] == layout_of("[x,*]", mesh_2x2)
-    assert plan["collectives"] == ["relayout input 0 [x,*] -> [*,*]",
-                                   "relayout input 1 [x] -> [*]"]
+    assert plan["collectives"] == ["input 0: all-gather axis 0 [x,*] -> [*,*]",
+                                   "input 1: all-gather axis 0 [x] -> [*]"]
 
 
 @pytest.mark.parametrize("table_spec", ["[x,*]", "[x,y]", "[*,y]"])

@@ -107,7 +107,7 @@ def test_sparse_to_dense(layouts):
 @pytest.mark.parametrize("op_name, layouts, shapes, host, want, collectives", [
     ("GatherNd", ["[*,*,y]", "[x,*]"], [[5, 3, 2], [4, 2]], {}, "[x,y]", []),
     ("GatherNd", ["[x,*,y]", "[*,*]"], [[5, 3, 2], [4, 2]], {}, "[*,y]",
-     ["relayout input 0 [x,*,y] -> [*,*,y]"]),
+     ["input 0: all-gather axis 0 [x,*,y] -> [*,*,y]"]),
     ("ScatterNd", ["[x,*]", "[x,y]", None], [[4, 1], [4, 3], [2]], {2: [5, 4]}, "[*,y]",
      ["all-reduce(sum) of output 0 over x"]),
     ("TensorScatterAdd", ["[*,y]", "[*,*]", "[*,y]"], [[5, 4], [3, 1], [3, 4]], {}, "[*,y]", []),

@@ -333,7 +333,7 @@ def test_partial_gradient_through_function():
 def test_explain_shows_where_partial_is_reduced():
     p = Layout([U, U], MESH_2X2, partial={"y": "sum"})
     plan = debug.explain("Relu", [p], [[4, 6]])
-    assert plan["collectives"] == ["all-reduce(sum) of input 0 over y"]
+    assert plan["collectives"] == ["input 0: all-reduce(sum) [*,*] +partial(y:sum) over y"]
     assert not plan["outputs"][0].is_partial
     plan = debug.explain("AddV2", [p, p], [[4, 6], [4, 6]])
     assert plan["outputs"][0] == p

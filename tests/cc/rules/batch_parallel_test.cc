@@ -11,7 +11,7 @@ using testing::MakeMesh;
 using testing::OpCase;
 using testing::T;
 
-TEST(BatchParallel, Plans) {
+TEST(BatchParallelRules, Plans) {
   for (const char* type : {"CPU", "GPU"}) {
     SCOPED_TRACE(type);
     CheckRuleTable(
@@ -72,7 +72,7 @@ TEST(BatchParallel, Plans) {
 
 // Range in a requested sharded layout: each device gets its own start and limit (a
 // replicated vector sliced over the mesh dim) and runs Range on its block; no gather.
-TEST(Range, MakesEachBlockOnItsDevice) {
+TEST(BatchParallelRules, RangeMakesEachBlockOnItsDevice) {
   OpCase range("Range", MakeMesh({{"x", 2}, {"y", 2}}));
   // range(1, 10, 2) = [1, 3, 5, 7, 9] in uneven blocks over y: [1, 7) and [7, 11) by 2.
   range.Host({1}).Host({10}).Host({2}).Requested("[y]");
@@ -94,7 +94,7 @@ TEST(Range, MakesEachBlockOnItsDevice) {
   EXPECT_EQ(plain.PlanString(), "host host host -> [*]");
 }
 
-TEST(TensorStridedSliceUpdate, KeepsWholeAxesSharded) {
+TEST(BatchParallelRules, TensorStridedSliceUpdateKeepsWholeAxesSharded) {
   // x[:, 2:6] = v: axis 0 whole (stays sharded, each device slices rows [0, 2) of its
   // block), axis 1 cut (gathered); v follows x.
   OpCase update("TensorStridedSliceUpdate", MakeMesh({{"x", 2}, {"y", 2}}));
@@ -108,7 +108,7 @@ TEST(TensorStridedSliceUpdate, KeepsWholeAxesSharded) {
   EXPECT_EQ(from_value.PlanString(), "[y,*] host[0, 2] host[2, 6] host [y,*] -> [y,*]");
 }
 
-TEST(Bitcast, AddsOrReadsTheByteAxis) {
+TEST(BatchParallelRules, BitcastAddsOrReadsTheByteAxis) {
   const Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}});
   OpCase same("Bitcast", mesh);
   same.In("[x,y]", {4, 8}).Type("T", TF_FLOAT).Type("type", TF_INT32);

@@ -6,6 +6,7 @@
 namespace tf_dtensor {
 namespace {
 
+using testing::CheckBackwardTable;
 using testing::CheckRuleTable;
 using testing::H;
 using testing::MakeMesh;
@@ -236,10 +237,112 @@ TEST(ConvRules, SpatialHalosOfPoolingAndGradients) {
         .Ints("strides", {1, 2, 2, 1});
     EXPECT_EQ(op.PlanString(), "[*,*,*,*] [*,*,*,*] -> [*,*,*,*]");
     EXPECT_LINES(op.Collectives(),
-                 {"relayout input 0 [*,x,*,*] -> [*,*,*,*]",
+                 {"input 0: all-gather axis 1 [*,x,*,*] -> [*,*,*,*]",
                   "spatial axis 1 of input 0 gathered over x: the last block needs another "
                   "halo than the others"});
   }
+}
+
+// Channels, batch and the window on default attributes (stride 1, VALID): spatial axes
+// are gathered, input channels leave partial sums, pooling keeps batch and channels.
+TEST(ConvRules, ChannelsBatchAndPooling) {
+  const std::vector<RuleRow> rows = {
+      {"Conv2D", {T("[x,*,*,*]", {4, 6, 6, 4}), T("[*,*,*,*]", {3, 3, 4, 4})},
+       "[x,*,*,*] [*,*,*,*] -> [x,*,*,*]",
+       {"local Conv2D [x,*,*,*] [*,*,*,*] -> [x,*,*,*]"}},
+      {"Conv2D", {T("[*,*,*,*]", {4, 6, 6, 4}), T("[*,*,*,y]", {3, 3, 4, 4})},
+       "[*,*,*,*] [*,*,*,y] -> [*,*,*,y]",
+       {"local Conv2D [*,*,*,*] [*,*,*,y] -> [*,*,*,y]"}},
+      {"Conv2D", {T("[x,*,*,*]", {4, 6, 6, 4}), T("[*,*,*,y]", {3, 3, 4, 4})},
+       "[x,*,*,*] [*,*,*,y] -> [x,*,*,y]",
+       {"local Conv2D [x,*,*,*] [*,*,*,y] -> [x,*,*,y]"}},
+      {"Conv2D", {T("[*,*,*,x]", {4, 6, 6, 4}), T("[*,*,x,*]", {3, 3, 4, 4})},
+       "[*,*,*,x] [*,*,x,*] -> [*,*,*,*]",
+       {"local Conv2D [*,*,*,x] [*,*,x,*] -> [*,*,*,*]", "all-reduce(sum) [*,*,*,*] over x"}},
+      {"Conv2D", {T("[x,*,*,y]", {4, 6, 6, 4}), T("[*,*,*,*]", {3, 3, 4, 4})},
+       "[x,*,*,y] [*,*,y,*] -> [x,*,*,*]",
+       {"slice axis 2 over y [*,*,*,*] -> [*,*,y,*]",
+        "local Conv2D [x,*,*,y] [*,*,y,*] -> [x,*,*,*]", "all-reduce(sum) [x,*,*,*] over y"}},
+      {"Conv2D", {T("[*,x,y,*]", {4, 6, 6, 4}), T("[x,*,*,*]", {3, 3, 4, 4})},
+       "[*,*,*,*] [*,*,*,*] -> [*,*,*,*]",
+       {"all-gather axis 1 [*,x,y,*] -> [*,*,y,*]", "all-gather axis 2 [*,*,y,*] -> [*,*,*,*]",
+        "all-gather axis 0 [x,*,*,*] -> [*,*,*,*]", "local Conv2D [*,*,*,*] [*,*,*,*] -> [*,*,*,*]"}},
+      {"Conv2D", {T("[x,*,*,*]", {4, 6, 6, 4}), T("[*,*,*,x]", {3, 3, 4, 4})},
+       "[x,*,*,*] [*,*,*,*] -> [x,*,*,*]",
+       {"all-gather axis 3 [*,*,*,x] -> [*,*,*,*]", "local Conv2D [x,*,*,*] [*,*,*,*] -> [x,*,*,*]"}},
+      {"Conv2D", {T("[x,y,*,*]", {4, 4, 6, 6}), T("[*,*,*,*]", {3, 3, 4, 4})},
+       "[x,y,*,*] [*,*,y,*] -> [x,*,*,*]",
+       {"slice axis 2 over y [*,*,*,*] -> [*,*,y,*]",
+        "local Conv2D [x,y,*,*] [*,*,y,*] -> [x,*,*,*]", "all-reduce(sum) [x,*,*,*] over y"},
+       {}, {}, {{"data_format", "NCHW"}}},
+      {"Conv2DBackpropInput",
+       {H({4, 6, 6, 4}), T("[*,*,*,*]", {3, 3, 4, 4}), T("[x,*,*,*]", {4, 6, 6, 4})},
+       "host[2, 6, 6, 4] [*,*,*,*] [x,*,*,*] -> [x,*,*,*]",
+       {"host constant [2, 6, 6, 4] int32",
+        "local Conv2DBackpropInput host [4] [*,*,*,*] [x,*,*,*] -> [x,*,*,*]"}},
+      {"Conv2DBackpropInput",
+       {H({4, 6, 6, 4}), T("[*,*,*,y]", {3, 3, 4, 4}), T("[x,*,*,y]", {4, 6, 6, 4})},
+       "host[2, 6, 6, 4] [*,*,*,y] [x,*,*,y] -> [x,*,*,*]",
+       {"host constant [2, 6, 6, 4] int32",
+        "local Conv2DBackpropInput host [4] [*,*,*,y] [x,*,*,y] -> [x,*,*,*]",
+        "all-reduce(sum) [x,*,*,*] over y"}},
+      {"Conv2DBackpropFilter",
+       {T("[x,*,*,*]", {4, 6, 6, 4}), H({3, 3, 4, 4}), T("[x,*,*,*]", {4, 6, 6, 4})},
+       "[x,*,*,*] host[3, 3, 4, 4] [x,*,*,*] -> [*,*,*,*]",
+       {"host constant [3, 3, 4, 4] int32",
+        "local Conv2DBackpropFilter [x,*,*,*] host [4] [x,*,*,*] -> [*,*,*,*]",
+        "all-reduce(sum) [*,*,*,*] over x"}},
+      {"Conv2DBackpropFilter",
+       {T("[x,*,*,y]", {4, 6, 6, 4}), H({3, 3, 4, 4}), T("[*,*,*,*]", {4, 6, 6, 4})},
+       "[x,*,*,y] host[3, 3, 2, 4] [x,*,*,*] -> [*,*,y,*]",
+       {"host constant [3, 3, 2, 4] int32", "slice axis 0 over x [*,*,*,*] -> [x,*,*,*]",
+        "local Conv2DBackpropFilter [x,*,*,y] host [4] [x,*,*,*] -> [*,*,y,*]",
+        "all-reduce(sum) [*,*,y,*] over x"}},
+      {"DepthwiseConv2dNative", {T("[x,*,*,y]", {4, 6, 6, 4}), T("[*,*,*,y]", {3, 3, 4, 2})},
+       "[x,*,*,y] [*,*,y,*] -> [x,*,*,y]",
+       {"all-to-all axis 3 -> 2 [*,*,*,y] -> [*,*,y,*]",
+        "local DepthwiseConv2dNative [x,*,*,y] [*,*,y,*] -> [x,*,*,y]"}},
+      {"MaxPool", {T("[x,y,*,*]", {4, 6, 6, 4})},
+       "[x,*,*,*] -> [x,*,*,*]",
+       {"all-gather axis 1 [x,y,*,*] -> [x,*,*,*]", "local MaxPool [x,*,*,*] -> [x,*,*,*]"}},
+      {"AvgPool", {T("[x,y,*,*]", {4, 6, 6, 4})},
+       "[x,*,*,*] -> [x,*,*,*]",
+       {"all-gather axis 1 [x,y,*,*] -> [x,*,*,*]", "local AvgPool [x,*,*,*] -> [x,*,*,*]"}},
+      {"MaxPool", {T("[y,*,*,x]", {4, 6, 6, 4})},
+       "[y,*,*,x] -> [y,*,*,x]",
+       {"local MaxPool [y,*,*,x] -> [y,*,*,x]"}},
+      {"AvgPool", {T("[y,*,*,x]", {4, 6, 6, 4})},
+       "[y,*,*,x] -> [y,*,*,x]",
+       {"local AvgPool [y,*,*,x] -> [y,*,*,x]"}},
+      {"MaxPoolGrad",
+       {T("[x,*,*,y]", {4, 6, 6, 4}), T("[x,*,*,*]", {4, 3, 3, 4}), T("[*,*,*,y]", {4, 3, 3, 4})},
+       "[x,*,*,y] [x,*,*,y] [x,*,*,y] -> [x,*,*,y]",
+       {"slice axis 3 over y [x,*,*,*] -> [x,*,*,y]", "slice axis 0 over x [*,*,*,y] -> [x,*,*,y]",
+        "local MaxPoolGrad [x,*,*,y] [x,*,*,y] [x,*,*,y] -> [x,*,*,y]"}},
+      {"AvgPoolGrad", {H({4, 6, 6, 4}), T("[x,*,*,y]", {4, 3, 3, 4})},
+       "host[2, 6, 6, 2] [x,*,*,y] -> [x,*,*,y]",
+       {"host constant [2, 6, 6, 2] int32", "local AvgPoolGrad host [4] [x,*,*,y] -> [x,*,*,y]"}},
+      {"MaxPoolGradGrad",
+       {T("[x,*,*,y]", {4, 6, 6, 4}), T("[x,*,*,y]", {4, 3, 3, 4}), T("[x,*,*,y]", {4, 6, 6, 4})},
+       "[x,*,*,y] [x,*,*,y] [x,*,*,y] -> [x,*,*,y]",
+       {"local MaxPoolGradGrad [x,*,*,y] [x,*,*,y] [x,*,*,y] -> [x,*,*,y]"}},
+      {"Conv3DBackpropFilterV2",
+       {T("[x,y,*,*,*]", {4, 4, 4, 4, 4}), H({2, 2, 2, 4, 4}), T("[x,*,*,*,*]", {4, 4, 4, 4, 4})},
+       "[x,y,*,*,*] host[2, 2, 2, 2, 4] [x,*,*,*,*] -> [*,*,*,y,*]",
+       {"host constant [2, 2, 2, 2, 4] int32",
+        "local Conv3DBackpropFilterV2 [x,y,*,*,*] host [5] [x,*,*,*,*] -> [*,*,*,y,*]",
+        "all-reduce(sum) [*,*,*,y,*] over x"},
+       {}, {}, {{"data_format", "NCDHW"}}},
+  };
+  CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}), rows);
+}
+
+TEST(ConvRules, Backward) {
+  CheckBackwardTable(MakeMesh({{"x", 2}, {"y", 2}}), {
+      {"Conv2D",
+       {T("[*,*,*,*]", {4, 6, 6, 4}), T("[*,*,*,*]", {3, 3, 4, 4})},
+       {"[x,*,*,y]"}, "[x,*,*,*] [*,*,*,y]"},
+  });
 }
 
 }  // namespace

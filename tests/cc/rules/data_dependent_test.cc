@@ -9,7 +9,7 @@ using testing::H;
 using testing::MakeMesh;
 using testing::T;
 
-TEST(DataDependent, Plans) {
+TEST(DataDependentRules, Plans) {
   for (const char* type : {"CPU", "GPU"}) {
     SCOPED_TRACE(type);
     CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}, type),

@@ -4,8 +4,8 @@
 
 #include "cc/tf/attrs.h"
 #include "cc/rules/registry.h"
+#include "cc/spmd/recording_builder.h"
 #include "tensorflow/c/tf_datatype.h"
-#include "tests/cc/spmd/recording_builder.h"
 #include "tests/cc/testing.h"
 
 namespace tf_dtensor {
@@ -13,7 +13,6 @@ namespace {
 
 using testing::MakeLayout;
 using testing::MakeMesh;
-using testing::RecordingBuilder;
 
 struct Case {
   Case(const std::string& op, const Mesh& mesh) : ctx(op, &attrs, mesh) {}

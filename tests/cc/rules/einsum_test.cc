@@ -5,6 +5,7 @@
 namespace tf_dtensor {
 namespace {
 
+using testing::CheckBackwardTable;
 using testing::CheckRuleTable;
 using testing::MakeMesh;
 using testing::RuleRow;
@@ -102,6 +103,111 @@ TEST(EinsumRules, PartialResults) {
       .Str("equation", "ij,jk->ik");
   EXPECT_EQ(passed.PlanString(), "[*,*] +partial(y:sum) [*,*] -> [*,*] +partial(y:sum)");
   EXPECT_LINES(passed.Collectives(), {"outputs stay partial(y:sum)"});
+}
+
+// Each letter is a factor: passed through, contracted (partial sums), or gathered when it
+// repeats (a diagonal).
+TEST(EinsumRules, FactorsOfEquations) {
+  const std::vector<RuleRow> rows = {
+      {"Einsum", {T("[x,*]", {8, 8}), T("[*,y]", {8, 8})},
+       "[x,*] [*,y] -> [x,y]",
+       {"local Einsum [x,*] [*,y] -> [x,y]"},
+       {}, {}, {{"equation", "ij,jk->ik"}}},
+      {"Einsum", {T("[*,x]", {8, 8}), T("[x,y]", {8, 8})},
+       "[*,x] [x,y] -> [*,y]",
+       {"local Einsum [*,x] [x,y] -> [*,y]", "all-reduce(sum) [*,y] over x"},
+       {}, {}, {{"equation", "ij,jk->ik"}}},
+      {"Einsum", {T("[*,x]", {8, 8}), T("[*,*]", {8, 8})},
+       "[*,x] [x,*] -> [*,*]",
+       {"slice axis 0 over x [*,*] -> [x,*]", "local Einsum [*,x] [x,*] -> [*,*]",
+        "all-reduce(sum) [*,*] over x"},
+       {}, {}, {{"equation", "ij,jk->ik"}}},
+      {"Einsum", {T("[x,*,*,y]", {2, 4, 2, 4}), T("[x,*,*,y]", {2, 6, 2, 4})},
+       "[x,*,*,y] [x,*,*,y] -> [x,*,*,*]",
+       {"local Einsum [x,*,*,y] [x,*,*,y] -> [x,*,*,*]", "all-reduce(sum) [x,*,*,*] over y"},
+       {}, {}, {{"equation", "bqhd,bkhd->bhqk"}}},
+      {"Einsum", {T("[x,*,y,*]", {2, 4, 2, 4}), T("[*,*,*,*]", {2, 6, 2, 4})},
+       "[x,*,y,*] [x,*,y,*] -> [x,y,*,*]",
+       {"slice axis 0 over x [*,*,*,*] -> [x,*,*,*]", "slice axis 2 over y [x,*,*,*] -> [x,*,y,*]",
+        "local Einsum [x,*,y,*] [x,*,y,*] -> [x,y,*,*]"},
+       {}, {}, {{"equation", "bqhd,bkhd->bhqk"}}},
+      {"Einsum", {T("[x,y,*,*]", {2, 2, 4, 6}), T("[x,*,y,*]", {2, 6, 2, 4})},
+       "[x,y,*,*] [x,*,y,*] -> [x,*,y,*]",
+       {"local Einsum [x,y,*,*] [x,*,y,*] -> [x,*,y,*]"},
+       {}, {}, {{"equation", "bhqk,bkhd->bqhd"}}},
+      {"Einsum", {T("[*,x,*,*]", {2, 4, 2, 4}), T("[x,*,*,*]", {2, 6, 2, 4})},
+       "[x,*,*,*] [x,*,*,*] -> [x,*,*,*]",
+       {"all-to-all axis 1 -> 0 [*,x,*,*] -> [x,*,*,*]",
+        "local Einsum [x,*,*,*] [x,*,*,*] -> [x,*,*,*]"},
+       {}, {}, {{"equation", "bqhd,bkhd->bhqk"}}},
+      {"Einsum", {T("[x,y]", {8, 8})},
+       "[x,y] -> [y,x]",
+       {"local Einsum [x,y] -> [y,x]"},
+       {}, {}, {{"equation", "ij->ji"}}},
+      {"Einsum", {T("[x,y]", {8, 8})},
+       "[x,y] -> []",
+       {"local Einsum [x,y] -> []", "all-reduce(sum) [] over x,y"},
+       {}, {}, {{"equation", "ij->"}}},
+      {"Einsum", {T("[x]", {8}), T("[*]", {8})},
+       "[x] [x] -> []",
+       {"slice axis 0 over x [*] -> [x]", "local Einsum [x] [x] -> []", "all-reduce(sum) [] over x"},
+       {}, {}, {{"equation", "i,i->"}}},
+      {"Einsum", {T("[y]", {8}), T("[x]", {8})},
+       "[y] [x] -> [y,x]",
+       {"local Einsum [y] [x] -> [y,x]"},
+       {}, {}, {{"equation", "i,j->ij"}}},
+      {"Einsum", {T("[x,y]", {8, 8})},
+       "[*,*] -> [*]",
+       {"all-gather axis 0 [x,y] -> [*,y]", "all-gather axis 1 [*,y] -> [*,*]",
+        "local Einsum [*,*] -> [*]"},
+       {}, {}, {{"equation", "ii->i"}}},
+      {"Einsum", {T("[x,*,y]", {2, 2, 8})},
+       "[*,*,y] -> [*,y]",
+       {"all-gather axis 0 [x,*,y] -> [*,*,y]", "local Einsum [*,*,y] -> [*,y]"},
+       {}, {}, {{"equation", "iij->ij"}}},
+      {"Einsum", {T("[x]", {8})},
+       "[*] -> [*,*]",
+       {"all-gather axis 0 [x] -> [*]", "local Einsum [*] -> [*,*]"},
+       {}, {}, {{"equation", "i->ii"}}},
+      {"Einsum", {T("[x,*,y]", {2, 4, 8}), T("[y,*]", {8, 4})},
+       "[x,*,y] [y,*] -> [x,*,*]",
+       {"local Einsum [x,*,y] [y,*] -> [x,*,*]", "all-reduce(sum) [x,*,*] over y"},
+       {}, {}, {{"equation", "...ij,...jk->...ik"}}},
+      {"Einsum", {T("[*,*,*,*]", {2, 1, 4, 8}), T("[x,*,*]", {3, 8, 4})},
+       "[*,*,*,*] [x,*,*] -> [*,x,*,*]",
+       {"local Einsum [*,*,*,*] [x,*,*] -> [*,x,*,*]"},
+       {}, {}, {{"equation", "...ij,...jk->...ik"}}},
+  };
+  CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}), rows);
+  CheckRuleTable(MakeMesh({{"x", 2}}), {
+      {"Einsum", {T("[*,x,*,*]", {2, 4, 2, 4}), T("[*,x,*,*]", {2, 6, 2, 4})},
+       "[*,x,*,*] [*,*,*,*] -> [*,*,x,*]",
+       {"all-gather axis 1 [*,x,*,*] -> [*,*,*,*]", "local Einsum [*,x,*,*] [*,*,*,*] -> [*,*,x,*]"},
+       {}, {}, {{"equation", "bqhd,bkhd->bhqk"}}},
+  });
+}
+
+TEST(EinsumRules, Backward) {
+  CheckBackwardTable(MakeMesh({{"x", 2}, {"y", 2}}), {
+      {"Einsum",
+       {T("[*,*]", {8, 4}), T("[*,*]", {4, 6})},
+       {"[x,y]"}, "[x,*] [*,y]", {}, {}, {{"equation", "ij,jk->ik"}}},
+      {"Einsum",
+       {T("[*,*,*,*]", {2, 4, 2, 4}), T("[*,*,*,*]", {2, 6, 2, 4})},
+       {"[x,y,*,*]"}, "[x,*,y,*] [x,*,y,*]", {}, {}, {{"equation", "bqhd,bkhd->bhqk"}}},
+      {"Einsum",
+       {T("[*,*,*,*]", {2, 2, 4, 6}), T("[*,*,*,*]", {2, 6, 2, 4})},
+       {"[x,*,y,*]"}, "[x,y,*,*] [x,*,y,*]", {}, {}, {{"equation", "bhqk,bkhd->bqhd"}}},
+      {"Einsum", {T("[*,*]", {8, 4})}, {"[x,y]"}, "[y,x]", {}, {}, {{"equation", "ij->ji"}}},
+      {"Einsum", {T("[*,*]", {8, 4})}, {"[y]"}, "[y,*]", {}, {}, {{"equation", "ij->i"}}},
+      {"Einsum",
+       {T("[*]", {4}), T("[*]", {8})}, {"[x,y]"}, "[x] [y]", {}, {}, {{"equation", "i,j->ij"}}},
+      {"Einsum",
+       {T("[*,*,*]", {2, 2, 8})}, {"[x,y]"}, "[*,*,y]", {}, {}, {{"equation", "iij->ij"}}},
+      {"Einsum",
+       {T("[*,*,*,*]", {2, 1, 4, 8}), T("[*,*,*]", {4, 8, 4})},
+       {"[x,y,*,*]"}, "[x,*,*,*] [y,*,*]", {}, {}, {{"equation", "...ij,...jk->...ik"}}},
+  });
 }
 
 }  // namespace

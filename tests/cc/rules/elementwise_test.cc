@@ -4,6 +4,7 @@
 namespace tf_dtensor {
 namespace {
 
+using testing::CheckBackwardTable;
 using testing::CheckRuleTable;
 using testing::MakeMesh;
 using testing::OpCase;
@@ -85,6 +86,69 @@ TEST(ElementwiseRules, ComplexPartsPassPartialSums) {
   OpCase mul_second("MulNoNan", mesh);
   mul_second.In("[x,*]", {4, 6}).In("[x,*]", {4, 6}).Pending({sum_y});
   EXPECT_EQ(mul_second.PlanString(), "[x,*] [x,*] -> [x,*]");
+}
+
+// Inputs follow the merged layout: replicated ones are sliced, broadcast axes align from
+// the right, and BiasAdd's bias follows the channel axis.
+TEST(ElementwiseRules, BroadcastingAndChannels) {
+  const std::vector<RuleRow> rows = {
+      {"AddV2", {T("[x,*]", {8, 8}), T("[x,*]", {8, 8})},
+       "[x,*] [x,*] -> [x,*]",
+       {"local AddV2 [x,*] [x,*] -> [x,*]"}},
+      {"AddV2", {T("[x,*]", {8, 8}), T("[*,*]", {8, 8})},
+       "[x,*] [x,*] -> [x,*]",
+       {"slice axis 0 over x [*,*] -> [x,*]", "local AddV2 [x,*] [x,*] -> [x,*]"}},
+      {"AddV2", {T("[*,*]", {8, 8}), T("[*,y]", {8, 8})},
+       "[*,y] [*,y] -> [*,y]",
+       {"slice axis 1 over y [*,*] -> [*,y]", "local AddV2 [*,y] [*,y] -> [*,y]"}},
+      {"AddV2", {T("[x,*]", {8, 8}), T("[*,y]", {8, 8})},
+       "[x,y] [x,y] -> [x,y]",
+       {"slice axis 1 over y [x,*] -> [x,y]", "slice axis 0 over x [*,y] -> [x,y]",
+        "local AddV2 [x,y] [x,y] -> [x,y]"}},
+      {"AddV2", {T("[x,*]", {8, 8}), T("[*,x]", {8, 8})},
+       "[x,*] [x,*] -> [x,*]",
+       {"all-to-all axis 1 -> 0 [*,x] -> [x,*]", "local AddV2 [x,*] [x,*] -> [x,*]"}},
+      {"AddV2", {T("[x,*]", {8, 8}), T("[*]", {8})},
+       "[x,*] [*] -> [x,*]",
+       {"local AddV2 [x,*] [*] -> [x,*]"}},
+      {"AddV2", {T("[x,y]", {8, 8}), T("[*]", {8})},
+       "[x,y] [y] -> [x,y]",
+       {"slice axis 0 over y [*] -> [y]", "local AddV2 [x,y] [y] -> [x,y]"}},
+      {"AddV2", {T("[x,y]", {8, 8}), T("[*,*]", {8, 1})},
+       "[x,y] [x,*] -> [x,y]",
+       {"slice axis 0 over x [*,*] -> [x,*]", "local AddV2 [x,y] [x,*] -> [x,y]"}},
+      {"Mul", {T("[*,*]", {8, 8}), T("[*,*]", {4, 8})}, "error",
+       {"Incompatible shapes for 'Mul'", "[8, 8] vs [4, 8]"}},
+      {"Select", {T("[*]", {8}), T("[x,*]", {8, 8}), T("[x,*]", {8, 8})},
+       "[x] [x,*] [x,*] -> [x,*]",
+       {"slice axis 0 over x [*] -> [x]", "local Select [x] [x,*] [x,*] -> [x,*]"}},
+      {"BiasAdd", {T("[x,*,y]", {4, 8, 8}), T("[*]", {8})},
+       "[x,*,y] [y] -> [x,*,y]",
+       {"slice axis 0 over y [*] -> [y]", "local BiasAdd [x,*,y] [y] -> [x,*,y]"},
+       {}, {}, {{"data_format", "NHWC"}}},
+      {"BiasAdd", {T("[x,y,*]", {4, 8, 8}), T("[*]", {8})},
+       "[x,y,*] [y] -> [x,y,*]",
+       {"slice axis 0 over y [*] -> [y]", "local BiasAdd [x,y,*] [y] -> [x,y,*]"},
+       {}, {}, {{"data_format", "NCHW"}}},
+  };
+  CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}), rows);
+  CheckRuleTable(MakeMesh({{"x", 2}}), {
+      {"Relu", {T("[x,*]", {8, 8})},
+       "[x,*] -> [x,*]",
+       {"local Relu [x,*] -> [x,*]"}},
+  });
+}
+
+// Backward: a request projected through broadcasting; one of another rank is ignored.
+TEST(ElementwiseRules, Backward) {
+  CheckBackwardTable(MakeMesh({{"x", 2}, {"y", 2}}), {
+      {"AddV2", {T("[*,*]", {8, 4}), T("[*]", {4})}, {"[x,y]"}, "[x,y] [y]"},
+      {"Mul", {T("[*,*]", {8, 4}), T("[*,*]", {1, 4})}, {"[x,y]"}, "[x,y] [*,y]"},
+      {"Mul", {T("[*,*]", {8, 4}), T("[]", {})}, {"[x,y]"}, "[x,y] []"},
+      {"Relu", {T("[*,*]", {8, 4})}, {"[y,x]"}, "[y,x]"},
+      {"IdentityN", {T("[*,*]", {8, 4}), T("[*]", {4})}, {"[x,*]", ""}, "[x,*] -"},
+      {"AddV2", {T("[*,*]", {8, 4}), T("[*]", {4})}, {"[x]"}, "- -"},
+  });
 }
 
 }  // namespace

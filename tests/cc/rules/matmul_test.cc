@@ -5,6 +5,7 @@
 namespace tf_dtensor {
 namespace {
 
+using testing::CheckBackwardTable;
 using testing::CheckRuleTable;
 using testing::MakeMesh;
 using testing::RuleRow;
@@ -116,7 +117,47 @@ TEST(MatmulRules, CollectivesReportedForDebugExplain) {
   testing::OpCase op("MatMul", MakeMesh({{"x", 2}, {"y", 2}}, "GPU"));
   op.In("[y,x]", {8, 4}).In("[*,*]", {4, 8});
   EXPECT_LINES(op.Collectives(),
-               {"relayout input 1 [*,*] -> [x,*]", "all-reduce(sum) of output 0 over x"});
+               {"input 1: slice axis 0 over x [*,*] -> [x,*]", "all-reduce(sum) of output 0 over x"});
+}
+
+TEST(MatmulRules, SquareOperands) {
+  CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}), {
+      {"MatMul", {T("[*,*]", {8, 8}), T("[*,*]", {8, 8})},
+       "[*,*] [*,*] -> [*,*]",
+       {"local MatMul [*,*] [*,*] -> [*,*]"}},
+      {"MatMul", {T("[x,*]", {8, 8}), T("[*,x]", {8, 8})},
+       "[x,*] [*,*] -> [x,*]",
+       {"all-gather axis 1 [*,x] -> [*,*]", "local MatMul [x,*] [*,*] -> [x,*]"}},
+      {"BatchMatMulV2", {T("[x,*,y]", {4, 8, 8}), T("[*,y,*]", {4, 8, 8})},
+       "[x,*,y] [x,y,*] -> [x,*,*]",
+       {"slice axis 0 over x [*,y,*] -> [x,y,*]", "local BatchMatMulV2 [x,*,y] [x,y,*] -> [x,*,*]",
+        "all-reduce(sum) [x,*,*] over y"}},
+      {"BatchMatMulV2", {T("[x,*,*]", {4, 8, 8}), T("[*,*]", {8, 8})},
+       "[x,*,*] [*,*] -> [x,*,*]",
+       {"local BatchMatMulV2 [x,*,*] [*,*] -> [x,*,*]"}},
+  });
+}
+
+// Backward: each output factor's mesh dimension goes to the inputs holding it; a factor
+// the mesh dimension does not divide is not asked for; no request, no preference.
+TEST(MatmulRules, Backward) {
+  CheckBackwardTable(MakeMesh({{"x", 2}, {"y", 2}}), {
+      {"MatMul", {T("[*,*]", {8, 4}), T("[*,*]", {4, 6})}, {"[x,y]"}, "[x,*] [*,y]"},
+      {"MatMul", {T("[*,*]", {8, 4}), T("[*,*]", {4, 6})}, {"[*,x]"}, "[*,*] [*,x]"},
+      {"MatMul",
+       {T("[*,*]", {4, 8}), T("[*,*]", {4, 6})}, {"[x,*]"}, "[*,x] [*,*]", {{"transpose_a", true}}},
+      {"MatMul",
+       {T("[*,*]", {8, 4}), T("[*,*]", {6, 4})}, {"[y,x]"}, "[y,*] [x,*]", {{"transpose_b", true}}},
+      {"MatMul", {T("[*,*]", {3, 4}), T("[*,*]", {4, 6})}, {"[x,y]"}, "[*,*] [*,y]"},
+      {"BatchMatMulV2",
+       {T("[*,*,*]", {4, 8, 8}), T("[*,*]", {8, 6})}, {"[x,*,y]"}, "[x,*,*] [*,y]"},
+      {"BatchMatMulV2",
+       {T("[*,*,*]", {4, 8, 8}), T("[*,*,*]", {1, 8, 6})}, {"[x,y,*]"}, "[x,y,*] [*,*,*]"},
+      {"MatMul", {T("[x,*]", {8, 4}), T("[*,*]", {4, 6})}, {""}, "- -"},
+  });
+  CheckBackwardTable(MakeMesh({{"x", 2}}), {
+      {"MatMul", {T("[*,*]", {8, 4}), T("[*,*]", {4, 6})}, {"[*,x]"}, "[*,*] [*,x]"},
+  });
 }
 
 }  // namespace

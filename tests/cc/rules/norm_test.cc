@@ -1,6 +1,6 @@
-// Batch norm (norm_rules.cc) and the softmax family (reduction_rules.cc) over sharded axes:
-// synchronised statistics, pass-through channels, vocab-parallel softmax. Steps are the
-// expansion on a RecordingBuilder, so they show every local op and collective.
+// Batch norm (norm_rules.cc) over sharded axes: synchronised statistics and pass-through
+// channels. Steps are the expansion on a RecordingBuilder, so they show every local op and
+// collective.
 #include "tests/cc/rules/rule_testing.h"
 
 namespace tf_dtensor {
@@ -127,55 +127,6 @@ TEST(NormRules, BadFormat) {
   EXPECT_EQ(op.PlanString(),
             "error: 'FusedBatchNormV3' with data_format NHWC needs x of rank 4; got input 0 "
             "(shape [4, 2, 4], layout [x,*,*]) of 'FusedBatchNormV3'.");
-}
-
-TEST(SoftmaxRules, ShardedClassAxis) {
-  const Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}});
-  OpCase softmax("Softmax", mesh);
-  softmax.In("[x,y]", {4, 6});
-  EXPECT_EQ(softmax.PlanString(), "[x,y] -> [x,y]");
-  EXPECT_LINES(softmax.Steps(), {"host constant [1] int32",
-                                 "local Max [x,y] host [1] -> [x,*] T=float32 Tidx=int32 keep_dims=true",
-                                 "all-reduce(max) [x,*] over y",
-                                 "local Sub [x,y] [x,*] -> [x,y] T=float32",
-                                 "local Exp [x,y] -> [x,y] T=float32",
-                                 "host constant [1] int32",
-                                 "local Sum [x,y] host [1] -> [x,*] T=float32 Tidx=int32 keep_dims=true",
-                                 "all-reduce(sum) [x,*] over y",
-                                 "local RealDiv [x,y] [x,*] -> [x,y] T=float32"});
-
-  OpCase local("LogSoftmax", mesh);
-  local.In("[x,*]", {4, 6});
-  EXPECT_LINES(local.Steps(), {"local LogSoftmax [x,*] -> [x,*]"});
-
-  OpCase sparse("SparseSoftmaxCrossEntropyWithLogits", mesh);
-  sparse.In("[x,y]", {4, 6}).In("[x]", {4}, TF_INT32).OutShapes({{4}, {4, 6}});
-  EXPECT_EQ(sparse.PlanString(), "[x,y] [x] -> [x] [x,y]");
-  EXPECT_LINES(sparse.Collectives(), {"all-reduce(sum) of output 0 over y",
-                                      "all-reduce(max) of the row max over y",
-                                      "all-reduce(sum) of the row sum over y"});
-  // After the row statistics (as for Softmax): each shard's one-hot against its own
-  // slice of the class indices, backprop = softmax - one_hot, loss = sum of the terms.
-  std::vector<std::string> steps = sparse.Steps();
-  ASSERT_EQ(steps.size(), 25u);
-  EXPECT_LINES(std::vector<std::string>(steps.begin() + 8, steps.end()),
-               {"host constant [0] int32",
-                "host constant [6] int32",
-                "host constant [1] int32",
-                "local Range host [] host [] host [] -> [*] Tidx=int32",
-                "slice axis 0 over y [*] -> [y]",
-                "host constant [-1, 1] int32",
-                "local Reshape [x] host [2] -> [x,*] T=int32 Tshape=int32",
-                "local Equal [x,*] [y] -> [x,y] T=int32 incompatible_shape_error=true",
-                "local Cast [x,y] -> [x,y] SrcT=bool DstT=float32",
-                "local RealDiv [x,y] [x,*] -> [x,y] T=float32",
-                "local Sub [x,y] [x,y] -> [x,y] T=float32",
-                "local Log [x,*] -> [x,*] T=float32",
-                "local Sub [x,*] [x,y] -> [x,y] T=float32",
-                "local Mul [x,y] [x,y] -> [x,y] T=float32",
-                "host constant [1] int32",
-                "local Sum [x,y] host [1] -> [x] T=float32 Tidx=int32 keep_dims=false",
-                "all-reduce(sum) [x] over y"});
 }
 
 }  // namespace

@@ -11,7 +11,7 @@ using testing::OpCase;
 const PartialSpec kSumY{1, ReduceOp::kSum};
 const PartialSpec kMaxY{1, ReduceOp::kMax};
 
-TEST(Partial, LinearOpsKeepPendingReductions) {
+TEST(PartialRules, LinearOpsKeepPendingReductions) {
   for (const char* type : {"CPU", "GPU"}) {
     SCOPED_TRACE(type);
     Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}}, type);
@@ -38,12 +38,12 @@ TEST(Partial, LinearOpsKeepPendingReductions) {
       OpCase sum("Sum", mesh);
       sum.In("[*,*]", {4, 6}).Pending({kMaxY}).Host({1});
       EXPECT_EQ(sum.PlanString(), "[*,*] host -> [*]");
-      EXPECT_LINES(sum.Collectives(), {"all-reduce(max) of input 0 over y"});
+      EXPECT_LINES(sum.Collectives(), {"input 0: all-reduce(max) [*,*] +partial(y:max) over y"});
     }
   }
 }
 
-TEST(Partial, NonlinearOpsReduceFirst) {
+TEST(PartialRules, NonlinearOpsReduceFirst) {
   Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}});
   OpCase relu("Relu", mesh);
   relu.In("[x,*]", {4, 6}).Pending({kSumY});
@@ -59,7 +59,7 @@ TEST(Partial, NonlinearOpsReduceFirst) {
   EXPECT_EQ(add.PlanString(), "[*,*] [*,*] -> [*,*]");
 }
 
-TEST(Partial, ContractionsDeferTheirReductionInsideFunctions) {
+TEST(PartialRules, ContractionsDeferTheirReductionInsideFunctions) {
   Mesh mesh = MakeMesh({{"x", 2}}, "GPU");
   OpCase eager("MatMul", mesh);
   eager.In("[*,x]", {4, 8}).In("[x,*]", {8, 4});

@@ -1,7 +1,8 @@
 #include "tests/cc/rules/rule_testing.h"
 
 #include "cc/core/strings.h"
-#include "tests/cc/spmd/recording_builder.h"
+#include "cc/propagation/propagate.h"
+#include "cc/spmd/recording_builder.h"
 
 namespace tf_dtensor {
 namespace testing {
@@ -153,36 +154,74 @@ std::vector<std::string> OpCase::Steps() const {
   return steps;
 }
 
+std::string OpCase::Backward(const std::vector<std::string>& wanted) const {
+  StatusOr<const Rule*> rule = FindRule();
+  if (!rule.ok()) return "error: " + rule.status().message();
+  // The op fed by one producer per input, its outputs asked for `wanted` (as
+  // debug.explain builds it).
+  std::vector<SolverNode> graph(ctx_.inputs.size() + 1);
+  SolverNode& node = graph.back();
+  node.rule = *rule;
+  node.ctx = std::shared_ptr<const OpContext>(&ctx_, [](const OpContext*) {});
+  node.num_outputs = static_cast<int>(wanted.size());
+  for (const std::string& spec : wanted) {
+    node.seeds.push_back(spec.empty() ? std::nullopt
+                                      : std::optional<Layout>(MakeLayout(spec, mesh_)));
+  }
+  for (size_t i = 0; i < ctx_.inputs.size(); ++i) node.inputs.push_back({static_cast<int>(i), 0});
+  std::vector<std::vector<std::optional<Layout>>> solved = SolveRequests(graph);
+  std::vector<std::string> asked;
+  for (size_t i = 0; i < ctx_.inputs.size(); ++i) {
+    asked.push_back(solved[i][0] ? solved[i][0]->SpecString() : "-");
+  }
+  return Join(asked, " ");
+}
+
+namespace {
+
+// Adds a row's arguments and attributes to `op`; returns them in words for the trace.
+std::string SetUp(OpCase& op, const std::vector<Arg>& args,
+                  const std::map<std::string, bool>& bools,
+                  const std::map<std::string, int64_t>& ints,
+                  const std::map<std::string, std::string>& strings,
+                  const std::map<std::string, std::vector<int64_t>>& int_lists) {
+  std::vector<std::string> words;
+  for (const Arg& arg : args) {
+    if (arg.host) {
+      arg.scalar ? op.HostScalar(arg.host->at(0)) : op.Host(*arg.host);
+      words.push_back("host " + ShapeString(*arg.host));
+    } else {
+      op.In(arg.spec, arg.shape, arg.dtype);
+      words.push_back(arg.spec + ShapeString(arg.shape));
+    }
+  }
+  for (const auto& [name, value] : bools) {
+    op.Bool(name, value);
+    words.push_back(name + "=" + (value ? "true" : "false"));
+  }
+  for (const auto& [name, value] : ints) {
+    op.Int(name, value);
+    words.push_back(name + "=" + std::to_string(value));
+  }
+  for (const auto& [name, value] : strings) {
+    op.Str(name, value);
+    words.push_back(name + "=\"" + value + "\"");
+  }
+  for (const auto& [name, value] : int_lists) {
+    op.Ints(name, value);
+    words.push_back(name + "=" + ShapeString(value));
+  }
+  return Join(words, ", ");
+}
+
+}  // namespace
+
 void CheckRuleTable(const Mesh& mesh, const std::vector<RuleRow>& rows) {
   for (const RuleRow& row : rows) {
     OpCase op(row.op, mesh);
-    std::vector<std::string> args;
-    for (const Arg& arg : row.args) {
-      if (arg.host) {
-        arg.scalar ? op.HostScalar(arg.host->at(0)) : op.Host(*arg.host);
-        args.push_back("host " + ShapeString(*arg.host));
-      } else {
-        op.In(arg.spec, arg.shape);
-        args.push_back(arg.spec + ShapeString(arg.shape));
-      }
-    }
-    for (const auto& [name, value] : row.bools) {
-      op.Bool(name, value);
-      args.push_back(name + "=" + (value ? "true" : "false"));
-    }
-    for (const auto& [name, value] : row.ints) {
-      op.Int(name, value);
-      args.push_back(name + "=" + std::to_string(value));
-    }
-    for (const auto& [name, value] : row.strings) {
-      op.Str(name, value);
-      args.push_back(name + "=\"" + value + "\"");
-    }
-    for (const auto& [name, value] : row.int_lists) {
-      op.Ints(name, value);
-      args.push_back(name + "=" + ShapeString(value));
-    }
-    SCOPED_TRACE(row.op + "(" + Join(args, ", ") + ") on " + mesh.ShortString() + " of " +
+    const std::string args =
+        SetUp(op, row.args, row.bools, row.ints, row.strings, row.int_lists);
+    SCOPED_TRACE(row.op + "(" + args + ") on " + mesh.ShortString() + " of " +
                  mesh.device_type());
     if (row.plan == "error") {
       EXPECT_ERROR(op.Forward(), kInvalidArgument, row.steps);
@@ -190,6 +229,17 @@ void CheckRuleTable(const Mesh& mesh, const std::vector<RuleRow>& rows) {
     }
     EXPECT_EQ(op.PlanString(), row.plan);
     EXPECT_LINES(op.Steps(), row.steps);
+  }
+}
+
+void CheckBackwardTable(const Mesh& mesh, const std::vector<BackwardRow>& rows) {
+  for (const BackwardRow& row : rows) {
+    OpCase op(row.op, mesh);
+    const std::string args =
+        SetUp(op, row.args, row.bools, row.ints, row.strings, row.int_lists);
+    SCOPED_TRACE(row.op + "(" + args + ") asked for " + Join(row.wanted, ", ") + " on " +
+                 mesh.ShortString());
+    EXPECT_EQ(op.Backward(row.wanted), row.inputs);
   }
 }
 

@@ -64,6 +64,10 @@ class OpCase {
   std::vector<std::string> Collectives() const;
   // The steps of Rule::Expand on a RecordingBuilder, or its error as the last line.
   std::vector<std::string> Steps() const;
+  // Per input, the layout asked of it when output o is asked for `wanted[o]` ("" asks
+  // nothing), through the solver tf.function expansion and debug.explain run (the
+  // rule's Backward): "[x,*] [*,y]", with "-" for an input asked nothing.
+  std::string Backward(const std::vector<std::string>& wanted) const;
 
  private:
   StatusOr<const Rule*> FindRule() const;
@@ -81,10 +85,11 @@ struct Arg {
   std::vector<int64_t> shape;
   std::optional<std::vector<int64_t>> host;
   bool scalar = false;
+  int dtype = TF_FLOAT;
 };
-// A DTensor input with layout `spec` and global `shape`.
-inline Arg T(std::string spec, std::vector<int64_t> shape) {
-  return Arg{std::move(spec), std::move(shape), std::nullopt};
+// A DTensor input with layout `spec`, global `shape` and `dtype` (float32 by default).
+inline Arg T(std::string spec, std::vector<int64_t> shape, int dtype = TF_FLOAT) {
+  return Arg{std::move(spec), std::move(shape), std::nullopt, false, dtype};
 }
 // A host integer vector (reduction axes, a permutation) or scalar (ConcatV2's axis).
 inline Arg H(std::vector<int64_t> values) { return Arg{"", {}, std::move(values)}; }
@@ -106,6 +111,21 @@ struct RuleRow {
 
 // Checks every row on `mesh`; a failure names the row ("MatMul([x,*], [*,*]) on ...").
 void CheckRuleTable(const Mesh& mesh, const std::vector<RuleRow>& rows);
+
+// A row of a Backward table: op and arguments (the layouts the forward pass saw), the
+// layouts asked of its outputs ("" for none), and the expected OpCase::Backward.
+struct BackwardRow {
+  std::string op;
+  std::vector<Arg> args;
+  std::vector<std::string> wanted;
+  std::string inputs;
+  std::map<std::string, bool> bools = {};
+  std::map<std::string, int64_t> ints = {};
+  std::map<std::string, std::string> strings = {};
+  std::map<std::string, std::vector<int64_t>> int_lists = {};
+};
+
+void CheckBackwardTable(const Mesh& mesh, const std::vector<BackwardRow>& rows);
 
 }  // namespace testing
 }  // namespace tf_dtensor

@@ -11,7 +11,7 @@ using testing::MakeMesh;
 using testing::OpCase;
 using testing::T;
 
-TEST(Scatter, Plans) {
+TEST(ScatterRules, Plans) {
   for (const char* type : {"CPU", "GPU"}) {
     SCOPED_TRACE(type);
     CheckRuleTable(
@@ -47,7 +47,7 @@ TEST(Scatter, Plans) {
 }
 
 // A row-sharded table: each device gathers from its block, the table is never gathered.
-TEST(Scatter, GatherFromRowBlocks) {
+TEST(ScatterRules, GatherFromRowBlocks) {
   const Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}}, "CPU");
   OpCase op("GatherV2", mesh);
   op.In("[x,y]", {7, 4}).In("[*]", {5}, TF_INT32).HostScalar(0);
@@ -96,7 +96,7 @@ void ExpectNoTableGather(const std::vector<std::string>& steps) {
   EXPECT_TRUE(local);
 }
 
-TEST(Scatter, ResourceGatherReadsRowBlocks) {
+TEST(ScatterRules, ResourceGatherReadsRowBlocks) {
   const Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}}, "CPU");
   OpCase rows("ResourceGather", mesh);
   rows.Resource("[x,y]", {7, 4}).In("[*,*]", {2, 3}, TF_INT32);
@@ -118,7 +118,7 @@ TEST(Scatter, ResourceGatherReadsRowBlocks) {
   EXPECT_EQ(columns.Collectives(), std::vector<std::string>{});
 }
 
-TEST(Scatter, ResourceScatterAppliesRowBlocks) {
+TEST(ScatterRules, ResourceScatterAppliesRowBlocks) {
   const Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}}, "CPU");
   OpCase add("ResourceScatterAdd", mesh);
   add.Resource("[x,y]", {7, 4}).In("[y]", {6}, TF_INT32).In("[y,*]", {6, 4});
@@ -138,7 +138,7 @@ TEST(Scatter, ResourceScatterAppliesRowBlocks) {
   EXPECT_EQ(columns.PlanString(), "= [*] [*,y] -> replicated");
 }
 
-TEST(Scatter, SegmentsIntoRequestedRowBlocks) {
+TEST(ScatterRules, SegmentsIntoRequestedRowBlocks) {
   const Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}}, "CPU");
   OpCase op("UnsortedSegmentSum", mesh);
   op.In("[y,*]", {6, 4}).In("[y]", {6}, TF_INT32).HostScalar(8).Requested("[x,*]");

@@ -17,7 +17,7 @@ void List(OpCase& op, const std::string& spec, std::vector<int64_t> shape) {
   op.In("[]", {}, TF_VARIANT).Elements(spec, std::move(shape), TF_FLOAT);
 }
 
-TEST(TensorList, NewListsLeaveTheElementShapeOpen) {
+TEST(TensorListRules, NewListsLeaveTheElementShapeOpen) {
   OpCase op("TensorListReserve", Mesh2x2());
   op.Host({4, 3}).HostScalar(5);
   EXPECT_EQ(op.PlanString(), "host[-1, -1] host -> []");
@@ -25,15 +25,16 @@ TEST(TensorList, NewListsLeaveTheElementShapeOpen) {
                             "local TensorListReserve host [2] host [] -> []"});
 }
 
-TEST(TensorList, SetItemTakesTheListsElementLayout) {
+TEST(TensorListRules, SetItemTakesTheListsElementLayout) {
   OpCase op("TensorListSetItem", Mesh2x2());
   List(op, "[x,*]", {4, 3});
   op.HostScalar(1).In("[*,y]", {4, 3});
   EXPECT_EQ(op.PlanString(), "= host [x,*] -> []");
-  EXPECT_EQ(op.Collectives(), std::vector<std::string>({"relayout input 2 [*,y] -> [x,*]"}));
+  EXPECT_LINES(op.Collectives(), {"input 2: all-gather axis 1 [*,y] -> [*,*]",
+                                  "input 2: slice axis 0 over x [*,*] -> [x,*]"});
 }
 
-TEST(TensorList, StackPutsTheElementsOnANewAxis) {
+TEST(TensorListRules, StackPutsTheElementsOnANewAxis) {
   OpCase op("TensorListStack", Mesh2x2());
   List(op, "[x,y]", {4, 6});
   op.Host({4, 6});
@@ -42,7 +43,7 @@ TEST(TensorList, StackPutsTheElementsOnANewAxis) {
                             "local TensorListStack [] host [2] -> [*,x,y]"});
 }
 
-TEST(TensorList, GetItemOfUnevenElements) {
+TEST(TensorListRules, GetItemOfUnevenElements) {
   OpCase op("TensorListGetItem", Mesh2x2());
   List(op, "[x,y]", {5, 6});
   op.HostScalar(0).Host({5, 6});
@@ -50,13 +51,13 @@ TEST(TensorList, GetItemOfUnevenElements) {
   EXPECT_EQ(op.PlanString(), "= host host[-1, 3] -> [x,y]");
 }
 
-TEST(TensorList, FromTensorGathersTheLeadingAxis) {
+TEST(TensorListRules, FromTensorGathersTheLeadingAxis) {
   OpCase op("TensorListFromTensor", Mesh2x2());
   op.In("[x,y,*]", {4, 6, 2}).Host({6, 2});
   EXPECT_EQ(op.PlanString(), "[*,y,*] host[3, 2] -> []");
 }
 
-TEST(TensorList, ConcatNeedsElementAxisZeroWhole) {
+TEST(TensorListRules, ConcatNeedsElementAxisZeroWhole) {
   OpCase op("TensorListConcatV2", Mesh2x2());
   List(op, "[x,*]", {4, 3});
   op.Host({-1, 3}).Host({});

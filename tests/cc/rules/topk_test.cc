@@ -10,7 +10,7 @@ using testing::HScalar;
 using testing::MakeMesh;
 using testing::T;
 
-TEST(TopK, Plans) {
+TEST(TopkRules, Plans) {
   for (const char* type : {"CPU", "GPU"}) {
     SCOPED_TRACE(type);
     CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}, type),

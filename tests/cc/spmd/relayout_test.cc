@@ -1,8 +1,10 @@
-// Relayout plans, recorded step by step with RecordingBuilder.
+// Relayout: the planner's steps (PlanRelayout, pure), and their emission recorded step by
+// step with RecordingBuilder, which must be exactly the planned steps.
 #include "cc/spmd/relayout.h"
 
+#include "cc/core/strings.h"
+#include "cc/spmd/recording_builder.h"
 #include "tensorflow/c/tf_datatype.h"
-#include "tests/cc/spmd/recording_builder.h"
 #include "tests/cc/testing.h"
 
 namespace tf_dtensor {
@@ -10,7 +12,6 @@ namespace {
 
 using testing::MakeLayout;
 using testing::MakeMesh;
-using testing::RecordingBuilder;
 
 struct Row {
   const char* from;
@@ -168,6 +169,156 @@ TEST(Relayout, RefusesWhatItCannotMove) {
     ValueId host = builder.AddInput(std::nullopt, {2}, TF_INT32);
     EXPECT_ERROR(Relayout(builder, host, MakeLayout("[x]", mesh), "shape"), kInternal, {"host"});
   }
+}
+
+// Planner goldens: source -> target -> steps, with no builder at all.
+struct PlanRow {
+  Layout from, to;
+  std::vector<int64_t> shape;
+  std::vector<std::string> steps;
+};
+
+void CheckPlans(const std::vector<PlanRow>& rows) {
+  for (const PlanRow& row : rows) {
+    SCOPED_TRACE(row.from.ShortString() + " -> " + row.to.ShortString() + " of shape " +
+                 ShapeString(row.shape));
+    EXPECT_LINES(DescribeRelayout(row.from, row.to, row.shape, "t"), row.steps);
+    ASSERT_OK_AND_ASSIGN(std::vector<RelayoutStep> steps,
+                         PlanRelayout(row.from, row.to, row.shape, "t"));
+    // Each step starts where the one before it ended, and the last ends at the target.
+    Layout at = row.from;
+    for (const RelayoutStep& step : steps) {
+      EXPECT_EQ(step.from, at);
+      at = step.to;
+    }
+    EXPECT_EQ(at, row.to);
+  }
+}
+
+TEST(PlanRelayout, OneDimensionalMesh) {
+  Mesh mesh = MakeMesh({{"x", 2}});
+  auto L = [&](const char* spec) { return MakeLayout(spec, mesh); };
+  CheckPlans({
+      {L("[x,*]"), L("[x,*]"), {8, 8}, {}},
+      {L("[x,*]"), L("[*,*]"), {8, 8}, {"all-gather axis 0 [x,*] -> [*,*]"}},
+      {L("[*,*]"), L("[*,x]"), {8, 8}, {"slice axis 1 over x [*,*] -> [*,x]"}},
+      {L("[x,*]"), L("[*,x]"), {8, 8}, {"all-to-all axis 0 -> 1 [x,*] -> [*,x]"}},
+      {L("[*,x,*]"), L("[*,*,x]"), {8, 8, 8}, {"all-to-all axis 1 -> 2 [*,x,*] -> [*,*,x]"}},
+  });
+}
+
+TEST(PlanRelayout, TwoDimensionalMesh) {
+  Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}});
+  auto L = [&](const char* spec) { return MakeLayout(spec, mesh); };
+  CheckPlans({
+      {L("[x,y]"), L("[*,*]"), {8, 8},
+       {"all-gather axis 0 [x,y] -> [*,y]", "all-gather axis 1 [*,y] -> [*,*]"}},
+      {L("[x,*]"), L("[y,*]"), {8, 8},
+       {"all-gather axis 0 [x,*] -> [*,*]", "slice axis 0 over y [*,*] -> [y,*]"}},
+      {L("[x,*,*]"), L("[*,y,x]"), {8, 8, 8},
+       {"all-to-all axis 0 -> 2 [x,*,*] -> [*,*,x]", "slice axis 1 over y [*,*,x] -> [*,y,x]"}},
+      // One axis over two mesh dimensions: gathered or sliced as one step.
+      {L("[x+y,*]"), L("[*,*]"), {8, 8}, {"all-gather axis 0 [x+y,*] -> [*,*]"}},
+      {L("[*,*]"), L("[*,y+x]"), {8, 8}, {"slice axis 1 over y+x [*,*] -> [*,y+x]"}},
+      {L("[x+y,*]"), L("[*,x+y]"), {8, 8},
+       {"all-gather axis 0 [x+y,*] -> [*,*]", "slice axis 1 over x+y [*,*] -> [*,x+y]"}},
+  });
+}
+
+TEST(PlanRelayout, UnevenShapesPlanAsEvenOnes) {
+  // [5] over x=2 is pieces 3, 2; [3] over 4 devices is 1, 1, 1, 0. The steps are those of
+  // an even shape; the builders move pieces of the shard geometry's sizes.
+  Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}});
+  auto L = [&](const char* spec) { return MakeLayout(spec, mesh); };
+  CheckPlans({
+      {L("[x]"), L("[*]"), {5}, {"all-gather axis 0 [x] -> [*]"}},
+      {L("[*,*]"), L("[x,y]"), {5, 3},
+       {"slice axis 0 over x [*,*] -> [x,*]", "slice axis 1 over y [x,*] -> [x,y]"}},
+      {L("[x,*]"), L("[*,x]"), {5, 3}, {"all-to-all axis 0 -> 1 [x,*] -> [*,x]"}},
+      {L("[*]"), L("[x+y]"), {3}, {"slice axis 0 over x+y [*] -> [x+y]"}},
+  });
+}
+
+TEST(PlanRelayout, PartialLayouts) {
+  Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}});
+  auto L = [&](const char* spec) { return MakeLayout(spec, mesh); };
+  const PartialSpec sum_x{0, ReduceOp::kSum};
+  const PartialSpec sum_y{1, ReduceOp::kSum};
+  const PartialSpec max_x{0, ReduceOp::kMax};
+  CheckPlans({
+      {WithPending("[*,*]", mesh, {sum_y}), L("[*,*]"), {8, 8},
+       {"all-reduce(sum) [*,*] +partial(y:sum) over y"}},
+      {WithPending("[*,*]", mesh, {sum_y}), L("[y,*]"), {8, 8},
+       {"reduce-scatter(sum) axis 0 over y [*,*] +partial(y:sum) -> [y,*]"}},
+      // Both reductions pending: x is scattered onto axis 1, y all-reduced, then sliced.
+      {WithPending("[*,*]", mesh, {sum_x, sum_y}), L("[y,x]"), {8, 8},
+       {"reduce-scatter(sum) axis 1 over x [*,*] +partial(x:sum,y:sum) -> [*,x] +partial(y:sum)",
+        "reduce-scatter(sum) axis 0 over y [*,x] +partial(y:sum) -> [y,x]"}},
+      {WithPending("[x,*]", mesh, {sum_y}), L("[*,y]"), {5, 3},
+       {"reduce-scatter(sum) axis 1 over y [x,*] +partial(y:sum) -> [x,y]",
+        "all-gather axis 0 [x,y] -> [*,y]"}},
+      // A kept reduction stays; a changed op is a reduction, then a new pending one.
+      {WithPending("[*,y]", mesh, {sum_x}), WithPending("[y,*]", mesh, {sum_x}), {8, 8},
+       {"all-to-all axis 1 -> 0 [*,y] +partial(x:sum) -> [y,*] +partial(x:sum)"}},
+      {WithPending("[*]", mesh, {max_x}), WithPending("[*]", mesh, {sum_x}), {8},
+       {"all-reduce(max) [*] +partial(x:max) over x",
+        "to-partial(sum) [*] -> [*] +partial(x:sum)"}},
+      {L("[y,x]"), WithPending("[y,*]", mesh, {sum_x}), {8, 8},
+       {"all-gather axis 1 [y,x] -> [y,*]", "to-partial(sum) [y,*] -> [y,*] +partial(x:sum)"}},
+  });
+}
+
+TEST(PlanRelayout, AcrossMeshesAndItsRefusals) {
+  Mesh a = MakeMesh({{"x", 2}});
+  Mesh b = MakeMesh({{"y", 2}}, "CPU", 2);
+  CheckPlans({{WithPending("[x,*]", a, {}), MakeLayout("[*,y]", b), {8, 8},
+               {"all-gather axis 0 [x,*] -> [*,*]",
+                "move [*,*] @ mesh(x=2) -> [*,*] @ mesh(y=2)",
+                "slice axis 1 over y [*,*] -> [*,y]"}}});
+  EXPECT_ERROR(PlanRelayout(MakeLayout("[]", a), MakeLayout("[]", b), {}, "the variable", true),
+               kInvalidArgument, {"the variable", "variable handle", "another mesh"});
+  EXPECT_ERROR(PlanRelayout(MakeLayout("[x,*]", a), MakeLayout("[x]", a), {8, 8}, "input 1"),
+               kInvalidArgument, {"input 1", "rank 2", "[x] @ mesh(x=2)", "rank 1"});
+  EXPECT_ERROR(PlanRelayout(MakeLayout("[x,*]", a), MakeLayout("[*,x]", a), {8}, "input 2"),
+               kInvalidArgument, {"input 2", "rank 1", "[8]"});
+  EXPECT_LINES(DescribeRelayout(MakeLayout("[x,*]", a), MakeLayout("[*,x]", a), {8}, "input 2"),
+               {"cannot relayout: Layout [*,x] @ mesh(x=2) has rank 2 but input 2 has rank 1 "
+                "(shape [8]). Give one sharding spec per tensor axis."});
+}
+
+// Emitting a plan runs exactly its steps: for every pair of a small set of layouts, the
+// RecordingBuilder's record is the planned steps' lines, and the value ends at the target.
+TEST(EmitRelayout, RecordsExactlyThePlannedSteps) {
+  Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}});
+  std::vector<Layout> layouts;
+  for (const char* spec : {"[*,*]", "[x,*]", "[*,x]", "[y,*]", "[x,y]", "[y,x]", "[x+y,*]",
+                           "[*,y+x]"}) {
+    layouts.push_back(MakeLayout(spec, mesh));
+  }
+  layouts.push_back(WithPending("[*,*]", mesh, {{1, ReduceOp::kSum}}));
+  layouts.push_back(WithPending("[x,*]", mesh, {{1, ReduceOp::kMax}}));
+  layouts.push_back(WithPending("[*,*]", mesh, {{0, ReduceOp::kSum}, {1, ReduceOp::kSum}}));
+  layouts.push_back(WithPending("[*,y]", mesh, {{0, ReduceOp::kMean}}));
+  int pairs = 0;
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{8, 8}, {5, 3}}) {
+    for (const Layout& from : layouts) {
+      for (const Layout& to : layouts) {
+        SCOPED_TRACE(from.SpecString() + " -> " + to.SpecString() + " of shape " +
+                     ShapeString(shape));
+        ASSERT_OK_AND_ASSIGN(std::vector<RelayoutStep> steps,
+                             PlanRelayout(from, to, shape, "t"));
+        std::vector<std::string> planned;
+        for (const RelayoutStep& step : steps) planned.push_back(step.ToString());
+        RecordingBuilder builder;
+        ValueId input = builder.AddInput(from, shape, TF_FLOAT);
+        ASSERT_OK_AND_ASSIGN(ValueId output, EmitRelayout(builder, input, steps));
+        EXPECT_LINES(builder.steps(), planned);
+        EXPECT_EQ(*builder.layout(output), to);
+        ++pairs;
+      }
+    }
+  }
+  EXPECT_EQ(pairs, 2 * 12 * 12);
 }
 
 }  // namespace

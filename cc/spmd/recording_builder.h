@@ -1,6 +1,6 @@
 // RecordingBuilder: a Builder that runs nothing. It tracks the layout, global shape and
-// dtype of every value and records each step as one readable line, so a test compares a
-// rule's or a relayout's SPMD program with a golden list:
+// dtype of every value and records each step as one readable line, so a test (or
+// `debug.explain`) shows a rule's or a relayout's SPMD program without running it:
 //   local MatMul [x,*] [*,*] -> [x,*]
 //   all-reduce(sum) [*,*] over x
 //   all-gather axis 0 [x,*] -> [*,*]
@@ -9,19 +9,21 @@
 //   move [*,*] @ mesh(x=2) -> [*,*] @ mesh(y=2)
 //   host constant [2, 4] int32
 //   broadcast host [2] -> [*] @ mesh(x=2)
-// Misuse (gathering an unsharded axis, slicing over a mesh dimension in use) fails with an
+// Collectives are recorded as the relayout planner writes its steps (RelayoutStep, whose
+// layouts it also takes), so a planned relayout and its emission read the same. Misuse
+// (gathering an unsharded axis, slicing over a mesh dimension in use) fails with an
 // Internal status, so a rule that asks for an impossible step fails its test.
-#ifndef TF_DTENSOR_TESTS_CC_SPMD_RECORDING_BUILDER_H_
-#define TF_DTENSOR_TESTS_CC_SPMD_RECORDING_BUILDER_H_
+#ifndef TF_DTENSOR_CC_SPMD_RECORDING_BUILDER_H_
+#define TF_DTENSOR_CC_SPMD_RECORDING_BUILDER_H_
 
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "cc/spmd/builder.h"
+#include "cc/spmd/relayout.h"
 
 namespace tf_dtensor {
-namespace testing {
 
 class RecordingBuilder : public Builder {
  public:
@@ -63,6 +65,8 @@ class RecordingBuilder : public Builder {
                               ReduceOp op) override;
   StatusOr<ValueId> AllGather(ValueId value, int dim) override;
   StatusOr<ValueId> Slice(ValueId value, int dim, int mesh_dim) override;
+  // Also over several mesh dimensions ([*] -> [x+y]), as one step.
+  StatusOr<ValueId> SliceOver(ValueId value, int dim, const DimSpec& spec) override;
   // Recorded as one exchange, the step the relayout plan asks for (the runtime builders
   // may carry it out as gather + slice).
   StatusOr<ValueId> AllToAll(ValueId value, int from_dim, int to_dim) override;
@@ -81,7 +85,10 @@ class RecordingBuilder : public Builder {
   ValueId Add(Value value);
   // "[x,*]" for a value on the builder's mesh, "host [2]" for a host value.
   std::string Describe(ValueId value) const;
-  StatusOr<Layout> WithSpec(ValueId value, int dim, DimSpec spec, const char* step) const;
+  // Records `step` (made from the layout of `value`) and adds its result.
+  StatusOr<ValueId> Record(ValueId value, StatusOr<RelayoutStep> step);
+  // The layout of `value`, or an Internal error naming `step` for a host value.
+  StatusOr<Layout> LayoutOf(ValueId value, const char* step) const;
 
   std::vector<Value> values_;
   std::vector<ValueId> inputs_;
@@ -89,7 +96,6 @@ class RecordingBuilder : public Builder {
   std::vector<std::string> steps_;
 };
 
-}  // namespace testing
 }  // namespace tf_dtensor
 
-#endif  // TF_DTENSOR_TESTS_CC_SPMD_RECORDING_BUILDER_H_
+#endif  // TF_DTENSOR_CC_SPMD_RECORDING_BUILDER_H_
