@@ -50,36 +50,6 @@ std::optional<Layout> RuntimeRequest(const std::optional<Layout>& requested) {
   return RuntimeLayout(*requested, requested->rank());
 }
 
-// Outputs go back to TF as custom-device handles.
-// `parted`: the outputs are parts (parted layouts).
-Status EmitOutputs(EagerBuilder& builder, const std::vector<ValueId>& values,
-                   TFE_Context* context, const std::string& device_name, int* num_outputs,
-                   TFE_TensorHandle** outputs, bool parted = false) {
-  if (static_cast<int>(values.size()) > *num_outputs) {
-    return Internal("The op produced more outputs than TensorFlow expects.");
-  }
-  TF_Status* status = EagerBuilder::ThreadStatus();
-  // Outputs wrapped before a later one fails are released again: TensorFlow takes none
-  // of them when the op fails.
-  auto fail = [&](size_t wrapped, Status error) {
-    for (size_t k = 0; k < wrapped; ++k) {
-      TFE_DeleteTensorHandle(outputs[k]);
-      outputs[k] = nullptr;
-    }
-    return error;
-  };
-  for (size_t i = 0; i < values.size(); ++i) {
-    StatusOr<std::unique_ptr<TensorWithLayout>> tensor = builder.Release(values[i]);
-    if (!tensor.ok()) return fail(i, tensor.status());
-    (*tensor)->set_parted(parted && !(*tensor)->resource());
-    outputs[i] = TensorWithLayout::MakeHandle(context, device_name, std::move(tensor).value(),
-                                              status);
-    if (TF_GetCode(status) != TF_OK) return fail(i, FromTF(status, "wrapping an output"));
-  }
-  *num_outputs = static_cast<int>(values.size());
-  return Status::Ok();
-}
-
 }  // namespace
 
 void ToTF(const Status& status, TF_Status* tf_status) {
@@ -309,7 +279,7 @@ Status DTensorDevice::DispatchOp(const EagerOp& op, const Routed& routed, int* n
     // Parts were asked for: the output made in the requested layout is parts.
     parted_out = parted_out || (routed.parts_requested && builder.layout(out[0]) == ctx.requested);
   }
-  return EmitOutputs(builder, out, op.context, name_, num_outputs, outputs, parted_out);
+  return builder.Emit(out, name_, parted_out, num_outputs, outputs);
 }
 
 FallbackPolicy DTensorDevice::policy() {
@@ -352,8 +322,7 @@ TFE_TensorHandle* DTensorDevice::CopyToDevice(TFE_Context* context, TFE_TensorHa
   TFE_TensorHandle* out = nullptr;
   const bool parted = user_layout && user_layout->is_parted() && value.ok() &&
                       builder.layout(*value) == layout;
-  Status s = value.ok() ? EmitOutputs(builder, {*value}, context, name_, &one, &out, parted)
-                        : value.status();
+  Status s = value.ok() ? builder.Emit({*value}, name_, parted, &one, &out) : value.status();
   if (!s.ok()) ToTF(s, status);
   return out;
 }

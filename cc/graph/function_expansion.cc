@@ -4,7 +4,6 @@
 // results leave the function. Calls, If and While are in control_flow.cc.
 #include "cc/graph/function_expansion.h"
 
-#include <set>
 #include <unordered_map>
 
 #include "cc/core/strings.h"

@@ -76,7 +76,7 @@ TEST(MeshChoice, ReplicatedScalarsAndHostArgumentsMove) {
   MeshChoiceInput part = DTensor(scalar_b, true);
   part.parted = true;
   EXPECT_ERROR(ChooseMesh(Op("AddV2"), {DTensor(a), part}), kInvalidArgument,
-               {"different meshes", "input 1, [] @ mesh(x=2)"});
+               {"different meshes", "input 1, parted[] @ mesh(x=2)"});
   // Host tensors take no part in the choice.
   ASSERT_OK_AND_ASSIGN(MeshChoice host, ChooseMesh(Op("AddV2"), {MeshChoiceInput{}, DTensor(a)}));
   EXPECT_EQ(host.mesh, A());
