@@ -599,6 +599,32 @@ StatusOr<std::vector<int64_t>> Layout::GlobalShapeChecked(const std::vector<int6
   return GlobalShape(local_shape);
 }
 
+std::vector<int64_t> Layout::GlobalShapeOfBlocks(
+    const std::function<std::vector<int64_t>(int local_device)>& block) const {
+  const std::vector<int64_t> first = block(0);
+  std::vector<int64_t> global = first;
+  if (is_single_device() || static_cast<int>(global.size()) != rank()) return global;
+  for (int axis = 0; axis < rank(); ++axis) {
+    if (!specs_[axis].sharded() || global[axis] < 0) continue;
+    const std::vector<int> firsts = FirstDeviceOfPieces(axis);
+    if (static_cast<int64_t>(firsts.size()) < NumShards(axis)) {
+      global[axis] *= NumShards(axis);
+      continue;
+    }
+    int64_t total = 0;
+    for (int device : firsts) {
+      const std::vector<int64_t> piece = device == 0 ? first : block(device);
+      if (static_cast<int>(piece.size()) <= axis || piece[axis] < 0) {
+        total = -1;
+        break;
+      }
+      total += piece[axis];
+    }
+    global[axis] = total;
+  }
+  return global;
+}
+
 size_t Layout::Hash() const {
   size_t h = mesh_.Hash() * 7 + static_cast<size_t>(type_);
   for (const DimSpec& s : specs_) {

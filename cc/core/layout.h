@@ -4,6 +4,7 @@
 #define TF_DTENSOR_CC_CORE_LAYOUT_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -205,6 +206,17 @@ class Layout {
   // whole tensor, so both shape conversions return any shape unchanged.
   StatusOr<std::vector<int64_t>> GlobalShapeChecked(const std::vector<int64_t>& local_shape,
                                                     const std::string& what) const;
+  // The inverse of the shard geometry: the global shape that a tensor's blocks add up to,
+  // `block(d)` giving the shape of the block on local device d (a size of -1: unknown).
+  // Along a sharded axis the global size is the sum of its pieces, one per shard (uneven
+  // shards are valid), and -1 when a piece is unknown; elsewhere it is device 0's size.
+  // `block` is asked only for device 0 and the first device holding each piece. Where
+  // another client holds some pieces, the blocks are taken as even (as TF DTensor does):
+  // this client cannot see the others' sizes. A single-device layout, or device 0's block
+  // of another rank, gives device 0's block unchanged.
+  //   [x,*] @ mesh(x=2), blocks [9,2] and [8,2] -> [17,2]
+  std::vector<int64_t> GlobalShapeOfBlocks(
+      const std::function<std::vector<int64_t>(int local_device)>& block) const;
 
   // A layout of another rank over the same mesh, e.g. after a reduction. Keeps the type;
   // a single-device layout stays the single-device layout (it has no specs).

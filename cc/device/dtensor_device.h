@@ -17,6 +17,7 @@
 #include "cc/core/layout.h"
 #include "cc/core/status.h"
 #include "cc/eager/executor.h"
+#include "cc/eager/local_only.h"
 #include "cc/eager/tensor_with_layout.h"
 #include "cc/graph/function_expander.h"
 
@@ -42,14 +43,14 @@ class DTensorDevice {
   std::optional<Mesh> default_mesh() const;
   void PushDefaultLayout(std::optional<Layout> layout);
   void PopDefaultLayout();
-  // Receives the one-time warnings (the binding forwards them to Python's warnings).
-  // Expanded tf.functions held in the cache (for tests and debugging).
-  int num_expanded_functions() const { return expander_.cache_size(); }
+  // tf.functions expanded and cached so far (for tests and debugging).
+  int64_t num_expanded_functions() const { return expander_.num_cached(); }
   size_t num_cached_plans() const { return plan_cache_.size(); }
-  // Eager ops run by their plan's local-only run (RunLocalOnly), for tests.
-  int64_t num_local_only_runs() const { return local_only_runs_.load(); }
+  // Eager ops run by their plan's local-only run (LocalOnlyReplays), for tests.
+  int64_t num_local_only_runs() const { return local_only_.num_runs(); }
   // Local ops run with their cached TF kernel (KernelCache), for tests.
   int64_t num_direct_kernel_runs() const { return kernels_.num_runs(); }
+  // Receives the one-time warnings (the binding forwards them to Python's warnings).
   void set_warning_handler(std::function<void(const std::string&)> handler) {
     warning_handler_ = std::move(handler);
   }
@@ -61,26 +62,22 @@ class DTensorDevice {
                                    const std::string& target_device, TF_Status* status);
 
  private:
+  // An op on its way to Dispatch, as ExecuteOp routed it.
+  struct Routed {
+    const Rule* rule = nullptr;  // null: no rule (Dispatch applies the fallback policy)
+    std::optional<Mesh> mesh;    // the mesh it runs on (ChooseMesh)
+    // Not null: the expansion is watched, and recorded when local-only (LocalOnlyReplays).
+    const Mesh* local_only = nullptr;
+    std::optional<Layout> requested;  // call_with_layout's layout, in its runtime form
+    bool parts_in = false;            // some input is parted
+    bool parted_out = false;          // the outputs are parts
+    bool parts_requested = false;     // call_with_layout asked for parts
+  };
+  // Reads the op and its inputs and routes it: pack, unpack and fetch_layout; a replay
+  // of a local-only run; the mesh choice; a tf.function call (CallFunction) or DispatchOp.
   Status ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs);
-  Status Pack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs);
-  Status Unpack(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs);
-  Status FetchLayout(const TFE_Op* op, int* num_outputs, TFE_TensorHandle** outputs);
-  // A tf.function call: expands the function for its input layouts (cached) and runs the
-  // SPMD function on the mesh in one call. `parts_in`: some input is parted, so each device
-  // runs the function on its parts instead; `parts_out`: parts were requested.
-  Status ExecuteFunction(const TFE_Op* op, const std::string& function, const Mesh& mesh,
-                         const std::vector<TFE_TensorHandle*>& handles,
-                         const std::vector<const TensorWithLayout*>& dtensors,
-                         std::optional<Layout> requested, bool parts_in, bool parts_out,
-                         int* num_outputs,
-                         TFE_TensorHandle** outputs);
-  // Runs a repeated op by its plan's local-only run (PlanCache::SetLocalOnly): the op on
-  // each leading device's components (and the host arguments, `handles`), the others
-  // sharing. False when that failed and nothing was made: the caller expands the op,
-  // which reports the error.
-  bool RunLocalOnly(const TFE_Op* op, const std::string& op_name, const Mesh& mesh,
-                    const LocalOnlyRun& run, const std::vector<TFE_TensorHandle*>& handles,
-                    const std::vector<const TensorWithLayout*>& dtensors, int* num_outputs,
+  // The op through its rule on the eager builder, and the outputs back to TF.
+  Status DispatchOp(const EagerOp& op, const Routed& routed, int* num_outputs,
                     TFE_TensorHandle** outputs);
   FallbackPolicy policy();
   std::optional<Layout> default_layout() const;
@@ -98,7 +95,7 @@ class DTensorDevice {
   PlanCache plan_cache_;  // eager plans, reused by repeated ops
   OpPool op_pool_;        // the eager builders' local TFE ops, reused
   KernelCache kernels_;   // TF's kernels for local ops on CPU devices, run directly
-  std::atomic<int64_t> local_only_runs_{0};
+  LocalOnlyReplays local_only_{plan_cache_, op_pool_, kernels_};
 };
 
 // Sets `status` from ours.

@@ -132,6 +132,33 @@ StatusOr<std::unique_ptr<TensorWithLayout>> EagerBuilder::Release(ValueId value)
   return tensor;
 }
 
+Status EagerBuilder::Emit(const std::vector<ValueId>& values, const std::string& device_name,
+                          bool parted, int* num_outputs, TFE_TensorHandle** outputs) {
+  if (static_cast<int>(values.size()) > *num_outputs) {
+    return Internal("The op produced more outputs than TensorFlow expects.");
+  }
+  TF_SetStatus(status_, TF_OK, "");
+  // Outputs wrapped before a later one fails are released again: TensorFlow takes none
+  // of them when the op fails.
+  auto fail = [&](size_t wrapped, Status error) {
+    for (size_t k = 0; k < wrapped; ++k) {
+      TFE_DeleteTensorHandle(outputs[k]);
+      outputs[k] = nullptr;
+    }
+    return error;
+  };
+  for (size_t i = 0; i < values.size(); ++i) {
+    StatusOr<std::unique_ptr<TensorWithLayout>> tensor = Release(values[i]);
+    if (!tensor.ok()) return fail(i, tensor.status());
+    (*tensor)->set_parted(parted && !(*tensor)->resource());
+    outputs[i] = TensorWithLayout::MakeHandle(context_, device_name, std::move(tensor).value(),
+                                              status_);
+    if (TF_GetCode(status_) != TF_OK) return fail(i, FromTF(status_, "wrapping an output"));
+  }
+  *num_outputs = static_cast<int>(values.size());
+  return Status::Ok();
+}
+
 
 std::optional<std::vector<int64_t>> EagerBuilder::LocalShapeOf(TFE_TensorHandle* handle) {
   std::vector<int64_t> shape = HandleShape(handle, status_);

@@ -60,6 +60,11 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
   ValueId AddHostInput(TFE_TensorHandle* handle, std::vector<int64_t> shape, TF_DataType dtype);
   // Hands a DTensor value over as a new record (sharing buffers with the builder's).
   StatusOr<std::unique_ptr<TensorWithLayout>> Release(ValueId value);
+  // Hands `values` back to TF as DTensor handles of the device `device_name` (parts when
+  // `parted`; a resource never is), and sets `*num_outputs` (at least values.size()) to
+  // their number. On an error no handle is left in `outputs`.
+  Status Emit(const std::vector<ValueId>& values, const std::string& device_name, bool parted,
+              int* num_outputs, TFE_TensorHandle** outputs);
   // Whether the value is a host (non-DTensor) tensor and its handle.
   TFE_TensorHandle* host_handle(ValueId value) const { return values_[value].host; }
 

@@ -15,7 +15,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Callee(
     const std::string& name, const std::vector<ValueId>& inputs, const OutputRequest& request) {
   std::vector<ValueMeta> metas;
   for (ValueId v : inputs) metas.push_back(MetaOf(v));
-  return owner_->ExpandUncached(context_, name, mesh_, metas, request, policy_, depth_ + 1);
+  return owner_->Expand(context_, name, mesh_, metas, request, policy_, depth_ + 1);
 }
 
 Status FunctionExpansion::EmitFunctional(const NodeSpec& node, const std::string& op_type,

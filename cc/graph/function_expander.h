@@ -23,11 +23,13 @@
 // of their arguments. Control edges keep their order: every op a node expands into waits
 // for every op its control inputs expanded into, so an assign followed by a read of the
 // same variable reads the new value.
+//
+// FunctionExpander holds the expansions made (a bounded cache); one expansion of one body
+// is a FunctionExpansion (function_expansion.h).
 #ifndef TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANDER_H_
 #define TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANDER_H_
 
-#include <functional>
-#include <map>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,6 +37,7 @@
 #include <vector>
 
 #include "cc/core/layout.h"
+#include "cc/core/lru_cache.h"
 #include "cc/core/status.h"
 #include "cc/rules/dispatch.h"
 #include "cc/rules/rule.h"
@@ -52,6 +55,7 @@ struct ValueMeta {
   // Flat inputs or outputs it takes in the expanded function: one per local device of its
   // mesh, or one (a host tensor).
   int num_flat() const { return layout ? layout->mesh().num_local_devices() : 1; }
+  bool operator==(const ValueMeta& other) const;
 };
 
 struct ExpandedFunction {
@@ -73,28 +77,58 @@ struct OutputRequest {
   // Per result: it leaves as a host tensor (a loop variable that entered as one).
   std::vector<bool> host_each;
   bool host(size_t i) const { return host_outputs || (i < host_each.size() && host_each[i]); }
-  std::string Key() const;
+  bool operator==(const OutputRequest& other) const;
+};
+
+// What an expansion depends on, and so what the cache is keyed by: the function, the mesh
+// it runs from, its inputs (layouts, shapes, dtypes, resources), what is asked of its
+// results and the fallback policy's strictness.
+struct FunctionKey {
+  std::string function;
+  Mesh mesh;
+  std::vector<ValueMeta> inputs;
+  OutputRequest request;
+  bool strict = false;
+  bool operator==(const FunctionKey& other) const;
+  struct Hash {
+    size_t operator()(const FunctionKey& key) const;
+  };
 };
 
 class FunctionExpander {
  public:
+  // Expansions the cache keeps; the least recently used goes first. A training loop calls
+  // a handful of functions with fixed signatures; a program that traces anew (new shapes,
+  // new functions) would otherwise hold every expansion it ever made.
+  static constexpr size_t kMaxCachedFunctions = 256;
+
+  // The SPMD function of `function` called with `inputs` on `mesh`: the cached one for
+  // the same key (FunctionKey), else expanded now and cached. `depth`: how many calls deep
+  // `function` is (FunctionExpansion expands callees, branches and loop bodies here).
   StatusOr<std::shared_ptr<const ExpandedFunction>> Expand(TFE_Context* context,
                                                            const std::string& function,
                                                            const Mesh& mesh,
                                                            const std::vector<ValueMeta>& inputs,
                                                            const OutputRequest& request,
-                                                           const FallbackPolicy& policy);
-  int cache_size() const;
+                                                           const FallbackPolicy& policy,
+                                                           int depth = 0);
+  // Expansions made and cached so far: a repeated call adds none, and an expansion the
+  // cache drops later still counts (for tests and debugging).
+  int64_t num_cached() const;
+  size_t cache_size() const;
 
  private:
+  // Expands `function` (no cache): rounds of FunctionExpansion until the layout requests
+  // settle, then the SPMD function registered as `name`.
   StatusOr<std::shared_ptr<const ExpandedFunction>> ExpandUncached(
       TFE_Context* context, const std::string& function, const Mesh& mesh,
       const std::vector<ValueMeta>& inputs, const OutputRequest& request,
-      const FallbackPolicy& policy, int depth);
+      const FallbackPolicy& policy, const std::string& name, int depth);
 
   mutable std::mutex mutex_;
-  std::map<std::string, std::shared_ptr<const ExpandedFunction>> cache_;
-  friend class FunctionExpansion;
+  LruCache<FunctionKey, std::shared_ptr<const ExpandedFunction>, FunctionKey::Hash> cache_{
+      kMaxCachedFunctions};
+  int64_t num_cached_ = 0;
 };
 
 }  // namespace tf_dtensor

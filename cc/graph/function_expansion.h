@@ -1,6 +1,7 @@
-// One expansion of one tf.function body into an SPMD function (FunctionExpansion), shared
-// by function_expander.cc (inputs, nodes, results, the rounds of the request solver) and
-// control_flow.cc (calls, If, While).
+// One expansion of one tf.function body into an SPMD function (FunctionExpansion):
+// function_expansion.cc (inputs, nodes, results, the requests solved backward) and
+// control_flow.cc (calls, If, While). FunctionExpander (function_expander.h) runs its
+// rounds and caches the result.
 #ifndef TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANSION_H_
 #define TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANSION_H_
 
@@ -45,16 +46,6 @@ inline std::string EmptyListAttr() {
   WireWriter value;
   value.Bytes(1, "");
   return value.Take();
-}
-
-inline std::string MetaKey(const ValueMeta& m) {
-  std::string key = m.layout ? m.layout->ToString() : "host";
-  key += "|" + ShapeString(m.shape) + "|" + std::to_string(m.dtype);
-  if (m.resource) {
-    key += "|r:" + m.resource->value_layout.ToString() + ShapeString(m.resource->value_shape) +
-           std::to_string(m.resource->value_dtype);
-  }
-  return key;
 }
 
 // Splits "node:out_arg:3" into ("node", "out_arg", 3); "arg" into ("arg", "", 0).
@@ -158,9 +149,9 @@ class FunctionExpansion {
   // A scalar predicate as one host tensor: a host value, or a replicated DTensor's.
   StatusOr<TF_Output> Predicate(const NodeSpec& node, ValueId value);
   Status ExpandWithRule(const NodeSpec& node, std::vector<ValueId> inputs);
-  // Chooses the mesh `node` runs on and makes it the builder's: its DTensor inputs' (ops
-  // need them on one mesh; replicated scalars from another mesh move), else the mesh of a
-  // layout asked of it, else the function's.
+  // Chooses the mesh `node` runs on (ChooseMesh, as the eager path does: its DTensor
+  // inputs', whole values of another mesh moving there; else the mesh of a layout asked
+  // of it, else the function's) and makes it the builder's.
   Status EnterNodeMesh(const NodeSpec& node, std::vector<ValueId>& inputs);
   Status EmitHostOp(const NodeSpec& node, const std::vector<ValueId>& inputs);
   StatusOr<ValueId> Resolve(const std::string& name);

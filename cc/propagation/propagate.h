@@ -1,5 +1,5 @@
 // The layout solver: one fixed-point propagation over a function's ops, used by
-// tf.function expansion (cc/graph/function_expander.cc) and by debug.explain.
+// tf.function expansion (cc/graph/function_expansion.cc) and by debug.explain.
 //
 // Forward, each op's rule plans its output layouts from its input layouts (the SPMD
 // expansion does this as it goes). Backward, a layout asked of a value (a `relayout`

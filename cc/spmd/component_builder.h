@@ -351,28 +351,12 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
       v.layout = Layout::Replicated(mesh_, static_cast<int>(v.shape.size()));
     }
     if (v.layout->rank() == static_cast<int>(local_shape->size())) {
-      // Global size of a sharded axis: the sum of its pieces, one per coordinate along the
-      // mesh dimension that shards it (pieces may differ: uneven shards).
-      for (int axis = 0; axis < v.layout->rank(); ++axis) {
-        const DimSpec& spec = v.layout->spec(axis);
-        if (!spec.sharded() || v.shape[axis] < 0) continue;
-        const std::vector<int> firsts = v.layout->FirstDeviceOfPieces(axis);
-        // Another client holds some pieces: blocks are taken as even (as TF DTensor does).
-        if (static_cast<int64_t>(firsts.size()) < v.layout->NumShards(axis)) {
-          v.shape[axis] *= v.layout->NumShards(axis);
-          continue;
-        }
-        int64_t total = 0;
-        for (int device : firsts) {
-          std::optional<std::vector<int64_t>> piece = LocalShapeOf(per_output[j][device]);
-          if (!piece || (*piece)[axis] < 0) {
-            total = -1;
-            break;
-          }
-          total += (*piece)[axis];
-        }
-        v.shape[axis] = total;
-      }
+      // The pieces add up along sharded axes (uneven shards); unknown pieces give -1.
+      v.shape = v.layout->GlobalShapeOfBlocks([&](int device) {
+        if (device == 0) return *local_shape;
+        return LocalShapeOf(per_output[j][device])
+            .value_or(std::vector<int64_t>(local_shape->size(), -1));
+      });
     }
     v.handles = std::move(per_output[j]);
     if (given && (*given)->size() == v.shape.size() &&

@@ -1,5 +1,5 @@
 """Tests of tf.function over DTensors: one SPMD multi-device function per call
-(cc/graph/function_expander.cc).
+(cc/graph/function_expansion.cc).
 
 Every sharded result is compared with the same tf.function run on plain tensors on one
 device (value, dtype, global shape), and its layout with what the same ops give when run

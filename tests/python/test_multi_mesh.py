@@ -131,3 +131,17 @@ def test_relayout_like_inside_a_function_follows_another_mesh():
 
     out = follow(place(VALUE, layout_of("x,*", MESH_A)), like)
     assert_dtensor_equal(VALUE + 1.0, layout_of("y,z", MESH_B), out)
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_replicated_shape_from_another_mesh_moves_in_both_paths(in_function):
+    """A value the op reads as a host argument (Reshape's shape) moves whole to the op's
+    mesh, eagerly and inside a tf.function alike (one mesh chooser serves both)."""
+    a = place(VALUE, layout_of("*,*", MESH_A))
+    shape = place(np.array([4, 8], np.int32), layout_of("*", MESH_B))
+
+    def reshape(t, s):
+        return tf.reshape(t, s)
+
+    out = tf.function(reshape)(a, shape) if in_function else reshape(a, shape)
+    assert_dtensor_equal(VALUE.reshape(4, 8), layout_of("*,*", MESH_A), out)

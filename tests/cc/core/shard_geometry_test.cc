@@ -129,5 +129,73 @@ TEST(ShardGeometry, AxisOverSeveralMeshDimsIsNestedChunks) {
   EXPECT_ERROR(xy.WithPartial({{1, ReduceOp::kSum}}), kInvalidArgument, {"partial over `y`"});
 }
 
+// The inverse geometry: the blocks GeometryOfDevice gives add up to the global shape
+// again, even or uneven, over one mesh dimension or several.
+TEST(ShardGeometry, GlobalShapeOfBlocksInvertsTheBlocks) {
+  Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}});
+  for (const char* spec : {"[x,*]", "[y,x]", "[*,y]", "[x+y,*]", "[*,*]"}) {
+    const Layout layout = MakeLayout(spec, mesh);
+    for (const std::vector<int64_t>& global :
+         std::vector<std::vector<int64_t>>{{8, 6}, {9, 2}, {3, 5}, {1, 7}, {0, 3}}) {
+      SCOPED_TRACE(std::string(spec) + " " + testing::Print(global));
+      EXPECT_EQ(layout.GlobalShapeOfBlocks(
+                    [&](int d) { return layout.GeometryOfDevice(global, d).shape; }),
+                global);
+    }
+  }
+  // [x,*] @ mesh(x=2): blocks [9,2] and [8,2] are a [17,2] tensor.
+  const Layout rows = MakeLayout("[x,*]", MakeMesh({{"x", 2}}));
+  const std::vector<std::vector<int64_t>> blocks = {{9, 2}, {8, 2}};
+  EXPECT_EQ(rows.GlobalShapeOfBlocks([&](int d) { return blocks[d]; }),
+            (std::vector<int64_t>{17, 2}));
+}
+
+TEST(ShardGeometry, GlobalShapeOfBlocksAsksOnlyTheFirstHolderOfEachPiece) {
+  // [x,*] @ mesh(x=2,y=2): devices 0 and 1 (x=0) hold piece 0, devices 2 and 3 piece 1.
+  const Layout layout = MakeLayout("[x,*]", MakeMesh({{"x", 2}, {"y", 2}}));
+  std::vector<int> asked;
+  const std::vector<int64_t> global = layout.GlobalShapeOfBlocks([&](int d) {
+    asked.push_back(d);
+    return std::vector<int64_t>{d < 2 ? 3 : 2, 4};
+  });
+  EXPECT_EQ(global, (std::vector<int64_t>{5, 4}));
+  EXPECT_EQ(asked, (std::vector<int>{0, 2}));
+}
+
+TEST(ShardGeometry, GlobalShapeOfBlocksWithUnknownSizes) {
+  const Layout layout = MakeLayout("[x,*]", MakeMesh({{"x", 2}}));
+  // An unknown piece leaves the sharded axis unknown; an unknown replicated size stays.
+  const std::vector<std::vector<int64_t>> blocks = {{3, -1}, {-1, -1}};
+  EXPECT_EQ(layout.GlobalShapeOfBlocks([&](int d) { return blocks[d]; }),
+            (std::vector<int64_t>{-1, -1}));
+  const std::vector<std::vector<int64_t>> known_rows = {{3, -1}, {2, -1}};
+  EXPECT_EQ(layout.GlobalShapeOfBlocks([&](int d) { return known_rows[d]; }),
+            (std::vector<int64_t>{5, -1}));
+}
+
+TEST(ShardGeometry, GlobalShapeOfBlocksOfOtherClientsIsEven) {
+  // This client holds devices 0 and 1 of mesh(x=2,y=2): piece 1 of x lives elsewhere, so
+  // its size is taken from this client's piece; y's pieces are both here.
+  StatusOr<Mesh> mesh = Mesh::Create({{"x", 2}, {"y", 2}}, {0, 1, 2, 3}, {0, 1},
+                                     {"/job:localhost/replica:0/task:0/device:CPU:0",
+                                      "/job:localhost/replica:0/task:0/device:CPU:1"});
+  ASSERT_OK(mesh.status());
+  const Layout layout = MakeLayout("[x,y]", *mesh);
+  const std::vector<std::vector<int64_t>> blocks = {{3, 2}, {3, 1}};
+  EXPECT_EQ(layout.GlobalShapeOfBlocks([&](int d) { return blocks[d]; }),
+            (std::vector<int64_t>{6, 3}));
+}
+
+TEST(ShardGeometry, GlobalShapeOfBlocksKeepsWholeBlocks) {
+  // A single-device layout holds the whole tensor; a block of another rank is not split.
+  ASSERT_OK_AND_ASSIGN(Mesh single, Mesh::FromDevice("CPU:0"));
+  ASSERT_OK_AND_ASSIGN(Layout whole, Layout::FromSingleDeviceMesh(single));
+  EXPECT_EQ(whole.GlobalShapeOfBlocks([](int) { return std::vector<int64_t>{4, 5}; }),
+            (std::vector<int64_t>{4, 5}));
+  const Layout rows = MakeLayout("[x,*]", MakeMesh({{"x", 2}}));
+  EXPECT_EQ(rows.GlobalShapeOfBlocks([](int) { return std::vector<int64_t>{7}; }),
+            (std::vector<int64_t>{7}));
+}
+
 }  // namespace
 }  // namespace tf_dtensor

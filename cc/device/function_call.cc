@@ -1,0 +1,213 @@
+#include "cc/device/function_call.h"
+
+#include <memory>
+
+#include "cc/tf/handles.h"
+
+namespace tf_dtensor {
+namespace {
+
+struct StatusDeleter {
+  void operator()(TF_Status* s) const { TF_DeleteStatus(s); }
+};
+using StatusPtr = std::unique_ptr<TF_Status, StatusDeleter>;
+
+struct OpDeleter {
+  void operator()(TFE_Op* o) const { TFE_DeleteOp(o); }
+};
+using OpPtr = std::unique_ptr<TFE_Op, OpDeleter>;
+
+bool FullyKnown(const std::vector<int64_t>& shape) {
+  for (int64_t d : shape) {
+    if (d < 0) return false;
+  }
+  return true;
+}
+
+// Results wrapped before a later one fails are released again: TensorFlow takes none of
+// them when the op fails.
+Status Release(Status error, int wrapped, TFE_TensorHandle** outputs) {
+  for (int k = 0; k < wrapped; ++k) {
+    TFE_DeleteTensorHandle(outputs[k]);
+    outputs[k] = nullptr;
+  }
+  return error;
+}
+
+// Parts stand alone: each device runs the original function on its own parts (the
+// expansion only gives the result layouts; its collectives would combine the parts).
+// A static input joins each part as its component: only where its shards line up with
+// the parts (the same layout) or it is whole (replicated).
+Status RunOnParts(const FunctionCall& call, const ExpandedFunction& expanded,
+                  const std::string& device_name, TFE_TensorHandle** outputs) {
+  const std::string& function = call.function;
+  for (size_t i = 0; i < call.dtensors.size(); ++i) {
+    const TensorWithLayout* t = call.dtensors[i];
+    if (!t || t->parted() || t->resource() || t->layout().IsFullyReplicated()) continue;
+    bool aligned = false;
+    for (const TensorWithLayout* p : call.dtensors) {
+      aligned = aligned || (p && p->parted() && p->layout() == t->layout());
+    }
+    if (!aligned) {
+      return Unimplemented(
+          "tf.function '" + function + "' on parted inputs runs on each part alone, but input " +
+          std::to_string(i) + " has static layout " + t->layout().ShortString() +
+          ", whose shards do not line up with the parts. Relayout it to the parted input's "
+          "layout (or to replicated) before the call.");
+    }
+  }
+  StatusPtr status(TF_NewStatus());
+  const int num_results = static_cast<int>(expanded.outputs.size());
+  std::vector<std::vector<HandlePtr>> per_result(num_results);
+  for (int d = 0; d < call.mesh.num_local_devices(); ++d) {
+    const std::string& device = call.mesh.local_devices()[d];
+    OpPtr op(TFE_NewOp(call.context, function.c_str(), status.get()));
+    TFD_RETURN_IF_TF_ERROR(status.get(), "calling '" + function + "' on a part");
+    TFE_OpAddAttrs(op.get(), call.attrs);
+    TFE_OpSetDevice(op.get(), device.c_str(), status.get());
+    TFD_RETURN_IF_TF_ERROR(status.get(), "placing '" + function + "' on " + device);
+    for (size_t i = 0; i < call.handles.size(); ++i) {
+      TFE_OpAddInput(op.get(), call.dtensors[i] ? call.dtensors[i]->component(d) : call.handles[i],
+                     status.get());
+      TFD_RETURN_IF_TF_ERROR(status.get(), "passing input " + std::to_string(i) + " to '" +
+                                               function + "'");
+    }
+    std::vector<TFE_TensorHandle*> results(num_results, nullptr);
+    int count = num_results;
+    TFE_Execute(op.get(), results.data(), &count, status.get());
+    TFD_RETURN_IF_TF_ERROR(status.get(), "running tf.function '" + function +
+                                             "' on the part on " + ShortDeviceName(device));
+    for (int k = 0; k < count; ++k) per_result[k].emplace_back(results[k]);
+  }
+  for (int k = 0; k < num_results; ++k) {
+    const ValueMeta& m = expanded.outputs[k];
+    const std::string what = "result " + std::to_string(k) + " of '" + function + "'";
+    if (!m.layout || m.resource ||
+        static_cast<int>(per_result[k].size()) != call.mesh.num_local_devices()) {
+      return Release(Unimplemented("Result " + std::to_string(k) + " of tf.function '" +
+                                   function + "' on parted inputs is not a tensor of the mesh; "
+                                   "return tensors computed from the parts."),
+                     k, outputs);
+    }
+    std::vector<int64_t> local = HandleShape(per_result[k][0].get(), status.get());
+    if (TF_GetCode(status.get()) != TF_OK) {
+      return Release(FromTF(status.get(), "reading the shape of " + what), k, outputs);
+    }
+    StatusOr<std::vector<int64_t>> global = m.layout->GlobalShapeChecked(local, what);
+    if (!global.ok()) return Release(global.status(), k, outputs);
+    auto tensor = std::make_unique<TensorWithLayout>(*m.layout, std::move(global).value(),
+                                                     static_cast<TF_DataType>(m.dtype),
+                                                     std::move(per_result[k]));
+    tensor->set_parted(true);
+    outputs[k] = TensorWithLayout::MakeHandle(call.context, device_name, std::move(tensor),
+                                              status.get());
+    if (TF_GetCode(status.get()) != TF_OK) {
+      return Release(FromTF(status.get(), "wrapping " + what), k, outputs);
+    }
+  }
+  return Status::Ok();
+}
+
+// The SPMD function, called once with every input's components (one per local device of
+// its mesh) and returning each result's components.
+Status RunWhole(const FunctionCall& call, const ExpandedFunction& expanded,
+                const std::string& device_name, TFE_TensorHandle** outputs) {
+  const std::string& function = call.function;
+  StatusPtr status(TF_NewStatus());
+  OpPtr op(TFE_NewOp(call.context, expanded.name.c_str(), status.get()));
+  TFD_RETURN_IF_TF_ERROR(status.get(), "calling the SPMD function of '" + function + "'");
+  TFE_OpSetDevice(op.get(), call.mesh.local_devices()[0].c_str(), status.get());
+  TFD_RETURN_IF_TF_ERROR(status.get(), "placing the SPMD function of '" + function + "'");
+  for (size_t i = 0; i < call.handles.size(); ++i) {
+    if (!call.dtensors[i]) {
+      TFE_OpAddInput(op.get(), call.handles[i], status.get());
+    } else {
+      for (int d = 0; d < call.dtensors[i]->num_components(); ++d) {
+        TFE_OpAddInput(op.get(), call.dtensors[i]->component(d), status.get());
+      }
+    }
+    TFD_RETURN_IF_TF_ERROR(status.get(), "passing input " + std::to_string(i) + " to '" +
+                                             function + "'");
+  }
+  // Each result has one component per local device of its own mesh.
+  int flat = 0;
+  for (const ValueMeta& m : expanded.outputs) flat += m.num_flat();
+  std::vector<TFE_TensorHandle*> raw(flat, nullptr);
+  TFE_Execute(op.get(), raw.data(), &flat, status.get());
+  TFD_RETURN_IF_TF_ERROR(status.get(), "running tf.function '" + function + "' on " +
+                                           call.mesh.ShortString());
+  std::vector<HandlePtr> results;
+  for (int r = 0; r < flat; ++r) results.emplace_back(raw[r]);
+  int next = 0;
+  for (size_t k = 0; k < expanded.outputs.size(); ++k) {
+    const ValueMeta& m = expanded.outputs[k];
+    const std::string what = "result " + std::to_string(k) + " of '" + function + "'";
+    std::vector<HandlePtr> components;
+    for (int d = 0; d < m.num_flat() && next < flat; ++d) components.push_back(std::move(results[next++]));
+    // A data-dependent size (tf.where, tf.unique) is unknown when the function is traced
+    // but known now: an eager value's shape is always whole and global, read from the
+    // components (summing the pieces of sharded axes).
+    std::vector<int64_t> shape = m.shape;
+    if (!m.resource && !FullyKnown(shape)) {
+      shape = m.layout->GlobalShapeOfBlocks([&](int d) {
+        if (TF_GetCode(status.get()) != TF_OK) return std::vector<int64_t>();
+        return HandleShape(components[d].get(), status.get());
+      });
+      if (TF_GetCode(status.get()) != TF_OK) {
+        return Release(FromTF(status.get(), "reading the shape of " + what), k, outputs);
+      }
+    }
+    auto tensor = std::make_unique<TensorWithLayout>(*m.layout, std::move(shape),
+                                                     static_cast<TF_DataType>(m.dtype),
+                                                     std::move(components));
+    tensor->set_resource(m.resource);
+    tensor->set_parted(call.parts_out && !m.resource && call.requested &&
+                       *m.layout == *call.requested);
+    outputs[k] = TensorWithLayout::MakeHandle(call.context, device_name, std::move(tensor),
+                                              status.get());
+    if (TF_GetCode(status.get()) != TF_OK) {
+      return Release(FromTF(status.get(), "wrapping " + what), k, outputs);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CallFunction(const FunctionCall& call, FunctionExpander& expander,
+                    const FallbackPolicy& policy, const std::string& device_name,
+                    int* num_outputs, TFE_TensorHandle** outputs) {
+  StatusPtr status(TF_NewStatus());
+  std::vector<ValueMeta> metas;
+  for (size_t i = 0; i < call.handles.size(); ++i) {
+    ValueMeta m;
+    if (const TensorWithLayout* t = call.dtensors[i]) {
+      m.layout = t->layout();
+      m.shape = t->shape();
+      m.dtype = t->dtype();
+      m.resource = t->resource();
+    } else {
+      m.shape = HandleShape(call.handles[i], status.get());
+      TFD_RETURN_IF_TF_ERROR(status.get(), "reading the shape of input " + std::to_string(i) +
+                                               " of '" + call.function + "'");
+      m.dtype = TFE_TensorHandleDataType(call.handles[i]);
+    }
+    metas.push_back(std::move(m));
+  }
+  OutputRequest request;
+  if (call.requested && call.requested->mesh() == call.mesh) request.single = call.requested;
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
+                       expander.Expand(call.context, call.function, call.mesh, metas, request,
+                                       policy));
+  const int num_results = static_cast<int>(expanded->outputs.size());
+  if (num_results > *num_outputs) {
+    return Internal("The SPMD function of '" + call.function +
+                    "' returns more results than TensorFlow expects.");
+  }
+  TFD_RETURN_IF_ERROR(call.parts_in ? RunOnParts(call, *expanded, device_name, outputs)
+                                    : RunWhole(call, *expanded, device_name, outputs));
+  *num_outputs = num_results;
+  return Status::Ok();
+}
+
+}  // namespace tf_dtensor
