@@ -15,7 +15,7 @@
 #include "cc/spmd/parted_builder.h"
 #include "cc/spmd/relayout.h"
 #include "cc/tf/attrs.h"
-include "cc/tf/op_registry.h"
+#include "cc/tf/op_registry.h"
 #include "cc/tf/ops.h"
 
 namespace tf_dtensor {
