@@ -110,7 +110,7 @@ def test_pack_uneven_blocks_and_global_shape():
 
 def test_pack_rejects_blocks_the_geometry_does_not_give():
     parts = [tf.constant([1.0]), tf.constant([2.0, 3.0]), tf.constant([4.0]), tf.constant([5.0])]
-    with pytest.raises(Exception, match=r"pack component 0 has shape \[1\].*block of shape \[2\]"):
+    with pytest.raises(tf_dtensor.PackError, match=r"pack component 0 has shape \[1\].*block of shape \[2\]"):
         dtensor.pack(parts, Layout(["x"], MESH_4))
 
 
