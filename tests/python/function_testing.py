@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from dtensor_testing import (assert_dtensor_equal, assert_values_equal, reassemble,
-                             run_without_fallback, to_dtensor)
+from dtensor_testing import (assert_dtensor_equal, assert_values_equal, random_array,
+                             reassemble, run_without_fallback, to_dtensor)
 from tf_dtensor import _device
 from tf_dtensor import dtensor
 
@@ -50,3 +50,19 @@ def no_relayout(tensor, layout):
     """Stands in for `dtensor.relayout` in the plain-device reference run."""
     del layout
     return tensor
+
+
+# A small MLP and its data, for the gradient and training-step tests.
+MLP_X = random_array((8, 4), seed=10)
+MLP_Y = random_array((8, 3), seed=11)
+_W1 = random_array((4, 6), low=-1, high=1, seed=12)
+_B1 = random_array((6,), low=-0.1, high=0.1, seed=13)
+_W2 = random_array((6, 3), low=-1, high=1, seed=14)
+_B2 = random_array((3,), low=-0.1, high=0.1, seed=15)
+MLP_PARAMS = [_W1, _B1, _W2, _B2]
+
+
+def mlp_loss(x, y, w1, b1, w2, b2):
+    h = tf.nn.relu(tf.matmul(x, w1) + b1)
+    out = tf.matmul(h, w2) + b2
+    return tf.reduce_mean(tf.square(out - y))

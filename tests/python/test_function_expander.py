@@ -18,7 +18,7 @@ import tf_dtensor
 from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal,
                              assert_values_equal, layout_of, random_array, reassemble,
                              run_without_fallback, spec_params, to_dtensor)
-from function_testing import check_function, num_expanded
+from function_testing import MLP_PARAMS, MLP_X, MLP_Y, check_function, mlp_loss, num_expanded
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import Layout
 
@@ -276,25 +276,10 @@ def test_call_with_layout_request_is_part_of_the_cache_key(mesh_2x2):
 # Gradients
 # ---------------------------------------------------------------------------------------
 
-_X = random_array((8, 4), seed=10)
-_Y = random_array((8, 3), seed=11)
-_W1 = random_array((4, 6), low=-1, high=1, seed=12)
-_B1 = random_array((6,), low=-0.1, high=0.1, seed=13)
-_W2 = random_array((6, 3), low=-1, high=1, seed=14)
-_B2 = random_array((3,), low=-0.1, high=0.1, seed=15)
-_PARAMS = [_W1, _B1, _W2, _B2]
-
-
-def _mlp_loss(x, y, w1, b1, w2, b2):
-    h = tf.nn.relu(tf.matmul(x, w1) + b1)
-    out = tf.matmul(h, w2) + b2
-    return tf.reduce_mean(tf.square(out - y))
-
-
 def _loss_and_grads(x, y, *params):
     with tf.GradientTape() as tape:
         tape.watch(params)
-        loss = _mlp_loss(x, y, *params)
+        loss = mlp_loss(x, y, *params)
     return loss, tape.gradient(loss, list(params))
 
 
@@ -305,21 +290,21 @@ _DATA_PARALLEL = [
 
 def _data_parallel_inputs(mesh):
     batch = layout_of("[x,*]", mesh)
-    params = [to_dtensor(p, Layout.replicated(mesh, p.ndim)) for p in _PARAMS]
-    return [to_dtensor(_X, batch), to_dtensor(_Y, batch)] + params
+    params = [to_dtensor(p, Layout.replicated(mesh, p.ndim)) for p in MLP_PARAMS]
+    return [to_dtensor(MLP_X, batch), to_dtensor(MLP_Y, batch)] + params
 
 
 @pytest.mark.parametrize("mesh", _DATA_PARALLEL)
 def test_gradient_tape_inside_the_function(mesh):
     f = tf.function(_loss_and_grads)
-    expected_loss, expected_grads = f(tf.constant(_X), tf.constant(_Y),
-                                      *[tf.constant(p) for p in _PARAMS])
+    expected_loss, expected_grads = f(tf.constant(MLP_X), tf.constant(MLP_Y),
+                                      *[tf.constant(p) for p in MLP_PARAMS])
     inputs = _data_parallel_inputs(mesh)
     eager_loss, eager_grads = _loss_and_grads(*inputs)
     loss, grads = run_without_fallback(f, *inputs)
     assert_dtensor_equal(expected_loss, Layout.replicated(mesh, 0), loss)
     assert dtensor.fetch_layout(eager_loss) == Layout.replicated(mesh, 0)
-    for want, eager, got, param in zip(expected_grads, eager_grads, grads, _PARAMS):
+    for want, eager, got, param in zip(expected_grads, eager_grads, grads, MLP_PARAMS):
         # Weight gradients are all-reduced over the batch: replicated.
         assert dtensor.fetch_layout(eager) == Layout.replicated(mesh, param.ndim)
         assert_dtensor_equal(want, Layout.replicated(mesh, param.ndim), got)
@@ -327,9 +312,9 @@ def test_gradient_tape_inside_the_function(mesh):
 
 @pytest.mark.parametrize("mesh", _DATA_PARALLEL)
 def test_eager_tape_over_a_function_call(mesh):
-    loss_fn = tf.function(_mlp_loss)
-    _, expected_grads = _loss_and_grads(tf.constant(_X), tf.constant(_Y),
-                                        *[tf.constant(p) for p in _PARAMS])
+    loss_fn = tf.function(mlp_loss)
+    _, expected_grads = _loss_and_grads(tf.constant(MLP_X), tf.constant(MLP_Y),
+                                        *[tf.constant(p) for p in MLP_PARAMS])
     inputs = _data_parallel_inputs(mesh)
     params = inputs[2:]
     with tf.GradientTape() as tape:
@@ -337,10 +322,10 @@ def test_eager_tape_over_a_function_call(mesh):
         loss = loss_fn(*inputs)
     grads = tape.gradient(loss, params)
     _, eager_grads = _loss_and_grads(*inputs)
-    assert_dtensor_equal(_mlp_loss(tf.constant(_X), tf.constant(_Y),
-                                   *[tf.constant(p) for p in _PARAMS]),
+    assert_dtensor_equal(mlp_loss(tf.constant(MLP_X), tf.constant(MLP_Y),
+                                   *[tf.constant(p) for p in MLP_PARAMS]),
                          Layout.replicated(mesh, 0), loss)
-    for want, eager, got, param in zip(expected_grads, eager_grads, grads, _PARAMS):
+    for want, eager, got, param in zip(expected_grads, eager_grads, grads, MLP_PARAMS):
         assert dtensor.fetch_layout(eager) == Layout.replicated(mesh, param.ndim)
         assert_dtensor_equal(want, Layout.replicated(mesh, param.ndim), got)
 

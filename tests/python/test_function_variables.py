@@ -12,9 +12,13 @@ import tensorflow as tf
 from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal, layout_of,
                              random_array, reassemble, run_without_fallback, spec_params,
                              to_dtensor)
-from function_testing import num_expanded
+from function_testing import MLP_PARAMS, MLP_X, MLP_Y, mlp_loss, num_expanded
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import Layout
+
+_A = random_array((8, 8), seed=1)
+_B = random_array((8, 4), seed=2)
+
 
 # ---------------------------------------------------------------------------------------
 # DVariables inside tf.function
@@ -240,7 +244,7 @@ def _make_adam_step(params, ms, vs, t):
     @tf.function
     def step(x, y):
         with tf.GradientTape() as tape:
-            loss = _mlp_loss(x, y, *params)
+            loss = mlp_loss(x, y, *params)
         grads = tape.gradient(loss, params)
         t.assign_add(1.0)
         correction1 = 1.0 - tf.pow(_BETA1, t)
@@ -266,24 +270,24 @@ _ADAM_CASES = [
 @pytest.mark.parametrize("mesh,data_spec,param_specs", _ADAM_CASES)
 def test_adam_training_steps_match_one_device(mesh, data_spec, param_specs):
     param_layouts = [layout_of(s, mesh) for s in param_specs]
-    plain_params = [tf.Variable(p) for p in _PARAMS]
-    plain_ms = [tf.Variable(np.zeros_like(p)) for p in _PARAMS]
-    plain_vs = [tf.Variable(np.zeros_like(p)) for p in _PARAMS]
+    plain_params = [tf.Variable(p) for p in MLP_PARAMS]
+    plain_ms = [tf.Variable(np.zeros_like(p)) for p in MLP_PARAMS]
+    plain_vs = [tf.Variable(np.zeros_like(p)) for p in MLP_PARAMS]
     plain_t = tf.Variable(0.0)
-    d_params = [dtensor.DVariable(to_dtensor(p, l)) for p, l in zip(_PARAMS, param_layouts)]
+    d_params = [dtensor.DVariable(to_dtensor(p, l)) for p, l in zip(MLP_PARAMS, param_layouts)]
     d_ms = [dtensor.DVariable(to_dtensor(np.zeros_like(p), l))
-            for p, l in zip(_PARAMS, param_layouts)]
+            for p, l in zip(MLP_PARAMS, param_layouts)]
     d_vs = [dtensor.DVariable(to_dtensor(np.zeros_like(p), l))
-            for p, l in zip(_PARAMS, param_layouts)]
+            for p, l in zip(MLP_PARAMS, param_layouts)]
     d_t = dtensor.DVariable(to_dtensor(np.float32(0.0), Layout.replicated(mesh, 0)))
     plain_step = _make_adam_step(plain_params, plain_ms, plain_vs, plain_t)
     d_step = _make_adam_step(d_params, d_ms, d_vs, d_t)
 
     data = layout_of(data_spec, mesh)
-    x, y = to_dtensor(_X, data), to_dtensor(_Y, data)
+    x, y = to_dtensor(MLP_X, data), to_dtensor(MLP_Y, data)
     before = num_expanded()
     for i in range(3):
-        want = plain_step(tf.constant(_X), tf.constant(_Y))
+        want = plain_step(tf.constant(MLP_X), tf.constant(MLP_Y))
         got = run_without_fallback(d_step, x, y)
         if i == 0:
             after_first = num_expanded()
