@@ -321,10 +321,11 @@ def check_op(fn: Callable, op_name: str, arrays: Sequence[np.ndarray], layouts: 
     a reduction of an output); a plan without one runs the same local ops under every
     lowering, so the default lowering alone covers it. A case listed in
     `OPS_LOWERING_FAILURES` must fail under the ops lowering (a strict xfail of that case).
-    Cases with an empty block run under the default lowering only: under the ops lowering
-    an all-gather whose result is empty kills the process (known defect 1; the strict
-    xfails `test_ops_lowering_all_gather_of_empty_*` in test_dtensor_testing.py reproduce
-    it in a subprocess, and pass once it is fixed: then drop this exception).
+    Cases where an all-gather could give an empty result (`gathers_to_empty`) run under
+    the default lowering only: under the ops lowering that kills the process (known defect
+    1; the strict xfails `test_ops_lowering_all_gather_of_empty_*` in
+    test_dtensor_testing.py reproduce it in a subprocess, and pass once it is fixed: then
+    drop this exception).
     """
     expected = fn(*[tf.constant(a) for a in arrays]).numpy()
     inputs = [to_dtensor(a, l) for a, l in zip(arrays, layouts)]
@@ -334,8 +335,8 @@ def check_op(fn: Callable, op_name: str, arrays: Sequence[np.ndarray], layouts: 
     actual = run_without_fallback(fn, *inputs)
     assert_dtensor_equal(expected, expected_layout, actual)
     if plan["collectives"] and not any(
-            has_empty_block(l, a.shape) for l, a in zip(layouts, arrays)) and not (
-            has_empty_block(expected_layout, expected.shape)):
+            gathers_to_empty(l, a.shape) for l, a in zip(layouts, arrays)) and not (
+            gathers_to_empty(expected_layout, expected.shape)):
         known = OPS_LOWERING_FAILURES.get((op_name, case_id(layouts)))
         try:
             with collective_lowering("ops"):
@@ -352,11 +353,20 @@ def check_op(fn: Callable, op_name: str, arrays: Sequence[np.ndarray], layouts: 
     return actual
 
 
-def has_empty_block(layout: Layout, shape: Sequence[int]) -> bool:
-    """Whether some device's block of a `shape` tensor laid out as `layout` has no element."""
+def gathers_to_empty(layout: Layout, shape: Sequence[int]) -> bool:
+    """Whether an all-gather of one axis of a `shape` tensor laid out as `layout` can give a
+    result with no element: the tensor has none, or some device's block has none along
+    one axis while another axis is sharded (gathering that one keeps the block empty).
+    Under the collective-ops lowering such an all-gather kills the process (known defect
+    1); an empty block along the gathered axis alone is fine ([1] over x=2: blocks 1, 0)."""
+    if 0 in tuple(shape):
+        return True
     if layout.type != dtensor.LayoutType.STATIC:
-        return 0 in tuple(shape)
-    return any(0 in block for block, _ in layout.device_blocks(list(shape)))
+        return False
+    sharded = {i for i, spec in enumerate(layout.sharding_specs) if spec != UNSHARDED}
+    return any(sharded - {axis}
+               for block, _ in layout.device_blocks(list(shape))
+               for axis, size in enumerate(block) if size == 0)
 
 
 # (op name, case id) -> why it fails under the collective-ops lowering (cc/spmd), which the

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import tf_dtensor
 from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, case_id, check_op,
-                             has_empty_block, layout_of, layouts_for, reassemble, run_python,
+                             gathers_to_empty, layout_of, layouts_for, reassemble, run_python,
                              run_without_fallback, spec_id, to_dtensor, traced_again)
 from tf_dtensor import _device as dtensor_device
 from tf_dtensor import dtensor
@@ -132,10 +132,13 @@ def test_traced_again_retraces_a_tf_function_only():
     assert traced_again(tf.matmul) is tf.matmul
 
 
-def test_has_empty_block():
-    assert has_empty_block(layout_of("[x,*]", MESH_2X2), (1, 3))    # blocks of 1 and 0 rows
-    assert not has_empty_block(layout_of("[x,*]", MESH_2X2), (3, 3))
-    assert has_empty_block(layout_of("[*,*]", MESH_2X2), (4, 0))
+def test_gathers_to_empty():
+    assert gathers_to_empty(layout_of("[*,*]", MESH_2X2), (4, 0))
+    # Blocks of 1 and 0 rows: gathering the rows gives the whole tensor, never empty.
+    assert not gathers_to_empty(layout_of("[x,*]", MESH_2X2), (1, 3))
+    assert not gathers_to_empty(layout_of("[x,y]", MESH_2X2), (3, 4))
+    # Device (0, 1) holds a [2, 0] block: gathering the rows leaves it empty.
+    assert gathers_to_empty(layout_of("[x,y]", MESH_2X2), (3, 1))
 
 
 # Known defect 1: under the collective-ops lowering an all-gather whose result has no

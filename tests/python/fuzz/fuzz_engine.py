@@ -29,7 +29,7 @@ import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 
 import tf_dtensor
-from dtensor_testing import (LOWERINGS, collective_lowering, cpus, has_empty_block, reassemble,
+from dtensor_testing import (LOWERINGS, collective_lowering, cpus, gathers_to_empty, reassemble,
                              run_without_fallback, to_dtensor)
 from tf_dtensor import _device as dtensor_device
 from tf_dtensor import debug, dtensor
@@ -504,10 +504,10 @@ class KnownMismatch:
 
 def case_lowering(name: str, layouts: Sequence[Layout], arrays: Sequence[np.ndarray]) -> str:
     """The collective lowering case number n of `name` runs under: the default and the ops
-    lowering in turn (deterministic: cases are counted per op). Cases with an empty block
-    stay on the default: under the ops lowering an all-gather whose result is empty kills
-    the process (known defect 1; see test_dtensor_testing.py)."""
-    if any(has_empty_block(l, a.shape) for l, a in zip(layouts, arrays)):
+    lowering in turn (deterministic: cases are counted per op). Cases where an all-gather
+    could give an empty result stay on the default: under the ops lowering that kills the
+    process (known defect 1; `dtensor_testing.gathers_to_empty`)."""
+    if any(gathers_to_empty(l, a.shape) for l, a in zip(layouts, arrays)):
         return LOWERINGS[0]
     return LOWERINGS[LOG.cases[name] % len(LOWERINGS)]
 
