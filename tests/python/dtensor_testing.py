@@ -319,9 +319,9 @@ def check_op(fn: Callable, op_name: str, arrays: Sequence[np.ndarray], layouts: 
 
     Runs under each of `LOWERINGS` when the plan has a collective (a relayout of an input or
     a reduction of an output); a plan without one runs the same local ops under every
-    lowering, so the default lowering alone covers it. A case listed in
-    `OPS_LOWERING_FAILURES` must fail under the ops lowering (a strict xfail of that case).
-    Cases where an all-gather could give an empty result (`gathers_to_empty`) run under
+    lowering, so the default lowering alone covers it (a case that fails under the ops
+    lowering only is marked on its parameter: a strict xfail naming the lowering). Cases
+    where an all-gather could give an empty result (`gathers_to_empty`) run under
     the default lowering only: under the ops lowering that kills the process (known defect
     1; the strict xfails `test_ops_lowering_all_gather_of_empty_*` in
     test_dtensor_testing.py reproduce it in a subprocess, and pass once it is fixed: then
@@ -337,19 +337,13 @@ def check_op(fn: Callable, op_name: str, arrays: Sequence[np.ndarray], layouts: 
     if plan["collectives"] and not any(
             gathers_to_empty(l, a.shape) for l, a in zip(layouts, arrays)) and not (
             gathers_to_empty(expected_layout, expected.shape)):
-        known = OPS_LOWERING_FAILURES.get((op_name, case_id(layouts)))
         try:
             with collective_lowering("ops"):
                 again = run_without_fallback(traced_again(fn), *inputs)
                 assert_dtensor_equal(expected, expected_layout, again)
         except (AssertionError, tf.errors.OpError) as error:
-            if known is None:
-                raise AssertionError(f"{op_name} {case_id(layouts)} under the collective-ops "
-                                     f"lowering: {error}") from error
-            pytest.xfail(f"{op_name} {case_id(layouts)}, ops lowering: {known}")
-        if known is not None:
-            pytest.fail(f"[XPASS(strict)] {op_name} {case_id(layouts)} passes under the ops "
-                        f"lowering; remove it from OPS_LOWERING_FAILURES ({known}).")
+            raise AssertionError(f"{op_name} {case_id(layouts)} under the collective-ops "
+                                 f"lowering: {error}") from error
     return actual
 
 
@@ -367,11 +361,6 @@ def gathers_to_empty(layout: Layout, shape: Sequence[int]) -> bool:
     return any(sharded - {axis}
                for block, _ in layout.device_blocks(list(shape))
                for axis, size in enumerate(block) if size == 0)
-
-
-# (op name, case id) -> why it fails under the collective-ops lowering (cc/spmd), which the
-# default lowering passes. check_op expects these to fail, and fails when one passes.
-OPS_LOWERING_FAILURES: Dict[Tuple[str, str], str] = {}
 
 
 def random_array(shape: Sequence[int], dtype=np.float32, low: float = -2.0, high: float = 2.0,

@@ -485,6 +485,10 @@ class KnownMismatch:
     reason: str
     lowering: Optional[str] = None
     strict: bool = True
+    # The arguments the table derives from others, as its draw does (a pool's output from
+    # its input): `derive(arrays, attrs)` -> {argument name: array}. The rest are random.
+    derive: Optional[Callable[[Dict[str, np.ndarray], Dict[str, Any]],
+                              Dict[str, np.ndarray]]] = None
 
     def case(self) -> str:
         """The case as `describe` prints it."""

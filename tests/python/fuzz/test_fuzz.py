@@ -84,7 +84,10 @@ def _known_case(entry: fuzz_engine.KnownMismatch):
     mesh = next(m for m in fuzz_engine.MESHES if m.short() == entry.mesh)
     d = fuzz_engine.Drawer(None, seed=0)
     d.mesh = mesh
-    args = {arg: fuzz_engine.T(d.array(shape, dtype)) for arg, dtype, shape, _ in entry.inputs}
+    arrays = {arg: d.array(shape, dtype) for arg, dtype, shape, _ in entry.inputs}
+    if entry.derive is not None:
+        arrays.update(entry.derive(arrays, dict(entry.attrs)))
+    args = {arg: fuzz_engine.T(value) for arg, value in arrays.items()}
     layouts = [layout_of(spec, mesh) for _, _, _, spec in entry.inputs]
     return fuzz_engine.Call(args, dict(entry.attrs)), layouts, d
 
