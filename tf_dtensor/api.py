@@ -317,7 +317,8 @@ def get_default_mesh() -> Optional[Mesh]:
     return _device.default_mesh()
 
 
-def barrier(mesh: Mesh, barrier_name: Optional[str] = None, timeout_in_ms: Optional[int] = None) -> None:
+def barrier(mesh: Mesh, barrier_name: Optional[str] = None,
+            timeout_in_ms: Optional[int] = None) -> None:
     """Waits until every device of `mesh` has finished the work queued before it.
 
     Sums one value per device with an all-reduce over the whole mesh and reads the result.

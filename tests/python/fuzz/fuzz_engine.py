@@ -31,6 +31,7 @@ from tensorflow.python.framework import op_def_registry
 import tf_dtensor
 from dtensor_testing import (LOWERINGS, collective_lowering, cpus, gathers_to_empty, reassemble,
                              run_without_fallback, to_dtensor)
+from fuzz_known import KnownMismatch
 from tf_dtensor import _device as dtensor_device
 from tf_dtensor import debug, dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
@@ -469,41 +470,6 @@ def describe(name: str, call: Call, layouts: Sequence[Layout]) -> str:
     if call.composite is not None:
         attrs += f"\n  composite: {call.composite.__name__}"
     return "  " + "\n  ".join(parts) + attrs
-
-
-@dataclasses.dataclass(frozen=True)
-class KnownMismatch:
-    """One case that mismatches for a reason outside tf_dtensor's rules, named exactly: the
-    op, the mesh, each tensor argument's dtype, shape and layout, the attributes, and the
-    collective lowering (None: under each). A drawn case that matches is recorded as known,
-    not as a mismatch; with `strict`, a match that passes is a mismatch (the cause is gone:
-    remove the entry). test_fuzz.py also runs each entry's case directly."""
-    op: str
-    mesh: str                                          # short form: "mesh(x=4)"
-    inputs: Tuple[Tuple[str, str, Tuple[int, ...], str], ...]  # (arg, dtype, shape, layout)
-    attrs: Tuple[Tuple[str, Any], ...]
-    reason: str
-    lowering: Optional[str] = None
-    strict: bool = True
-    # The arguments the table derives from others, as its draw does (a pool's output from
-    # its input): `derive(arrays, attrs)` -> {argument name: array}. The rest are random.
-    derive: Optional[Callable[[Dict[str, np.ndarray], Dict[str, Any]],
-                              Dict[str, np.ndarray]]] = None
-
-    def case(self) -> str:
-        """The case as `describe` prints it."""
-        parts = [f"{arg}: {dtype}{list(shape)} {spec} @ {self.mesh}"
-                 for arg, dtype, shape, spec in self.inputs]
-        attrs = f"\n  attrs: {dict(self.attrs)}" if self.attrs else ""
-        return "  " + "\n  ".join(parts) + attrs
-
-    def matches(self, name: str, mesh, case: str, lowering: str) -> bool:
-        return (name == self.op and mesh.short() == self.mesh and case == self.case() and
-                self.lowering in (None, lowering))
-
-    def __str__(self) -> str:
-        lowering = f", {self.lowering or 'default'} lowering" if self.lowering is not None else ""
-        return f"{self.op} on {self.mesh}{lowering}:\n{self.case()}\n  ({self.reason})"
 
 
 def case_lowering(name: str, layouts: Sequence[Layout], arrays: Sequence[np.ndarray]) -> str:

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 import fuzz_engine
 from dtensor_testing import LOWERINGS, layout_of
-from fuzz_ops import EXCLUDED, KNOWN_MISMATCHES, OPS
+from fuzz_known import KNOWN_MISMATCHES
+from fuzz_ops import EXCLUDED, OPS
 from tf_dtensor import _core
 
 LONG_RUN = bool(os.environ.get("TF_DTENSOR_FUZZ_EXAMPLES"))
