@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Tuple
 import tensorflow as tf
 
 from tf_dtensor import api, checkpoint
-from tf_dtensor import placements as _placements
+from tf_dtensor import _placement_api
+from tf_dtensor._placement_types import Replicate
 from tf_dtensor._save_restore import name_based_restore, name_based_save
 from tf_dtensor.layout import Layout
 from tf_dtensor.mesh import Mesh
@@ -229,11 +230,11 @@ def _distributed(backing: tf.Variable, mesh: Mesh, placements) -> DVariable:
     """A DVariable with `backing`'s value, name and trainability, placed on `mesh`."""
     value = backing.read_value()
     if isinstance(backing, DVariable) and backing.layout.mesh == mesh:
-        value = _placements.redistribute(value, placements, mesh)
+        value = _placement_api.redistribute(value, placements, mesh)
     else:
         if isinstance(backing, DVariable):  # from another mesh: through the whole value
             value = checkpoint.global_value(backing)
-        value = _placements.distribute_tensor(value, mesh, placements)
+        value = _placement_api.distribute_tensor(value, mesh, placements)
     return DVariable(value, trainable=backing.trainable, name=backing.name.split(":")[0])
 
 
@@ -345,7 +346,7 @@ def distribute_module(module, mesh: Mesh, partition_fn=None, input_fn=None, outp
                 partition_fn(name, sub, mesh)
         finally:
             _ROOTS.pop()
-    replicate = [_placements.Replicate()] * len(mesh.dim_names)
+    replicate = [Replicate()] * len(mesh.dim_names)
     slots = _slots(module)
     for _, variable, _ in slots:
         backing = _backing(variable)

@@ -144,13 +144,13 @@ def sharded_save(mesh: Mesh, file_prefix, tensor_names, shape_and_slices, tensor
     with ops.device(checkpoint.HOST_DEVICE):
         io_ops.save_v2(part, save_names, save_specs, save_tensors)
     if clients > 1:
-        config.barrier(mesh, "SaveV2")
+        api.barrier(mesh, "SaveV2")
     if client == 0:
         parts = [f"{prefix}_temp/part-{i:05d}-of-{clients:05d}" for i in range(clients)]
         with ops.device(checkpoint.HOST_DEVICE):
             gen_io_ops.merge_v2_checkpoints(parts, prefix, delete_old_dirs=True)
     if clients > 1:
-        config.barrier(mesh, "MergeV2Checkpoints")
+        api.barrier(mesh, "MergeV2Checkpoints")
     return None
 
 

@@ -315,3 +315,19 @@ run_on = default_mesh
 def get_default_mesh() -> Optional[Mesh]:
     """The innermost mesh set by `default_mesh`/`run_on`, or None."""
     return _device.default_mesh()
+
+
+def barrier(mesh: Mesh, barrier_name: Optional[str] = None,
+            timeout_in_ms: Optional[int] = None) -> None:
+    """Waits until every device of `mesh` has finished the work queued before it.
+
+    Sums one value per device with an all-reduce over the whole mesh and reads the result.
+    """
+    del barrier_name, timeout_in_ms
+    # One element per device: [n] sharded over every mesh dimension, via a [d0, d1, ...]
+    # tensor sharded axis by axis.
+    ones = call_with_layout(tf.ones, Layout(mesh.dim_names, mesh), shape=mesh.shape())
+    total = tf.reduce_sum(ones)
+    if int(total.numpy()) != mesh.size:
+        raise RuntimeError(f"barrier on {mesh.short()} counted {int(total.numpy())} devices, "
+                           f"expected {mesh.size}.")

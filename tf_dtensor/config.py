@@ -427,23 +427,6 @@ initialize_multi_client = initialize_accelerator_system
 shutdown_tpu_system = shutdown_accelerator_system
 
 
-def barrier(mesh: Mesh, barrier_name: Optional[str] = None, timeout_in_ms: Optional[int] = None) -> None:
-    """Waits until every device of `mesh` has finished the work queued before it.
-
-    Sums one value per device with an all-reduce over the whole mesh and reads the result.
-    """
-    del barrier_name, timeout_in_ms
-    from tf_dtensor import api  # pylint: disable=import-outside-toplevel
-    from tf_dtensor.layout import Layout  # pylint: disable=import-outside-toplevel
-    # One element per device: [n] sharded over every mesh dimension, via a [d0, d1, ...]
-    # tensor sharded axis by axis.
-    ones = api.call_with_layout(tf.ones, Layout(mesh.dim_names, mesh), shape=mesh.shape())
-    total = tf.reduce_sum(ones)
-    if int(total.numpy()) != mesh.size:
-        raise RuntimeError(f"barrier on {mesh.short()} counted {int(total.numpy())} devices, "
-                           f"expected {mesh.size}.")
-
-
 def set_collective_lowering(policy: str) -> None:
     """Chooses how collectives (all-reduce, all-gather) run, for the whole process.
 

@@ -11,6 +11,7 @@ from tf_dtensor import _block_picture, _core
 from tf_dtensor import api
 from tf_dtensor._errors import LayoutError
 from tf_dtensor.layout import UNSHARDED, Layout
+from tf_dtensor.layout import format_placements as _format_placements
 
 
 def _short_device(device: str) -> str:
@@ -113,10 +114,9 @@ def _notes(layout: Layout, shape: List[int]) -> List[str]:
 def _title(layout: Layout, shape: List[int]) -> str:
     """`[x,*] @ mesh(x=2,y=2)  shape=[4, 8]  placements=[S(0), R]` (placements when the
     layout has them)."""
-    from tf_dtensor import placements  # pylint: disable=import-outside-toplevel
     title = f"{layout.short()}  shape={shape}"
     try:
-        return f"{title}  placements={placements.format_placements(layout.placements)}"
+        return f"{title}  placements={_format_placements(layout.placements)}"
     except LayoutError:  # e.g. an axis over two mesh dims, minor first: no placements
         return title
 

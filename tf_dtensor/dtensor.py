@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from tf_dtensor.api import (call_with_layout, check_layout, copy_to_mesh, default_mesh,
-                            device_name, fetch_layout, get_default_mesh, is_dtensor, pack,
-                            relayout, relayout_like, run_on, set_strict_mode, unpack)
+from tf_dtensor.api import (barrier, call_with_layout, check_layout, copy_to_mesh,
+                            default_mesh, device_name, fetch_layout, get_default_mesh,
+                            is_dtensor, pack, relayout, relayout_like, run_on, set_strict_mode,
+                            unpack)
 from tf_dtensor._dataset import DTensorDataset
 from tf_dtensor._save_restore import (enable_save_as_bf16, name_based_restore, name_based_save,
                                       sharded_save)
 from tf_dtensor.checkpoint import DTensorCheckpoint
-from tf_dtensor.config import (barrier, client_id, create_distributed_mesh, create_mesh,
+from tf_dtensor.config import (client_id, create_distributed_mesh, create_mesh,
                                create_tpu_mesh, full_job_name, heartbeat_enabled,
                                initialize_accelerator_system, initialize_multi_client,
                                initialize_tpu_system, job_name, jobs, local_devices,

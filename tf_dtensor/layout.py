@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from tensorflow.dtensor.proto import layout_pb2
@@ -10,7 +10,8 @@ from tensorflow.dtensor.proto import layout_pb2
 import tensorflow as tf
 
 from tf_dtensor import _args, _core
-from tf_dtensor._errors import LayoutError
+from tf_dtensor._errors import LayoutError, MeshError
+from tf_dtensor._placement_types import Partial, Placement, Placements, Replicate, Shard
 from tf_dtensor.mesh import Mesh, _serialized
 
 UNSHARDED = "unsharded"
@@ -137,8 +138,7 @@ class Layout:
           >>> Layout.from_placements(mesh2x2, [Shard(0), Replicate()], 2).short()
           '[x,*] @ mesh(x=2,y=2)'
         """
-        from tf_dtensor import placements as _placements  # pylint: disable=import-outside-toplevel
-        return _placements._layout_for(mesh, placements, rank)  # pylint: disable=protected-access
+        return _layout_for(mesh, placements, rank)
 
     @property
     def placements(self) -> tuple:
@@ -152,8 +152,7 @@ class Layout:
           >>> Layout([UNSHARDED, "x"], mesh2x2).placements
           (Shard(dim=1), Replicate())
         """
-        from tf_dtensor import placements as _placements  # pylint: disable=import-outside-toplevel
-        return _placements._placements_of_layout(self)  # pylint: disable=protected-access
+        return _placements_of_layout(self)
 
     @staticmethod
     def from_single_device_mesh(mesh: Mesh) -> "Layout":
@@ -400,3 +399,114 @@ class Layout:
             return (f"Layout(sharding_specs={self.sharding_specs}, mesh={self.mesh!r}, "
                     f"partial={self.partial!r})")
         return f"Layout(sharding_specs={self.sharding_specs}, mesh={self.mesh!r})"
+
+
+# ---------------------------------------------------------------------------------------
+# Placements (PyTorch's per-mesh-dimension description) <-> Layout (per tensor axis).
+# Python only converts; the layout checks stay in C++. Errors show layouts as placements:
+# `[S(0), R] @ mesh(x=2,y=2)`.
+# ---------------------------------------------------------------------------------------
+
+# The separator of the mesh dims that shard one tensor axis together, major first.
+MULTI_DIM_SEPARATOR = "+"
+
+
+def format_placements(placements: Placements, mesh: Optional[Mesh] = None) -> str:
+    """`[S(0), R] @ mesh(x=2,y=2)`: the short form used in messages.
+
+    Example:
+      >>> format_placements([Shard(0), Replicate()])
+      '[S(0), R]'
+    """
+    text = "[" + ", ".join(str(p) for p in placements) + "]"
+    return f"{text} @ {mesh.short()}" if mesh is not None else text
+
+
+def _placement_list(placements: Any, mesh: Mesh, function: str) -> Tuple[Placement, ...]:
+    """The placements as a tuple, one per mesh dim (a conversion check, not a layout one)."""
+    if isinstance(placements, Placement):
+        placements = [placements]
+    try:
+        items = tuple(placements)
+    except TypeError:
+        raise TypeError(f"`{function}` takes `placements`, a list with one Shard(dim), "
+                        f"Replicate() or Partial() per mesh dimension; got {placements!r}."
+                        ) from None
+    for item in items:
+        if not isinstance(item, Placement):
+            raise TypeError(f"`{function}`: {item!r} in `placements` is not a placement; use "
+                            f"Shard(dim), Replicate() or Partial(reduce_op).")
+    if len(items) != len(mesh.dim_names):
+        raise LayoutError(
+            f"`{function}`: {format_placements(items)} has {len(items)} placement(s) but "
+            f"{mesh.short()} has {len(mesh.dim_names)} dimension(s); give one placement per "
+            f"mesh dimension (Replicate() for a dimension that does not cut the tensor).")
+    return items
+
+
+def _layout_for(mesh: Mesh, placements: Placements, rank: int,
+                function: str = "Layout.from_placements") -> Layout:
+    """The layout of a rank-`rank` tensor placed as `placements` on `mesh`.
+
+    Shared by every placements entry point (and by `distribute_module`-style helpers):
+    errors name `function` and show the placements.
+    """
+    if not isinstance(mesh, Mesh):
+        raise MeshError(f"`{function}` takes a `Mesh` as `mesh`; got {type(mesh).__name__}. "
+                        f"Build one with `init_device_mesh` or `dtensor.create_mesh`.")
+    items = _placement_list(placements, mesh, function)
+    rank = _rank(rank, f"`{function}`")
+    axes: List[List[str]] = [[] for _ in range(rank)]
+    partial = {}
+    for name, placement in zip(mesh.dim_names, items):
+        if isinstance(placement, Shard):
+            if not -rank <= placement.dim < rank:
+                raise LayoutError(
+                    f"`{function}`: {placement} on mesh dimension `{name}` of "
+                    f"{format_placements(items, mesh)} names axis {placement.dim}, but the "
+                    f"tensor has rank {rank}; use an axis in [{-rank}, {rank}).")
+            axes[placement.dim % rank].append(name)
+        elif isinstance(placement, Partial):
+            partial[name] = placement.reduce_op
+    specs = [MULTI_DIM_SEPARATOR.join(names) if names else UNSHARDED for names in axes]
+    try:
+        return Layout(specs, mesh, partial=partial or None)
+    except LayoutError as error:
+        raise LayoutError(f"`{function}`: {format_placements(items, mesh)} for a rank-{rank} "
+                          f"tensor is not a valid layout: {error.message}") from error
+
+
+def _placements_of_layout(layout: Layout) -> Tuple[Placement, ...]:
+    """The placements of `layout`, one per mesh dimension (see `Layout.placements`)."""
+    if layout.type != LayoutType.STATIC:
+        raise LayoutError(
+            f"Layout.placements: {layout.short()} is a {layout.type.name.lower()} layout; only "
+            f"static layouts (one spec per axis on a mesh) have placements. Relayout the "
+            f"tensor to a static layout first.")
+    mesh = layout.mesh
+    position = {name: i for i, name in enumerate(mesh.dim_names)}
+    found = {}
+    for axis, spec in enumerate(layout.sharding_specs):
+        if spec == UNSHARDED:
+            continue
+        names = spec.split(MULTI_DIM_SEPARATOR)
+        order = [position[n] for n in names]
+        if order != sorted(order):
+            raise LayoutError(
+                f"Layout.placements: {layout.short()} shards axis {axis} over "
+                f"{' then '.join(f'`{n}`' for n in names)}, minor mesh dimension first; "
+                f"placements always make the earlier mesh dimension the major one, so this "
+                f"layout has no placements. Use the spec "
+                f"{MULTI_DIM_SEPARATOR.join(sorted(names, key=position.get))!r} instead.")
+        for name in names:
+            found[name] = Shard(axis)
+    partial = layout.partial
+    out = []
+    for name in mesh.dim_names:
+        if name in found:
+            out.append(found[name])
+        elif name in partial:
+            out.append(Partial(partial[name]))
+        else:
+            out.append(Replicate())
+    return tuple(out)

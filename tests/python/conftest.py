@@ -25,6 +25,7 @@ _configure_virtual_cpus()
 
 # Imported after the CPU split: the meshes below name CPU:0..CPU:7.
 import dtensor_testing  # noqa: E402
+from tf_dtensor import _device as dtensor_device  # noqa: E402
 from tf_dtensor import dtensor  # noqa: E402
 
 
@@ -44,6 +45,18 @@ def mesh_2x2():
 def mesh_8():
     """`x=8` over CPU:0..CPU:7."""
     return dtensor_testing.MESH_8
+
+
+@pytest.fixture
+def lenient_mode():
+    """Strict mode off for one test (ops without rule run replicated), whatever
+    TF_DTENSOR_STRICT says; the previous mode is restored."""
+    previous = dtensor_device.get().strict
+    dtensor.set_strict_mode(False)
+    try:
+        yield
+    finally:
+        dtensor.set_strict_mode(previous)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from dtensor_testing import (MESH_2X2, assert_dtensor_equal, assert_values_equal, cpus,
-                             random_array)
+                             random_array, run_python)
 import tf_dtensor
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
@@ -116,8 +116,41 @@ def test_axis_sharded_over_two_mesh_dims():
         Layout(["y+x", U], MESH_2X2).placements
 
 
+# Run with the package's __init__ skipped (it imports every facade): what the modules
+# themselves load. The values and their conversion to layouts need nothing above `layout`.
+_IMPORTS_OF_THE_VALUES = """
+import importlib.util, sys, types
+import numpy as np
+import tensorflow  # tf_dtensor._core needs TensorFlow's libraries loaded first
+spec = importlib.util.find_spec("tf_dtensor")
+package = types.ModuleType("tf_dtensor")
+package.__path__ = list(spec.submodule_search_locations)
+sys.modules["tf_dtensor"] = package
+loaded = lambda: sorted(m for m in sys.modules if m.startswith("tf_dtensor."))
+from tf_dtensor._placement_types import Replicate, Shard
+print(loaded())
+from tf_dtensor.layout import Layout
+from tf_dtensor.mesh import Mesh
+mesh = Mesh(["x", "y"], np.arange(4).reshape(2, 2), [0, 1, 2, 3],
+            [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4)])
+layout = Layout.from_placements(mesh, [Shard(1), Replicate()], 2)
+assert layout.placements == (Shard(1), Replicate()), layout.placements
+print(loaded())
+"""
+
+
+def test_placement_values_and_conversions_load_no_runtime_module():
+    result = run_python(_IMPORTS_OF_THE_VALUES)
+    assert result.returncode == 0, result.stderr[-3000:]
+    values, conversions = result.stdout.strip().splitlines()[-2:]
+    assert values == "['tf_dtensor._placement_types']"
+    assert conversions == str(sorted([
+        "tf_dtensor._args", "tf_dtensor._core", "tf_dtensor._errors",
+        "tf_dtensor._placement_types", "tf_dtensor.layout", "tf_dtensor.mesh"]))
+
+
 def test_multi_dim_conversions_on_the_second_axis():
-    layout = tf_dtensor.placements._layout_for(MESH_2X2, [Shard(1), Shard(1)], 2)
+    layout = Layout.from_placements(MESH_2X2, [Shard(1), Shard(1)], 2)
     assert layout.sharding_specs == [U, "x+y"]
     assert layout.placements == (Shard(1), Shard(1))
     with pytest.raises(tf_dtensor.LayoutError,

@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, assert_values_equal,
-                             check_op, cpus, layouts_for, random_array, reassemble, spec_id,
-                             to_dtensor)
+                             check_op, collective_lowering, cpus, layout_of, layouts_for,
+                             random_array, reassemble, spec_id, to_dtensor)
 import tf_dtensor
 from tf_dtensor import debug, dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
@@ -110,8 +110,26 @@ def test_pack_uneven_blocks_and_global_shape():
 
 def test_pack_rejects_blocks_the_geometry_does_not_give():
     parts = [tf.constant([1.0]), tf.constant([2.0, 3.0]), tf.constant([4.0]), tf.constant([5.0])]
-    with pytest.raises(Exception, match=r"pack component 0 has shape \[1\].*block of shape \[2\]"):
+    with pytest.raises(tf_dtensor.PackError,
+                       match=r"pack component 0 has shape \[1\].*block of shape \[2\]"):
         dtensor.pack(parts, Layout(["x"], MESH_4))
+
+
+@pytest.mark.parametrize("lowering", [
+    pytest.param("", id="default"),
+    pytest.param("ops", id="ops", marks=pytest.mark.xfail(
+        strict=True, raises=tf_dtensor.RelayoutError,
+        reason="relayout [x,y,*] -> [y,*,x] of a [2, 5, 4] tensor (axis 1 uneven over y), "
+               "ops lowering: 'Reshape' gets 8 values for a 12-value block (cc/spmd)")),
+])
+def test_uneven_relayout_moving_both_mesh_dims(lowering):
+    """[x,y,*] -> [y,*,x] with axis 1 cut 3, 2 by y (the fuzzer's MaxPool3DGradGrad case
+    [2,5,3,2,4] [x,y,*,*,*] -> [y,*,*,*,x] reduced to the relayout)."""
+    value = np.arange(40, dtype=np.float32).reshape(2, 5, 4)
+    target = layout_of("[y,*,x]", MESH_2X2)
+    with collective_lowering(lowering):
+        moved = dtensor.relayout(to_dtensor(value, layout_of("[x,y,*]", MESH_2X2)), target)
+    assert_dtensor_equal(value, target, moved)
 
 
 UNEVEN_SHAPE = (5, 3)

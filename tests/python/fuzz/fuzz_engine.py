@@ -29,7 +29,9 @@ import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 
 import tf_dtensor
-from dtensor_testing import cpus, reassemble, run_without_fallback, to_dtensor
+from dtensor_testing import (LOWERINGS, collective_lowering, cpus, gathers_to_empty, reassemble,
+                             run_without_fallback, to_dtensor)
+from fuzz_known import KnownMismatch
 from tf_dtensor import _device as dtensor_device
 from tf_dtensor import debug, dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
@@ -107,15 +109,17 @@ class Drawer:
 
     SIZES = (1, 2, 3, 4, 5, 6, 7, 8)
 
-    def __init__(self, data):
+    def __init__(self, data, seed: Optional[int] = None):
         self._data = data
-        self._rng = np.random.default_rng(self.int(0, 2**31 - 1))
+        self._rng = np.random.default_rng(self.int(0, 2**31 - 1) if seed is None else seed)
+        self.mesh = None   # the case's mesh, once drawn
 
     def draw(self, strategy):
         return self._data.draw(strategy)
 
     def int(self, low: int, high: int) -> int:
         from hypothesis import strategies as st
+        assert self._data is not None, "a Drawer without hypothesis data draws arrays only"
         return self._data.draw(st.integers(low, high))
 
     def bool(self) -> bool:
@@ -172,6 +176,8 @@ class Log:
         self.cases: Dict[str, int] = collections.Counter()
         self.invalid: Dict[str, int] = collections.Counter()
         self.mismatches: Dict[str, List[str]] = collections.defaultdict(list)
+        self.known: Dict[str, List[str]] = collections.defaultdict(list)   # KNOWN_MISMATCHES
+        self.lowerings: Dict[str, int] = collections.Counter()   # cases per collective lowering
         self.seconds = 0.0
 
     def summary(self) -> str:
@@ -179,10 +185,13 @@ class Log:
         total = sum(self.cases.values())
         bad = sum(len(v) for v in self.mismatches.values())
         rate = total / self.seconds if self.seconds else 0.0
-        lines = [f"tf_dtensor fuzz: {total} cases over {len(ops)} ops, {bad} mismatches, "
-                 f"{self.seconds:.0f} s ({rate:.1f} cases/s)"]
+        lowerings = ", ".join(f"{n} {k}" for k, n in sorted(self.lowerings.items()))
+        lines = [f"tf_dtensor fuzz: {total} cases over {len(ops)} ops ({lowerings} lowering), "
+                 f"{bad} mismatches, {self.seconds:.0f} s ({rate:.1f} cases/s)"]
         for op in ops:
             extra = f", {len(self.mismatches[op])} MISMATCHES" if self.mismatches[op] else ""
+            if self.known[op]:
+                extra += f", {len(self.known[op])} known mismatches"
             invalid = f", {self.invalid[op]} refused by TF" if self.invalid[op] else ""
             lines.append(f"  {op:40s} {self.cases[op]:6d}{invalid}{extra}")
         for op in ops:
@@ -427,10 +436,12 @@ def outputs_and_gradients(name: str, call: Call, grad: bool, tensors: Sequence[t
     return outputs, [tf.convert_to_tensor(g) for g in gradients]
 
 
-def _function_for(name: str, call: Call, grad: bool, num_tensors: int) -> Callable:
-    """One tf.function per op call (attributes and host arguments); TensorFlow caches its
-    traces per input shapes and dtypes."""
-    key = (name, _freeze(call.args), _freeze(call.attrs), grad, call.composite)
+def _function_for(name: str, call: Call, grad: bool, num_tensors: int,
+                  lowering: str) -> Callable:
+    """One tf.function per op call (attributes and host arguments) and collective lowering
+    (the device keeps a function's expansion per function and layouts, not per lowering);
+    TensorFlow caches its traces per input shapes and dtypes."""
+    key = (name, _freeze(call.args), _freeze(call.attrs), grad, call.composite, lowering)
     fn = _FUNCTIONS.get(key)
     if fn is None:
         fn = tf.function(lambda *t: outputs_and_gradients(name, call, grad, t[:num_tensors],
@@ -461,56 +472,89 @@ def describe(name: str, call: Call, layouts: Sequence[Layout]) -> str:
     return "  " + "\n  ".join(parts) + attrs
 
 
-def run_case(spec: OpSpec, data) -> None:
-    """Draws and checks one case of `spec`; records the outcome in `LOG`."""
+def case_lowering(name: str, layouts: Sequence[Layout], arrays: Sequence[np.ndarray]) -> str:
+    """The collective lowering case number n of `name` runs under: the default and the ops
+    lowering in turn (deterministic: cases are counted per op). Cases where an all-gather
+    could give an empty result stay on the default: under the ops lowering that kills the
+    process (known defect 1; `dtensor_testing.gathers_to_empty`)."""
+    if any(gathers_to_empty(l, a.shape) for l, a in zip(layouts, arrays)):
+        return LOWERINGS[0]
+    return LOWERINGS[LOG.cases[name] % len(LOWERINGS)]
+
+
+class _Invalid(Exception):
+    """TensorFlow refuses the drawn case on one plain device: not a case to compare."""
+
+
+def check_case(spec: OpSpec, call: Call, layouts: Sequence[Layout], d: Drawer,
+               lowering: str) -> None:
+    """Runs one case against one plain device under collective lowering `lowering`; raises
+    on a mismatch and `_Invalid` when TensorFlow refuses the case. `d` draws the upstream
+    gradients (and a creation op's requested layout)."""
+    name = spec.name
+    inputs = flat_inputs(name, call)
+    arrays = [x.value for x in inputs if isinstance(x, T)]
+    grad = spec.grad and call.grad and any(_differentiable(a.dtype) for a in arrays)
+    plain = [tf.constant(a) for a in arrays]
+    try:
+        expected_outputs = [o.numpy() for o in invoke(name, call, plain)]
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
+            tf.errors.NotFoundError, ValueError, TypeError) as error:
+        raise _Invalid() from error   # the table drew something TensorFlow refuses
+    # The reference gradient: a failure here is the table's mistake, not a mismatch.
+    upstream = [d.array(o.shape, o.dtype) for o in expected_outputs
+                if _differentiable(o.dtype)] if grad else []
+    try:
+        _, expected_grads = outputs_and_gradients(name, call, grad, plain,
+                                                  [tf.constant(u) for u in upstream])
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
+        raise _Invalid() from error   # TensorFlow has no gradient kernel for this case
+    expected_grads = [g.numpy() for g in expected_grads]
+    with collective_lowering(lowering):
+        if spec.creation:
+            _check_creation(d, spec, call, d.mesh, expected_outputs)
+        else:
+            _check(spec, call, inputs, arrays, layouts, upstream, expected_outputs,
+                   expected_grads, lowering)
+
+
+def run_case(spec: OpSpec, data, known: Sequence[KnownMismatch] = ()) -> None:
+    """Draws and checks one case of `spec`; records the outcome in `LOG`. A case in `known`
+    that mismatches is recorded as known; a strict one that passes, as a mismatch."""
     d = Drawer(data)
-    mesh = d.choice(MESHES)
+    mesh = d.mesh = d.choice(MESHES)
     call = spec.draw(d)
     name = spec.name
     if call.composite is not None:
         call.args = {f"arg{i}": x for i, x in enumerate(call.args)}
     elif not isinstance(call.args, dict):
         call.args = dict(zip((a.name for a in _op_def(name).input_arg), call.args))
-    inputs = flat_inputs(name, call)
-    tensor_args = [x for x in inputs if isinstance(x, T)]
+    tensor_args = [x for x in flat_inputs(name, call) if isinstance(x, T)]
     arrays = [x.value for x in tensor_args]
     layouts = [draw_layout(d, mesh, x.value, x.partial, x.sharded, x.nonempty)
                for x in tensor_args]
-    grad = spec.grad and call.grad and any(_differentiable(a.dtype) for a in arrays)
+    lowering = case_lowering(name, layouts, arrays)
+    case = describe(name, call, layouts)
     if VERBOSE:   # a case that crashes the process is the last one printed
-        print(f"case {name} on {mesh.short()}\n{describe(name, call, layouts)}", flush=True)
+        print(f"case {name} on {mesh.short()}, lowering {lowering or 'default'}\n{case}",
+              flush=True)
+    entry = next((k for k in known if k.matches(name, mesh, case, lowering)), None)
     start = time.perf_counter()
     LOG.cases[name] += 1
+    LOG.lowerings[lowering or "default"] += 1
+    text = f"mesh {mesh.short()}, {lowering or 'default'} lowering\n{case}"
     try:
-        plain = [tf.constant(a) for a in arrays]
-        try:
-            expected_outputs = [o.numpy() for o in invoke(name, call, plain)]
-        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
-                tf.errors.NotFoundError, ValueError, TypeError):
-            LOG.invalid[name] += 1    # the table drew something TensorFlow refuses
-            return
-        # The reference gradient: a failure here is the table's mistake, not a mismatch.
-        upstream = [d.array(o.shape, o.dtype) for o in expected_outputs
-                    if _differentiable(o.dtype)] if grad else []
-        try:
-            _, expected_grads = outputs_and_gradients(name, call, grad, plain,
-                                                      [tf.constant(u) for u in upstream])
-        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
-            LOG.invalid[name] += 1    # TensorFlow has no gradient kernel for this case
-            return
-        expected_grads = [g.numpy() for g in expected_grads]
-        try:
-            if spec.creation:
-                _check_creation(d, spec, call, mesh, expected_outputs)
-            else:
-                _check(spec, call, inputs, arrays, layouts, upstream, expected_outputs,
-                       expected_grads)
-        except Exception as error:  # noqa: BLE001 - every failure is a mismatch to report
-            text = (f"mesh {mesh.short()}\n{describe(name, call, layouts)}\n"
-                    f"{type(error).__name__}: {str(error)[:1500]}")
-            if not isinstance(error, AssertionError):
-                text += "\n" + "".join(traceback.format_tb(error.__traceback__)[-3:])
-            LOG.mismatches[name].append(text)
+        check_case(spec, call, layouts, d, lowering)
+        if entry is not None and entry.strict:
+            LOG.mismatches[name].append(f"{text}\npasses, but KNOWN_MISMATCHES expects it to "
+                                        f"fail ({entry.reason}); remove the entry.")
+    except _Invalid:
+        LOG.invalid[name] += 1
+    except Exception as error:  # noqa: BLE001 - every failure is a mismatch to report
+        text += f"\n{type(error).__name__}: {str(error)[:1500]}"
+        if not isinstance(error, AssertionError):
+            text += "\n" + "".join(traceback.format_tb(error.__traceback__)[-3:])
+        (LOG.known if entry is not None else LOG.mismatches)[name].append(text)
     finally:
         LOG.seconds += time.perf_counter() - start
 
@@ -537,7 +581,8 @@ def _claims(name: str, call: Call, inputs, layouts) -> List[Layout]:
     return plan["outputs"]
 
 
-def _check(spec, call, inputs, arrays, layouts, upstream, expected_outputs, expected_grads):
+def _check(spec, call, inputs, arrays, layouts, upstream, expected_outputs, expected_grads,
+           lowering):
     name = spec.name
     grad = bool(expected_grads)
     claims = _claims(name, call, inputs, layouts) if call.composite is None else None
@@ -567,7 +612,7 @@ def _check(spec, call, inputs, arrays, layouts, upstream, expected_outputs, expe
     weights = [to_dtensor(u, Layout.replicated(mesh, u.ndim)) for u in upstream]
     outputs, gradients = run_strict(outputs_and_gradients, name, call, grad, dtensors, weights)
     check(outputs, gradients, "eager", settle=False)
-    fn = _function_for(name, call, grad, len(dtensors))
+    fn = _function_for(name, call, grad, len(dtensors), lowering)
     outputs, gradients = run_strict(fn, *dtensors, *weights)
     check(outputs, gradients, "tf.function", settle=True)
 

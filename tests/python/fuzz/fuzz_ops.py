@@ -653,33 +653,6 @@ import fuzz_ops_math  # noqa: E402,F401 - registers the math, linear algebra, FF
 import fuzz_ops_model  # noqa: E402 - batch norm, N-d gathers/scatters, data-dependent shapes
 
 # ---------------------------------------------------------------------------------------
-# Known mismatches: the short run expects these ops to fail (non-strict xfail) until fixed;
-# the long run reports them like any other.
-# ---------------------------------------------------------------------------------------
-
-KNOWN_MISMATCHES = {
-    # TensorFlow's oneDNN Conv2D kernel, not tf_dtensor: on one plain device
-    # Conv2D(x [2,5,4,1], w [2,3,1,2], strides [1,1,2,1], VALID) returns garbage (~1e33)
-    # while each batch row alone, NumPy, and TF with TF_ENABLE_ONEDNN_OPTS=0 agree; the
-    # sharded run convolves each device's rows and is right, so the reference is what
-    # differs. Long runs set TF_ENABLE_ONEDNN_OPTS=0 (README, "Fuzzing").
-    "Conv2D": "TensorFlow's oneDNN Conv2D gives a wrong reference for some strided VALID shapes",
-    # TODO(#10): a TensorFlow bug, also without tf_dtensor: the CPU kernels forward the
-    # grad buffer to their output (same shape: SAME, stride 1) and read it while writing,
-    # so inside a tf.function, where grad is a fresh buffer, the values are wrong:
-    #   f = lambda a, b, c: tf.raw_ops.MaxPoolGradGrad(orig_input=a, orig_output=b,
-    #       grad=c * 1.5, ksize=[1,3,2,1], strides=[1,1,1,1], padding="SAME")
-    #   tf.function(f)(x, y, g) differs from f(x, y, g) by up to ~2.9 for x of [1,8,6,2]
-    # (eager inputs are held by their handles and never forwarded). tf_dtensor hits it
-    # when an input is gathered in a tf.function (grad [*,x,*,*] @ mesh(x=2)). A fix:
-    # keep the kernel from forwarding (e.g. another live reader of grad), or restrict
-    # the draws to orig_output shapes other than orig_input's.
-    "MaxPoolGradGrad": "wrong values inside tf.function with a sharded spatial axis",
-    "MaxPool3DGradGrad": "wrong values inside tf.function with a sharded spatial axis",
-}
-
-
-# ---------------------------------------------------------------------------------------
 # Not fuzzed, with the reason and where they are tested instead
 # ---------------------------------------------------------------------------------------
 

@@ -1,0 +1,169 @@
+"""tf.function control flow over DTensors (cc/graph/control_flow.cc): nested function calls
+(expanded with their arguments' layouts, and cached), If and While.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dtensor
+from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal,
+                             assert_values_equal, layout_of, random_array, reassemble,
+                             run_without_fallback, spec_params, to_dtensor)
+from function_testing import check_function, no_relayout, num_expanded
+from tf_dtensor import dtensor
+from tf_dtensor.dtensor import Layout
+
+# Shared by the sections below.
+_A = random_array((8, 8), seed=1)
+_B = random_array((8, 4), seed=2)
+
+
+# ---------------------------------------------------------------------------------------
+# Nested functions and control flow
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layouts", spec_params(MESH_1D, ("[x,*]", "[*,*]"),
+                                                ("[*,x]", "[x,*]"))
+                         + spec_params(MESH_2X2, ("[x,y]", "[y,*]"))
+                         + spec_params(MESH_8, ("[x,*]", "[*,*]")))
+def test_nested_functions(layouts):
+    @tf.function
+    def dense(a, w):
+        return tf.nn.relu(tf.matmul(a, w))
+
+    @tf.function
+    def scale(a):
+        return a * 0.5 + tf.reduce_mean(a)
+
+    def outer(a, w):
+        h = dense(a, w)
+        return scale(h), dense(a * 2.0, w), tf.reduce_sum(scale(a), axis=0)
+
+    check_function(outer, [_A, _B], layouts)
+
+
+def test_nested_function_called_with_two_layouts(mesh_2x2):
+    @tf.function
+    def inner(a):
+        return tf.reduce_sum(a * a, axis=1)
+
+    def outer(a, relayout=dtensor.relayout):
+        return inner(a), inner(relayout(a, layout_of("[*,y]", mesh_2x2)))
+
+    check_function(outer, [_A], [layout_of("[x,y]", mesh_2x2)],
+                   reference=lambda a: outer(a, relayout=no_relayout))
+
+
+def test_three_levels_of_nesting_with_gradient(mesh_1d):
+    @tf.function
+    def level3(a, w):
+        return tf.matmul(a, w)
+
+    @tf.function
+    def level2(a, w):
+        return tf.tanh(level3(a, w))
+
+    def level1(a, w):
+        with tf.GradientTape() as tape:
+            tape.watch(w)
+            loss = tf.reduce_sum(level2(a, w))
+        return loss, tape.gradient(loss, w)
+
+    check_function(level1, [_A, _B], [layout_of("[x,*]", mesh_1d), layout_of("[*,*]", mesh_1d)])
+
+
+def test_nested_expansion_is_cached(mesh_1d):
+    inner = tf.function(lambda a: a + 1.0)
+    outer = tf.function(lambda a: inner(a) * 2.0)
+    x = to_dtensor(_A, layout_of("[x,*]", mesh_1d))
+    before = num_expanded()
+    assert_dtensor_equal((_A + 1) * 2, layout_of("[x,*]", mesh_1d), outer(x))
+    after_first = num_expanded()
+    assert after_first > before
+    outer(x)
+    assert num_expanded() == after_first
+
+
+_PRED_CASES = [pytest.param(1.0, id="true"), pytest.param(-1.0, id="false")]
+
+
+def _cond_program(a, p):
+    return tf.cond(p > 0, lambda: tf.matmul(a, a) * 2.0, lambda: a - 1.0)
+
+
+def _while_program(a):
+    i = tf.constant(0)
+    _, result = tf.while_loop(lambda i, r: i < 3, lambda i, r: (i + 1, r * 0.5 + a), (i, a))
+    return result
+
+
+@pytest.mark.parametrize("pred", _PRED_CASES)
+def test_cond_values(pred, mesh_1d, lenient_mode):
+    layout = layout_of("[x,*]", mesh_1d)
+    expected = tf.function(_cond_program)(tf.constant(_A), tf.constant(pred))
+    for p in (tf.constant(pred), to_dtensor(np.float32(pred), Layout.replicated(mesh_1d, 0))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tf_dtensor.UnsupportedOpWarning)
+            got = tf.function(_cond_program)(to_dtensor(_A, layout), p)
+        assert dtensor.is_dtensor(got)
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        assert_values_equal(expected.numpy(), reassemble(got))
+
+
+@pytest.mark.parametrize("pred", _PRED_CASES)
+def test_cond_keeps_the_branch_layout(pred, mesh_1d, lenient_mode):
+    layout = layout_of("[x,*]", mesh_1d)
+    x = to_dtensor(_A, layout)
+    branch = tf.matmul(x, x) * 2.0 if pred > 0 else x - 1.0
+    got = run_without_fallback(tf.function(_cond_program), x,
+                               to_dtensor(np.float32(pred), Layout.replicated(mesh_1d, 0)))
+    assert dtensor.fetch_layout(got) == dtensor.fetch_layout(branch)
+
+
+def test_while_loop_values(mesh_2x2, lenient_mode):
+    layout = layout_of("[x,y]", mesh_2x2)
+    expected = tf.function(_while_program)(tf.constant(_A))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tf_dtensor.UnsupportedOpWarning)
+        got = tf.function(_while_program)(to_dtensor(_A, layout))
+    assert dtensor.is_dtensor(got)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    assert_values_equal(expected.numpy(), reassemble(got))
+
+
+def test_while_loop_keeps_the_layout(mesh_2x2, lenient_mode):
+    layout = layout_of("[x,y]", mesh_2x2)
+    got = run_without_fallback(tf.function(_while_program), to_dtensor(_A, layout))
+    assert dtensor.fetch_layout(got) == layout  # r * 0.5 + a keeps a's layout eagerly
+
+
+def test_training_loop_over_tf_range_updates_sharded_dvariable(mesh_1d):
+    layout = layout_of("[x,*]", mesh_1d)
+    v = dtensor.DVariable(to_dtensor(_A, layout))
+
+    @tf.function
+    def loop(n):
+        for i in tf.range(n):
+            v.assign_add(tf.ones_like(v) * tf.cast(i, tf.float32))
+        return v.read_value()
+
+    assert_dtensor_equal(_A + 3.0, layout, loop(tf.constant(3)))
+
+
+def test_cond_updating_sharded_dvariable(mesh_1d):
+    layout = layout_of("[x,*]", mesh_1d)
+    v = dtensor.DVariable(to_dtensor(_A, layout))
+
+    @tf.function
+    def maybe_double(p):
+        if p > 0:
+            v.assign(v * 2.0)
+        return v.read_value()
+
+    assert_dtensor_equal(_A * 2, layout, maybe_double(tf.constant(1.0)))
+    assert_dtensor_equal(_A * 2, layout, maybe_double(tf.constant(-1.0)))

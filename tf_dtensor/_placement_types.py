@@ -1,0 +1,90 @@
+"""The placement values: `Shard(dim)`, `Replicate()`, `Partial(reduce_op)`.
+
+PyTorch's DTensor describes a layout per *mesh* dimension with these; `Layout` converts them
+(`Layout.from_placements`, `Layout.placements`) and `tf_dtensor.placements` offers PyTorch's
+functions over them. They are plain values at the bottom of the package, so code that only
+needs a `Shard` loads nothing of the runtime above `layout`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+class Placement:
+    """How a tensor is placed along one mesh dimension (base of the three placements)."""
+
+    def is_shard(self, dim: Optional[int] = None) -> bool:
+        return False
+
+    def is_replicate(self) -> bool:
+        return False
+
+    def is_partial(self) -> bool:
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard(Placement):
+    """The mesh dimension cuts tensor axis `dim` (negative counts from the end) like
+    `torch.chunk`: ceil(n / k)-sized blocks, the last ones smaller or empty.
+
+    Example:
+      >>> str(Shard(0)), Shard(0) == Shard(0)
+      ('S(0)', True)
+    """
+
+    dim: int
+
+    def __post_init__(self):
+        if isinstance(self.dim, bool) or not isinstance(self.dim, (int, np.integer)):
+            raise TypeError(f"Shard(dim) takes a tensor axis (an int); got {self.dim!r}.")
+        object.__setattr__(self, "dim", int(self.dim))
+
+    def is_shard(self, dim: Optional[int] = None) -> bool:
+        return dim is None or dim == self.dim
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Replicate(Placement):
+    """Every device along the mesh dimension holds the same data.
+
+    Example:
+      >>> str(Replicate())
+      'R'
+    """
+
+    def is_replicate(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclasses.dataclass(frozen=True)
+class Partial(Placement):
+    """The devices along the mesh dimension hold terms whose reduction (`"sum"`, `"mean"`,
+    `"max"`, `"min"`) is the value; the reduction happens when a later op or a
+    `redistribute` needs it. The C++ layout checks `reduce_op`.
+
+    Example:
+      >>> str(Partial()), str(Partial("max"))
+      ('P(sum)', 'P(max)')
+    """
+
+    reduce_op: str = "sum"
+
+    def is_partial(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return f"P({self.reduce_op})"
+
+
+Placements = Sequence[Placement]
