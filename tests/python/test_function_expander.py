@@ -1,5 +1,5 @@
 """tf.function over DTensors: one SPMD multi-device function per call
-(cc/graph/function_expander.cc, graph_builder.cc): forward programs, the expansion cache,
+(cc/graph/function_expansion.cc, graph_builder.cc): forward programs, the expansion cache,
 gradients and the errors raised while tracing or expanding.
 
 Every sharded result is compared with the same tf.function run on plain tensors on one
