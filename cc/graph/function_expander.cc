@@ -15,6 +15,7 @@
 #include "cc/propagation/propagate.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/collectives.h"
+#include "cc/spmd/lowering.h"
 #include "cc/spmd/relayout.h"
 
 namespace tensorflow {
@@ -612,8 +613,10 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncach
     TFE_Context* context, const std::string& function, const Mesh& mesh,
     const std::vector<ValueMeta>& inputs, const OutputRequest& request,
     const FallbackPolicy& policy, int depth) {
+  // An expansion holds the collective lowering it was made under.
   std::string key = function + "#" + mesh.ToString() + "#" + request.Key() +
-                    (policy.strict ? "#strict" : "");
+                    (policy.strict ? "#strict" : "") + "#lowering" +
+                    std::to_string(CollectiveLoweringGeneration());
   for (const ValueMeta& m : inputs) key += "#" + MetaKey(m);
   std::string name;
   {
