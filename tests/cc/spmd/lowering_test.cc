@@ -41,8 +41,6 @@ TEST(CollectiveLowering, ForcingOpsChangesTheCachedChoiceAndTheLeaders) {
   EXPECT_FALSE(CollectiveLowering::For(mesh).shares_buffers());
   // Without shared buffers every device computes its own block.
   EXPECT_EQ(LocalLeaders(mesh, {0}), (std::vector<int>{0, 1, 2, 3}));
-  // A single-device mesh has nothing to lower and keeps "auto"'s choice.
-  EXPECT_EQ(CollectiveLowering::For(MakeMesh({{"x", 1}})).name(), "shared");
   ASSERT_OK(SetCollectiveLoweringPolicy("auto"));
   EXPECT_EQ(CollectiveLowering::For(mesh).name(), "shared");
   EXPECT_EQ(LocalLeaders(mesh, {0}), (std::vector<int>{0, 0, 2, 2}));
