@@ -168,7 +168,7 @@ std::optional<std::vector<int64_t>> EagerBuilder::LocalShapeOf(TFE_TensorHandle*
 
 StatusOr<TFE_TensorHandle*> EagerBuilder::Share(TFE_TensorHandle* leader_handle, int device) {
   TFE_TensorHandle* out;
-  if (mesh_.shares_host_memory()) {
+  if (lowering().shares_buffers()) {
     out = TFE_TensorHandleCopySharingTensor(leader_handle, status_);
   } else {
     out = TFE_TensorHandleCopyToDevice(leader_handle, context_,

@@ -4,6 +4,7 @@
 
 #include "cc/graph/function_expansion.h"
 #include "cc/spmd/collectives.h"
+#include "cc/spmd/lowering.h"
 
 namespace tf_dtensor {
 namespace {
@@ -44,12 +45,13 @@ bool OutputRequest::operator==(const OutputRequest& other) const {
 
 bool FunctionKey::operator==(const FunctionKey& other) const {
   return function == other.function && mesh == other.mesh && strict == other.strict &&
-         inputs == other.inputs && request == other.request;
+         lowering_generation == other.lowering_generation && inputs == other.inputs &&
+         request == other.request;
 }
 
 size_t FunctionKey::Hash::operator()(const FunctionKey& key) const {
   size_t h = Mix(std::hash<std::string>()(key.function), key.mesh.Hash());
-  h = Mix(h, key.strict);
+  h = Mix(Mix(h, key.strict), key.lowering_generation);
   for (const ValueMeta& m : key.inputs) {
     h = Mix(Mix(Mix(h, HashOf(m.layout)), HashOf(m.shape)), static_cast<size_t>(m.dtype));
     if (m.resource) {
@@ -66,7 +68,8 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
     TFE_Context* context, const std::string& function, const Mesh& mesh,
     const std::vector<ValueMeta>& inputs, const OutputRequest& request,
     const FallbackPolicy& policy, int depth) {
-  FunctionKey key{function, mesh, inputs, request, policy.strict};
+  // An expansion holds the collective lowering it was made under.
+  FunctionKey key{function, mesh, inputs, request, policy.strict, CollectiveLoweringGeneration()};
   std::string name;
   {
     std::lock_guard<std::mutex> lock(mutex_);

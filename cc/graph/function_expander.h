@@ -89,6 +89,8 @@ struct FunctionKey {
   std::vector<ValueMeta> inputs;
   OutputRequest request;
   bool strict = false;
+  // CollectiveLoweringGeneration() when expanded: a policy change starts the cache over.
+  uint64_t lowering_generation = 0;
   bool operator==(const FunctionKey& other) const;
   struct Hash {
     size_t operator()(const FunctionKey& key) const;

@@ -27,8 +27,8 @@ bool DropsAttr(const std::string& name) {
 GraphBuilder::GraphBuilder(TF_Graph* graph, Mesh mesh)
     : ComponentBuilder(std::move(mesh)),
       graph_(graph),
-      host_device_(mesh_.shares_host_memory() ? mesh_.local_devices()[0]
-                                              : HostDeviceOf(mesh_.local_devices()[0])),
+      host_device_(lowering().shares_buffers() ? mesh_.local_devices()[0]
+                                               : HostDeviceOf(mesh_.local_devices()[0])),
       status_(TF_NewStatus()) {}
 
 GraphBuilder::~GraphBuilder() { TF_DeleteStatus(status_); }
@@ -222,7 +222,7 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
 }
 
 StatusOr<TF_Output> GraphBuilder::Share(TF_Output leader_output, int device) {
-  if (mesh_.shares_host_memory()) return leader_output;
+  if (lowering().shares_buffers()) return leader_output;
   LocalOpOptions options;
   options.copy_attrs = false;
   TFD_ASSIGN_OR_RETURN(TF_Operation * op,

@@ -13,7 +13,7 @@
 #include "cc/eager/tensor_with_layout.h"
 #include "cc/propagation/propagate.h"
 #include "cc/rules/registry.h"
-#include "cc/spmd/collectives.h"
+#include "cc/spmd/lowering.h"
 
 namespace py = pybind11;
 

@@ -12,6 +12,7 @@
 #include "cc/rules/merge.h"
 #include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
+#include "cc/spmd/lowering.h"
 
 namespace tf_dtensor {
 namespace {
@@ -62,15 +63,15 @@ class MatmulRule : public FactorRule {
         }) {}
 
  protected:
-  // On devices that share host memory an all-gather is one concatenation whose result
-  // every device shares, while an all-reduce reads every partial product. When the
+  // Where the mesh's lowering shares buffers an all-gather is one concatenation whose
+  // result every device shares, while an all-reduce reads every partial product. When the
   // product is larger than its operands (a weight gradient x^T @ dy under a sharded
   // batch: [*,x] @ [x,*]), gathering the operands and multiplying once is cheaper:
   //   [*,x] @ [x,*] -> gather k -> [*,*] @ [*,*] -> [*,*]   (no partial, no all-reduce)
   void AdjustForward(const OpContext& ctx, const FactorSpec& spec,
                      FactorAssignment& assignment) const override {
     const int k = static_cast<int>(spec.factors.size()) - 1;
-    if (!assignment[k].sharded() || !ctx.mesh.shares_host_memory()) return;
+    if (!assignment[k].sharded() || !CollectiveLowering::For(ctx.mesh).shares_buffers()) return;
     const std::vector<int64_t> sizes = FactorSizes(ctx, spec);
     int64_t product = 1;
     for (int f : spec.outputs[0]) product *= sizes[f];

@@ -2,6 +2,8 @@
 
 #include <functional>
 
+#include "cc/spmd/lowering.h"
+
 namespace tf_dtensor {
 namespace {
 
@@ -75,6 +77,7 @@ PlanCache::Entry* PlanCache::FindLocked(const Rule* rule, const OpContext& ctx) 
 
 std::shared_ptr<const Plan> PlanCache::Find(const Rule* rule, const OpContext& ctx) {
   std::lock_guard<std::mutex> lock(mutex_);
+  DropIfStaleLocked();
   const Entry* e = FindLocked(rule, ctx);
   return e ? e->plan : nullptr;
 }
@@ -82,6 +85,7 @@ std::shared_ptr<const Plan> PlanCache::Find(const Rule* rule, const OpContext& c
 void PlanCache::SetLocalOnly(const Rule* rule, const OpContext& ctx,
                              std::shared_ptr<const LocalOnlyRun> run) {
   std::lock_guard<std::mutex> lock(mutex_);
+  DropIfStaleLocked();
   if (Entry* e = FindLocked(rule, ctx)) e->local_only = std::move(run);
 }
 
@@ -93,6 +97,7 @@ std::shared_ptr<const LocalOnlyRun> PlanCache::FindLocalOnly(const Rule* rule,
   size_t h = HashOp(rule, op_name, mesh, num_outputs, /*keep_partial=*/false);
   for (const InputView& in : inputs) h = MixInput(h, in.layout, in.dtype, *in.shape, in.int_value);
   std::lock_guard<std::mutex> lock(mutex_);
+  DropIfStaleLocked();
   auto it = entries_.find(h);
   if (it == entries_.end()) return nullptr;
   for (const Entry& e : it->second) {
@@ -121,6 +126,7 @@ void PlanCache::Insert(const Rule* rule, const OpContext& ctx, std::shared_ptr<c
   if (e.uses_attrs) e.attrs = ctx.attrs->Bytes();
   const size_t h = Hash(rule, ctx);
   std::lock_guard<std::mutex> lock(mutex_);
+  DropIfStaleLocked();
   // A full cache starts over: plans are cheap to remake, and a program's working set of
   // (op, layouts, shapes) is far smaller than the bound.
   if (count_ >= kMaxEntries) {
@@ -129,6 +135,14 @@ void PlanCache::Insert(const Rule* rule, const OpContext& ctx, std::shared_ptr<c
   }
   entries_[h].push_back(std::move(e));
   ++count_;
+}
+
+void PlanCache::DropIfStaleLocked() {
+  const uint64_t now = CollectiveLoweringGeneration();
+  if (generation_ == now) return;
+  entries_.clear();
+  count_ = 0;
+  generation_ = now;
 }
 
 size_t PlanCache::size() const {

@@ -69,10 +69,14 @@ class PlanCache {
   };
   static size_t Hash(const Rule* rule, const OpContext& ctx);
   Entry* FindLocked(const Rule* rule, const OpContext& ctx);
+  // Plans depend on the collective lowering (a rule's cost choice, the leaders of a
+  // local-only run): a change of the lowering policy starts the cache over.
+  void DropIfStaleLocked();
 
   mutable std::mutex mutex_;
   std::unordered_map<size_t, std::vector<Entry>> entries_;
   size_t count_ = 0;
+  uint64_t generation_ = 0;  // CollectiveLoweringGeneration() the entries were made under
 };
 
 }  // namespace tf_dtensor

@@ -2,29 +2,15 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
 #include <unordered_map>
 
+#include "cc/spmd/lowering.h"
+
 namespace tf_dtensor {
 namespace {
-
-std::mutex& PolicyMutex() {
-  static std::mutex mutex;
-  return mutex;
-}
-
-std::string& Policy() {
-  static std::string policy = [] {
-    const char* env = std::getenv("TF_DTENSOR_COLLECTIVES");
-    return std::string(env ? env : "auto");
-  }();
-  return policy;
-}
-
-std::atomic<bool> multi_client{false};
 
 uint64_t DimsMask(const std::vector<int>& dims) {
   uint64_t mask = 0;
@@ -62,47 +48,6 @@ std::tuple<std::string, int64_t, int64_t, int64_t> RankKey(const std::string& de
 
 }  // namespace
 
-Status SetCollectiveLoweringPolicy(std::string_view policy) {
-  std::string value(policy);
-  if (value.empty()) {
-    const char* env = std::getenv("TF_DTENSOR_COLLECTIVES");
-    value = env ? env : "auto";
-  }
-  if (value != "auto" && value != "ops" && value != "shared") {
-    return InvalidArgument("Unknown collective lowering `" + value +
-                           "`; expected `auto`, `ops` or `shared`.");
-  }
-  std::lock_guard<std::mutex> lock(PolicyMutex());
-  Policy() = value;
-  return Status::Ok();
-}
-
-std::string CollectiveLoweringPolicy() {
-  std::lock_guard<std::mutex> lock(PolicyMutex());
-  return Policy();
-}
-
-CollectiveLowering LoweringFor(const Mesh& mesh) {
-  const bool all_local = mesh.num_local_devices() == mesh.size();
-  const bool can_share = mesh.shares_host_memory() && all_local;
-  std::string policy;
-  {
-    std::lock_guard<std::mutex> lock(PolicyMutex());
-    policy = Policy();
-  }
-  if (policy == "ops" && !mesh.is_single_device()) return CollectiveLowering::kCollectiveOps;
-  if (policy == "shared") return CollectiveLowering::kSharedBuffer;
-  // "auto": a mesh that cannot share buffers needs TF's collectives. A local-subset mesh
-  // of CPUs keeps the shared buffer while it runs in one process: its first collective is
-  // refused (CheckCollectiveParticipants) instead of waiting for peers that never come.
-  if (can_share || (mesh.shares_host_memory() && !multi_client)) {
-    return CollectiveLowering::kSharedBuffer;
-  }
-  return CollectiveLowering::kCollectiveOps;
-}
-
-void SetMultiClientCollectives(bool enabled) { multi_client = enabled; }
-
 namespace {
 // Above the keys tf.distribute's CollectiveKeys hands out in this process.
 constexpr int32_t kFirstInstanceKey = 1 << 24;
@@ -131,6 +76,23 @@ class CollectiveCache {
     return *cache;
   }
 
+  // The lowering chosen for `mesh` under policy generation `generation`.
+  const CollectiveLowering& Lowering(const Mesh& mesh, uint64_t generation) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Entry& e : entries_[Key(mesh, kLoweringBit)]) {
+      if (e.mesh != mesh || e.mask != kLoweringBit) continue;
+      if (e.generation != generation) {
+        e.lowering = &ChooseCollectiveLowering(mesh);
+        e.generation = generation;
+      }
+      return *e.lowering;
+    }
+    const CollectiveLowering& lowering = ChooseCollectiveLowering(mesh);
+    Entry entry{mesh, kLoweringBit, nullptr, nullptr, &lowering, generation};
+    entries_[Key(mesh, kLoweringBit)].push_back(std::move(entry));
+    return lowering;
+  }
+
   const CollectiveGroups& Groups(const Mesh& mesh, const std::vector<int>& dims) {
     const uint64_t mask = DimsMask(dims);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -139,12 +101,12 @@ class CollectiveCache {
     }
     auto groups = std::make_unique<CollectiveGroups>(Build(mesh, mask));
     const CollectiveGroups& result = *groups;
-    entries_[Key(mesh, mask)].push_back(Entry{mesh, mask, std::move(groups), {}});
+    entries_[Key(mesh, mask)].push_back(Entry{mesh, mask, std::move(groups), nullptr, nullptr, 0});
     return result;
   }
 
-  const std::vector<int>& Leaders(const Mesh& mesh, const std::vector<int>& dims) {
-    const uint64_t mask = DimsMask(dims) | (uint64_t{1} << 63);
+  const std::vector<int>& Leaders(const Mesh& mesh, const std::vector<int>& dims, bool share) {
+    const uint64_t mask = DimsMask(dims) | kLeadersBit | (share ? kSharingBit : 0);
     std::lock_guard<std::mutex> lock(mutex_);
     for (Entry& e : entries_[Key(mesh, mask)]) {
       if (e.mesh == mesh && e.mask == mask) return *e.leaders;
@@ -155,7 +117,7 @@ class CollectiveCache {
     std::map<std::vector<int64_t>, int> first;
     for (int d = 0; d < n; ++d) {
       (*leaders)[d] = d;
-      if (!mesh.shares_host_memory()) continue;
+      if (!share) continue;
       std::vector<int64_t> coords;
       for (int k = 0; k < mesh.num_dims(); ++k) {
         if (mask & (uint64_t{1} << k)) coords.push_back(mesh.LocalCoord(d, k));
@@ -164,17 +126,25 @@ class CollectiveCache {
       (*leaders)[d] = it->second;
     }
     const std::vector<int>& result = *leaders;
-    Entry entry{mesh, mask, nullptr, std::move(leaders)};
+    Entry entry{mesh, mask, nullptr, std::move(leaders), nullptr, 0};
     entries_[Key(mesh, mask)].push_back(std::move(entry));
     return result;
   }
 
  private:
+  // Mesh dimensions are bits 0..60 of an entry's mask; these mark the other kinds.
+  static constexpr uint64_t kLeadersBit = uint64_t{1} << 63;
+  static constexpr uint64_t kSharingBit = uint64_t{1} << 62;
+  static constexpr uint64_t kLoweringBit = uint64_t{1} << 61;
+  // One of: the groups of (mesh, dims), the leaders of (mesh, dims, sharing), or the
+  // lowering of the mesh with the policy generation it was chosen under.
   struct Entry {
     Mesh mesh;
     uint64_t mask;
     std::unique_ptr<CollectiveGroups> groups;
     std::unique_ptr<std::vector<int>> leaders;
+    const CollectiveLowering* lowering;
+    uint64_t generation;
   };
   static size_t Key(const Mesh& mesh, uint64_t mask) {
     return mesh.Hash() * 31 + std::hash<uint64_t>()(mask);
@@ -268,13 +238,18 @@ const CollectiveGroups& CollectiveGroups::For(const Mesh& mesh,
 }
 
 const std::vector<int>& LocalLeaders(const Mesh& mesh, const std::vector<int>& key_dims) {
-  return CollectiveCache::Get().Leaders(mesh, key_dims);
+  return CollectiveCache::Get().Leaders(mesh, key_dims,
+                                        CollectiveLowering::For(mesh).shares_buffers());
+}
+
+const CollectiveLowering& CachedLowering(const Mesh& mesh, uint64_t generation) {
+  return CollectiveCache::Get().Lowering(mesh, generation);
 }
 
 Status CheckCollectiveParticipants(const Mesh& mesh, const CollectiveGroups& groups,
                                    const std::string& what) {
   if (groups.all_local()) return Status::Ok();
-  if (multi_client && LoweringFor(mesh) == CollectiveLowering::kCollectiveOps) {
+  if (MultiClientCollectives() && !CollectiveLowering::For(mesh).shares_buffers()) {
     return Status::Ok();
   }
   return FailedPrecondition(

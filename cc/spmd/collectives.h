@@ -6,13 +6,8 @@
 // The groups, each local device's place in them and the leader tables of the
 // shared-buffer lowering are computed once per (mesh, dims) and cached process-wide.
 //
-// Two lowerings carry a collective step out (ComponentBuilder picks one per mesh):
-// - shared buffer: every device can read its peers' local results (virtual CPUs of one
-//   host), so a collective is an AddN/Maximum/ConcatV2 over the peers' handles;
-// - collective ops: TF's CollectiveReduceV2/CollectiveGatherV2 run on every device with a
-//   group key per group and an instance key per step. They need every participant at
-//   once (the eager executor runs them on a thread per device) and work across
-//   processes, where the shared buffer cannot.
+// A CollectiveLowering (lowering.h) carries a collective step out over these groups; the
+// lowering of a mesh is cached here with its groups.
 #ifndef TF_DTENSOR_CC_SPMD_COLLECTIVES_H_
 #define TF_DTENSOR_CC_SPMD_COLLECTIVES_H_
 
@@ -28,23 +23,14 @@
 
 namespace tf_dtensor {
 
-enum class CollectiveLowering { kSharedBuffer, kCollectiveOps };
-
-// The process-wide lowering policy: "auto" (shared buffer for meshes of local virtual
-// CPUs, collective ops otherwise), "ops" (collective ops everywhere, e.g. to test them on
-// CPUs) or "shared" (shared buffer wherever it can work). The default comes from the
-// environment variable TF_DTENSOR_COLLECTIVES, read once; "" resets to that default.
-Status SetCollectiveLoweringPolicy(std::string_view policy);
-std::string CollectiveLoweringPolicy();
-
-// The lowering collectives on `mesh` use under the current policy.
-CollectiveLowering LoweringFor(const Mesh& mesh);
+class CollectiveLowering;  // lowering.h
 
 // Whether collectives may count on processes other than this one to run the devices the
 // mesh does not hold locally. tf_dtensor runs one client per process today, so this is
 // false and a mesh with fewer local than global devices is refused at its first
 // collective (rather than hanging or summing only the local part).
 void SetMultiClientCollectives(bool enabled);
+bool MultiClientCollectives();
 
 // The groups of a collective over `mesh_dims` on `mesh`.
 class CollectiveGroups {
@@ -85,9 +71,13 @@ class CollectiveGroups {
 };
 
 // leader[d]: the first local device that agrees with local device d on every mesh
-// coordinate in `key_dims` (d itself on meshes whose devices do not share memory).
-// Cached per (mesh, set of dims).
+// coordinate in `key_dims` (d itself where the mesh's lowering does not share buffers).
+// Cached per (mesh, set of dims, sharing).
 const std::vector<int>& LocalLeaders(const Mesh& mesh, const std::vector<int>& key_dims);
+
+// The lowering of `mesh` chosen under policy generation `generation`, cached with the
+// mesh's groups (CollectiveLowering::For asks, behind a thread-local hit).
+const CollectiveLowering& CachedLowering(const Mesh& mesh, uint64_t generation);
 
 // A fresh instance key for one collective step. Every participant of the step uses the
 // same key. Keys come from a process-wide counter, so processes that issue the same

@@ -1,8 +1,9 @@
 // The part of a Builder that is the same whether the SPMD program runs at once (eager)
 // or is written down as a graph (tf.function): which devices compute a value, and the
-// collectives in terms of local ops.
+// hand-over of collectives to the mesh's CollectiveLowering (lowering.h), through a thin
+// runner over this builder's handles.
 //
-// A value is one handle per local device. On meshes whose devices share host memory
+// A value is one handle per local device. Where the mesh's lowering shares buffers
 // (virtual CPUs), devices that agree on every mesh coordinate a value is sharded over
 // hold the same block, so only one of them (the leader) computes it and the others share
 // the leader's result: a replicated op runs once, a [x,*] op once per x.
@@ -17,6 +18,7 @@
 
 #include "cc/spmd/builder.h"
 #include "cc/spmd/collectives.h"
+#include "cc/spmd/lowering.h"
 #include "tensorflow/c/tf_datatype.h"
 #include "tensorflow/c/tf_tensor.h"
 
@@ -50,6 +52,7 @@ class ComponentBuilder : public Builder {
                                          const std::vector<Layout>& out_layouts) override;
   StatusOr<ValueId> AllReduce(ValueId value, const std::vector<int>& mesh_dims,
                               ReduceOp op) override;
+  StatusOr<ValueId> ReduceScatter(ValueId value, int dim, int mesh_dim, ReduceOp op) override;
   StatusOr<ValueId> ToPartial(ValueId value, const std::vector<int>& mesh_dims,
                               ReduceOp op) override;
   StatusOr<ValueId> AllGather(ValueId value, int dim) override;
@@ -59,8 +62,6 @@ class ComponentBuilder : public Builder {
   // from its size at run time (a data-dependent size inside tf.function: tf.where's rows)
   // by the shard geometry's rule: min(max(n - i * ceil(n / k), 0), ceil(n / k)).
   StatusOr<Handle> DynamicPieceSizes(Handle handle, int dim, int64_t pieces, int device);
-  // With TF collective ops: one CollectiveAllToAllV2 (collective_ops_lowering.h); on
-  // shared host memory an exchange of sub-blocks (AllToAllShared).
   StatusOr<ValueId> AllToAll(ValueId value, int from_dim, int to_dim) override;
   StatusOr<ValueId> Broadcast(ValueId host_value, const Mesh& mesh) override;
   StatusOr<ValueId> MoveToMesh(ValueId value, const Mesh& mesh) override;
@@ -105,47 +106,35 @@ class ComponentBuilder : public Builder {
   // Tells a graph builder the local shape of a collective's result, which TF's shape
   // inference leaves partly unknown (CollectiveGatherV2's first axis).
   virtual void SetLocalShape(Handle handle, const std::vector<int64_t>& shape) {}
-  // The collective-ops lowering (collective_ops_lowering.h).
-  StatusOr<ValueId> AllReduceByOps(ValueId value, const std::vector<int>& mesh_dims, ReduceOp op);
-  StatusOr<ValueId> AllGatherByOps(ValueId value, int dim);
-  StatusOr<ValueId> AllToAllByOps(ValueId value, int from_dim, int to_dim);
-  // [x,*] -> [*,x] on shared host memory: each distinct source block is split once along
-  // `to_dim` into the target's pieces, and each distinct target block concatenates its
-  // piece of every source block along `from_dim`; no whole tensor is built.
-  StatusOr<ValueId> AllToAllShared(ValueId value, int from_dim, int to_dim);
-  // The same exchange as one ParallelDynamicStitch per group of devices, when the split
-  // would copy (see all_to_all_shared.h); nullopt when the shapes do not allow it.
-  std::optional<StatusOr<ValueId>> AllToAllStitched(ValueId value, int from_dim, int to_dim,
-                                                    const Layout& out_layout,
-                                                    const std::vector<int>& other_dims);
-  // Puts the `pieces` equal chunks along axis 0 of every device's handle in the order
-  // `order(device)[j]` names for chunk j (Split + ConcatV2); temporaries go to `made`.
-  StatusOr<std::vector<Handle>> PermuteChunks(const std::vector<Handle>& handles, int64_t pieces,
-                                              const CollectiveGroups& groups, bool to_tf_order,
-                                              int dtype, std::vector<Handle>& made);
-  // Every device's handle converted to `to` (Cast, or Bitcast when `bitcast`); the
-  // inputs stay the caller's.
-  StatusOr<std::vector<Handle>> ConvertEach(const std::vector<Handle>& handles, int from, int to,
-                                            bool bitcast);
-  // Runs `op_type` of one output on every local device with its own inputs (local ops
-  // of the collective-ops lowering); discards what it made on failure.
-  // Per device: {value, group size, group key, instance key}, the inputs of TF's
-  // collective ops, with one fresh instance key for the step.
-  StatusOr<std::vector<std::vector<Handle>>> CollectiveInputs(const std::vector<Handle>& values,
-                                                              const CollectiveGroups& groups);
+  // Runs `op_type` of one output on every local device with its own inputs; discards what
+  // it made on failure.
   StatusOr<std::vector<Handle>> RunEach(const std::string& op_type,
                                         const std::vector<std::vector<Handle>>& inputs,
-                                        const LocalOpOptions& options);
+                                        const LocalOpOptions& options) {
+    std::vector<Handle> outputs;
+    for (int d = 0; d < static_cast<int>(inputs.size()); ++d) {
+      StatusOr<std::vector<Handle>> r = RunOn(op_type, inputs[d], options, d, 1);
+      if (!r.ok()) {
+        DiscardAll(outputs);
+        return r.status();
+      }
+      outputs.push_back(r.value()[0]);
+    }
+    return outputs;
+  }
+  // The lowering of the mesh ops run on now.
+  const CollectiveLowering& lowering() const { return CollectiveLowering::For(mesh_); }
+  // Refuses a collective some of whose participants belong to processes that cannot
+  // take part (CheckCollectiveParticipants).
+  Status CheckParticipants(const std::vector<int>& mesh_dims, const std::string& what) const {
+    const CollectiveGroups& groups = CollectiveGroups::For(mesh_, mesh_dims);
+    if (groups.all_local()) return Status::Ok();
+    return CheckCollectiveParticipants(mesh_, groups, what);
+  }
 
   ValueId Add(Value value) {
     values_.push_back(std::move(value));
     return static_cast<ValueId>(values_.size() - 1);
-  }
-  bool SameCoords(int a, int b, const std::vector<int>& mesh_dims) const {
-    for (int k : mesh_dims) {
-      if (mesh_.LocalCoord(a, k) != mesh_.LocalCoord(b, k)) return false;
-    }
-    return true;
   }
   // leader[d]: the device whose result device d shares (agreeing along `key_dims`).
   // Cached per (mesh, dims): see LocalLeaders.
@@ -246,6 +235,73 @@ class ComponentBuilder : public Builder {
   Mesh mesh_;
   std::vector<Value> values_;
   std::vector<ValueId> inputs_;
+
+ private:
+  class Runner;
+};
+
+// The CollectiveRunner of one collective: a table of this builder's handles that the
+// lowering names by index (LocalHandle).
+template <typename Handle>
+class ComponentBuilder<Handle>::Runner final : public CollectiveRunner {
+ public:
+  explicit Runner(ComponentBuilder& builder) : b_(builder) {}
+
+  Builder& builder() override { return b_; }
+  const Mesh& mesh() const override { return b_.mesh_; }
+  LocalHandle Local(ValueId value, int device) override { return Put(b_.local(value, device)); }
+  StatusOr<std::vector<LocalHandle>> RunOn(const std::string& op_type,
+                                           const std::vector<LocalHandle>& inputs,
+                                           const LocalOpOptions& options, int device,
+                                           int num_outputs) override {
+    TFD_ASSIGN_OR_RETURN(std::vector<Handle> out,
+                         b_.RunOn(op_type, Get(inputs), options, device, num_outputs));
+    return Put(out);
+  }
+  StatusOr<std::vector<LocalHandle>> RunCollective(
+      const std::string& op_type, const std::vector<std::vector<LocalHandle>>& inputs,
+      const LocalOpOptions& options) override {
+    std::vector<std::vector<Handle>> handles;
+    handles.reserve(inputs.size());
+    for (const std::vector<LocalHandle>& in : inputs) handles.push_back(Get(in));
+    TFD_ASSIGN_OR_RETURN(std::vector<Handle> out, b_.RunCollective(op_type, handles, options));
+    return Put(out);
+  }
+  StatusOr<LocalHandle> Share(LocalHandle leader, int device) override {
+    TFD_ASSIGN_OR_RETURN(Handle h, b_.Share(table_[leader], device));
+    return Put(h);
+  }
+  void Discard(LocalHandle handle) override { b_.Discard(table_[handle]); }
+  void SetLocalShape(LocalHandle handle, const std::vector<int64_t>& shape) override {
+    b_.SetLocalShape(table_[handle], shape);
+  }
+  ValueId AddValue(Layout layout, std::vector<int64_t> shape, int dtype,
+                   const std::vector<LocalHandle>& handles) override {
+    Value value{std::move(layout), std::move(shape), dtype};
+    value.handles = Get(handles);
+    return b_.Add(std::move(value));
+  }
+
+ private:
+  LocalHandle Put(Handle handle) {
+    table_.push_back(handle);
+    return static_cast<LocalHandle>(table_.size() - 1);
+  }
+  std::vector<LocalHandle> Put(const std::vector<Handle>& handles) {
+    std::vector<LocalHandle> out;
+    out.reserve(handles.size());
+    for (const Handle& h : handles) out.push_back(Put(h));
+    return out;
+  }
+  std::vector<Handle> Get(const std::vector<LocalHandle>& handles) const {
+    std::vector<Handle> out;
+    out.reserve(handles.size());
+    for (LocalHandle h : handles) out.push_back(table_[h]);
+    return out;
+  }
+
+  ComponentBuilder& b_;
+  std::vector<Handle> table_;
 };
 
 template <typename Handle>
@@ -382,195 +438,54 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllReduce(ValueId value,
                                                       ReduceOp op) {
   const Layout layout = *values_[value].layout;
   mesh_ = layout.mesh();  // a collective runs on its value's mesh
-  const CollectiveGroups& groups = CollectiveGroups::For(mesh_, mesh_dims);
-  if (!groups.all_local()) {
-    TFD_RETURN_IF_ERROR(CheckCollectiveParticipants(
-        mesh_, groups,
-        std::string("all-reduce (") + ReduceOpName(op) + ") a " + layout.ShortString() +
-            " value"));
-  }
-  if (LoweringFor(mesh_) == CollectiveLowering::kCollectiveOps) {
-    return AllReduceByOps(value, mesh_dims, op);
-  }
-  std::vector<int> key_dims = layout.ShardedMeshDims();
-  // Pending reductions over other mesh dims stay pending; those over `mesh_dims` are done.
-  std::vector<PartialSpec> still_partial;
-  for (const PartialSpec& p : layout.partial()) {
-    if (std::find(mesh_dims.begin(), mesh_dims.end(), p.mesh_dim) == mesh_dims.end()) {
-      still_partial.push_back(p);
-      key_dims.push_back(p.mesh_dim);
-    }
-  }
-  TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithoutPartial().WithPartial(still_partial));
-  const int n = mesh_.num_local_devices();
-  std::vector<int> leaders = Leaders(key_dims);
-  const int dtype = values_[value].dtype;
-  int64_t group_size = 1;
-  for (int k : mesh_dims) group_size *= mesh_.DimSize(k);
-  // A mean is a sum scaled by 1/group size, as one scalar of the value's dtype.
-  std::optional<Handle> scale;
-  if (op == ReduceOp::kMean && group_size > 1) {
-    TFD_ASSIGN_OR_RETURN(ValueId count, HostConstant({group_size}, {}, TF_INT64));
-    LocalOpOptions cast;
-    cast.copy_attrs = false;
-    cast.overrides = {AttrOverride::Type("SrcT", TF_INT64), AttrOverride::Type("DstT", dtype)};
-    TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn("Cast", {values_[count].host}, cast, 0, 1));
-    scale = r[0];
-  }
-  Value out{out_layout, values_[value].shape, dtype};
-  out.handles.assign(n, Handle{});
-  for (int d = 0; d < n; ++d) {
-    if (leaders[d] != d) {
-      TFD_ASSIGN_OR_RETURN(out.handles[d], Share(out.handles[leaders[d]], d));
-      continue;
-    }
-    // One partial value per coordinate tuple along `mesh_dims`, within d's group.
-    std::map<std::vector<int64_t>, Handle> partials;
-    for (int e = 0; e < n; ++e) {
-      if (!SameCoords(d, e, key_dims)) continue;
-      std::vector<int64_t> coords;
-      for (int k : mesh_dims) coords.push_back(mesh_.LocalCoord(e, k));
-      partials.emplace(coords, values_[value].handles[e]);
-    }
-    std::vector<Handle> parts;
-    for (auto& [coords, h] : partials) parts.push_back(h);
-    LocalOpOptions options;
-    options.copy_attrs = false;
-    options.overrides = {AttrOverride::Type("T", dtype)};
-    if (parts.size() == 1) {
-      TFD_ASSIGN_OR_RETURN(out.handles[d], Share(parts[0], d));
-      continue;
-    }
-    if (op == ReduceOp::kSum || op == ReduceOp::kMean) {
-      LocalOpOptions add = options;
-      add.overrides.push_back(AttrOverride::Int("N", static_cast<int64_t>(parts.size())));
-      TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn("AddN", parts, add, d, 1));
-      out.handles[d] = r[0];
-      if (scale) {
-        TFD_ASSIGN_OR_RETURN(Handle s, d == 0 ? Handle(*scale) : Share(*scale, d));
-        TFD_ASSIGN_OR_RETURN(std::vector<Handle> q, RunOn("RealDiv", {r[0], s}, options, d, 1));
-        Discard(r[0]);
-        if (d != 0) Discard(s);
-        out.handles[d] = q[0];
-      }
-      continue;
-    }
-    const char* binary = op == ReduceOp::kMax ? "Maximum" : op == ReduceOp::kMin ? "Minimum" : "Mul";
-    Handle acc = parts[0];
-    for (size_t i = 1; i < parts.size(); ++i) {
-      TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn(binary, {acc, parts[i]}, options, d, 1));
-      if (i > 1) Discard(acc);
-      acc = r[0];
-    }
-    out.handles[d] = acc;
-  }
-  if (scale) Discard(*scale);
-  return Add(std::move(out));
+  TFD_RETURN_IF_ERROR(CheckParticipants(
+      mesh_dims, std::string("all-reduce (") + ReduceOpName(op) + ") a " + layout.ShortString() +
+                     " value"));
+  Runner runner(*this);
+  return lowering().AllReduce(runner, value, mesh_dims, op);
+}
+
+template <typename Handle>
+StatusOr<ValueId> ComponentBuilder<Handle>::ReduceScatter(ValueId value, int dim, int mesh_dim,
+                                                          ReduceOp op) {
+  const Layout layout = *values_[value].layout;
+  mesh_ = layout.mesh();  // a collective runs on its value's mesh
+  TFD_RETURN_IF_ERROR(CheckParticipants(
+      {mesh_dim}, std::string("reduce-scatter (") + ReduceOpName(op) + ") axis " +
+                      std::to_string(dim) + " of a " + layout.ShortString() + " value"));
+  Runner runner(*this);
+  return lowering().ReduceScatter(runner, value, dim, mesh_dim, op);
 }
 
 template <typename Handle>
 StatusOr<ValueId> ComponentBuilder<Handle>::ToPartial(ValueId value,
                                                       const std::vector<int>& mesh_dims,
                                                       ReduceOp op) {
-  const Layout layout = *values_[value].layout;
-  mesh_ = layout.mesh();
-  std::vector<PartialSpec> added;
-  for (int k : mesh_dims) added.push_back({k, op});
-  TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithPartial(added));
-  const int n = mesh_.num_local_devices();
-  Value out{out_layout, values_[value].shape, values_[value].dtype};
-  // Sum and product: the first device of each group (coordinate 0 along `mesh_dims`) keeps
-  // the value, the others hold the identity (zeros, ones). Max, min, mean: every device
-  // keeps the value (max(v, v) = v, mean(v, v) = v).
-  const char* filler = op == ReduceOp::kSum ? "ZerosLike" : op == ReduceOp::kProd ? "OnesLike"
-                                                                                  : nullptr;
-  std::vector<int> key_dims = layout.DistinctMeshDims();
-  for (int k : mesh_dims) key_dims.push_back(k);
-  std::vector<int> leaders = Leaders(key_dims);
-  LocalOpOptions options;
-  options.copy_attrs = false;
-  options.overrides = {AttrOverride::Type("T", values_[value].dtype)};
-  for (int d = 0; d < n; ++d) {
-    bool first = true;
-    for (int k : mesh_dims) first = first && mesh_.LocalCoord(d, k) == 0;
-    Status status;
-    if (leaders[d] != d) {
-      StatusOr<Handle> h = Share(out.handles[leaders[d]], d);
-      status = h.status();
-      if (h.ok()) out.handles.push_back(*h);
-    } else if (first || filler == nullptr) {
-      StatusOr<Handle> h = Share(values_[value].handles[d], d);
-      status = h.status();
-      if (h.ok()) out.handles.push_back(*h);
-    } else {
-      StatusOr<std::vector<Handle>> r =
-          RunOn(filler, {values_[value].handles[d]}, options, d, 1);
-      status = r.status();
-      if (r.ok()) out.handles.push_back((*r)[0]);
-    }
-    if (!status.ok()) {
-      DiscardAll(out.handles);
-      return status;
-    }
-  }
-  return Add(std::move(out));
+  mesh_ = values_[value].layout->mesh();
+  Runner runner(*this);
+  return lowering().ToPartial(runner, value, mesh_dims, op);
 }
 
 template <typename Handle>
 StatusOr<ValueId> ComponentBuilder<Handle>::AllGather(ValueId value, int dim) {
   const Layout layout = *values_[value].layout;
   mesh_ = layout.mesh();  // a collective runs on its value's mesh
-  const CollectiveGroups& groups = CollectiveGroups::For(mesh_, layout.spec(dim).mesh_dims());
-  if (!groups.all_local()) {
-    TFD_RETURN_IF_ERROR(CheckCollectiveParticipants(
-        mesh_, groups,
-        "all-gather axis " + std::to_string(dim) + " of a " + layout.ShortString() + " value"));
-  }
-  if (LoweringFor(mesh_) == CollectiveLowering::kCollectiveOps) {
-    return AllGatherByOps(value, dim);
-  }
-  std::vector<DimSpec> specs = layout.specs();
-  specs[dim] = DimSpec::Replicated();
-  TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithSpecs(specs).WithPartial(layout.partial()));
-  std::vector<int> key_dims = out_layout.DistinctMeshDims();
-  const int n = mesh_.num_local_devices();
-  std::vector<int> leaders = Leaders(key_dims);
-  const int64_t pieces = layout.NumShards(dim);
-  TFD_ASSIGN_OR_RETURN(ValueId axis, HostConstant({dim}, {}, TF_INT32));
-  Value out{out_layout, values_[value].shape, values_[value].dtype};
-  out.handles.assign(n, Handle{});
-  LocalOpOptions options;
-  options.copy_attrs = false;
-  options.overrides = {AttrOverride::Type("T", values_[value].dtype),
-                       AttrOverride::Type("Tidx", TF_INT32), AttrOverride::Int("N", pieces)};
-  for (int d = 0; d < n; ++d) {
-    if (leaders[d] != d) {
-      TFD_ASSIGN_OR_RETURN(out.handles[d], Share(out.handles[leaders[d]], d));
-      continue;
-    }
-    std::vector<Handle> parts(pieces, Handle{});
-    std::vector<bool> found(pieces, false);
-    for (int e = 0; e < n; ++e) {
-      int64_t c = layout.ShardIndex(e, dim);
-      if (SameCoords(d, e, key_dims) && !found[c]) {
-        parts[c] = values_[value].handles[e];
-        found[c] = true;
-      }
-    }
-    parts.push_back(values_[axis].host);
-    TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn("ConcatV2", parts, options, d, 1));
-    out.handles[d] = r[0];
-  }
-  return Add(std::move(out));
+  TFD_RETURN_IF_ERROR(CheckParticipants(
+      layout.spec(dim).mesh_dims(),
+      "all-gather axis " + std::to_string(dim) + " of a " + layout.ShortString() + " value"));
+  Runner runner(*this);
+  return lowering().AllGather(runner, value, dim);
 }
 
 template <typename Handle>
 StatusOr<ValueId> ComponentBuilder<Handle>::AllToAll(ValueId value, int from_dim, int to_dim) {
-  mesh_ = values_[value].layout->mesh();  // a collective runs on its value's mesh
-  if (LoweringFor(mesh_) == CollectiveLowering::kCollectiveOps) {
-    return AllToAllByOps(value, from_dim, to_dim);
-  }
-  return AllToAllShared(value, from_dim, to_dim);
+  const Layout layout = *values_[value].layout;
+  mesh_ = layout.mesh();  // a collective runs on its value's mesh
+  TFD_RETURN_IF_ERROR(CheckParticipants(
+      layout.spec(from_dim).mesh_dims(),
+      "all-to-all axis " + std::to_string(from_dim) + " of a " + layout.ShortString() + " value"));
+  Runner runner(*this);
+  return lowering().AllToAll(runner, value, from_dim, to_dim);
 }
 
 template <typename Handle>
@@ -723,8 +638,5 @@ StatusOr<ValueId> ComponentBuilder<Handle>::MoveToMesh(ValueId value, const Mesh
 }
 
 }  // namespace tf_dtensor
-
-#include "cc/spmd/all_to_all_shared.h"
-#include "cc/spmd/collective_ops_lowering.h"
 
 #endif  // TF_DTENSOR_CC_SPMD_COMPONENT_BUILDER_H_

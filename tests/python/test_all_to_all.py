@@ -1,4 +1,4 @@
-"""All-to-all on meshes of virtual CPUs (cc/spmd/all_to_all_shared.h): a relayout that
+"""All-to-all on meshes of virtual CPUs (cc/spmd/shared_buffer_lowering.cc): a relayout that
 moves a mesh dimension between tensor axes exchanges sub-blocks directly,
 
     [x,*] -> [*,x]: source block c split by the target's column pieces; target block k

@@ -1,6 +1,6 @@
-"""Collectives lowered as TensorFlow's collective ops (cc/spmd/collectives.{h,cc},
-cc/spmd/collective_ops_lowering.h), forced on the 8 virtual CPUs, and the refusal of
-meshes whose devices are partly in other processes.
+"""Collectives lowered as TensorFlow's collective ops (cc/spmd/collective_ops_lowering.cc),
+forced on the 8 virtual CPUs; behaviours both lowerings (cc/spmd/lowering.h) must share; and
+the refusal of meshes whose devices are partly in other processes.
 
     sum([x,*], axis=0) -> partial(x) -> CollectiveReduceV2(Add) on every device -> [*]
     [*,x] -> [*,*]: transpose, CollectiveGatherV2 along axis 0, transpose back
@@ -15,7 +15,7 @@ import tensorflow as tf
 import tf_dtensor
 from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal, cpus, layout_of,
                              random_array, reassemble, to_dtensor)
-from tf_dtensor import config
+from tf_dtensor import config, debug
 from tf_dtensor.dtensor import Layout, Mesh, create_mesh
 
 # Devices in reverse order: TF ranks a group by device index, the mesh by coordinate, so
@@ -37,6 +37,16 @@ def collective_ops():
         config.set_collective_lowering("")
 
 
+@pytest.fixture(params=["shared", "ops"])
+def lowering(request):
+    """Each lowering in turn, for one test."""
+    config.set_collective_lowering(request.param)
+    try:
+        yield request.param
+    finally:
+        config.set_collective_lowering("")
+
+
 def _data(shape, low=0.5, high=1.5, seed=3):
     return random_array(shape, np.float32, low, high, seed=seed)
 
@@ -47,7 +57,7 @@ def test_policy_setter_round_trips_and_rejects_unknown_names():
     assert config.collective_lowering() == "ops"
     config.set_collective_lowering("")
     assert config.collective_lowering() == before
-    with pytest.raises(ValueError, match="expected `auto`, `ops` or `shared`"):
+    with pytest.raises(ValueError, match="expected `auto`, `shared` or `ops`"):
         config.set_collective_lowering("nccl")
 
 
@@ -272,3 +282,114 @@ def test_partial_to_sharded_through_collective_ops(collective_ops, mesh, source,
     partial_value = to_dtensor(value, Layout(specs, mesh, partial=partial))
     for relayout in (tf_dtensor.dtensor.relayout, tf.function(tf_dtensor.dtensor.relayout)):
         assert_dtensor_equal(value, Layout(target, mesh), relayout(partial_value, Layout(target, mesh)))
+
+
+# ---------------------------------------------------------------------------------------
+# Behaviours both lowerings share
+# ---------------------------------------------------------------------------------------
+
+def _run(fn, traced):
+    return tf.function(fn) if traced else fn
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_all_gather_of_an_empty_tensor_returns_it(lowering, traced):
+    # Known defect 1: under the ops lowering CollectiveGatherV2 of [1,0] pieces killed the
+    # process (SIGSEGV). TF's DTensor returns the empty tensor.
+    mesh = create_mesh([("x", 4)], devices=cpus(4))
+    t = tf_dtensor.dtensor.copy_to_mesh(tf.zeros([4, 0]), Layout(["x", "unsharded"], mesh))
+    target = Layout.replicated(mesh, 2)
+    actual = _run(lambda v: tf_dtensor.relayout(v, target), traced)(t)
+    assert_dtensor_equal(np.zeros([4, 0], np.float32), target, actual)
+
+
+@pytest.mark.parametrize("collective, shape, source, target", [
+    ("all-gather", (4, 0), (["x", "unsharded"], None), ["unsharded", "unsharded"]),
+    ("all-gather", (0, 4), (["unsharded", "x"], None), ["unsharded", "unsharded"]),
+    ("all-to-all", (4, 0), (["x", "unsharded"], None), ["unsharded", "x"]),
+    ("all-to-all", (0, 8), (["x", "unsharded"], None), ["unsharded", "x"]),
+    ("all-reduce", (0, 4), (["unsharded", "unsharded"], {"x": "sum"}), ["unsharded", "unsharded"]),
+    ("all-reduce", (4, 0), (["unsharded", "unsharded"], {"x": "max"}), ["unsharded", "unsharded"]),
+    ("reduce-scatter", (4, 0), (["unsharded", "unsharded"], {"x": "sum"}), ["x", "unsharded"]),
+    ("reduce-scatter", (0, 4), (["unsharded", "unsharded"], {"x": "sum"}), ["unsharded", "x"]),
+], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_collectives_of_empty_tensors_return_empty_tensors(lowering, collective, shape, source,
+                                                           target, traced):
+    specs, partial = source
+    value = np.zeros(shape, np.float32)
+    t = to_dtensor(value, Layout(specs, MESH_4, partial=partial) if partial else
+                   Layout(specs, MESH_4))
+    target_layout = Layout(target, MESH_4)
+    actual = _run(lambda v: tf_dtensor.relayout(v, target_layout), traced)(t)
+    assert_dtensor_equal(value, target_layout, actual)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_sum_over_an_empty_sharded_axis_is_zeros(lowering, traced):
+    # [x,*] of shape [0, 3]: every block is empty; the all-reduce of the partial sums
+    # still gives the zeros of shape [3].
+    t = to_dtensor(np.zeros((0, 3), np.float32), layout_of("x,*", MESH_4))
+    actual = _run(lambda v: tf.reduce_sum(v, axis=0), traced)(t)
+    assert_dtensor_equal(np.zeros(3, np.float32), layout_of("*", MESH_4), actual)
+
+
+def _packed_partial(terms, specs, partial, mesh):
+    """A value pending a reduction over mesh dim `d` (the one key of `partial`) whose term
+    at coordinate i along d is terms[i]; the other specs shard it evenly."""
+    (dim, _), = partial.items()
+    components = []
+    for location in mesh.local_device_locations():
+        block = terms[location[dim]]
+        for axis, spec in enumerate(specs):
+            if spec != "unsharded":
+                block = np.split(block, mesh.dim_size(spec), axis=axis)[location[spec]]
+        components.append(block)
+    return tf_dtensor.pack(components, Layout(specs, mesh, partial=partial))
+
+
+@pytest.mark.parametrize("mesh, shape, source, target", [
+    (MESH_4, (8, 6), (["unsharded", "unsharded"], {"x": "sum"}), ["x", "unsharded"]),
+    (MESH_4, (5, 6), (["unsharded", "unsharded"], {"x": "sum"}), ["x", "unsharded"]),
+    (MESH_4, (6, 8), (["unsharded", "unsharded"], {"x": "mean"}), ["unsharded", "x"]),
+    (MESH_2X2, (4, 6), (["x", "unsharded"], {"y": "sum"}), ["x", "y"]),
+    (MESH_REVERSED, (8, 4), (["unsharded", "unsharded"], {"x": "max"}), ["x", "unsharded"]),
+], ids=["4-sum-axis0", "4-sum-uneven", "4-mean-axis1", "2x2-rows-sharded", "reversed-max"])
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_reduce_scatter_matches_one_device(lowering, mesh, shape, source, target, traced):
+    # [*,*] +partial(x) -> [x,*]. Each device's term is a different value, so the reduced
+    # value is checked against the reduction on one device, not against a replica.
+    specs, partial = source
+    (dim, op), = partial.items()
+    terms = [_data(shape, seed=10 + i) for i in range(mesh.dim_size(dim))]
+    combine = {"sum": np.sum, "mean": np.mean, "max": np.max}[op]
+    expected = combine(np.stack(terms), axis=0)
+    packed = _packed_partial(terms, specs, partial, mesh)
+    target_layout = Layout(target, mesh)
+    actual = _run(lambda v: tf_dtensor.relayout(v, target_layout), traced)(packed)
+    assert_dtensor_equal(expected, target_layout, actual)
+
+
+def test_forcing_collective_ops_on_cpus_changes_the_matmul_plan_consistently():
+    # A product larger than its operands with a sharded contraction (x^T @ dy): with shared
+    # buffers the operands are gathered ([*,*] @ [*,*], no all-reduce); without them (the
+    # ops lowering, as on GPUs) the partial products are all-reduced. The plan follows the
+    # lowering that runs it, also for an op already planned (and cached) under the other.
+    a, b = _data((8, 2), seed=6), _data((2, 8), seed=7)
+    layouts = [layout_of("*,x", MESH_1D), layout_of("x,*", MESH_1D)]
+    config.set_collective_lowering("shared")
+    try:
+        plan = debug.explain("MatMul", layouts, [[8, 2], [2, 8]])
+        assert [l.short() for l in plan["inputs"]] == ["[*,*] @ mesh(x=2)"] * 2
+        assert not [c for c in plan["collectives"] if "all-reduce" in c]
+        shared = tf.matmul(to_dtensor(a, layouts[0]), to_dtensor(b, layouts[1]))
+        assert_dtensor_equal(a @ b, layout_of("*,*", MESH_1D), shared)
+        config.set_collective_lowering("ops")
+        plan = debug.explain("MatMul", layouts, [[8, 2], [2, 8]])
+        assert [l.short() for l in plan["inputs"]] == ["[*,x] @ mesh(x=2)", "[x,*] @ mesh(x=2)"]
+        assert plan["collectives"] == ["all-reduce(sum) of output 0 over x"]
+        for run in (tf.matmul, tf.function(tf.matmul)):
+            ops = run(to_dtensor(a, layouts[0]), to_dtensor(b, layouts[1]))
+            assert_dtensor_equal(a @ b, layout_of("*,*", MESH_1D), ops)
+    finally:
+        config.set_collective_lowering("")

@@ -4,6 +4,7 @@
 
 #include "cc/tf/attrs.h"
 #include "cc/rules/registry.h"
+#include "cc/spmd/lowering.h"
 #include "cc/spmd/recording_builder.h"
 #include "tensorflow/c/tf_datatype.h"
 #include "tests/cc/testing.h"
@@ -95,6 +96,26 @@ TEST(Dispatch, PlanCacheServesRepeatedOps) {
   other.In("[*]", {8});
   ASSERT_OK(other.Run(options).status());
   EXPECT_EQ(cache.size(), 2u);
+}
+
+// Plans depend on the collective lowering (matmul's gather-or-reduce choice, a local-only
+// run's leaders): a change of the lowering policy starts the cache over.
+TEST(Dispatch, PlanCacheStartsOverWhenTheLoweringChanges) {
+  Mesh mesh = MakeMesh({{"x", 2}});
+  PlanCache cache;
+  DispatchOptions options;
+  options.cache = &cache;
+  Case op("Relu", mesh);
+  op.In("[x]", {8});
+  ASSERT_OK(op.Run(options).status());
+  EXPECT_EQ(cache.size(), 1u);
+  ASSERT_OK(SetCollectiveLoweringPolicy("ops"));
+  Case again("Relu", mesh);
+  again.In("[x]", {8});
+  ASSERT_OK(again.Run(options).status());
+  ASSERT_OK(SetCollectiveLoweringPolicy("auto"));
+  // The entry made under "auto" went; the one made under "ops" is the only one.
+  EXPECT_EQ(cache.size(), 1u);
 }
 
 // A serialized NameAttrList holding `entries` (name, serialized AttrValue) in that order.

@@ -1,5 +1,6 @@
 // Golden tables for matrix products (cc/rules/matmul_rules.cc): the plan Forward makes and
 // the program Expand writes, on 1-D and 2-D meshes of CPUs and of GPUs.
+#include "cc/spmd/lowering.h"
 #include "tests/cc/rules/rule_testing.h"
 
 namespace tf_dtensor {
@@ -111,6 +112,17 @@ TEST(MatmulRules, SharedMemoryHeuristicSeparatesCpuFromGpu) {
   CheckRuleTable(MakeMesh({{"x", 2}}),
                  {{"MatMul", {T("[*,x]", {8, 4}), T("[x,*]", {4, 8})}, "[*,x] [x,*] -> [*,*]",
                    {"local MatMul [*,x] [x,*] -> [*,*]", "all-reduce(sum) [*,*] over x"}}});
+}
+
+// Forcing TF's collective ops on CPUs ends buffer sharing, and with it the gather plan:
+// the plan is the one GPUs get, consistent with the lowering that runs it.
+TEST(MatmulRules, ForcedCollectiveOpsOnCpusPlanAsWithoutSharedBuffers) {
+  ASSERT_OK(SetCollectiveLoweringPolicy("ops"));
+  const std::vector<testing::Arg> args = {T("[*,x]", {8, 2}), T("[x,*]", {2, 8})};
+  CheckRuleTable(MakeMesh({{"x", 2}}),
+                 {{"MatMul", args, "[*,x] [x,*] -> [*,*]",
+                   {"local MatMul [*,x] [x,*] -> [*,*]", "all-reduce(sum) [*,*] over x"}}});
+  ASSERT_OK(SetCollectiveLoweringPolicy("auto"));
 }
 
 TEST(MatmulRules, CollectivesReportedForDebugExplain) {

@@ -1,0 +1,584 @@
+// The collective-ops lowering: abstract collectives as TF's CollectiveReduceV2 /
+// CollectiveGatherV2 / CollectiveAllToAllV2, one op per local device, grouped by
+// CollectiveGroups (group key per group, one instance key per step). They need every
+// participant at once (the eager executor runs them on a thread per device) and work
+// between devices that share nothing: GPUs, other processes. Used for meshes that cannot
+// share buffers, and on CPUs when the policy asks for it (TF_DTENSOR_COLLECTIVES=ops).
+//
+// Reduce-scatter stays all-reduce then slice here: TF 2.21 registers
+// CollectiveReduceScatterV2, but only NCCL implements it; on CPUs its first run aborts the
+// collective executor ("did not find collective implementation"), and every later
+// collective of the process with it. A GPU lowering over NCCL is where a native one goes.
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cc/spmd/lowering.h"
+#include "tensorflow/c/tf_datatype.h"
+
+namespace tf_dtensor {
+namespace {
+
+using Handles = std::vector<LocalHandle>;
+
+// The attributes every V2 collective op takes besides its own.
+LocalOpOptions CollectiveOptions(int dtype) {
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Int("Nordering_token", 0),
+                       AttrOverride::String("communication_hint", "auto")};
+  return options;
+}
+
+// How a dtype the collective ops do not take travels: converted to `wire` (by Cast, or
+// by Bitcast, which gives complex numbers a trailing axis of 2) and back.
+struct Wire {
+  int wire;
+  bool bitcast;
+  bool supported = true;
+};
+
+// CollectiveGatherV2 takes float, half, double, int32 and int64.
+Wire GatherWire(int dtype) {
+  switch (dtype) {
+    case TF_FLOAT: case TF_HALF: case TF_DOUBLE: case TF_INT32: case TF_INT64:
+      return {dtype, false};
+    case TF_BOOL: case TF_INT8: case TF_UINT8: case TF_INT16: case TF_UINT16:
+      return {TF_INT32, false};
+    case TF_BFLOAT16: return {TF_FLOAT, false};
+    case TF_UINT32: return {TF_INT32, true};
+    case TF_UINT64: return {TF_INT64, true};
+    case TF_COMPLEX64: return {TF_FLOAT, true};
+    case TF_COMPLEX128: return {TF_DOUBLE, true};
+    default: return {dtype, false, false};
+  }
+}
+
+// CollectiveReduceV2 reduces float, half, double, int32 and int64 (bfloat16 goes as
+// float: not every device has a bfloat16 kernel).
+Wire ReduceWire(int dtype, ReduceOp op) {
+  switch (dtype) {
+    case TF_FLOAT: case TF_HALF: case TF_DOUBLE: case TF_INT32: case TF_INT64:
+      return {dtype, false};
+    case TF_BOOL: case TF_INT8: case TF_UINT8: case TF_INT16: case TF_UINT16:
+      return {TF_INT32, false};
+    case TF_UINT32: return {TF_INT64, false};
+    case TF_BFLOAT16: return {TF_FLOAT, false};
+    // A sum of complex numbers is the sum of the real and of the imaginary parts.
+    case TF_COMPLEX64: return {TF_FLOAT, true, op == ReduceOp::kSum};
+    case TF_COMPLEX128: return {TF_DOUBLE, true, op == ReduceOp::kSum};
+    default: return {dtype, false, false};
+  }
+}
+
+Status UnsupportedCollectiveType(const char* collective, int dtype) {
+  std::string name = dtype == TF_STRING     ? "string"
+                     : dtype == TF_RESOURCE ? "resource"
+                     : dtype == TF_VARIANT  ? "variant"
+                                            : "TF_DataType " + std::to_string(dtype);
+  return Unimplemented(std::string("TF's collective ops cannot ") + collective +
+                       " a tensor of dtype " + name +
+                       ". Cast it first, or use the shared-buffer lowering "
+                       "(`config.set_collective_lowering(\"auto\")`) on a mesh of local CPUs.");
+}
+
+// Every device's handle converted to `to` (Cast, or Bitcast when `bitcast`); the inputs
+// stay the caller's.
+StatusOr<Handles> ConvertEach(CollectiveRunner& run, const Handles& handles, int from, int to,
+                              bool bitcast) {
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  if (bitcast) {
+    options.overrides = {AttrOverride::Type("T", from), AttrOverride::Type("type", to)};
+  } else {
+    options.overrides = {AttrOverride::Type("SrcT", from), AttrOverride::Type("DstT", to)};
+  }
+  std::vector<Handles> inputs;
+  for (LocalHandle h : handles) inputs.push_back({h});
+  return run.RunEach(bitcast ? "Bitcast" : "Cast", inputs, options);
+}
+
+// Per device: {value, group size, group key, instance key}, the inputs of TF's collective
+// ops, with one fresh instance key for the step.
+StatusOr<std::vector<Handles>> CollectiveInputs(CollectiveRunner& run, const Handles& values,
+                                                const CollectiveGroups& groups) {
+  TFD_ASSIGN_OR_RETURN(LocalHandle size, run.Host({groups.group_size()}, {}, TF_INT32));
+  TFD_ASSIGN_OR_RETURN(LocalHandle instance, run.Host({NextInstanceKey()}, {}, TF_INT32));
+  std::map<int, LocalHandle> keys;  // group -> its key, as a host constant
+  std::vector<Handles> inputs(values.size());
+  for (int d = 0; d < static_cast<int>(values.size()); ++d) {
+    const int g = groups.group_of(d);
+    if (!keys.count(g)) {
+      TFD_ASSIGN_OR_RETURN(LocalHandle key, run.Host({groups.group_key(g)}, {}, TF_INT32));
+      keys[g] = key;
+    }
+    inputs[d] = {values[d], size, keys[g], instance};
+  }
+  return inputs;
+}
+
+// Puts the `pieces` equal chunks along axis 0 of every device's handle in the order
+// `order(device)[j]` names for chunk j (Split + ConcatV2); temporaries go to `made`.
+StatusOr<Handles> PermuteChunks(CollectiveRunner& run, const Handles& handles, int64_t pieces,
+                                const CollectiveGroups& groups, bool to_tf_order, int dtype,
+                                Handles& made) {
+  TFD_ASSIGN_OR_RETURN(LocalHandle axis, run.Host({0}, {}, TF_INT32));
+  LocalOpOptions split;
+  split.copy_attrs = false;
+  split.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Int("num_split", pieces)};
+  LocalOpOptions concat;
+  concat.copy_attrs = false;
+  concat.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tidx", TF_INT32),
+                      AttrOverride::Int("N", pieces)};
+  Handles result;
+  for (int d = 0; d < static_cast<int>(handles.size()); ++d) {
+    StatusOr<Handles> parts =
+        run.RunOn("Split", {axis, handles[d]}, split, d, static_cast<int>(pieces));
+    if (!parts.ok()) {
+      made.insert(made.end(), result.begin(), result.end());
+      return parts.status();
+    }
+    made.insert(made.end(), parts->begin(), parts->end());
+    // tf_order[j]: the mesh position of TF's j-th participant.
+    const std::vector<int>& order = groups.tf_order(groups.group_of(d));
+    Handles ordered(pieces);
+    for (int64_t j = 0; j < pieces; ++j) {
+      if (to_tf_order) {
+        ordered[j] = (*parts)[order[j]];
+      } else {
+        ordered[order[j]] = (*parts)[j];
+      }
+    }
+    ordered.push_back(axis);
+    StatusOr<Handles> joined = run.RunOn("ConcatV2", ordered, concat, d, 1);
+    if (!joined.ok()) {
+      made.insert(made.end(), result.begin(), result.end());
+      return joined.status();
+    }
+    result.push_back((*joined)[0]);
+  }
+  return result;
+}
+
+// Whether every block of `value` is empty (a known axis of size 0). TF's collective ops
+// are not run on those: CollectiveGatherV2 of empty pieces crashes the process.
+bool IsEmpty(Builder& b, ValueId value) {
+  for (int64_t s : b.shape(value)) {
+    if (s == 0) return true;
+  }
+  return false;
+}
+
+// The result of a collective of an empty value: each device's own (empty) block reshaped
+// to its block of `out_layout`; no data moves, as none exists.
+StatusOr<ValueId> EmptyResult(CollectiveRunner& run, ValueId value, const Layout& out_layout) {
+  Builder& b = run.builder();
+  const std::vector<int64_t> global = b.shape(value);
+  const int dtype = b.dtype(value);
+  LocalOpOptions reshape;
+  reshape.copy_attrs = false;
+  reshape.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tshape", TF_INT64)};
+  const int n = run.mesh().num_local_devices();
+  std::vector<Handles> inputs(n);
+  for (int d = 0; d < n; ++d) {
+    const std::vector<int64_t> block = out_layout.GeometryOfDevice(global, d).shape;
+    TFD_ASSIGN_OR_RETURN(LocalHandle shape,
+                         run.Host(block, {static_cast<int64_t>(block.size())}, TF_INT64));
+    inputs[d] = {run.Local(value, d), shape};
+  }
+  TFD_ASSIGN_OR_RETURN(Handles out, run.RunEach("Reshape", inputs, reshape));
+  for (int d = 0; d < n; ++d) {
+    run.SetLocalShape(out[d], out_layout.GeometryOfDevice(global, d).shape);
+  }
+  return run.AddValue(out_layout, global, dtype, out);
+}
+
+class CollectiveOps final : public CollectiveLowering {
+ public:
+  std::string_view name() const override { return "ops"; }
+  bool shares_buffers() const override { return false; }
+  bool Serves(const Mesh& mesh, bool multi_client) const override { return true; }
+
+  // [x,*] partial over x -> every device of a group holds the group's reduction:
+  // CollectiveReduceV2(local, group_size, group_key(g), instance_key) on every device.
+  StatusOr<ValueId> AllReduce(CollectiveRunner& run, ValueId value,
+                              const std::vector<int>& mesh_dims, ReduceOp op) const override;
+  // [x,*] -> [*,*] along tensor axis `dim`: CollectiveGatherV2 stacks the pieces along
+  // axis 0, so another axis is moved to the front first and back after:
+  //   local [a, b/x] -> transpose [b/x, a] -> gather [b, a] -> transpose [a, b].
+  // TF stacks the pieces in its own ranking of the group's devices (by task, then device
+  // index); where that differs from the order along the mesh dimension, the pieces are
+  // split and concatenated in mesh order.
+  // Uneven shards (the shard geometry's ceil-sized pieces, trailing ones smaller or
+  // empty): each piece is padded to the chunk size before the gather, and after it one
+  // GatherV2 per device keeps the real rows of each chunk, in mesh order.
+  StatusOr<ValueId> AllGather(CollectiveRunner& run, ValueId value, int dim) const override;
+  // [x,*] -> [*,x] in one exchange. With f = from_dim, t = to_dim and N devices along x,
+  // device c holds rows block c; it sends its column block k to device k and receives
+  // every device's rows of its own column block:
+  //   local [a/N, b] -> transpose t first [b, a/N] -> reshape [N, b/N, a/N]
+  //   -> CollectiveAllToAllV2 (chunk k to device k; the result stacks the chunks by
+  //   sender) [N, b/N, a/N] -> transpose [N, a/N, b/N] -> reshape [a, b/N].
+  // Dtypes the op lacks and uneven shards take the gather + slice path.
+  StatusOr<ValueId> AllToAll(CollectiveRunner& run, ValueId value, int from_dim,
+                             int to_dim) const override;
+};
+
+StatusOr<ValueId> CollectiveOps::AllReduce(CollectiveRunner& run, ValueId value,
+                                           const std::vector<int>& mesh_dims, ReduceOp op) const {
+  Builder& b = run.builder();
+  const CollectiveGroups& groups = CollectiveGroups::For(run.mesh(), mesh_dims);
+  const Layout layout = *b.layout(value);
+  // Pending reductions over `mesh_dims` are done; others stay pending.
+  std::vector<PartialSpec> still_partial;
+  for (const PartialSpec& p : layout.partial()) {
+    if (std::find(mesh_dims.begin(), mesh_dims.end(), p.mesh_dim) == mesh_dims.end()) {
+      still_partial.push_back(p);
+    }
+  }
+  TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithoutPartial().WithPartial(still_partial));
+  const int n = run.mesh().num_local_devices();
+  const int dtype = b.dtype(value);
+  if (groups.group_size() == 1 || IsEmpty(b, value)) {
+    Handles out;
+    for (int d = 0; d < n; ++d) {
+      StatusOr<LocalHandle> h = run.Share(run.Local(value, d), d);
+      if (!h.ok()) {
+        run.DiscardAll(out);
+        return h.status();
+      }
+      out.push_back(*h);
+    }
+    return run.AddValue(out_layout, b.shape(value), dtype, out);
+  }
+  const Wire wire = ReduceWire(dtype, op);
+  if (!wire.supported) return UnsupportedCollectiveType("all-reduce", dtype);
+  Handles sent(n);
+  for (int d = 0; d < n; ++d) sent[d] = run.Local(value, d);
+  if (wire.wire != dtype) {
+    TFD_ASSIGN_OR_RETURN(sent, ConvertEach(run, sent, dtype, wire.wire, wire.bitcast));
+  }
+  StatusOr<std::vector<Handles>> inputs = CollectiveInputs(run, sent, groups);
+  if (!inputs.ok()) {
+    if (wire.wire != dtype) run.DiscardAll(sent);
+    return inputs.status();
+  }
+  LocalOpOptions options = CollectiveOptions(wire.wire);
+  options.overrides.push_back(AttrOverride::String("merge_op", CollectiveMergeOp(op)));
+  options.overrides.push_back(
+      AttrOverride::String("final_op", op == ReduceOp::kMean ? "Div" : "Id"));
+  StatusOr<Handles> reduced = run.RunCollective("CollectiveReduceV2", *inputs, options);
+  if (wire.wire != dtype) run.DiscardAll(sent);
+  if (!reduced.ok()) return reduced.status();
+  if (wire.wire != dtype) {
+    StatusOr<Handles> back = ConvertEach(run, *reduced, wire.wire, dtype, wire.bitcast);
+    run.DiscardAll(*reduced);
+    if (!back.ok()) return back.status();
+    reduced = std::move(back);
+  }
+  return run.AddValue(out_layout, b.shape(value), dtype, *reduced);
+}
+
+StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value, int dim) const {
+  Builder& b = run.builder();
+  const Mesh& mesh = run.mesh();
+  const Layout layout = *b.layout(value);
+  const DimSpec spec = layout.spec(dim);
+  std::vector<DimSpec> specs = layout.specs();
+  specs[dim] = DimSpec::Replicated();
+  TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithSpecs(specs).WithPartial(layout.partial()));
+  if (IsEmpty(b, value)) return EmptyResult(run, value, out_layout);
+  const std::vector<int64_t> global = b.shape(value);
+  const CollectiveGroups& groups = CollectiveGroups::For(mesh, spec.mesh_dims());
+  const int n = mesh.num_local_devices();
+  const int rank = layout.rank();
+  const int dtype = b.dtype(value);
+  const Wire wire = GatherWire(dtype);
+  if (!wire.supported) return UnsupportedCollectiveType("all-gather", dtype);
+  const int64_t group_size = groups.group_size();
+  const int64_t chunk = Layout::Piece(global[dim], group_size, 0).first;
+  const std::vector<int64_t> piece_sizes = layout.PieceSizes(global, dim);
+  // The group is ordered row-major over its mesh dimensions in mesh order; an axis over
+  // several of them in another order ("y+x") numbers its pieces differently:
+  // piece_at[r] is the piece held at group position r.
+  std::vector<int64_t> piece_at(group_size);
+  bool reordered = false;
+  {
+    std::vector<int> sorted = spec.mesh_dims();
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t r = 0; r < group_size; ++r) {
+      std::vector<int64_t> coord(mesh.num_dims(), 0);
+      int64_t rest = r;
+      for (size_t k = sorted.size(); k-- > 0;) {
+        coord[sorted[k]] = rest % mesh.DimSize(sorted[k]);
+        rest /= mesh.DimSize(sorted[k]);
+      }
+      int64_t piece = 0;
+      for (int m : spec.mesh_dims()) piece = piece * mesh.DimSize(m) + coord[m];
+      piece_at[r] = piece;
+      reordered = reordered || piece != r;
+    }
+  }
+  // Uneven pieces are padded to the chunk size and trimmed after; reordered pieces take
+  // the same trimming gather, which puts them in piece order.
+  const bool uneven = global[dim] % group_size != 0 || reordered;
+
+  // Handles made here and not handed on; discarded whatever happens.
+  Handles temporaries;
+  auto cleanup = [&](Status status) {
+    run.DiscardAll(temporaries);
+    return status;
+  };
+  Handles current(n);
+  for (int d = 0; d < n; ++d) current[d] = run.Local(value, d);
+
+  std::vector<int64_t> perm;  // moves `dim` to the front; its inverse moves it back
+  std::vector<int64_t> inverse;
+  auto transpose = [&](const std::vector<int64_t>& p) -> Status {
+    StatusOr<LocalHandle> perm_value = run.Host(p, {static_cast<int64_t>(p.size())}, TF_INT32);
+    if (!perm_value.ok()) return perm_value.status();
+    LocalOpOptions options;
+    options.copy_attrs = false;
+    options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tperm", TF_INT32)};
+    std::vector<Handles> inputs(n);
+    for (int d = 0; d < n; ++d) inputs[d] = {current[d], *perm_value};
+    StatusOr<Handles> r = run.RunEach("Transpose", inputs, options);
+    if (!r.ok()) return r.status();
+    current = std::move(r).value();
+    temporaries.insert(temporaries.end(), current.begin(), current.end());
+    return Status::Ok();
+  };
+  if (dim != 0) {
+    perm.push_back(dim);
+    for (int i = 0; i < rank; ++i) {
+      if (i != dim) perm.push_back(i);
+    }
+    inverse.assign(rank, 0);
+    for (int i = 0; i < rank; ++i) inverse[perm[i]] = i;
+    Status s = transpose(perm);
+    if (!s.ok()) return cleanup(s);
+  }
+
+  if (uneven) {
+    // Every piece to the chunk size: zeros after the real rows (axis `dim` is first now).
+    std::vector<Handles> inputs(n);
+    for (int d = 0; d < n; ++d) {
+      const int64_t size = piece_sizes[layout.ShardIndex(d, dim)];
+      std::vector<int64_t> paddings(2 * rank, 0);
+      paddings[1] = chunk - size;
+      StatusOr<LocalHandle> p = run.Host(paddings, {rank, 2}, TF_INT32);
+      if (!p.ok()) return cleanup(p.status());
+      inputs[d] = {current[d], *p};
+    }
+    LocalOpOptions pad;
+    pad.copy_attrs = false;
+    pad.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tpaddings", TF_INT32)};
+    StatusOr<Handles> padded = run.RunEach("Pad", inputs, pad);
+    if (!padded.ok()) return cleanup(padded.status());
+    current = std::move(padded).value();
+    temporaries.insert(temporaries.end(), current.begin(), current.end());
+  }
+  if (wire.wire != dtype) {
+    StatusOr<Handles> sent = ConvertEach(run, current, dtype, wire.wire, wire.bitcast);
+    if (!sent.ok()) return cleanup(sent.status());
+    current = std::move(sent).value();
+    temporaries.insert(temporaries.end(), current.begin(), current.end());
+  }
+  StatusOr<std::vector<Handles>> inputs = CollectiveInputs(run, current, groups);
+  if (!inputs.ok()) return cleanup(inputs.status());
+  StatusOr<Handles> gathered =
+      run.RunCollective("CollectiveGatherV2", *inputs, CollectiveOptions(wire.wire));
+  if (!gathered.ok()) return cleanup(gathered.status());
+  current = std::move(gathered).value();
+  if (wire.wire != dtype) {
+    temporaries.insert(temporaries.end(), current.begin(), current.end());
+    StatusOr<Handles> back = ConvertEach(run, current, wire.wire, dtype, wire.bitcast);
+    if (!back.ok()) return cleanup(back.status());
+    current = std::move(back).value();
+  }
+  StatusOr<std::vector<int64_t>> whole = out_layout.LocalShape(global, "the value");
+  if (whole.ok()) {
+    std::vector<int64_t> front = *whole;  // the gathered axis first
+    for (size_t i = 0; i < perm.size(); ++i) front[i] = (*whole)[perm[i]];
+    if (uneven) front[0] = chunk * group_size;  // padded until trimmed below
+    for (int d = 0; d < n; ++d) run.SetLocalShape(current[d], front);
+  }
+
+  if (!groups.tf_order_is_identity()) {
+    // Piece j of the gather belongs to the device at position tf_order[j] of the group.
+    temporaries.insert(temporaries.end(), current.begin(), current.end());
+    StatusOr<Handles> ordered =
+        PermuteChunks(run, current, group_size, groups, false, dtype, temporaries);
+    if (!ordered.ok()) return cleanup(ordered.status());
+    current = std::move(ordered).value();
+  }
+  if (uneven) {
+    // Keep rows [r * chunk, r * chunk + size) of the chunk at each group position r, in
+    // piece order.
+    std::vector<int64_t> position_of(group_size);
+    for (int64_t r = 0; r < group_size; ++r) position_of[piece_at[r]] = r;
+    std::vector<int64_t> rows;
+    for (int64_t c = 0; c < group_size; ++c) {
+      for (int64_t j = 0; j < piece_sizes[c]; ++j) rows.push_back(position_of[c] * chunk + j);
+    }
+    StatusOr<LocalHandle> indices = run.Host(rows, {static_cast<int64_t>(rows.size())}, TF_INT32);
+    if (!indices.ok()) return cleanup(indices.status());
+    StatusOr<LocalHandle> axis = run.Host({0}, {}, TF_INT32);
+    if (!axis.ok()) return cleanup(axis.status());
+    LocalOpOptions gather;
+    gather.copy_attrs = false;
+    gather.overrides = {AttrOverride::Type("Tparams", dtype),
+                        AttrOverride::Type("Tindices", TF_INT32),
+                        AttrOverride::Type("Taxis", TF_INT32), AttrOverride::Int("batch_dims", 0)};
+    std::vector<Handles> gather_inputs(n);
+    for (int d = 0; d < n; ++d) gather_inputs[d] = {current[d], *indices, *axis};
+    temporaries.insert(temporaries.end(), current.begin(), current.end());
+    StatusOr<Handles> trimmed = run.RunEach("GatherV2", gather_inputs, gather);
+    if (!trimmed.ok()) return cleanup(trimmed.status());
+    current = std::move(trimmed).value();
+  }
+  if (dim != 0) {
+    temporaries.insert(temporaries.end(), current.begin(), current.end());
+    Status s = transpose(inverse);
+    if (!s.ok()) return cleanup(s);
+    // The transposed results are handed on, not temporaries.
+    temporaries.resize(temporaries.size() - current.size());
+  }
+  run.DiscardAll(temporaries);
+  return run.AddValue(out_layout, global, dtype, current);
+}
+
+StatusOr<ValueId> CollectiveOps::AllToAll(CollectiveRunner& run, ValueId value, int from_dim,
+                                          int to_dim) const {
+  Builder& b = run.builder();
+  const Layout layout = *b.layout(value);
+  const int mesh_dim = layout.spec(from_dim).mesh_dim;
+  const CollectiveGroups& groups = CollectiveGroups::For(run.mesh(), {mesh_dim});
+  const int64_t pieces = groups.group_size();
+  const std::vector<int64_t> global = b.shape(value);
+  const int dtype = b.dtype(value);
+  const Wire wire = GatherWire(dtype);
+  std::vector<DimSpec> specs = layout.specs();
+  specs[to_dim] = specs[from_dim];
+  specs[from_dim] = DimSpec::Replicated();
+  if (IsEmpty(b, value) && !layout.spec(from_dim).multi()) {
+    TFD_ASSIGN_OR_RETURN(Layout out_layout, Layout::FromSpecs(specs, layout.mesh(), layout.type(),
+                                                              layout.partial()));
+    return EmptyResult(run, value, out_layout);
+  }
+  if (layout.spec(from_dim).multi() || !wire.supported || wire.wire != dtype || pieces == 1 ||
+      global[from_dim] % pieces != 0 || global[to_dim] % pieces != 0) {
+    return b.Builder::AllToAll(value, from_dim, to_dim);
+  }
+  TFD_ASSIGN_OR_RETURN(Layout out_layout,
+                       Layout::FromSpecs(specs, layout.mesh(), layout.type(), layout.partial()));
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> in_shape, layout.LocalShape(global, "the value"));
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> out_shape,
+                       out_layout.LocalShape(global, "the relaid-out value"));
+  const int rank = layout.rank();
+  const int n = run.mesh().num_local_devices();
+
+  Handles made;  // temporaries, discarded at the end
+  auto cleanup = [&](Status status) {
+    run.DiscardAll(made);
+    return status;
+  };
+  Handles current(n);
+  for (int d = 0; d < n; ++d) current[d] = run.Local(value, d);
+  // Runs one local op on every device: inputs = {current[d], extra}.
+  auto each = [&](const std::string& op_type, LocalHandle extra,
+                  const LocalOpOptions& options) -> Status {
+    std::vector<Handles> inputs(n);
+    for (int d = 0; d < n; ++d) inputs[d] = {current[d], extra};
+    StatusOr<Handles> r = run.RunEach(op_type, inputs, options);
+    if (!r.ok()) return r.status();
+    current = std::move(r).value();
+    made.insert(made.end(), current.begin(), current.end());
+    return Status::Ok();
+  };
+  auto transpose = [&](const std::vector<int64_t>& perm) -> Status {
+    StatusOr<LocalHandle> p = run.Host(perm, {static_cast<int64_t>(perm.size())}, TF_INT32);
+    if (!p.ok()) return p.status();
+    LocalOpOptions options;
+    options.copy_attrs = false;
+    options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tperm", TF_INT32)};
+    return each("Transpose", *p, options);
+  };
+  auto reshape = [&](const std::vector<int64_t>& shape) -> Status {
+    StatusOr<LocalHandle> s = run.Host(shape, {static_cast<int64_t>(shape.size())}, TF_INT32);
+    if (!s.ok()) return s.status();
+    LocalOpOptions options;
+    options.copy_attrs = false;
+    options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tshape", TF_INT32)};
+    return each("Reshape", *s, options);
+  };
+
+  // 1. The scattered axis first: [L[t], rest...].
+  std::vector<int> rest;
+  for (int i = 0; i < rank; ++i) {
+    if (i != to_dim) rest.push_back(i);
+  }
+  if (to_dim != 0) {
+    std::vector<int64_t> perm = {to_dim};
+    for (int i : rest) perm.push_back(i);
+    Status s = transpose(perm);
+    if (!s.ok()) return cleanup(s);
+  }
+  // 2. Chunk k goes to the device at mesh position k, i.e. to TF's rank of that device.
+  if (!groups.tf_order_is_identity()) {
+    StatusOr<Handles> r = PermuteChunks(run, current, pieces, groups, true, dtype, made);
+    if (!r.ok()) return cleanup(r.status());
+    current = std::move(r).value();
+    made.insert(made.end(), current.begin(), current.end());
+  }
+  // 3. The exchange, of a [N, L[t]/N, rest...] tensor: TF's all-to-all wants the group
+  // size as the first axis.
+  std::vector<int64_t> split_shape = {pieces, in_shape[to_dim] / pieces};
+  for (int i : rest) split_shape.push_back(in_shape[i]);
+  Status s = reshape(split_shape);
+  if (!s.ok()) return cleanup(s);
+  StatusOr<std::vector<Handles>> inputs = CollectiveInputs(run, current, groups);
+  if (!inputs.ok()) return cleanup(inputs.status());
+  StatusOr<Handles> exchanged =
+      run.RunCollective("CollectiveAllToAllV2", *inputs, CollectiveOptions(dtype));
+  if (!exchanged.ok()) return cleanup(exchanged.status());
+  current = std::move(exchanged).value();
+  made.insert(made.end(), current.begin(), current.end());
+  for (int d = 0; d < n; ++d) run.SetLocalShape(current[d], split_shape);
+  // 4. Chunks back in mesh order of their senders.
+  if (!groups.tf_order_is_identity()) {
+    StatusOr<Handles> r = PermuteChunks(run, current, pieces, groups, false, dtype, made);
+    if (!r.ok()) return cleanup(r.status());
+    current = std::move(r).value();
+    made.insert(made.end(), current.begin(), current.end());
+  }
+  // 5. [N, L[t]/N, rest...]: the sender axis next to the gathered axis, then merged.
+  std::vector<int64_t> perm;
+  for (int i = 0; i < rank; ++i) {
+    if (i == to_dim) {
+      perm.push_back(1);
+      continue;
+    }
+    const int position = 2 + static_cast<int>(std::find(rest.begin(), rest.end(), i) - rest.begin());
+    if (i == from_dim) perm.push_back(0);
+    perm.push_back(position);
+  }
+  s = transpose(perm);
+  if (!s.ok()) return cleanup(s);
+  s = reshape(out_shape);
+  if (!s.ok()) return cleanup(s);
+  // The last reshape's results are the value's; everything before goes.
+  made.resize(made.size() - current.size());
+  run.DiscardAll(made);
+  return run.AddValue(out_layout, global, dtype, current);
+}
+
+}  // namespace
+
+const CollectiveLowering& CollectiveOpsLowering() {
+  static const CollectiveOps lowering;
+  return lowering;
+}
+
+}  // namespace tf_dtensor

@@ -1,0 +1,477 @@
+// The shared-buffer lowering: every device can read its peers' local results (virtual
+// CPUs of one process), so a collective is an AddN / Maximum / ConcatV2 over the peers'
+// handles, computed once per distinct result and shared by the devices that hold it.
+//
+// Its all-to-all moves sub-blocks between devices as shared buffers, in one of two forms,
+// both one copy of the data when they are chosen:
+//   - split + concat: one SplitV per distinct source block, one ConcatV2 per distinct
+//     target block; the split is a view when no axis before `to_dim` is > 1 ([*,x] ->
+//     [x,*]), and this form takes uneven pieces;
+//   - stitch: one ParallelDynamicStitch per group writes every source row in its place in
+//     the stacked target blocks, cut into views by Split ([x,*] -> [*,x], where the split
+//     would copy). Measured on 8 virtual CPUs for 64 MiB: about 1.5x the split + concat.
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cc/spmd/lowering.h"
+#include "tensorflow/c/tf_datatype.h"
+
+namespace tf_dtensor {
+namespace {
+
+using Handles = std::vector<LocalHandle>;
+
+int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= dims[i];
+  return p;
+}
+
+// For source piece c of an all-to-all of `global` from axis `from` to axis `to` over
+// `pieces` devices (target pieces even, of T/K), where each target row (a run of
+// contiguous elements) lands in the stacked target blocks [block 0 rows; block 1 rows;
+// ...]. l = max(from, to) is the axis the rows cut: with l = to a row is one target
+// piece of the to-axis times the inner axes; with l = from it is the whole source piece
+// of the from-axis (even) times the inner axes.
+std::vector<int64_t> StitchIndices(const std::vector<int64_t>& global, int from, int to,
+                                   int64_t pieces, int64_t c, int64_t piece_size,
+                                   int64_t piece_offset) {
+  const int l = std::max(from, to);
+  std::vector<int64_t> source = global;  // the source block's shape
+  source[from] = piece_size;
+  std::vector<int64_t> target = global;  // every target block's shape
+  target[to] = global[to] / pieces;
+  // Rows of a source block: its axes before l, then (l = to) the K target pieces.
+  std::vector<int64_t> outer(source.begin(), source.begin() + l);
+  const int64_t per_row = l == to ? pieces : 1;
+  const int64_t target_rows = Product(target, 0, l) * (l == from ? pieces : 1);
+  std::vector<int64_t> indices;
+  indices.reserve(Product(outer, 0, outer.size()) * per_row);
+  std::vector<int64_t> coord(outer.size(), 0);
+  const int64_t count = Product(outer, 0, outer.size());
+  for (int64_t i = 0; i < count; ++i) {
+    // coord: row-major position i over `outer`.
+    int64_t rest = i;
+    for (int a = static_cast<int>(outer.size()) - 1; a >= 0; --a) {
+      coord[a] = rest % outer[a];
+      rest /= outer[a];
+    }
+    if (l == to) {
+      // Target coordinates: the from-axis moves by this piece's offset.
+      int64_t row = 0;
+      for (int a = 0; a < l; ++a) {
+        row = row * target[a] + (a == from ? coord[a] + piece_offset : coord[a]);
+      }
+      for (int64_t k = 0; k < pieces; ++k) indices.push_back(k * target_rows + row);
+    } else {
+      // The to-axis coordinate t is in target block k = t / (T/K), at t % (T/K); the row
+      // continues with this source's piece c of the from-axis.
+      const int64_t k = coord[to] / target[to];
+      int64_t row = 0;
+      for (int a = 0; a < l; ++a) {
+        row = row * target[a] + (a == to ? coord[a] % target[to] : coord[a]);
+      }
+      indices.push_back(k * target_rows + row * pieces + c);
+    }
+  }
+  return indices;
+}
+
+// [x,*] -> [*,x] in one pass: every source block, viewed as rows (Reshape, no copy), goes
+// to its place in the stacked target blocks (ParallelDynamicStitch, one memcpy per row),
+// which Split cuts along the stacking axis into views, one per target block. Taken when
+// the target pieces are even (and, with from > to, the source pieces too), rows are at
+// least 256 bytes, and SplitV along `to_dim` would copy (some axis before it is > 1);
+// otherwise nullopt and the split + concat runs.
+std::optional<StatusOr<ValueId>> AllToAllStitched(CollectiveRunner& run, ValueId value,
+                                                  int from_dim, int to_dim,
+                                                  const Layout& out_layout,
+                                                  const std::vector<int>& other_dims) {
+  Builder& b = run.builder();
+  const Layout layout = *b.layout(value);  // a copy: HostConstant grows the values
+  const int dtype = b.dtype(value);
+  const int64_t pieces = layout.NumShards(from_dim);
+  const int l = std::max(from_dim, to_dim);
+  // The blocks' shape with the from- and to-axes whole: the other axes keep their
+  // sharding (by other mesh dims), even, so that every group's blocks have one shape.
+  std::vector<int64_t> dims = b.shape(value);
+  for (int a = 0; a < static_cast<int>(dims.size()); ++a) {
+    if (dims[a] < 0) return std::nullopt;
+    if (a == from_dim || a == to_dim) continue;
+    if (dims[a] % layout.NumShards(a) != 0) return std::nullopt;
+    dims[a] /= layout.NumShards(a);
+  }
+  if (dims[to_dim] % pieces != 0 || (l == from_dim && dims[from_dim] % pieces != 0)) {
+    return std::nullopt;
+  }
+  const size_t width = TF_DataTypeSize(static_cast<TF_DataType>(dtype));
+  const int64_t row_elements = Product(dims, l + 1, dims.size()) *
+                               (l == to_dim ? dims[to_dim] / pieces : dims[from_dim] / pieces);
+  const int64_t total = Product(dims, 0, dims.size());
+  std::vector<int64_t> first_block = dims;
+  first_block[from_dim] = layout.AxisPiece(from_dim, dims[from_dim], 0).first;
+  if (width == 0 || row_elements * static_cast<int64_t>(width) < 256 || total == 0 ||
+      total / row_elements >= (int64_t{1} << 31) || Product(first_block, 0, to_dim) <= 1) {
+    return std::nullopt;
+  }
+  std::vector<int64_t> target_block = dims;
+  target_block[to_dim] /= pieces;
+  const int n = run.mesh().num_local_devices();
+  Handles made;  // temporaries
+  Handles out(n, LocalHandle{});
+  std::vector<bool> filled(n, false);
+  auto fail = [&](const Status& status) -> StatusOr<ValueId> {
+    run.DiscardAll(made);
+    for (int d = 0; d < n; ++d) {
+      if (filled[d]) run.Discard(out[d]);
+    }
+    return status;
+  };
+  auto local = [&](const std::string& op, const Handles& inputs,
+                   std::vector<AttrOverride> overrides, int device,
+                   int outputs) -> StatusOr<Handles> {
+    LocalOpOptions options;
+    options.copy_attrs = false;
+    options.overrides = std::move(overrides);
+    TFD_ASSIGN_OR_RETURN(Handles r, run.RunOn(op, inputs, options, device, outputs));
+    made.insert(made.end(), r.begin(), r.end());
+    return r;
+  };
+  const AttrOverride type = AttrOverride::Type("T", dtype);
+  const AttrOverride tshape = AttrOverride::Type("Tshape", TF_INT64);
+  StatusOr<LocalHandle> zero = run.Host({0}, {}, TF_INT32);
+  if (!zero.ok()) return fail(zero.status());
+  StatusOr<LocalHandle> block_shape =
+      run.Host(target_block, {static_cast<int64_t>(target_block.size())}, TF_INT64);
+  if (!block_shape.ok()) return fail(block_shape.status());
+  std::map<int, Handles> blocks;  // group's first device -> target blocks by k
+  for (int d = 0; d < n; ++d) {
+    int group = d;
+    for (int e = 0; e < d; ++e) {
+      if (run.SameCoords(d, e, other_dims)) {
+        group = e;
+        break;
+      }
+    }
+    if (!blocks.count(group)) {
+      Handles indices(pieces), rows(pieces);
+      std::vector<bool> found(pieces, false);
+      for (int e = 0; e < n; ++e) {
+        const int64_t c = layout.ShardIndex(e, from_dim);
+        if (found[c] || !run.SameCoords(group, e, other_dims)) continue;
+        found[c] = true;
+        auto [size, offset] = layout.AxisPiece(from_dim, dims[from_dim], c);
+        std::vector<int64_t> index =
+            StitchIndices(dims, from_dim, to_dim, pieces, c, size, offset);
+        const int64_t count = static_cast<int64_t>(index.size());
+        StatusOr<LocalHandle> index_value = run.Host(index, {count}, TF_INT32);
+        if (!index_value.ok()) return fail(index_value.status());
+        StatusOr<LocalHandle> row_shape = run.Host({count, row_elements}, {2}, TF_INT64);
+        if (!row_shape.ok()) return fail(row_shape.status());
+        StatusOr<Handles> r =
+            local("Reshape", {run.Local(value, e), *row_shape}, {type, tshape}, group, 1);
+        if (!r.ok()) return fail(r.status());
+        indices[c] = *index_value;
+        rows[c] = (*r)[0];
+      }
+      if (std::find(found.begin(), found.end(), false) != found.end()) {
+        return fail(Internal("all-to-all of a " + layout.ShortString() +
+                             " value: a source piece has no local device."));
+      }
+      Handles inputs = indices;
+      inputs.insert(inputs.end(), rows.begin(), rows.end());
+      StatusOr<Handles> stacked = local("ParallelDynamicStitch", inputs,
+                                        {type, AttrOverride::Int("N", pieces)}, group, 1);
+      if (!stacked.ok()) return fail(stacked.status());
+      StatusOr<Handles> split =
+          local("Split", {*zero, (*stacked)[0]}, {type, AttrOverride::Int("num_split", pieces)},
+                group, static_cast<int>(pieces));
+      if (!split.ok()) return fail(split.status());
+      Handles group_blocks;
+      for (LocalHandle h : *split) {
+        StatusOr<Handles> r = local("Reshape", {h, *block_shape}, {type, tshape}, group, 1);
+        if (!r.ok()) return fail(r.status());
+        run.SetLocalShape((*r)[0], target_block);
+        group_blocks.push_back((*r)[0]);
+      }
+      blocks[group] = std::move(group_blocks);
+    }
+    StatusOr<LocalHandle> h = run.Share(blocks[group][out_layout.ShardIndex(d, to_dim)], d);
+    if (!h.ok()) return fail(h.status());
+    out[d] = *h;
+    filled[d] = true;
+  }
+  run.DiscardAll(made);
+  return run.AddValue(out_layout, b.shape(value), dtype, out);
+}
+
+class SharedBuffer final : public CollectiveLowering {
+ public:
+  std::string_view name() const override { return "shared"; }
+  bool shares_buffers() const override { return true; }
+  // A mesh of virtual CPUs of this process. A local-subset mesh of CPUs keeps the shared
+  // buffer while it runs in one process: its first collective is refused
+  // (CheckCollectiveParticipants) instead of waiting for peers that never come.
+  bool Serves(const Mesh& mesh, bool multi_client) const override {
+    return mesh.shares_host_memory() &&
+           (mesh.num_local_devices() == mesh.size() || !multi_client);
+  }
+
+  StatusOr<ValueId> AllReduce(CollectiveRunner& run, ValueId value,
+                              const std::vector<int>& mesh_dims, ReduceOp op) const override;
+  StatusOr<ValueId> AllGather(CollectiveRunner& run, ValueId value, int dim) const override;
+  // [x,*] -> [*,x] over x = mesh dim m with pieces c (rows) and k (columns):
+  //   source block c [rows c, all columns] --SplitV along to_dim--> sub-blocks (c, k)
+  //   target block k [all rows, columns k] = ConcatV2 along from_dim of (0, k), (1, k), ...
+  // Pieces follow the shard geometry on both sides (uneven too). Devices that agree on the
+  // other distinct mesh dims (other sharded axes, pending reductions) exchange among
+  // themselves; replicas share their leader's blocks. The stitch form runs instead where
+  // it applies (AllToAllStitched).
+  StatusOr<ValueId> AllToAll(CollectiveRunner& run, ValueId value, int from_dim,
+                             int to_dim) const override;
+};
+
+StatusOr<ValueId> SharedBuffer::AllReduce(CollectiveRunner& run, ValueId value,
+                                          const std::vector<int>& mesh_dims, ReduceOp op) const {
+  Builder& b = run.builder();
+  const Mesh& mesh = run.mesh();
+  const Layout layout = *b.layout(value);
+  std::vector<int> key_dims = layout.ShardedMeshDims();
+  // Pending reductions over other mesh dims stay pending; those over `mesh_dims` are done.
+  std::vector<PartialSpec> still_partial;
+  for (const PartialSpec& p : layout.partial()) {
+    if (std::find(mesh_dims.begin(), mesh_dims.end(), p.mesh_dim) == mesh_dims.end()) {
+      still_partial.push_back(p);
+      key_dims.push_back(p.mesh_dim);
+    }
+  }
+  TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithoutPartial().WithPartial(still_partial));
+  const int n = mesh.num_local_devices();
+  const std::vector<int> leaders = LocalLeaders(mesh, key_dims);
+  const int dtype = b.dtype(value);
+  int64_t group_size = 1;
+  for (int k : mesh_dims) group_size *= mesh.DimSize(k);
+  // A mean is a sum scaled by 1/group size, as one scalar of the value's dtype.
+  std::optional<LocalHandle> scale;
+  if (op == ReduceOp::kMean && group_size > 1) {
+    TFD_ASSIGN_OR_RETURN(LocalHandle count, run.Host({group_size}, {}, TF_INT64));
+    LocalOpOptions cast;
+    cast.copy_attrs = false;
+    cast.overrides = {AttrOverride::Type("SrcT", TF_INT64), AttrOverride::Type("DstT", dtype)};
+    TFD_ASSIGN_OR_RETURN(Handles r, run.RunOn("Cast", {count}, cast, 0, 1));
+    scale = r[0];
+  }
+  Handles out(n, LocalHandle{});
+  for (int d = 0; d < n; ++d) {
+    if (leaders[d] != d) {
+      TFD_ASSIGN_OR_RETURN(out[d], run.Share(out[leaders[d]], d));
+      continue;
+    }
+    // One partial value per coordinate tuple along `mesh_dims`, within d's group.
+    std::map<std::vector<int64_t>, LocalHandle> partials;
+    for (int e = 0; e < n; ++e) {
+      if (!run.SameCoords(d, e, key_dims)) continue;
+      std::vector<int64_t> coords;
+      for (int k : mesh_dims) coords.push_back(mesh.LocalCoord(e, k));
+      if (!partials.count(coords)) partials.emplace(coords, run.Local(value, e));
+    }
+    Handles parts;
+    for (auto& [coords, h] : partials) parts.push_back(h);
+    LocalOpOptions options;
+    options.copy_attrs = false;
+    options.overrides = {AttrOverride::Type("T", dtype)};
+    if (parts.size() == 1) {
+      TFD_ASSIGN_OR_RETURN(out[d], run.Share(parts[0], d));
+      continue;
+    }
+    if (op == ReduceOp::kSum || op == ReduceOp::kMean) {
+      LocalOpOptions add = options;
+      add.overrides.push_back(AttrOverride::Int("N", static_cast<int64_t>(parts.size())));
+      TFD_ASSIGN_OR_RETURN(Handles r, run.RunOn("AddN", parts, add, d, 1));
+      out[d] = r[0];
+      if (scale) {
+        TFD_ASSIGN_OR_RETURN(LocalHandle s, d == 0 ? StatusOr<LocalHandle>(*scale)
+                                                   : run.Share(*scale, d));
+        TFD_ASSIGN_OR_RETURN(Handles q, run.RunOn("RealDiv", {r[0], s}, options, d, 1));
+        run.Discard(r[0]);
+        if (d != 0) run.Discard(s);
+        out[d] = q[0];
+      }
+      continue;
+    }
+    const char* binary = op == ReduceOp::kMax ? "Maximum" : op == ReduceOp::kMin ? "Minimum" : "Mul";
+    LocalHandle acc = parts[0];
+    for (size_t i = 1; i < parts.size(); ++i) {
+      TFD_ASSIGN_OR_RETURN(Handles r, run.RunOn(binary, {acc, parts[i]}, options, d, 1));
+      if (i > 1) run.Discard(acc);
+      acc = r[0];
+    }
+    out[d] = acc;
+  }
+  if (scale) run.Discard(*scale);
+  return run.AddValue(out_layout, b.shape(value), dtype, out);
+}
+
+StatusOr<ValueId> SharedBuffer::AllGather(CollectiveRunner& run, ValueId value, int dim) const {
+  Builder& b = run.builder();
+  const Layout layout = *b.layout(value);
+  std::vector<DimSpec> specs = layout.specs();
+  specs[dim] = DimSpec::Replicated();
+  TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithSpecs(specs).WithPartial(layout.partial()));
+  const std::vector<int> key_dims = out_layout.DistinctMeshDims();
+  const int n = run.mesh().num_local_devices();
+  const std::vector<int> leaders = LocalLeaders(run.mesh(), key_dims);
+  const int64_t pieces = layout.NumShards(dim);
+  TFD_ASSIGN_OR_RETURN(LocalHandle axis, run.Host({dim}, {}, TF_INT32));
+  Handles out(n, LocalHandle{});
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = {AttrOverride::Type("T", b.dtype(value)),
+                       AttrOverride::Type("Tidx", TF_INT32), AttrOverride::Int("N", pieces)};
+  for (int d = 0; d < n; ++d) {
+    if (leaders[d] != d) {
+      TFD_ASSIGN_OR_RETURN(out[d], run.Share(out[leaders[d]], d));
+      continue;
+    }
+    Handles parts(pieces, LocalHandle{});
+    std::vector<bool> found(pieces, false);
+    for (int e = 0; e < n; ++e) {
+      int64_t c = layout.ShardIndex(e, dim);
+      if (run.SameCoords(d, e, key_dims) && !found[c]) {
+        parts[c] = run.Local(value, e);
+        found[c] = true;
+      }
+    }
+    parts.push_back(axis);
+    TFD_ASSIGN_OR_RETURN(Handles r, run.RunOn("ConcatV2", parts, options, d, 1));
+    out[d] = r[0];
+  }
+  return run.AddValue(out_layout, b.shape(value), b.dtype(value), out);
+}
+
+StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, int from_dim,
+                                         int to_dim) const {
+  Builder& b = run.builder();
+  const Layout layout = *b.layout(value);
+  const DimSpec spec = layout.spec(from_dim);
+  const std::vector<int64_t> global = b.shape(value);
+  // Nested pieces and a target axis of unknown size (its pieces are only known at run
+  // time) take the gather + slice path.
+  if (spec.multi() || layout.spec(to_dim).sharded() || global[to_dim] < 0) {
+    return b.Builder::AllToAll(value, from_dim, to_dim);
+  }
+  const int mesh_dim = spec.mesh_dim;
+  std::vector<DimSpec> specs = layout.specs();
+  specs[to_dim] = spec;
+  specs[from_dim] = DimSpec::Replicated();
+  TFD_ASSIGN_OR_RETURN(Layout out_layout,
+                       Layout::FromSpecs(specs, layout.mesh(), layout.type(), layout.partial()));
+  TFD_RETURN_IF_ERROR(out_layout.LocalShape(global, "the relaid-out tensor").status());
+  const int n = run.mesh().num_local_devices();
+  const int64_t pieces = layout.NumShards(from_dim);
+  const int dtype = b.dtype(value);
+  Handles out(n, LocalHandle{});
+  const std::vector<int> in_leaders = LocalLeaders(run.mesh(), layout.DistinctMeshDims());
+  const std::vector<int> out_leaders = LocalLeaders(run.mesh(), out_layout.DistinctMeshDims());
+  if (pieces == 1) {  // a mesh dimension of size 1: only the spec moves
+    for (int d = 0; d < n; ++d) {
+      StatusOr<LocalHandle> h = run.Share(run.Local(value, d), d);
+      if (!h.ok()) {
+        for (int e = 0; e < d; ++e) run.Discard(out[e]);
+        return h.status();
+      }
+      out[d] = *h;
+    }
+    return run.AddValue(out_layout, global, dtype, out);
+  }
+  // The exchange pairs devices that agree on every other distinct mesh dim.
+  std::vector<int> other_dims;
+  for (int k : layout.DistinctMeshDims()) {
+    if (k != mesh_dim) other_dims.push_back(k);
+  }
+  if (std::optional<StatusOr<ValueId>> stitched =
+          AllToAllStitched(run, value, from_dim, to_dim, out_layout, other_dims)) {
+    return *std::move(stitched);
+  }
+  TFD_ASSIGN_OR_RETURN(LocalHandle from_axis, run.Host({from_dim}, {}, TF_INT32));
+  TFD_ASSIGN_OR_RETURN(LocalHandle to_axis, run.Host({to_dim}, {}, TF_INT32));
+  TFD_ASSIGN_OR_RETURN(LocalHandle sizes,
+                       run.Host(out_layout.PieceSizes(global, to_dim), {pieces}, TF_INT64));
+  LocalOpOptions split;
+  split.copy_attrs = false;
+  split.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tlen", TF_INT64),
+                     AttrOverride::Int("num_split", pieces)};
+  LocalOpOptions concat;
+  concat.copy_attrs = false;
+  concat.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tidx", TF_INT32),
+                      AttrOverride::Int("N", pieces)};
+  std::map<int, Handles> splits;  // source leader -> its sub-blocks, by k
+  std::vector<bool> filled(n, false);
+  Status failure;
+  for (int d = 0; d < n && failure.ok(); ++d) {
+    if (out_leaders[d] != d) continue;
+    Handles parts(pieces, LocalHandle{});
+    std::vector<bool> found(pieces, false);
+    const int64_t k = out_layout.ShardIndex(d, to_dim);
+    for (int e = 0; e < n && failure.ok(); ++e) {
+      const int64_t c = layout.ShardIndex(e, from_dim);
+      if (found[c] || !run.SameCoords(d, e, other_dims)) continue;
+      const int source = in_leaders[e];
+      if (!splits.count(source)) {
+        StatusOr<Handles> r =
+            run.RunOn("SplitV", {run.Local(value, source), sizes, to_axis}, split, source, pieces);
+        if (!r.ok()) {
+          failure = r.status();
+          break;
+        }
+        splits[source] = std::move(r).value();
+      }
+      parts[c] = splits[source][k];
+      found[c] = true;
+    }
+    if (!failure.ok()) break;
+    if (std::find(found.begin(), found.end(), false) != found.end()) {
+      failure = Internal("all-to-all of a " + layout.ShortString() +
+                         " value: a source piece has no local device.");
+      break;
+    }
+    parts.push_back(from_axis);
+    StatusOr<Handles> joined = run.RunOn("ConcatV2", parts, concat, d, 1);
+    if (!joined.ok()) {
+      failure = joined.status();
+      break;
+    }
+    out[d] = (*joined)[0];
+    filled[d] = true;
+  }
+  for (auto& [source, hs] : splits) run.DiscardAll(hs);
+  for (int d = 0; d < n && failure.ok(); ++d) {
+    if (out_leaders[d] == d) continue;
+    StatusOr<LocalHandle> h = run.Share(out[out_leaders[d]], d);
+    if (!h.ok()) {
+      failure = h.status();
+      break;
+    }
+    out[d] = *h;
+    filled[d] = true;
+  }
+  if (!failure.ok()) {
+    for (int d = 0; d < n; ++d) {
+      if (filled[d]) run.Discard(out[d]);
+    }
+    return failure;
+  }
+  return run.AddValue(out_layout, global, dtype, out);
+}
+
+}  // namespace
+
+const CollectiveLowering& SharedBufferLowering() {
+  static const SharedBuffer lowering;
+  return lowering;
+}
+
+}  // namespace tf_dtensor

@@ -1,0 +1,69 @@
+// The choice of collective lowering per mesh and policy, its cache, and what follows
+// from it without a TF runtime: buffer sharing and the leader tables.
+#include "cc/spmd/lowering.h"
+
+#include "tests/cc/testing.h"
+
+namespace tf_dtensor {
+namespace {
+
+using testing::MakeMesh;
+
+// Restores "auto" when a test that forces a lowering ends, pass or fail.
+struct AutoPolicyAfter {
+  ~AutoPolicyAfter() { (void)SetCollectiveLoweringPolicy("auto"); }
+};
+
+TEST(CollectiveLowering, AutoSharesBuffersOnCpusOnly) {
+  AutoPolicyAfter reset;
+  ASSERT_OK(SetCollectiveLoweringPolicy("auto"));
+  const CollectiveLowering& cpu = CollectiveLowering::For(MakeMesh({{"x", 2}, {"y", 2}}));
+  EXPECT_EQ(cpu.name(), "shared");
+  EXPECT_TRUE(cpu.shares_buffers());
+  const CollectiveLowering& gpu = CollectiveLowering::For(MakeMesh({{"x", 2}}, "GPU"));
+  EXPECT_EQ(gpu.name(), "ops");
+  EXPECT_FALSE(gpu.shares_buffers());
+  EXPECT_EQ(CollectiveLoweringPolicy(), "auto");
+}
+
+TEST(CollectiveLowering, ForcingOpsChangesTheCachedChoiceAndTheLeaders) {
+  AutoPolicyAfter reset;
+  ASSERT_OK(SetCollectiveLoweringPolicy("auto"));
+  const Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}});
+  EXPECT_EQ(CollectiveLowering::For(mesh).name(), "shared");
+  EXPECT_EQ(LocalLeaders(mesh, {0}), (std::vector<int>{0, 0, 2, 2}));
+  const uint64_t before = CollectiveLoweringGeneration();
+  ASSERT_OK(SetCollectiveLoweringPolicy("ops"));
+  EXPECT_NE(CollectiveLoweringGeneration(), before);
+  EXPECT_EQ(CollectiveLoweringPolicy(), "ops");
+  // The same mesh, asked again: the cached choice follows the policy.
+  EXPECT_EQ(CollectiveLowering::For(mesh).name(), "ops");
+  EXPECT_FALSE(CollectiveLowering::For(mesh).shares_buffers());
+  // Without shared buffers every device computes its own block.
+  EXPECT_EQ(LocalLeaders(mesh, {0}), (std::vector<int>{0, 1, 2, 3}));
+  ASSERT_OK(SetCollectiveLoweringPolicy("auto"));
+  EXPECT_EQ(CollectiveLowering::For(mesh).name(), "shared");
+  EXPECT_EQ(LocalLeaders(mesh, {0}), (std::vector<int>{0, 0, 2, 2}));
+}
+
+TEST(CollectiveLowering, ForcedSharedBuffersNeedSharedMemory) {
+  AutoPolicyAfter reset;
+  ASSERT_OK(SetCollectiveLoweringPolicy("shared"));
+  EXPECT_EQ(CollectiveLowering::For(MakeMesh({{"x", 2}})).name(), "shared");
+  // GPUs share no buffers: "auto"'s choice stands.
+  EXPECT_EQ(CollectiveLowering::For(MakeMesh({{"x", 2}}, "GPU")).name(), "ops");
+}
+
+TEST(CollectiveLowering, UnknownPolicyIsRefusedAndNamesTheChoices) {
+  AutoPolicyAfter reset;
+  ASSERT_OK(SetCollectiveLoweringPolicy("ops"));
+  Status status = SetCollectiveLoweringPolicy("nccl");
+  EXPECT_TRUE(status.code() == Code::kInvalidArgument);
+  EXPECT_TRUE(status.message().find("`nccl`") != std::string::npos);
+  EXPECT_TRUE(status.message().find("expected `auto`, `shared` or `ops`") != std::string::npos);
+  // The policy in force stays.
+  EXPECT_EQ(CollectiveLoweringPolicy(), "ops");
+}
+
+}  // namespace
+}  // namespace tf_dtensor
