@@ -194,6 +194,73 @@ StatusOr<ValueId> EmptyResult(CollectiveRunner& run, ValueId value, const Layout
   return run.AddValue(out_layout, global, dtype, out);
 }
 
+// Each device's handle padded with zeros after each axis by `padding[device][axis]`.
+StatusOr<Handles> PadEach(CollectiveRunner& run, const Handles& handles,
+                          const std::vector<std::vector<int64_t>>& padding, int dtype) {
+  LocalOpOptions pad;
+  pad.copy_attrs = false;
+  pad.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tpaddings", TF_INT32)};
+  std::vector<Handles> inputs(handles.size());
+  for (int d = 0; d < static_cast<int>(handles.size()); ++d) {
+    const int64_t rank = static_cast<int64_t>(padding[d].size());
+    std::vector<int64_t> paddings(2 * rank, 0);
+    for (int64_t a = 0; a < rank; ++a) paddings[2 * a + 1] = padding[d][a];
+    TFD_ASSIGN_OR_RETURN(LocalHandle p, run.Host(paddings, {rank, 2}, TF_INT32));
+    inputs[d] = {handles[d], p};
+  }
+  return run.RunEach("Pad", inputs, pad);
+}
+
+// Blocks that are empty where the value is not: uneven pieces can leave a device nothing
+// along an axis ([3,1] over y=2 gives blocks of 1 and 0 columns). TF's collective ops
+// crash the process on an input without elements, so such a block goes in padded to one
+// row along each empty axis other than `keep` (-1: none kept), and the padding is cut off
+// the result (TrimToBlocks). Every device of a group holds blocks of the same size along
+// the axes its collective does not combine, so the group's devices agree on the padded
+// shape. Returns, per device, the padding after each axis (all zero where nothing is).
+std::vector<std::vector<int64_t>> EmptyAxisPadding(const Layout& layout,
+                                                   const std::vector<int64_t>& global,
+                                                   int devices, int keep) {
+  std::vector<std::vector<int64_t>> padding(devices, std::vector<int64_t>(global.size(), 0));
+  for (int d = 0; d < devices; ++d) {
+    const std::vector<int64_t> block = layout.GeometryOfDevice(global, d).shape;
+    for (int a = 0; a < static_cast<int>(block.size()); ++a) {
+      if (a != keep && block[a] == 0) padding[d][a] = 1;
+    }
+  }
+  return padding;
+}
+
+bool AnyPadding(const std::vector<std::vector<int64_t>>& padding) {
+  for (const auto& device : padding) {
+    for (int64_t p : device) {
+      if (p != 0) return true;
+    }
+  }
+  return false;
+}
+
+// Each device's handle sliced to its block of `layout` (the padding EmptyAxisPadding added
+// taken off again); the padded handles go to `made`.
+StatusOr<Handles> TrimToBlocks(CollectiveRunner& run, const Handles& handles,
+                               const Layout& layout, const std::vector<int64_t>& global,
+                               int dtype, Handles& made) {
+  made.insert(made.end(), handles.begin(), handles.end());
+  const int rank = static_cast<int>(global.size());
+  LocalOpOptions slice;
+  slice.copy_attrs = false;
+  slice.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Index", TF_INT64)};
+  TFD_ASSIGN_OR_RETURN(LocalHandle begin,
+                       run.Host(std::vector<int64_t>(rank, 0), {rank}, TF_INT64));
+  std::vector<Handles> inputs(handles.size());
+  for (int d = 0; d < static_cast<int>(handles.size()); ++d) {
+    TFD_ASSIGN_OR_RETURN(LocalHandle size,
+                         run.Host(layout.GeometryOfDevice(global, d).shape, {rank}, TF_INT64));
+    inputs[d] = {handles[d], begin, size};
+  }
+  return run.RunEach("Slice", inputs, slice);
+}
+
 class CollectiveOps final : public CollectiveLowering {
  public:
   std::string_view name() const override { return "ops"; }
@@ -256,8 +323,21 @@ StatusOr<ValueId> CollectiveOps::AllReduce(CollectiveRunner& run, ValueId value,
   if (!wire.supported) return UnsupportedCollectiveType("all-reduce", dtype);
   Handles sent(n);
   for (int d = 0; d < n; ++d) sent[d] = run.Local(value, d);
+  const std::vector<int64_t> global = b.shape(value);
+  const std::vector<std::vector<int64_t>> padding = EmptyAxisPadding(layout, global, n, -1);
+  const bool padded = AnyPadding(padding);
+  Handles made;  // padded blocks, discarded at the end
+  if (padded) {
+    TFD_ASSIGN_OR_RETURN(sent, PadEach(run, sent, padding, dtype));
+    made = sent;
+  }
   if (wire.wire != dtype) {
-    TFD_ASSIGN_OR_RETURN(sent, ConvertEach(run, sent, dtype, wire.wire, wire.bitcast));
+    StatusOr<Handles> converted = ConvertEach(run, sent, dtype, wire.wire, wire.bitcast);
+    if (!converted.ok()) {
+      run.DiscardAll(made);
+      return converted.status();
+    }
+    sent = std::move(converted).value();
   }
   StatusOr<std::vector<Handles>> inputs = CollectiveInputs(run, sent, groups);
   if (!inputs.ok()) {
@@ -270,14 +350,23 @@ StatusOr<ValueId> CollectiveOps::AllReduce(CollectiveRunner& run, ValueId value,
       AttrOverride::String("final_op", op == ReduceOp::kMean ? "Div" : "Id"));
   StatusOr<Handles> reduced = run.RunCollective("CollectiveReduceV2", *inputs, options);
   if (wire.wire != dtype) run.DiscardAll(sent);
-  if (!reduced.ok()) return reduced.status();
+  if (!reduced.ok()) {
+    run.DiscardAll(made);
+    return reduced.status();
+  }
   if (wire.wire != dtype) {
     StatusOr<Handles> back = ConvertEach(run, *reduced, wire.wire, dtype, wire.bitcast);
     run.DiscardAll(*reduced);
-    if (!back.ok()) return back.status();
+    if (!back.ok()) {
+      run.DiscardAll(made);
+      return back.status();
+    }
     reduced = std::move(back);
   }
-  return run.AddValue(out_layout, b.shape(value), dtype, *reduced);
+  if (padded) reduced = TrimToBlocks(run, *reduced, out_layout, global, dtype, made);
+  run.DiscardAll(made);
+  if (!reduced.ok()) return reduced.status();
+  return run.AddValue(out_layout, global, dtype, *reduced);
 }
 
 StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value, int dim) const {
@@ -360,21 +449,18 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
     if (!s.ok()) return cleanup(s);
   }
 
-  if (uneven) {
+  // Blocks empty along another axis than `dim` are padded there (EmptyAxisPadding).
+  const std::vector<std::vector<int64_t>> empty_padding =
+      EmptyAxisPadding(layout, global, n, dim);
+  const bool pad_empty = AnyPadding(empty_padding);
+  if (uneven || pad_empty) {
     // Every piece to the chunk size: zeros after the real rows (axis `dim` is first now).
-    std::vector<Handles> inputs(n);
+    std::vector<std::vector<int64_t>> padding(n, std::vector<int64_t>(rank, 0));
     for (int d = 0; d < n; ++d) {
-      const int64_t size = piece_sizes[layout.ShardIndex(d, dim)];
-      std::vector<int64_t> paddings(2 * rank, 0);
-      paddings[1] = chunk - size;
-      StatusOr<LocalHandle> p = run.Host(paddings, {rank, 2}, TF_INT32);
-      if (!p.ok()) return cleanup(p.status());
-      inputs[d] = {current[d], *p};
+      padding[d][0] = chunk - piece_sizes[layout.ShardIndex(d, dim)];
+      for (int i = 1; i < rank; ++i) padding[d][i] = empty_padding[d][dim != 0 ? perm[i] : i];
     }
-    LocalOpOptions pad;
-    pad.copy_attrs = false;
-    pad.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tpaddings", TF_INT32)};
-    StatusOr<Handles> padded = run.RunEach("Pad", inputs, pad);
+    StatusOr<Handles> padded = PadEach(run, current, padding, dtype);
     if (!padded.ok()) return cleanup(padded.status());
     current = std::move(padded).value();
     temporaries.insert(temporaries.end(), current.begin(), current.end());
@@ -398,7 +484,7 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
     current = std::move(back).value();
   }
   StatusOr<std::vector<int64_t>> whole = out_layout.LocalShape(global, "the value");
-  if (whole.ok()) {
+  if (whole.ok() && !pad_empty) {
     std::vector<int64_t> front = *whole;  // the gathered axis first
     for (size_t i = 0; i < perm.size(); ++i) front[i] = (*whole)[perm[i]];
     if (uneven) front[0] = chunk * group_size;  // padded until trimmed below
@@ -445,6 +531,11 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
     // The transposed results are handed on, not temporaries.
     temporaries.resize(temporaries.size() - current.size());
   }
+  if (pad_empty) {
+    StatusOr<Handles> trimmed = TrimToBlocks(run, current, out_layout, global, dtype, temporaries);
+    if (!trimmed.ok()) return cleanup(trimmed.status());
+    current = std::move(trimmed).value();
+  }
   run.DiscardAll(temporaries);
   return run.AddValue(out_layout, global, dtype, current);
 }
@@ -467,8 +558,10 @@ StatusOr<ValueId> CollectiveOps::AllToAll(CollectiveRunner& run, ValueId value, 
                                                               layout.partial()));
     return EmptyResult(run, value, out_layout);
   }
+  // The exchange below reshapes every block alike: uneven blocks (along any axis, not only
+  // the two exchanged) take the gather + slice path.
   if (layout.spec(from_dim).multi() || !wire.supported || wire.wire != dtype || pieces == 1 ||
-      global[from_dim] % pieces != 0 || global[to_dim] % pieces != 0) {
+      global[from_dim] % pieces != 0 || global[to_dim] % pieces != 0 || !layout.IsEven(global)) {
     return b.Builder::AllToAll(value, from_dim, to_dim);
   }
   TFD_ASSIGN_OR_RETURN(Layout out_layout,

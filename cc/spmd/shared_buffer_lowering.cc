@@ -22,6 +22,28 @@
 namespace tf_dtensor {
 namespace {
 
+// Bytes per element of a fixed-width TF type, 0 for the others (strings, resources,
+// variants): TF_DataTypeSize's answer, without linking TF's library into the planning
+// layers (the C++ tests link them alone).
+size_t FixedWidth(int dtype) {
+  switch (static_cast<TF_DataType>(dtype)) {
+    case TF_BOOL: case TF_INT8: case TF_UINT8: case TF_QINT8: case TF_QUINT8:
+    case TF_FLOAT8_E5M2: case TF_FLOAT8_E4M3FN:
+      return 1;
+    case TF_INT16: case TF_UINT16: case TF_HALF: case TF_BFLOAT16: case TF_QINT16:
+    case TF_QUINT16:
+      return 2;
+    case TF_FLOAT: case TF_INT32: case TF_UINT32: case TF_QINT32:
+      return 4;
+    case TF_DOUBLE: case TF_INT64: case TF_UINT64: case TF_COMPLEX64:
+      return 8;
+    case TF_COMPLEX128:
+      return 16;
+    default:
+      return 0;
+  }
+}
+
 using Handles = std::vector<LocalHandle>;
 
 int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
@@ -107,7 +129,7 @@ std::optional<StatusOr<ValueId>> AllToAllStitched(CollectiveRunner& run, ValueId
   if (dims[to_dim] % pieces != 0 || (l == from_dim && dims[from_dim] % pieces != 0)) {
     return std::nullopt;
   }
-  const size_t width = TF_DataTypeSize(static_cast<TF_DataType>(dtype));
+  const size_t width = FixedWidth(dtype);
   const int64_t row_elements = Product(dims, l + 1, dims.size()) *
                                (l == to_dim ? dims[to_dim] / pieces : dims[from_dim] / pieces);
   const int64_t total = Product(dims, 0, dims.size());

@@ -320,12 +320,7 @@ def check_op(fn: Callable, op_name: str, arrays: Sequence[np.ndarray], layouts: 
     Runs under each of `LOWERINGS` when the plan has a collective (a relayout of an input or
     a reduction of an output); a plan without one runs the same local ops under every
     lowering, so the default lowering alone covers it (a case that fails under the ops
-    lowering only is marked on its parameter: a strict xfail naming the lowering). Cases
-    where an all-gather could give an empty result (`gathers_to_empty`) run under
-    the default lowering only: under the ops lowering that kills the process (known defect
-    1; the strict xfails `test_ops_lowering_all_gather_of_empty_*` in
-    test_dtensor_testing.py reproduce it in a subprocess, and pass once it is fixed: then
-    drop this exception).
+    lowering only is marked on its parameter: a strict xfail naming the lowering).
     """
     expected = fn(*[tf.constant(a) for a in arrays]).numpy()
     inputs = [to_dtensor(a, l) for a, l in zip(arrays, layouts)]
@@ -334,9 +329,7 @@ def check_op(fn: Callable, op_name: str, arrays: Sequence[np.ndarray], layouts: 
     expected_layout = _output_of(plan, layouts[0].mesh, expected.ndim, output)
     actual = run_without_fallback(fn, *inputs)
     assert_dtensor_equal(expected, expected_layout, actual)
-    if plan["collectives"] and not any(
-            gathers_to_empty(l, a.shape) for l, a in zip(layouts, arrays)) and not (
-            gathers_to_empty(expected_layout, expected.shape)):
+    if plan["collectives"]:
         try:
             with collective_lowering("ops"):
                 again = run_without_fallback(traced_again(fn), *inputs)
@@ -345,22 +338,6 @@ def check_op(fn: Callable, op_name: str, arrays: Sequence[np.ndarray], layouts: 
             raise AssertionError(f"{op_name} {case_id(layouts)} under the collective-ops "
                                  f"lowering: {error}") from error
     return actual
-
-
-def gathers_to_empty(layout: Layout, shape: Sequence[int]) -> bool:
-    """Whether an all-gather of one axis of a `shape` tensor laid out as `layout` can give a
-    result with no element: the tensor has none, or some device's block has none along
-    one axis while another axis is sharded (gathering that one keeps the block empty).
-    Under the collective-ops lowering such an all-gather kills the process (known defect
-    1); an empty block along the gathered axis alone is fine ([1] over x=2: blocks 1, 0)."""
-    if 0 in tuple(shape):
-        return True
-    if layout.type != dtensor.LayoutType.STATIC:
-        return False
-    sharded = {i for i, spec in enumerate(layout.sharding_specs) if spec != UNSHARDED}
-    return any(sharded - {axis}
-               for block, _ in layout.device_blocks(list(shape))
-               for axis, size in enumerate(block) if size == 0)
 
 
 def random_array(shape: Sequence[int], dtype=np.float32, low: float = -2.0, high: float = 2.0,

@@ -29,7 +29,7 @@ import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 
 import tf_dtensor
-from dtensor_testing import (LOWERINGS, collective_lowering, cpus, gathers_to_empty, reassemble,
+from dtensor_testing import (LOWERINGS, collective_lowering, cpus, reassemble,
                              run_without_fallback, to_dtensor)
 from fuzz_known import KnownMismatch
 from tf_dtensor import _device as dtensor_device
@@ -472,13 +472,9 @@ def describe(name: str, call: Call, layouts: Sequence[Layout]) -> str:
     return "  " + "\n  ".join(parts) + attrs
 
 
-def case_lowering(name: str, layouts: Sequence[Layout], arrays: Sequence[np.ndarray]) -> str:
+def case_lowering(name: str) -> str:
     """The collective lowering case number n of `name` runs under: the default and the ops
-    lowering in turn (deterministic: cases are counted per op). Cases where an all-gather
-    could give an empty result stay on the default: under the ops lowering that kills the
-    process (known defect 1; `dtensor_testing.gathers_to_empty`)."""
-    if any(gathers_to_empty(l, a.shape) for l, a in zip(layouts, arrays)):
-        return LOWERINGS[0]
+    lowering in turn (deterministic: cases are counted per op)."""
     return LOWERINGS[LOG.cases[name] % len(LOWERINGS)]
 
 
@@ -533,7 +529,7 @@ def run_case(spec: OpSpec, data, known: Sequence[KnownMismatch] = ()) -> None:
     arrays = [x.value for x in tensor_args]
     layouts = [draw_layout(d, mesh, x.value, x.partial, x.sharded, x.nonempty)
                for x in tensor_args]
-    lowering = case_lowering(name, layouts, arrays)
+    lowering = case_lowering(name)
     case = describe(name, call, layouts)
     if VERBOSE:   # a case that crashes the process is the last one printed
         print(f"case {name} on {mesh.short()}, lowering {lowering or 'default'}\n{case}",
