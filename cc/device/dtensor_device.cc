@@ -119,12 +119,13 @@ Status EmitOutputs(EagerBuilder& builder, const std::vector<ValueId>& values,
 // host argument (an axis, a permutation: its value is part of the plan); else null.
 // (Where results are copied to devices rather than shared, GPUs, a replicated op is not
 // recorded: EagerBuilder::LocalOnly sees the copies.)
-const Mesh* LocalOnlyMesh(const Rule& rule, const std::vector<const TensorWithLayout*>& dtensors) {
+const Mesh* LocalOnlyMesh(const RuleTraits& traits,
+                          const std::vector<const TensorWithLayout*>& dtensors) {
   const int n = static_cast<int>(dtensors.size());
   const Mesh* mesh = nullptr;
   for (int i = 0; i < n; ++i) {
     const TensorWithLayout* t = dtensors[i];
-    if (rule.IsHostArgument(i, n)) {
+    if (traits.IsHostInput(i, n)) {
       if (t) return nullptr;
       continue;
     }
@@ -234,15 +235,14 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
     }
   }
 
-  const Rule* rule = RuleRegistry::Global().Find(op_name);
+  const RegisteredRule* rule = RuleRegistry::Global().Find(op_name);
   const bool has_rule = rule != nullptr;
   // No rule: run replicated (the documented policy, applied by Dispatch).
-  static const std::shared_ptr<const Rule> fallback = Replicated();
-  if (!rule) rule = fallback.get();
+  if (!rule) rule = &FallbackRule(/*stateful=*/false);
 
   // A repeated op whose expansion was local-only runs its local ops directly.
   const Mesh* local_only_mesh =
-      has_rule && layouts_pushed_.load() == 0 ? LocalOnlyMesh(*rule, dtensors) : nullptr;
+      has_rule && layouts_pushed_.load() == 0 ? LocalOnlyMesh(rule->traits, dtensors) : nullptr;
   if (local_only_mesh) {
     std::vector<PlanCache::InputView> views(num_inputs);
     // Host arguments' shapes and values (sized at the first one, before views point in).
@@ -265,7 +265,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
                   readable ? &*host_values[i] : nullptr};
     }
     std::shared_ptr<const LocalOnlyRun> run =
-        readable ? plan_cache_.FindLocalOnly(rule, op_name, *local_only_mesh, *num_outputs,
+        readable ? plan_cache_.FindLocalOnly(*rule, op_name, *local_only_mesh, *num_outputs,
                                              views, attrs)
                  : nullptr;
     if (run && RunLocalOnly(op, op_name, *local_only_mesh, *run, handles, dtensors,
@@ -282,7 +282,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   auto movable = [&](int i) {
     const TensorWithLayout* t = dtensors[i];
     return t && !t->resource() && !t->parted() && t->layout().IsFullyReplicated() &&
-           (t->shape().empty() || (!is_function && rule->IsHostArgument(i, num_inputs)));
+           (t->shape().empty() || (!is_function && rule->traits.IsHostInput(i, num_inputs)));
   };
   // The mesh: the inputs' (all must agree), else the requested layout's, else the default.
   std::optional<Mesh> mesh;
@@ -386,15 +386,18 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   // The plan's expansion was local-only: later calls run its local ops directly.
   if (local_only_mesh && !ctx.requested && !parted_builder) {
     if (std::optional<LocalOnlyRun> run = builder.LocalOnly(out)) {
-      plan_cache_.SetLocalOnly(rule, ctx, std::make_shared<const LocalOnlyRun>(std::move(*run)));
+      plan_cache_.SetLocalOnly(*rule, ctx,
+                               std::make_shared<const LocalOnlyRun>(std::move(*run)));
     }
   }
 
   // call_with_layout: a single output of the requested rank takes the requested layout,
-  // where its shape allows. Constants made from Python values (_EagerConst) are mostly
-  // arguments (shapes, seeds) and stay replicated; call_with_layout relayouts its final
-  // result, so a constant returned as the result still gets the layout, or a clear error.
-  if (ctx.requested && out.size() == 1 && op_name != "_EagerConst" && builder.layout(out[0]) &&
+  // where its shape allows. Constants made from Python values (_EagerConst, a python
+  // constant by its traits) are mostly arguments (shapes, seeds) and stay replicated;
+  // call_with_layout relayouts its final result, so a constant returned as the result
+  // still gets the layout, or a clear error.
+  if (ctx.requested && out.size() == 1 && !rule->traits.python_constant &&
+      builder.layout(out[0]) &&
       !builder.resource(out[0]) && builder.layout(out[0])->rank() == ctx.requested->rank() &&
       ctx.requested->UniformLocalShape(builder.shape(out[0]), "").ok()) {
     TFD_ASSIGN_OR_RETURN(out[0], Relayout(builder, out[0], *ctx.requested,

@@ -1,6 +1,7 @@
 #include "tests/cc/rules/rule_testing.h"
 
 #include "cc/core/strings.h"
+#include "cc/rules/plan.h"
 #include "tests/cc/spmd/recording_builder.h"
 
 namespace tf_dtensor {
@@ -100,15 +101,15 @@ OpCase& OpCase::OutShapes(std::vector<std::vector<int64_t>> shapes) {
   return *this;
 }
 
-StatusOr<const Rule*> OpCase::FindRule() const {
-  const Rule* rule = RuleRegistry::Global().Find(op_name_);
+StatusOr<const RegisteredRule*> OpCase::FindRule() const {
+  const RegisteredRule* rule = RuleRegistry::Global().Find(op_name_);
   if (!rule) return Unimplemented("'" + op_name_ + "' has no registered rule");
   return rule;
 }
 
 StatusOr<Plan> OpCase::Forward() const {
-  TFD_ASSIGN_OR_RETURN(const Rule* rule, FindRule());
-  return PlanOp(*rule, ctx_);
+  TFD_ASSIGN_OR_RETURN(const RegisteredRule* rule, FindRule());
+  return PlanOp(*rule->rule, rule->traits, ctx_);
 }
 
 std::string OpCase::PlanString() const {
@@ -137,9 +138,9 @@ std::vector<std::string> OpCase::Collectives() const {
 }
 
 std::vector<std::string> OpCase::Steps() const {
-  StatusOr<const Rule*> rule = FindRule();
+  StatusOr<const RegisteredRule*> rule = FindRule();
   if (!rule.ok()) return {"error: " + rule.status().message()};
-  StatusOr<Plan> plan = PlanOp(**rule, ctx_);
+  StatusOr<Plan> plan = PlanOp(*(*rule)->rule, (*rule)->traits, ctx_);
   if (!plan.ok()) return {"error: " + plan.status().message()};
   RecordingBuilder builder;
   for (const InputInfo& in : ctx_.inputs) {
@@ -147,7 +148,7 @@ std::vector<std::string> OpCase::Steps() const {
     if (in.resource) builder.set_resource(v, *in.resource);
   }
   builder.set_output_shapes(out_shapes_);
-  StatusOr<std::vector<ValueId>> outputs = (*rule)->Expand(ctx_, *plan, builder);
+  StatusOr<std::vector<ValueId>> outputs = (*rule)->rule->Expand(ctx_, *plan, builder);
   std::vector<std::string> steps = builder.steps();
   if (!outputs.ok()) steps.push_back("error: " + outputs.status().message());
   return steps;

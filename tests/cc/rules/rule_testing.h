@@ -66,7 +66,7 @@ class OpCase {
   std::vector<std::string> Steps() const;
 
  private:
-  StatusOr<const Rule*> FindRule() const;
+  StatusOr<const RegisteredRule*> FindRule() const;
 
   std::string op_name_;
   Mesh mesh_;
