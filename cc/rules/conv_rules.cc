@@ -801,8 +801,10 @@ std::shared_ptr<const Rule> AvgPoolGrad(int spatial) {
 // Convolutions are linear in one input (a pending sum passes through); the gradients
 // read a global shape (input_sizes, filter_sizes) as a host argument.
 const RuleTraits kConv = Traits().Linear(Linearity::kOneInput);
-const RuleTraits kConvInputGrad = Traits().Linear(Linearity::kOneInput).Host(0, HostValue::kShape);
-const RuleTraits kConvFilterGrad = Traits().Linear(Linearity::kOneInput).Host(1, HostValue::kShape);
+const RuleTraits kConvInputGrad =
+    Traits().Linear(Linearity::kOneInput).Host(0, HostValue::kShape);
+const RuleTraits kConvFilterGrad =
+    Traits().Linear(Linearity::kOneInput).Host(1, HostValue::kShape);
 
 const bool kRegistered = RegisterRules({
     {"AvgPool", Pool(2, PoolKind::kAvg), Traits().Linear(Linearity::kSum)},
@@ -816,8 +818,10 @@ const bool kRegistered = RegisterRules({
     {"Conv3DBackpropFilterV2", Conv(3, ConvKind::kBackpropFilter), kConvFilterGrad},
     {"Conv3DBackpropInputV2", Conv(3, ConvKind::kBackpropInput), kConvInputGrad},
     {"DepthwiseConv2dNative", Conv(2, ConvKind::kForward, true), kConv},
-    {"DepthwiseConv2dNativeBackpropFilter", Conv(2, ConvKind::kBackpropFilter, true), kConvFilterGrad},
-    {"DepthwiseConv2dNativeBackpropInput", Conv(2, ConvKind::kBackpropInput, true), kConvInputGrad},
+    {"DepthwiseConv2dNativeBackpropFilter", Conv(2, ConvKind::kBackpropFilter, true),
+     kConvFilterGrad},
+    {"DepthwiseConv2dNativeBackpropInput", Conv(2, ConvKind::kBackpropInput, true),
+     kConvInputGrad},
     {"MaxPool", Pool(2, PoolKind::kMax)},
     {"MaxPool3D", Pool(3, PoolKind::kMax)},
     {"MaxPool3DGrad", MaxPoolGrad(3)},
