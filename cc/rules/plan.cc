@@ -109,10 +109,7 @@ StatusOr<Plan> PlanPartialInputs(const Rule& rule, const RuleTraits& traits, con
       if (!through) break;
     }
   }
-  if (through && !kept.outputs.empty()) {
-    kept.passed_partial = *through;
-    return kept;
-  }
+  if (through && !kept.outputs.empty()) return kept;
   // Reduce first: partial inputs are relaid out to their sharding without pending values.
   for (int i = 0; i < n; ++i) {
     const std::optional<Layout>& in = ctx.inputs[i].layout;

@@ -84,6 +84,7 @@ std::vector<std::string> Plan::Collectives(const OpContext& ctx) const {
                   " over " + Join(names, ",") + (ctx.keep_partial ? ", reduced where needed" : ""));
   }
   out.insert(out.end(), notes.begin(), notes.end());
+  const std::vector<PartialSpec> passed_partial = PassedPartial(ctx);
   if (!passed_partial.empty()) {
     std::vector<std::string> names;
     for (const PartialSpec& p : passed_partial) {

@@ -34,6 +34,17 @@ StatusOr<std::vector<int64_t>> OpContext::IntValue(int input, const std::string&
   return *inputs[input].int_value;
 }
 
+std::vector<PartialSpec> Plan::PassedPartial(const OpContext& ctx) const {
+  for (size_t i = 0; i < inputs.size() && i < ctx.inputs.size(); ++i) {
+    const std::optional<Layout>& given = ctx.inputs[i].layout;
+    if (inputs[i] && inputs[i]->is_partial() && given &&
+        given->partial() == inputs[i]->partial()) {
+      return inputs[i]->partial();
+    }
+  }
+  return {};
+}
+
 const Layout* UsableRequest(const OpContext& ctx,
                             const std::vector<std::optional<Layout>>& requested_outputs, int o,
                             int rank) {

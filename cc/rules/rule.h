@@ -77,9 +77,6 @@ struct Plan {
   // Per output: mesh dimensions along which the local results are partial.
   std::vector<std::vector<int>> partial_dims;
   ReduceOp partial_op = ReduceOp::kSum;
-  // Pending reductions of the inputs that the op passes to its outputs unreduced (it is
-  // linear in them); set by PlanOp, already part of `inputs` and `outputs`.
-  std::vector<PartialSpec> passed_partial;
   // Attributes of the local op that differ from the global op (e.g. a local shape).
   std::vector<AttrOverride> overrides;
   // Host arguments replaced with local values (e.g. Reshape's shape): input -> values.
@@ -89,6 +86,10 @@ struct Plan {
   // an axis was gathered, in words for Collectives() and debug.
   std::vector<std::string> notes;
 
+  // Pending reductions of the inputs that the op passes to its outputs unreduced (it is
+  // linear in them): those an input has (in `ctx`) and keeps in its planned layout, which
+  // PlanOp also puts in the outputs' layouts.
+  std::vector<PartialSpec> PassedPartial(const OpContext& ctx) const;
   // The collectives this plan emits, e.g. "all-reduce(sum) over x", for tests and debug.
   std::vector<std::string> Collectives(const OpContext& ctx) const;
 };
