@@ -173,12 +173,11 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
 
   // No rule: run replicated (the documented policy, applied by Dispatch); the fallback's
   // traits (no host arguments) serve the mesh choice.
-  static const std::shared_ptr<const Rule> fallback = Replicated();
   const bool is_function = !routed.rule && TFE_ContextHasFunction(context, op_name.c_str());
   const std::optional<Layout> user_requested = default_layout();
   MeshChoiceOp choice_op;
   choice_op.name = op_name;
-  choice_op.rule = routed.rule ? routed.rule : fallback.get();
+  choice_op.rule = routed.rule ? routed.rule : &FallbackRule(/*stateful=*/false);
   choice_op.calls_function = is_function;
   if (user_requested) choice_op.requested = user_requested->mesh();
   choice_op.default_mesh = default_mesh();
@@ -268,11 +267,13 @@ Status DTensorDevice::DispatchOp(const EagerOp& op, const Routed& routed, int* n
   if (routed.local_only) local_only_.Record(builder, routed.rule, ctx, out);
 
   // call_with_layout: a single output of the requested rank takes the requested layout,
-  // where its shape allows. Constants made from Python values (_EagerConst) are mostly
-  // arguments (shapes, seeds) and stay replicated; call_with_layout relayouts its final
-  // result, so a constant returned as the result still gets the layout, or a clear error.
+  // where its shape allows. Constants made from Python values (_EagerConst, a python
+  // constant by its traits) are mostly arguments (shapes, seeds) and stay replicated;
+  // call_with_layout relayouts its final result, so a constant returned as the result
+  // still gets the layout, or a clear error.
   bool parted_out = routed.parted_out;
-  if (ctx.requested && out.size() == 1 && op.name != "_EagerConst" && builder.layout(out[0]) &&
+  if (ctx.requested && out.size() == 1 && !(routed.rule && routed.rule->traits.python_constant) &&
+      builder.layout(out[0]) &&
       !builder.resource(out[0]) && builder.layout(out[0])->rank() == ctx.requested->rank() &&
       ctx.requested->UniformLocalShape(builder.shape(out[0]), "").ok()) {
     TFD_ASSIGN_OR_RETURN(out[0], Relayout(builder, out[0], *ctx.requested,

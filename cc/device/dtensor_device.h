@@ -64,7 +64,7 @@ class DTensorDevice {
  private:
   // An op on its way to Dispatch, as ExecuteOp routed it.
   struct Routed {
-    const Rule* rule = nullptr;  // null: no rule (Dispatch applies the fallback policy)
+    const RegisteredRule* rule = nullptr;  // null: no rule (Dispatch applies the fallback policy)
     std::optional<Mesh> mesh;    // the mesh it runs on (ChooseMesh)
     // Not null: the expansion is watched, and recorded when local-only (LocalOnlyReplays).
     const Mesh* local_only = nullptr;

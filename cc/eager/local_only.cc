@@ -4,7 +4,7 @@
 
 namespace tf_dtensor {
 
-const Mesh* LocalOnlyReplays::MeshOf(const Rule* rule,
+const Mesh* LocalOnlyReplays::MeshOf(const RegisteredRule* rule,
                                      const std::vector<const TensorWithLayout*>& dtensors,
                                      bool layout_requested) {
   if (!rule || layout_requested) return nullptr;
@@ -12,7 +12,7 @@ const Mesh* LocalOnlyReplays::MeshOf(const Rule* rule,
   const Mesh* mesh = nullptr;
   for (int i = 0; i < n; ++i) {
     const TensorWithLayout* t = dtensors[i];
-    if (rule->IsHostArgument(i, n)) {
+    if (rule->traits.IsHostInput(i, n)) {
       if (t) return nullptr;
       continue;
     }
@@ -26,7 +26,7 @@ const Mesh* LocalOnlyReplays::MeshOf(const Rule* rule,
   return mesh;
 }
 
-bool LocalOnlyReplays::Replay(const EagerOp& op, const Rule* rule, const Mesh& mesh,
+bool LocalOnlyReplays::Replay(const EagerOp& op, const RegisteredRule* rule, const Mesh& mesh,
                               const std::string& device_name, int* num_outputs,
                               TFE_TensorHandle** outputs) {
   TF_Status* status = EagerBuilder::ThreadStatus();
@@ -52,7 +52,7 @@ bool LocalOnlyReplays::Replay(const EagerOp& op, const Rule* rule, const Mesh& m
                 &*host_values[i]};
   }
   std::shared_ptr<const LocalOnlyRun> run =
-      plans_.FindLocalOnly(rule, op.name, mesh, *num_outputs, views, op.attrs);
+      plans_.FindLocalOnly(*rule, op.name, mesh, *num_outputs, views, op.attrs);
   return run && Run(op, mesh, *run, device_name, num_outputs, outputs);
 }
 
@@ -140,11 +140,11 @@ bool LocalOnlyReplays::Run(const EagerOp& op, const Mesh& mesh, const LocalOnlyR
   return false;
 }
 
-void LocalOnlyReplays::Record(const EagerBuilder& builder, const Rule* rule,
+void LocalOnlyReplays::Record(const EagerBuilder& builder, const RegisteredRule* rule,
                               const OpContext& ctx, const std::vector<ValueId>& outputs) {
   if (ctx.requested) return;
   if (std::optional<LocalOnlyRun> run = builder.LocalOnly(outputs)) {
-    plans_.SetLocalOnly(rule, ctx, std::make_shared<const LocalOnlyRun>(std::move(*run)));
+    plans_.SetLocalOnly(*rule, ctx, std::make_shared<const LocalOnlyRun>(std::move(*run)));
   }
 }
 

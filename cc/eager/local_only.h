@@ -46,20 +46,21 @@ class LocalOnlyReplays {
   // permutation: its value is part of the plan). (Where results are copied to devices
   // rather than shared, GPUs, a replicated op is not recorded: EagerBuilder::LocalOnly
   // sees the copies.)
-  static const Mesh* MeshOf(const Rule* rule, const std::vector<const TensorWithLayout*>& dtensors,
+  static const Mesh* MeshOf(const RegisteredRule* rule,
+                            const std::vector<const TensorWithLayout*>& dtensors,
                             bool layout_requested);
 
   // Runs `op` by the run recorded for it on `mesh` (the others sharing each leading
   // device's results) and wraps the outputs as DTensors of `device_name`. False when none
   // is recorded, or the run failed and nothing was made: the caller expands the op, which
   // reports the error.
-  bool Replay(const EagerOp& op, const Rule* rule, const Mesh& mesh,
+  bool Replay(const EagerOp& op, const RegisteredRule* rule, const Mesh& mesh,
               const std::string& device_name, int* num_outputs, TFE_TensorHandle** outputs);
 
   // After the expansion of an op on MeshOf's mesh, which `builder` watched
   // (EagerBuilder::WatchLocalOnly), with its results: records the run when the expansion
   // was local-only and no layout was requested of it.
-  void Record(const EagerBuilder& builder, const Rule* rule, const OpContext& ctx,
+  void Record(const EagerBuilder& builder, const RegisteredRule* rule, const OpContext& ctx,
               const std::vector<ValueId>& outputs);
 
   // Ops run by a replay, for tests.

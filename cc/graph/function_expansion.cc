@@ -164,7 +164,7 @@ void FunctionExpansion::Requests(const OutputRequest& request) {
   }
 }
 
-void FunctionExpansion::Record(const NodeSpec& node, const Rule* rule,
+void FunctionExpansion::Record(const NodeSpec& node, const RegisteredRule* rule,
                                std::shared_ptr<const OpContext> ctx, bool request_sensitive) {
   auto it = position_.find(node.name);
   if (it == position_.end()) return;
@@ -174,13 +174,13 @@ void FunctionExpansion::Record(const NodeSpec& node, const Rule* rule,
 }
 
 std::shared_ptr<const OpContext> FunctionExpansion::HostContext(
-    const NodeSpec& node, const Rule* rule, const std::vector<ValueId>& inputs) {
+    const NodeSpec& node, const RegisteredRule* rule, const std::vector<ValueId>& inputs) {
   auto recorded = std::make_shared<RecordedContext>(node.op, DecodeAttrs(node.attrs), mesh_);
   for (size_t i = 0; i < inputs.size(); ++i) {
     InputInfo info;
     info.shape = builder_.shape(inputs[i]);
     info.dtype = builder_.dtype(inputs[i]);
-    if (rule->IsHostArgument(static_cast<int>(i), static_cast<int>(inputs.size()))) {
+    if (rule->traits.IsHostInput(static_cast<int>(i), static_cast<int>(inputs.size()))) {
       info.int_value = builder_.IntValue(inputs[i]);
     }
     recorded->ctx.inputs.push_back(std::move(info));
@@ -322,7 +322,7 @@ Status FunctionExpansion::EmitHostOp(const NodeSpec& node, const std::vector<Val
 }
 
 Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<ValueId> inputs) {
-  const Rule* rule = RuleRegistry::Global().Find(node.op);
+  const RegisteredRule* rule = RuleRegistry::Global().Find(node.op);
   auto recorded = std::make_shared<RecordedContext>(node.op, DecodeAttrs(node.attrs), mesh_);
   OpContext& ctx = recorded->ctx;
   bool any_dtensor = false;
@@ -342,7 +342,7 @@ Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<Value
   // The solver reads the context after this forward round, once Dispatch has filled in
   // host-argument values and host data's layouts.
   Record(node, rule, std::shared_ptr<const OpContext>(recorded, &ctx),
-         rule && (!any_dtensor || rule->ReadsRequest()));
+         rule && (!any_dtensor || rule->traits.reads_request));
   DispatchOptions options;
   options.policy = policy_;
   options.in_function = true;
@@ -414,16 +414,14 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
     // that can make its blocks directly (Fill, random ops: those have rules).
     bool any_dtensor = false;
     for (ValueId v : inputs) any_dtensor = any_dtensor || !builder_.is_host(v);
-    const Rule* node_rule = RuleRegistry::Global().Find(node.op);
+    const RegisteredRule* rule = RuleRegistry::Global().Find(node.op);
     const bool made_in_layout =
-        node_rule && ((requests_.count(node.name) > 0 && node.op != "Const") ||
-                      node_rule->MakesMeshValue());
+        rule && (requests_.count(node.name) > 0 || rule->traits.makes_mesh_value);
     // A relayout always moves its input onto its layout's mesh, host constants included.
     if (!any_dtensor && !made_in_layout && node.op != kRelayoutOp &&
         node.op != kRelayoutLikeOp) {
       // A request reaching this op later makes it on the mesh (made_in_layout).
-      const Rule* rule = RuleRegistry::Global().Find(node.op);
-      if (rule && node.op != "Const") Record(node, rule, HostContext(node, rule, inputs), true);
+      if (rule) Record(node, rule, HostContext(node, rule, inputs), true);
       return EmitHostOp(node, inputs);
     }
     return ExpandWithRule(node, inputs);

@@ -127,10 +127,10 @@ class FunctionExpansion {
   void Requests(const OutputRequest& request);
   // Records `node` for the solver: its rule, its context as the forward pass saw it, and
   // whether a request can change how it expands.
-  void Record(const NodeSpec& node, const Rule* rule, std::shared_ptr<const OpContext> ctx,
-              bool request_sensitive);
+  void Record(const NodeSpec& node, const RegisteredRule* rule,
+              std::shared_ptr<const OpContext> ctx, bool request_sensitive);
   // The context of an op expanded on the host (for the solver: shapes, attrs, host values).
-  std::shared_ptr<const OpContext> HostContext(const NodeSpec& node, const Rule* rule,
+  std::shared_ptr<const OpContext> HostContext(const NodeSpec& node, const RegisteredRule* rule,
                                                const std::vector<ValueId>& inputs);
   Status ExpandNode(const NodeSpec& node);
   Status ExpandCall(const NodeSpec& node, const std::string& callee,

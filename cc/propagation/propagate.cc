@@ -19,12 +19,12 @@ std::vector<std::vector<std::optional<Layout>>> SolveRequests(
     // Requests over several mesh dimensions per axis ("x+y", made by a relayout) reach
     // other rules as their major dimension only, as dispatch gives them their inputs.
     std::vector<std::optional<Layout>> asked = requests[n];
-    if (!node.rule->HandlesMultiDimAxes()) {
+    if (!node.rule->traits.multi_dim_axes) {
       for (std::optional<Layout>& r : asked) {
         if (r && r->HasMultiDimAxis()) r = r->MajorOnly();
       }
     }
-    std::vector<std::optional<Layout>> wanted = node.rule->Backward(*node.ctx, asked);
+    std::vector<std::optional<Layout>> wanted = node.rule->rule->Backward(*node.ctx, asked);
     for (size_t i = 0; i < wanted.size() && i < node.inputs.size(); ++i) {
       const SolverNode::Source& source = node.inputs[i];
       if (!wanted[i] || source.node < 0 || source.node >= static_cast<int>(n)) continue;

@@ -22,16 +22,16 @@
 #include <optional>
 #include <vector>
 
-#include "cc/rules/rule.h"
+#include "cc/rules/registry.h"
 
 namespace tf_dtensor {
 
 // One op of the graph, as the solver sees it.
 struct SolverNode {
-  // The op's rule and its context (shapes, attributes, host argument values, input
-  // layouts) as the forward pass saw them; a null rule (unknown op, or not reached yet)
-  // stops requests at this node.
-  const Rule* rule = nullptr;
+  // The op's rule and traits and its context (shapes, attributes, host argument values,
+  // input layouts) as the forward pass saw them; a null rule (unknown op, or not reached
+  // yet) stops requests at this node.
+  const RegisteredRule* rule = nullptr;
   std::shared_ptr<const OpContext> ctx;
   // Per input: the producing node and its output, or node -1 for a value from outside
   // (a function argument).

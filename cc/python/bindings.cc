@@ -12,6 +12,8 @@
 #include "cc/tf/ops.h"
 #include "cc/eager/tensor_with_layout.h"
 #include "cc/propagation/propagate.h"
+#include "cc/rules/dispatch.h"
+#include "cc/rules/plan.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/lowering.h"
 
@@ -92,27 +94,38 @@ py::dict Explain(const std::string& op_name, const std::vector<std::optional<Lay
     InputInfo info;
     info.shape = shapes[i];
     if (i < layouts.size() && layouts[i]) info.layout = layouts[i];
-    auto it = int_values.find(static_cast<int>(i));
-    if (it != int_values.end()) info.int_value = it->second;
     ctx.inputs.push_back(std::move(info));
   }
   ctx.requested = requested;
   ctx.num_outputs = num_outputs;
-  for (size_t i = 0; i < ctx.inputs.size(); ++i) {
-    if (!ctx.inputs[i].layout) {
-      ctx.inputs[i].layout = Layout::Replicated(*mesh, static_cast<int>(shapes[i].size()));
-    }
-  }
-  const Rule* rule = RuleRegistry::Global().Find(op_name);
+  const RegisteredRule* rule = RuleRegistry::Global().Find(op_name);
   if (!rule) {
     Raise(Unimplemented("'" + op_name + "' has no tf_dtensor rule (inputs: " + ctx.DescribeInputs() +
                         ")."),
           Subject::kOp);
   }
-  for (const InputInfo& in : ctx.inputs) {
-    ctx.keep_partial = ctx.keep_partial || (in.layout && in.layout->is_partial());
+  // Values are given for host arguments only (the op's traits say which inputs those are).
+  const int n = static_cast<int>(ctx.inputs.size());
+  for (const auto& [input, value] : int_values) {
+    std::optional<HostValue> what = rule->traits.HostInput(input, n);
+    if (input < 0 || input >= n || !what) {
+      Raise(InvalidArgument("explain got a value for input " + std::to_string(input) + " of '" +
+                            op_name + "', which is not one of its host arguments (" +
+                            rule->traits.Describe() + "). Give values only for those, and a "
+                            "layout (or None, a host tensor) for data inputs."),
+            Subject::kOp);
+    }
   }
-  Plan plan = ValueOrRaise(PlanOp(*rule, ctx), Subject::kOp);
+  // The context as Dispatch makes it: host arguments' values, a data input without a layout
+  // is a host tensor that joins the mesh replicated, axes over several mesh dimensions seen
+  // over their major dimension, keep_partial.
+  auto int_value = [&](int input) -> std::optional<std::vector<int64_t>> {
+    auto it = int_values.find(input);
+    return it == int_values.end() ? std::nullopt : std::optional<std::vector<int64_t>>(it->second);
+  };
+  Status prepared = PrepareContext(rule->traits, ctx, /*in_function=*/false, "", int_value);
+  if (!prepared.ok()) Raise(prepared, Subject::kOp);
+  Plan plan = ValueOrRaise(PlanOp(*rule->rule, rule->traits, ctx), Subject::kOp);
   py::dict out;
   out["inputs"] = plan.inputs;
   out["outputs"] = plan.outputs;

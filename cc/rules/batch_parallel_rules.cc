@@ -63,33 +63,21 @@ StatusOr<FactorSpec> BatchParallelFactors(const OpContext& ctx, const CoreAxes& 
 }
 
 // The declarative helper: a factor rule from the op's core-axis counts.
-std::shared_ptr<const Rule> BatchParallel(CoreAxesFn core,
-                                          std::function<bool(int, int)> host_inputs = nullptr) {
-  return Factors(
-      [core = std::move(core)](const OpContext& ctx) -> StatusOr<FactorSpec> {
-        TFD_ASSIGN_OR_RETURN(CoreAxes axes, core(ctx));
-        return BatchParallelFactors(ctx, axes);
-      },
-      std::move(host_inputs));
+std::shared_ptr<const Rule> BatchParallel(CoreAxesFn core) {
+  return Factors([core = std::move(core)](const OpContext& ctx) -> StatusOr<FactorSpec> {
+    TFD_ASSIGN_OR_RETURN(CoreAxes axes, core(ctx));
+    return BatchParallelFactors(ctx, axes);
+  });
 }
 
 // Fixed counts: BatchParallel({2, 2}, {2}) for MatrixSolve.
 std::shared_ptr<const Rule> BatchParallel(std::vector<std::optional<int>> inputs,
-                                          std::vector<int> outputs,
-                                          std::function<bool(int, int)> host_inputs = nullptr) {
+                                          std::vector<int> outputs) {
   CoreAxes core{std::move(inputs), std::move(outputs)};
-  return BatchParallel([core](const OpContext&) -> StatusOr<CoreAxes> { return core; },
-                       std::move(host_inputs));
+  return BatchParallel([core](const OpContext&) -> StatusOr<CoreAxes> { return core; });
 }
 
 constexpr std::nullopt_t kHost = std::nullopt;
-
-bool AfterFirstInputIsHost(int input, int) { return input >= 1; }
-bool AfterSecondInputIsHost(int input, int) { return input >= 2; }
-// MatrixDiagV2/V3(diagonal, k, num_rows, num_cols, padding_value).
-bool DiagShapeIsHost(int input, int) { return input >= 1 && input <= 3; }
-// MatrixDiagPartV2/V3(input, k, padding_value).
-bool SecondIsHost(int input, int) { return input == 1; }
 
 // The V2/V3 diagonal ops take k as a scalar or a [lo, hi] band; a band of more than one
 // diagonal adds an axis (num_diags) in front of the diagonal's own.
@@ -138,9 +126,7 @@ StatusOr<CoreAxes> EigCore(const OpContext& ctx) {
 // Shorthands for the common shapes.
 std::shared_ptr<const Rule> Unary(int core) { return BatchParallel({core}, {core}); }
 // An op with a host argument after its one data input (RFFT's fft_length, resize's size).
-std::shared_ptr<const Rule> UnaryWithHost(int core) {
-  return BatchParallel({core, kHost}, {core}, AfterFirstInputIsHost);
-}
+std::shared_ptr<const Rule> UnaryWithHost(int core) { return BatchParallel({core, kHost}, {core}); }
 // Image ops with a scalar factor (contrast, hue delta, saturation scale) read whole.
 std::shared_ptr<const Rule> ImageWithScalar(int core) { return BatchParallel({core, 0}, {core}); }
 
@@ -160,39 +146,40 @@ const bool kRegistered = RegisterRules({
     {"IFFT", Unary(1)},
     {"IFFT2D", Unary(2)},
     {"IFFT3D", Unary(3)},
-    {"IRFFT", UnaryWithHost(1)},
-    {"IRFFT2D", UnaryWithHost(2)},
-    {"IRFFT3D", UnaryWithHost(3)},
+    {"IRFFT", UnaryWithHost(1), Traits().Host(1, HostValue::kShape)},
+    {"IRFFT2D", UnaryWithHost(2), Traits().Host(1, HostValue::kShape)},
+    {"IRFFT3D", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
     {"LogMatrixDeterminant", BatchParallel({2}, {0, 0})},
     {"Lu", BatchParallel({2}, {2, 1})},
-    {"MatrixBandPart", BatchParallel({2, kHost, kHost}, {2}, AfterFirstInputIsHost)},
+    {"MatrixBandPart", BatchParallel({2, kHost, kHost}, {2}),
+     Traits().Host(1, 2, HostValue::kCount)},
     {"MatrixDeterminant", BatchParallel({2}, {0})},
     {"MatrixDiag", BatchParallel({1}, {2})},
     {"MatrixDiagPart", BatchParallel({2}, {1})},
-    {"MatrixDiagPartV2", BatchParallel(MatrixDiagPartCore, SecondIsHost)},
-    {"MatrixDiagPartV3", BatchParallel(MatrixDiagPartCore, SecondIsHost)},
-    {"MatrixDiagV2", BatchParallel(MatrixDiagCore, DiagShapeIsHost)},
-    {"MatrixDiagV3", BatchParallel(MatrixDiagCore, DiagShapeIsHost)},
+    {"MatrixDiagPartV2", BatchParallel(MatrixDiagPartCore), Traits().Host(1, HostValue::kValue)},
+    {"MatrixDiagPartV3", BatchParallel(MatrixDiagPartCore), Traits().Host(1, HostValue::kValue)},
+    {"MatrixDiagV2", BatchParallel(MatrixDiagCore), Traits().Host(1, 3, HostValue::kValue)},
+    {"MatrixDiagV3", BatchParallel(MatrixDiagCore), Traits().Host(1, 3, HostValue::kValue)},
     {"MatrixInverse", Unary(2)},
     {"MatrixSetDiag", BatchParallel({2, 1}, {2})},
-    {"MatrixSetDiagV2", BatchParallel(MatrixSetDiagCore, AfterSecondInputIsHost)},
-    {"MatrixSetDiagV3", BatchParallel(MatrixSetDiagCore, AfterSecondInputIsHost)},
+    {"MatrixSetDiagV2", BatchParallel(MatrixSetDiagCore), Traits().Host(2, -1, HostValue::kValue)},
+    {"MatrixSetDiagV3", BatchParallel(MatrixSetDiagCore), Traits().Host(2, -1, HostValue::kValue)},
     {"MatrixSolve", BatchParallel({2, 2}, {2})},
     {"MatrixSolveLs", BatchParallel({2, 2, 0}, {2})},
     {"MatrixSquareRoot", Unary(2)},
     {"MatrixTriangularSolve", BatchParallel({2, 2}, {2})},
     {"Qr", BatchParallel({2}, {2, 2})},
-    {"RFFT", UnaryWithHost(1)},
-    {"RFFT2D", UnaryWithHost(2)},
-    {"RFFT3D", UnaryWithHost(3)},
+    {"RFFT", UnaryWithHost(1), Traits().Host(1, HostValue::kShape)},
+    {"RFFT2D", UnaryWithHost(2), Traits().Host(1, HostValue::kShape)},
+    {"RFFT3D", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
     {"RGBToHSV", Unary(1)},
-    {"ResizeArea", UnaryWithHost(3)},
-    {"ResizeBicubic", UnaryWithHost(3)},
+    {"ResizeArea", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
+    {"ResizeBicubic", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
     {"ResizeBicubicGrad", BatchParallel({3, 3}, {3})},
-    {"ResizeBilinear", UnaryWithHost(3)},
+    {"ResizeBilinear", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
     {"ResizeBilinearGrad", BatchParallel({3, 3}, {3})},
-    {"ResizeNearestNeighbor", UnaryWithHost(3)},
-    {"ResizeNearestNeighborGrad", UnaryWithHost(3)},
+    {"ResizeNearestNeighbor", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
+    {"ResizeNearestNeighborGrad", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
     {"SelfAdjointEigV2", BatchParallel(EigCore)},
     {"Svd", BatchParallel(SvdCore)},
 });

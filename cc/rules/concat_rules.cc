@@ -106,11 +106,12 @@ StatusOr<FactorSpec> SplitV1Factors(const OpContext& ctx) { return SplitFactors(
 StatusOr<FactorSpec> SplitVFactors(const OpContext& ctx) { return SplitFactors(ctx, true); }
 
 const bool kRegistered = RegisterRules({
-    {"Concat", Factors(ConcatV1Factors, [](int i, int) { return i == 0; })},
-    {"ConcatV2", Factors(ConcatV2Factors, [](int i, int n) { return i == n - 1; })},
+    {"Concat", Factors(ConcatV1Factors), Traits().Host(0, HostValue::kAxis)},
+    {"ConcatV2", Factors(ConcatV2Factors), Traits().Host(-1, HostValue::kAxis)},
     {"Pack", Factors(PackFactors)},
-    {"Split", Factors(SplitV1Factors, [](int i, int) { return i == 0; })},
-    {"SplitV", Factors(SplitVFactors, [](int i, int) { return i == 1 || i == 2; })},
+    {"Split", Factors(SplitV1Factors), Traits().Host(0, HostValue::kAxis)},
+    {"SplitV", Factors(SplitVFactors),
+     Traits().Host(1, HostValue::kShape).Host(2, HostValue::kAxis)},
     {"Unpack", Factors(UnpackFactors)},
 });
 

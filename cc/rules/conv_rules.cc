@@ -16,6 +16,7 @@
 
 #include "cc/core/strings.h"
 #include "cc/rules/factor.h"
+#include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/halo.h"
 #include "tensorflow/c/tf_datatype.h"
@@ -351,9 +352,9 @@ StatusOr<Halo> PlanHalo(const AxisWindow& w, int64_t pieces, bool even_only) {
 class WindowRule : public FactorRule {
  public:
   // `like`: without a window, the input whose shape the output has.
-  WindowRule(FactorSpecFn spec, std::function<bool(int, int)> host, int shape_input,
-             std::optional<WindowOpInfo> window, int like = -1)
-      : FactorRule(std::move(spec), std::move(host)),
+  WindowRule(FactorSpecFn spec, int shape_input, std::optional<WindowOpInfo> window,
+             int like = -1)
+      : FactorRule(std::move(spec)),
         shape_input_(shape_input),
         window_(window),
         like_(like) {}
@@ -744,15 +745,13 @@ std::shared_ptr<const Rule> Conv(int spatial, ConvKind kind, bool depthwise = fa
   switch (kind) {
     case ConvKind::kForward:
       window.role = WindowRole::kForward;
-      return Linear(std::make_shared<WindowRule>(fn, nullptr, -1, window), Linearity::kOneInput);
+      return std::make_shared<WindowRule>(fn, -1, window);
     case ConvKind::kBackpropInput:
       window.role = WindowRole::kInputGrad;
-      return Linear(std::make_shared<WindowRule>(fn, [](int i, int) { return i == 0; }, 0, window),
-                    Linearity::kOneInput);
+      return std::make_shared<WindowRule>(fn, 0, window);
     case ConvKind::kBackpropFilter:
       window.role = WindowRole::kFilterGrad;
-      return Linear(std::make_shared<WindowRule>(fn, [](int i, int) { return i == 1; }, 1, window),
-                    Linearity::kOneInput);
+      return std::make_shared<WindowRule>(fn, 1, window);
   }
   return nullptr;
 }
@@ -766,19 +765,15 @@ std::shared_ptr<const Rule> Pool(int spatial, PoolKind kind) {
   window.max_pool = kind != PoolKind::kAvg;
   window.avg_pool = kind == PoolKind::kAvg;
   window.pool_v2 = kind == PoolKind::kMaxV2;
-  std::function<bool(int, int)> host = nullptr;
-  if (kind == PoolKind::kMaxV2) host = [](int i, int) { return i >= 1; };
   return std::make_shared<WindowRule>(
-      [=](const OpContext& ctx) { return PoolFactors(ctx, spatial, {0}); }, host, -1, window);
+      [=](const OpContext& ctx) { return PoolFactors(ctx, spatial, {0}); }, -1, window);
 }
 
-// Pooling gradients over `data` inputs (spatial axes gathered); `host` marks the window
-// and stride arguments of MaxPoolGradV2.
-std::shared_ptr<const Rule> PoolGrad(int spatial, std::vector<int> data, int like,
-                                     std::function<bool(int, int)> host = nullptr) {
+// Pooling gradients over `data` inputs (spatial axes gathered).
+std::shared_ptr<const Rule> PoolGrad(int spatial, std::vector<int> data, int like) {
   return std::make_shared<WindowRule>(
-      [=](const OpContext& ctx) { return PoolFactors(ctx, spatial, data); }, std::move(host), -1,
-      std::nullopt, like);
+      [=](const OpContext& ctx) { return PoolFactors(ctx, spatial, data); }, -1, std::nullopt,
+      like);
 }
 
 // MaxPoolGrad(orig_input, orig_output, grad): spatial axes keep their sharding (halo).
@@ -788,8 +783,7 @@ std::shared_ptr<const Rule> MaxPoolGrad(int spatial) {
   window.role = WindowRole::kPoolGrad;
   window.max_pool = true;
   return std::make_shared<WindowRule>(
-      [=](const OpContext& ctx) { return PoolFactors(ctx, spatial, {0, 1, 2}); }, nullptr, -1,
-      window);
+      [=](const OpContext& ctx) { return PoolFactors(ctx, spatial, {0, 1, 2}); }, -1, window);
 }
 
 // AvgPoolGrad(orig_input_shape, grad): spatial axes keep their sharding when no window
@@ -801,32 +795,41 @@ std::shared_ptr<const Rule> AvgPoolGrad(int spatial) {
   window.avg_pool = true;
   window.dy = 1;
   return std::make_shared<WindowRule>(
-      [=](const OpContext& ctx) { return PoolFactors(ctx, spatial, {1}); },
-      [](int i, int) { return i == 0; }, 0, window);
+      [=](const OpContext& ctx) { return PoolFactors(ctx, spatial, {1}); }, 0, window);
 }
 
+// Convolutions are linear in one input (a pending sum passes through); the gradients
+// read a global shape (input_sizes, filter_sizes) as a host argument.
+const RuleTraits kConv = Traits().Linear(Linearity::kOneInput);
+const RuleTraits kConvInputGrad =
+    Traits().Linear(Linearity::kOneInput).Host(0, HostValue::kShape);
+const RuleTraits kConvFilterGrad =
+    Traits().Linear(Linearity::kOneInput).Host(1, HostValue::kShape);
+
 const bool kRegistered = RegisterRules({
-    {"AvgPool", Linear(Pool(2, PoolKind::kAvg), Linearity::kSum)},
-    {"AvgPool3D", Linear(Pool(3, PoolKind::kAvg), Linearity::kSum)},
-    {"AvgPool3DGrad", Linear(AvgPoolGrad(3), Linearity::kSum)},
-    {"AvgPoolGrad", Linear(AvgPoolGrad(2), Linearity::kSum)},
-    {"Conv2D", Conv(2, ConvKind::kForward)},
-    {"Conv2DBackpropFilter", Conv(2, ConvKind::kBackpropFilter)},
-    {"Conv2DBackpropInput", Conv(2, ConvKind::kBackpropInput)},
-    {"Conv3D", Conv(3, ConvKind::kForward)},
-    {"Conv3DBackpropFilterV2", Conv(3, ConvKind::kBackpropFilter)},
-    {"Conv3DBackpropInputV2", Conv(3, ConvKind::kBackpropInput)},
-    {"DepthwiseConv2dNative", Conv(2, ConvKind::kForward, true)},
-    {"DepthwiseConv2dNativeBackpropFilter", Conv(2, ConvKind::kBackpropFilter, true)},
-    {"DepthwiseConv2dNativeBackpropInput", Conv(2, ConvKind::kBackpropInput, true)},
+    {"AvgPool", Pool(2, PoolKind::kAvg), Traits().Linear(Linearity::kSum)},
+    {"AvgPool3D", Pool(3, PoolKind::kAvg), Traits().Linear(Linearity::kSum)},
+    {"AvgPool3DGrad", AvgPoolGrad(3), Traits().Linear(Linearity::kSum).Host(0, HostValue::kShape)},
+    {"AvgPoolGrad", AvgPoolGrad(2), Traits().Linear(Linearity::kSum).Host(0, HostValue::kShape)},
+    {"Conv2D", Conv(2, ConvKind::kForward), kConv},
+    {"Conv2DBackpropFilter", Conv(2, ConvKind::kBackpropFilter), kConvFilterGrad},
+    {"Conv2DBackpropInput", Conv(2, ConvKind::kBackpropInput), kConvInputGrad},
+    {"Conv3D", Conv(3, ConvKind::kForward), kConv},
+    {"Conv3DBackpropFilterV2", Conv(3, ConvKind::kBackpropFilter), kConvFilterGrad},
+    {"Conv3DBackpropInputV2", Conv(3, ConvKind::kBackpropInput), kConvInputGrad},
+    {"DepthwiseConv2dNative", Conv(2, ConvKind::kForward, true), kConv},
+    {"DepthwiseConv2dNativeBackpropFilter", Conv(2, ConvKind::kBackpropFilter, true),
+     kConvFilterGrad},
+    {"DepthwiseConv2dNativeBackpropInput", Conv(2, ConvKind::kBackpropInput, true),
+     kConvInputGrad},
     {"MaxPool", Pool(2, PoolKind::kMax)},
     {"MaxPool3D", Pool(3, PoolKind::kMax)},
     {"MaxPool3DGrad", MaxPoolGrad(3)},
     {"MaxPool3DGradGrad", PoolGrad(3, {0, 1, 2}, 1)},
     {"MaxPoolGrad", MaxPoolGrad(2)},
     {"MaxPoolGradGrad", PoolGrad(2, {0, 1, 2}, 1)},
-    {"MaxPoolGradV2", PoolGrad(2, {0, 1, 2}, 0, [](int i, int) { return i >= 3; })},
-    {"MaxPoolV2", Pool(2, PoolKind::kMaxV2)},
+    {"MaxPoolGradV2", PoolGrad(2, {0, 1, 2}, 0), Traits().Host(3, -1, HostValue::kShape)},
+    {"MaxPoolV2", Pool(2, PoolKind::kMaxV2), Traits().Host(1, -1, HostValue::kShape)},
 });
 
 }  // namespace

@@ -8,6 +8,7 @@
 // argument inside call_with_layout) is one of them.
 #include <algorithm>
 
+#include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -18,7 +19,6 @@ namespace {
 class ReplicatedRule : public Rule {
  public:
   explicit ReplicatedRule(bool stateful) : stateful_(stateful) {}
-  bool IsHostArgument(int, int) const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     Plan plan;
     for (const InputInfo& in : ctx.inputs) {
@@ -45,8 +45,6 @@ class ReplicatedRule : public Rule {
 // Fill(dims, value): each device fills its own block of the requested layout.
 class FillRule : public Rule {
  public:
-  bool ReadsRequest() const override { return true; }
-  bool IsHostArgument(int, int) const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ctx.IntValue(0, "dims"));
     Layout out = Layout::Replicated(ctx.mesh, static_cast<int>(dims.size()));
@@ -74,8 +72,6 @@ class FillRule : public Rule {
 // A non-integer range is made replicated; the request is then met by slicing.
 class RangeRule : public Rule {
  public:
-  bool ReadsRequest() const override { return true; }
-  bool IsHostArgument(int, int) const override { return true; }
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     Plan plan;
@@ -160,28 +156,33 @@ std::shared_ptr<const Rule> ReplicatedStateful() {
 
 namespace {
 
+// Random ops read their shape, then seeds and bounds, as host values.
+const RuleTraits kShapeThenValues =
+    Traits().Host(0, HostValue::kShape).Host(1, -1, HostValue::kValue);
+
 const bool kRegistered = RegisterRules({
-    {"Fill", std::make_shared<FillRule>()},
-    {"LinSpace", Replicated()},
-    {"RandomStandardNormal", ReplicatedStateful()},
-    {"RandomUniform", ReplicatedStateful()},
-    {"RandomUniformInt", ReplicatedStateful()},
-    {"Range", std::make_shared<RangeRule>()},
-    {"StatelessRandomGetAlg", Replicated()},
-    {"StatelessRandomGetKeyCounter", Replicated()},
-    {"StatelessRandomGetKeyCounterAlg", Replicated()},
-    {"StatelessRandomNormal", Replicated()},
-    {"StatelessRandomNormalV2", Replicated()},
-    {"StatelessRandomUniform", Replicated()},
-    {"StatelessRandomUniformFullInt", Replicated()},
-    {"StatelessRandomUniformFullIntV2", Replicated()},
-    {"StatelessRandomUniformInt", Replicated()},
-    {"StatelessRandomUniformIntV2", Replicated()},
-    {"StatelessRandomUniformV2", Replicated()},
-    {"StatelessTruncatedNormal", Replicated()},
-    {"StatelessTruncatedNormalV2", Replicated()},
-    {"TruncatedNormal", ReplicatedStateful()},
-    {"_EagerConst", Replicated()},
+    {"Fill", std::make_shared<FillRule>(),
+     Traits().Host(0, HostValue::kShape).Host(1, HostValue::kValue).ReadsRequest()},
+    {"LinSpace", Replicated(), Traits().AllHost(HostValue::kValue)},
+    {"RandomStandardNormal", ReplicatedStateful(), kShapeThenValues},
+    {"RandomUniform", ReplicatedStateful(), kShapeThenValues},
+    {"RandomUniformInt", ReplicatedStateful(), kShapeThenValues},
+    {"Range", std::make_shared<RangeRule>(), Traits().AllHost(HostValue::kValue).ReadsRequest()},
+    {"StatelessRandomGetAlg", Replicated(), Traits().AllHost(HostValue::kValue)},
+    {"StatelessRandomGetKeyCounter", Replicated(), Traits().AllHost(HostValue::kValue)},
+    {"StatelessRandomGetKeyCounterAlg", Replicated(), Traits().AllHost(HostValue::kValue)},
+    {"StatelessRandomNormal", Replicated(), kShapeThenValues},
+    {"StatelessRandomNormalV2", Replicated(), kShapeThenValues},
+    {"StatelessRandomUniform", Replicated(), kShapeThenValues},
+    {"StatelessRandomUniformFullInt", Replicated(), kShapeThenValues},
+    {"StatelessRandomUniformFullIntV2", Replicated(), kShapeThenValues},
+    {"StatelessRandomUniformInt", Replicated(), kShapeThenValues},
+    {"StatelessRandomUniformIntV2", Replicated(), kShapeThenValues},
+    {"StatelessRandomUniformV2", Replicated(), kShapeThenValues},
+    {"StatelessTruncatedNormal", Replicated(), kShapeThenValues},
+    {"StatelessTruncatedNormalV2", Replicated(), kShapeThenValues},
+    {"TruncatedNormal", ReplicatedStateful(), kShapeThenValues},
+    {"_EagerConst", Replicated(), Traits().AllHost(HostValue::kValue).PythonConstant()},
 });
 
 }  // namespace

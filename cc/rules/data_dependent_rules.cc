@@ -52,15 +52,14 @@ StatusOr<FactorSpec> UniqueFactors(const OpContext& ctx, int num_outputs) {
 }
 
 std::shared_ptr<const Rule> Unique(int num_outputs) {
-  return Factors([=](const OpContext& ctx) { return UniqueFactors(ctx, num_outputs); },
-                 SecondInputIsHost);
+  return Factors([=](const OpContext& ctx) { return UniqueFactors(ctx, num_outputs); });
 }
 
 const bool kRegistered = RegisterRules({
     {"Unique", Unique(2)},
-    {"UniqueV2", Unique(2)},
+    {"UniqueV2", Unique(2), Traits().Host(1, HostValue::kAxis)},
     {"UniqueWithCounts", Unique(3)},
-    {"UniqueWithCountsV2", Unique(3)},
+    {"UniqueWithCountsV2", Unique(3), Traits().Host(1, HostValue::kAxis)},
     {"Where", Factors(WhereFactors)},
 });
 

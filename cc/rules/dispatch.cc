@@ -1,6 +1,6 @@
 #include "cc/rules/dispatch.h"
 
-#include "cc/rules/registry.h"
+#include "cc/rules/plan.h"
 #include "cc/spmd/relayout.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -33,67 +33,86 @@ Status ApplyFallbackPolicy(const OpContext& ctx, const FallbackPolicy& policy) {
   return Status::Ok();
 }
 
-StatusOr<std::vector<ValueId>> Dispatch(const Rule* rule, OpContext& ctx,
-                                        std::vector<ValueId> inputs, Builder& builder,
-                                        const DispatchOptions& options) {
-  // No rule: run replicated (the documented policy, checked below); a stateful op once.
-  static const std::shared_ptr<const Rule> fallback = Replicated();
-  static const std::shared_ptr<const Rule> stateful_fallback = ReplicatedStateful();
-  const bool has_rule = rule != nullptr;
-  if (!rule) rule = options.stateful ? stateful_fallback.get() : fallback.get();
-  const int n = static_cast<int>(inputs.size());
+Status PrepareContext(const RuleTraits& traits, OpContext& ctx, bool in_function,
+                      const std::string& where,
+                      const std::function<std::optional<std::vector<int64_t>>(int)>& int_value) {
+  const int n = static_cast<int>(ctx.inputs.size());
   for (int i = 0; i < n; ++i) {
     InputInfo& info = ctx.inputs[i];
-    if (rule->IsHostArgument(i, n)) {
-      info.int_value = builder.IntValue(inputs[i]);
+    if (traits.IsHostInput(i, n)) {
+      info.int_value = int_value(i);
       continue;
     }
     if (info.layout) continue;
     // A plain tensor used as data joins the mesh replicated.
-    TFD_ASSIGN_OR_RETURN(inputs[i], builder.Broadcast(inputs[i], ctx.mesh));
     info.layout = Layout::Replicated(ctx.mesh, static_cast<int>(info.shape.size()));
     info.from_host = true;
   }
   // An axis sharded over several mesh dimensions ("x+y") is a storage layout: rules other
   // than relayouts and variable ops see it over its major dimension only.
   //   [x+y,*] -> all-gather, slice over x -> [x,*] -> the rule
-  std::optional<Layout> caller_request = ctx.requested;
-  if (!rule->HandlesMultiDimAxes()) {
+  if (!traits.multi_dim_axes) {
     for (int i = 0; i < n; ++i) {
       InputInfo& info = ctx.inputs[i];
       if (!info.layout || !info.layout->HasMultiDimAxis()) continue;
       if (info.resource) {
         return InvalidArgument(
-            "DTensor op " + ctx.DescribeOp() + options.where + " cannot use input " +
+            "DTensor op " + ctx.DescribeOp() + where + " cannot use input " +
             std::to_string(i) + ", a DVariable with layout " +
             info.resource->value_layout.ShortString() + " whose axes are sharded over several "
             "mesh dimensions, in place. Read the variable and pass the value instead.");
       }
-      TFD_ASSIGN_OR_RETURN(inputs[i], Relayout(builder, inputs[i], info.layout->MajorOnly(),
-                                                "input " + std::to_string(i) + " of '" +
-                                                    ctx.op_name + "'"));
       info.layout = info.layout->MajorOnly();
     }
     if (ctx.requested && ctx.requested->HasMultiDimAxis()) {
       ctx.requested = ctx.requested->MajorOnly();
     }
   }
-  builder.SetInputs(inputs);
-  if (!has_rule) TFD_RETURN_IF_ERROR(ApplyFallbackPolicy(ctx, options.policy));
   // Inside a function a contraction's all-reduce waits until the value is first needed
   // nonlinearly (or is returned). Eagerly it stays pending only when the user already works
   // with partial values; otherwise it is reduced at once, giving TF DTensor's layouts.
-  ctx.in_function = options.in_function;
-  ctx.keep_partial = options.in_function;
+  ctx.in_function = in_function;
+  ctx.keep_partial = in_function;
   for (const InputInfo& in : ctx.inputs) {
     ctx.keep_partial = ctx.keep_partial || (in.layout && in.layout->is_partial());
   }
-  std::shared_ptr<const Plan> plan = options.cache ? options.cache->Find(rule, ctx) : nullptr;
+  return Status::Ok();
+}
+
+StatusOr<std::vector<ValueId>> Dispatch(const RegisteredRule* entry, OpContext& ctx,
+                                        std::vector<ValueId> inputs, Builder& builder,
+                                        const DispatchOptions& options) {
+  // No rule: run replicated (the documented policy, checked below); a stateful op once.
+  const bool has_rule = entry != nullptr;
+  if (!entry) entry = &FallbackRule(options.stateful);
+  const Rule* rule = entry->rule.get();
+  const int n = static_cast<int>(inputs.size());
+  std::vector<std::optional<Layout>> given(n);
+  for (int i = 0; i < n; ++i) given[i] = ctx.inputs[i].layout;
+  std::optional<Layout> caller_request = ctx.requested;
+  TFD_RETURN_IF_ERROR(PrepareContext(entry->traits, ctx, options.in_function, options.where,
+                                     [&](int i) { return builder.IntValue(inputs[i]); }));
+  // Emit what PrepareContext decided: host data broadcast, then multi-dimension axes
+  // relaid out to their major dimension.
+  for (int i = 0; i < n; ++i) {
+    if (!given[i] && ctx.inputs[i].from_host) {
+      TFD_ASSIGN_OR_RETURN(inputs[i], builder.Broadcast(inputs[i], ctx.mesh));
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    if (!given[i] || !ctx.inputs[i].layout || *given[i] == *ctx.inputs[i].layout) continue;
+    TFD_ASSIGN_OR_RETURN(inputs[i], Relayout(builder, inputs[i], *ctx.inputs[i].layout,
+                                              "input " + std::to_string(i) + " of '" +
+                                                  ctx.op_name + "'"));
+  }
+  builder.SetInputs(inputs);
+  if (!has_rule) TFD_RETURN_IF_ERROR(ApplyFallbackPolicy(ctx, options.policy));
+  std::shared_ptr<const Plan> plan = options.cache ? options.cache->Find(*entry, ctx) : nullptr;
   if (!plan) {
-    StatusOr<Plan> made = PlanOp(*rule, ctx);
+    StatusOr<Plan> made = PlanOp(*rule, entry->traits, ctx);
     if (!made.ok()) return WithContext(made.status(), "DTensor op " + ctx.DescribeOp() + options.where);
     plan = std::make_shared<const Plan>(std::move(made).value());
-    if (options.cache) options.cache->Insert(rule, ctx, plan);
+    if (options.cache) options.cache->Insert(*entry, ctx, plan);
   }
   Builder& expand_with = options.expand_with ? *options.expand_with : builder;
   StatusOr<std::vector<ValueId>> results = rule->Expand(ctx, *plan, expand_with);

@@ -2,7 +2,7 @@
 // tf.function expander (cc/graph). The callers describe the inputs (ctx.inputs: shape,
 // dtype, layout or none for a host tensor, resource) and add them to a Builder; dispatch
 // does the rest the same way for both:
-//   - host arguments (shapes, axes: Rule::IsHostArgument) are read as integer values;
+//   - host arguments (shapes, axes: RuleTraits::host_inputs) are read as integer values;
 //   - a host tensor used as data joins the op's mesh replicated;
 //   - an op without a rule follows the one policy (FallbackPolicy, flag in the registry);
 //   - the plan (PlanOp: Forward plus pending reductions) and its expansion.
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cc/rules/plan_cache.h"
-#include "cc/rules/rule.h"
+#include "cc/rules/registry.h"
 
 namespace tf_dtensor {
 
@@ -45,9 +45,23 @@ struct DispatchOptions {
   PlanCache* cache = nullptr;
 };
 
-// Runs the op described by `ctx` (its rule is `rule`, or null for an op without one) on
-// `builder`, whose values for the op's inputs are `inputs`. Returns the outputs.
-StatusOr<std::vector<ValueId>> Dispatch(const Rule* rule, OpContext& ctx,
+// The pure front half of Dispatch: makes `ctx` what the rule sees, with no builder.
+//   - host arguments (per the traits) get their integer values from `int_value(i)`
+//     (nullopt: not a constant, which Forward reports if it reads it);
+//   - any other input without a layout is a host tensor used as data: it joins the mesh
+//     replicated (from_host);
+//   - unless the traits take axes over several mesh dimensions, such layouts and the
+//     request are seen over each axis's major dimension ([x+y,*] -> [x,*]); a DVariable
+//     with such a layout cannot be used in place (an error naming the op and `where`);
+//   - keep_partial: inside a function, or when an input is already partial.
+// Dispatch emits what this decided (broadcasts, relayouts); debug.explain plans on it.
+Status PrepareContext(const RuleTraits& traits, OpContext& ctx, bool in_function,
+                      const std::string& where,
+                      const std::function<std::optional<std::vector<int64_t>>(int)>& int_value);
+
+// Runs the op described by `ctx` (its registry entry is `rule`, or null for an op without
+// one) on `builder`, whose values for the op's inputs are `inputs`. Returns the outputs.
+StatusOr<std::vector<ValueId>> Dispatch(const RegisteredRule* rule, OpContext& ctx,
                                         std::vector<ValueId> inputs, Builder& builder,
                                         const DispatchOptions& options);
 

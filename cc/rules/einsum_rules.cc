@@ -163,7 +163,7 @@ StatusOr<FactorSpec> EinsumFactors(const OpContext& ctx) {
 }
 
 const bool kRegistered = RegisterRules({
-    {"Einsum", Linear(Factors(EinsumFactors), Linearity::kOneInput)},
+    {"Einsum", Factors(EinsumFactors), Traits().Linear(Linearity::kOneInput)},
 });
 
 }  // namespace

@@ -52,14 +52,6 @@ class PointwiseRule : public Rule {
   }
 };
 
-// Identity and its kin copy their one input: an axis over several mesh dimensions
-// ([x+y,*], see DimSpec) passes as it is, so a tf.function can return one.
-class CopyRule : public PointwiseRule {
- public:
-  bool HandlesMultiDimAxes() const override { return true; }
-};
-
-std::shared_ptr<const Rule> Copy() { return std::make_shared<CopyRule>(); }
 
 // Select (v1) takes a rank-1 condition that picks whole rows: it aligns on the left.
 class SelectRule : public PointwiseRule {
@@ -97,7 +89,6 @@ class SelectRule : public PointwiseRule {
 // IdentityN passes each input through with its layout.
 class IdentityNRule : public Rule {
  public:
-  bool HandlesMultiDimAxes() const override { return true; }
   std::vector<std::optional<Layout>> Backward(
       const OpContext& ctx, const std::vector<std::optional<Layout>>& requested) const override {
     std::vector<std::optional<Layout>> out(ctx.inputs.size());
@@ -180,13 +171,17 @@ StatusOr<FactorSpec> BitcastFactors(const OpContext& ctx) {
   return spec;
 }
 
+// Identity and its kin copy their one input: an axis over several mesh dimensions
+// ([x+y,*], see DimSpec) passes as it is, so a tf.function can return one.
+const RuleTraits kCopy = Traits().Linear(Linearity::kStructural).MultiDimAxes();
+
 const bool kRegistered = RegisterRules({
     {"Abs", Pointwise()},
     {"Acos", Pointwise()},
     {"Acosh", Pointwise()},
-    {"Add", Linear(Pointwise(), Linearity::kEachInput)},
-    {"AddN", Linear(Pointwise(), Linearity::kEachInput)},
-    {"AddV2", Linear(Pointwise(), Linearity::kEachInput)},
+    {"Add", Pointwise(), Traits().Linear(Linearity::kEachInput)},
+    {"AddN", Pointwise(), Traits().Linear(Linearity::kEachInput)},
+    {"AddV2", Pointwise(), Traits().Linear(Linearity::kEachInput)},
     {"Angle", Pointwise()},
     {"ApproximateEqual", Pointwise()},
     {"Asin", Pointwise()},
@@ -217,16 +212,16 @@ const bool kRegistered = RegisterRules({
     {"CheckNumerics", Pointwise()},
     {"CheckNumericsV2", Pointwise()},
     {"ClipByValue", Pointwise()},
-    {"Complex", Linear(Pointwise(), Linearity::kEachInput)},
+    {"Complex", Pointwise(), Traits().Linear(Linearity::kEachInput)},
     {"ComplexAbs", Pointwise()},
-    {"Conj", Linear(Pointwise(), Linearity::kEachInput)},
+    {"Conj", Pointwise(), Traits().Linear(Linearity::kEachInput)},
     {"Cos", Pointwise()},
     {"Cosh", Pointwise()},
     {"Dawsn", Pointwise()},
-    {"DebugGradientIdentity", Linear(Pointwise(), Linearity::kStructural)},
+    {"DebugGradientIdentity", Pointwise(), Traits().Linear(Linearity::kStructural)},
     {"Digamma", Pointwise()},
-    {"Div", Linear(Pointwise(), Linearity::kFirstInput)},
-    {"DivNoNan", Linear(Pointwise(), Linearity::kFirstInput)},
+    {"Div", Pointwise(), Traits().Linear(Linearity::kFirstInput)},
+    {"DivNoNan", Pointwise(), Traits().Linear(Linearity::kFirstInput)},
     {"Elu", Pointwise()},
     {"EluGrad", Pointwise()},
     {"Equal", Pointwise()},
@@ -243,12 +238,12 @@ const bool kRegistered = RegisterRules({
     {"FresnelSin", Pointwise()},
     {"Greater", Pointwise()},
     {"GreaterEqual", Pointwise()},
-    {"Identity", Linear(Copy(), Linearity::kStructural)},
-    {"IdentityN", std::make_shared<IdentityNRule>()},
+    {"Identity", Pointwise(), kCopy},
+    {"IdentityN", std::make_shared<IdentityNRule>(), Traits().MultiDimAxes()},
     {"Igamma", Pointwise()},
     {"IgammaGradA", Pointwise()},
     {"Igammac", Pointwise()},
-    {"Imag", Linear(Pointwise(), Linearity::kEachInput)},
+    {"Imag", Pointwise(), Traits().Linear(Linearity::kEachInput)},
     {"Inv", Pointwise()},
     {"InvGrad", Pointwise()},
     {"Invert", Pointwise()},
@@ -269,20 +264,20 @@ const bool kRegistered = RegisterRules({
     {"Maximum", Pointwise()},
     {"Minimum", Pointwise()},
     {"Mod", Pointwise()},
-    {"Mul", Linear(Pointwise(), Linearity::kOneInput)},
-    {"MulNoNan", Linear(Pointwise(), Linearity::kFirstInput)},
+    {"Mul", Pointwise(), Traits().Linear(Linearity::kOneInput)},
+    {"MulNoNan", Pointwise(), Traits().Linear(Linearity::kFirstInput)},
     {"Ndtri", Pointwise()},
-    {"Neg", Linear(Pointwise(), Linearity::kEachInput)},
+    {"Neg", Pointwise(), Traits().Linear(Linearity::kEachInput)},
     {"NextAfter", Pointwise()},
     {"NotEqual", Pointwise()},
     {"OnesLike", Pointwise()},
     {"Polygamma", Pointwise()},
     {"PopulationCount", Pointwise()},
     {"Pow", Pointwise()},
-    {"PreventGradient", Copy()},
+    {"PreventGradient", Pointwise(), Traits().MultiDimAxes()},
     {"RandomGammaGrad", Pointwise()},
-    {"Real", Linear(Pointwise(), Linearity::kEachInput)},
-    {"RealDiv", Linear(Pointwise(), Linearity::kFirstInput)},
+    {"Real", Pointwise(), Traits().Linear(Linearity::kEachInput)},
+    {"RealDiv", Pointwise(), Traits().Linear(Linearity::kFirstInput)},
     {"Reciprocal", Pointwise()},
     {"ReciprocalGrad", Pointwise()},
     {"Relu", Pointwise()},
@@ -303,7 +298,7 @@ const bool kRegistered = RegisterRules({
     {"Sign", Pointwise()},
     {"Sin", Pointwise()},
     {"Sinh", Pointwise()},
-    {"Snapshot", Copy()},
+    {"Snapshot", Pointwise(), Traits().MultiDimAxes()},
     {"Softplus", Pointwise()},
     {"SoftplusGrad", Pointwise()},
     {"Softsign", Pointwise()},
@@ -313,8 +308,8 @@ const bool kRegistered = RegisterRules({
     {"SqrtGrad", Pointwise()},
     {"Square", Pointwise()},
     {"SquaredDifference", Pointwise()},
-    {"StopGradient", Linear(Copy(), Linearity::kStructural)},
-    {"Sub", Linear(Pointwise(), Linearity::kEachInput)},
+    {"StopGradient", Pointwise(), kCopy},
+    {"Sub", Pointwise(), Traits().Linear(Linearity::kEachInput)},
     {"Tan", Pointwise()},
     {"Tanh", Pointwise()},
     {"TanhGrad", Pointwise()},

@@ -220,11 +220,9 @@ std::vector<std::optional<Layout>> FactorRule::Backward(
   return result;
 }
 
-std::shared_ptr<const Rule> Factors(FactorSpecFn spec, std::function<bool(int, int)> host_inputs) {
-  return std::make_shared<FactorRule>(std::move(spec), std::move(host_inputs));
+std::shared_ptr<const Rule> Factors(FactorSpecFn spec) {
+  return std::make_shared<FactorRule>(std::move(spec));
 }
-
-bool SecondInputIsHost(int input, int) { return input == 1; }
 
 StatusOr<int> NormalizeAxis(const OpContext& ctx, int64_t axis, int rank, int input) {
   if (axis < -rank || axis >= rank) {

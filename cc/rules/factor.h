@@ -72,13 +72,9 @@ using FactorSpecFn = std::function<StatusOr<FactorSpec>(const OpContext&)>;
 
 class FactorRule : public Rule {
  public:
-  // `host_inputs`: which inputs are host arguments (read as values, never resharded).
-  explicit FactorRule(FactorSpecFn spec, std::function<bool(int, int)> host_inputs = nullptr)
-      : spec_(std::move(spec)), host_inputs_(std::move(host_inputs)) {}
+  // Host arguments (read as values, never resharded) are the registration row's traits.
+  explicit FactorRule(FactorSpecFn spec) : spec_(std::move(spec)) {}
 
-  bool IsHostArgument(int input, int num_inputs) const override {
-    return host_inputs_ && host_inputs_(input, num_inputs);
-  }
   StatusOr<Plan> Forward(const OpContext& ctx) const override;
   std::vector<std::optional<Layout>> Backward(
       const OpContext& ctx, const std::vector<std::optional<Layout>>& requested) const override;
@@ -91,14 +87,10 @@ class FactorRule : public Rule {
 
  private:
   FactorSpecFn spec_;
-  std::function<bool(int, int)> host_inputs_;
 };
 
-// A FactorRule for `spec`; `host_inputs` as for FactorRule.
-std::shared_ptr<const Rule> Factors(FactorSpecFn spec,
-                                    std::function<bool(int, int)> host_inputs = nullptr);
-// Host-argument predicates shared by many families.
-bool SecondInputIsHost(int input, int num_inputs);
+// A FactorRule for `spec`.
+std::shared_ptr<const Rule> Factors(FactorSpecFn spec);
 
 // The factor sizes of `spec` over ctx's input shapes (the largest axis naming each).
 std::vector<int64_t> FactorSizes(const OpContext& ctx, const FactorSpec& spec);

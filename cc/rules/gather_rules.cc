@@ -14,6 +14,7 @@
 
 #include "cc/core/strings.h"
 #include "cc/rules/factor.h"
+#include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "cc/rules/row_blocks.h"
 #include "tensorflow/c/tf_datatype.h"
@@ -82,8 +83,7 @@ StatusOr<int64_t> GatherAxis(const OpContext& ctx, bool has_axis) {
 class GatherRule : public FactorRule {
  public:
   GatherRule(bool has_axis, bool resource)
-      : FactorRule([has_axis](const OpContext& ctx) { return GatherFactors(ctx, has_axis); },
-                   has_axis ? [](int i, int) { return i == 2; } : std::function<bool(int, int)>()),
+      : FactorRule([has_axis](const OpContext& ctx) { return GatherFactors(ctx, has_axis); }),
         has_axis_(has_axis),
         resource_(resource) {}
 
@@ -287,8 +287,6 @@ StatusOr<FactorSpec> SegmentReduceFactors(const OpContext& ctx) {
   return spec;
 }
 
-bool ThirdInputIsHost(int input, int) { return input == 2; }
-
 // UnsortedSegment{Sum,Max,Min,Prod} as the factor rule above, and with the segments
 // sharded when that is asked of the output ([x,*] requested: the Adam slot the densified
 // gradient of a row-sharded embedding meets): the data's segment axes are read whole
@@ -298,8 +296,7 @@ bool ThirdInputIsHost(int input, int) { return input == 2; }
 template <ReduceOp op>
 class SegmentRule : public FactorRule {
  public:
-  SegmentRule() : FactorRule(SegmentReduceFactors<op>, ThirdInputIsHost) {}
-  bool ReadsRequest() const override { return true; }
+  SegmentRule() : FactorRule(SegmentReduceFactors<op>) {}
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(Plan plan, FactorRule::Forward(ctx));
@@ -363,16 +360,20 @@ class SegmentRule : public FactorRule {
   }
 };
 
+// The segment ops read num_segments as a host value, and the request (see SegmentRule).
+const RuleTraits kSegment = Traits().Host(2, HostValue::kCount).ReadsRequest();
+
 const bool kRegistered = RegisterRules({
     {"Gather", std::make_shared<GatherRule>(/*has_axis=*/false, /*resource=*/false)},
     {"GatherNd", Factors(GatherNdFactors)},
-    {"GatherV2", std::make_shared<GatherRule>(/*has_axis=*/true, /*resource=*/false)},
-    {"OneHot", Factors(OneHotFactors, SecondInputIsHost)},
+    {"GatherV2", std::make_shared<GatherRule>(/*has_axis=*/true, /*resource=*/false),
+     Traits().Host(2, HostValue::kAxis)},
+    {"OneHot", Factors(OneHotFactors), Traits().Host(1, HostValue::kCount)},
     {"ResourceGather", std::make_shared<GatherRule>(/*has_axis=*/false, /*resource=*/true)},
-    {"UnsortedSegmentMax", std::make_shared<SegmentRule<ReduceOp::kMax>>()},
-    {"UnsortedSegmentMin", std::make_shared<SegmentRule<ReduceOp::kMin>>()},
-    {"UnsortedSegmentProd", std::make_shared<SegmentRule<ReduceOp::kProd>>()},
-    {"UnsortedSegmentSum", std::make_shared<SegmentRule<ReduceOp::kSum>>()},
+    {"UnsortedSegmentMax", std::make_shared<SegmentRule<ReduceOp::kMax>>(), kSegment},
+    {"UnsortedSegmentMin", std::make_shared<SegmentRule<ReduceOp::kMin>>(), kSegment},
+    {"UnsortedSegmentProd", std::make_shared<SegmentRule<ReduceOp::kProd>>(), kSegment},
+    {"UnsortedSegmentSum", std::make_shared<SegmentRule<ReduceOp::kSum>>(), kSegment},
 });
 
 }  // namespace

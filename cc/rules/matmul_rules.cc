@@ -82,10 +82,14 @@ class MatmulRule : public FactorRule {
 };
 
 const bool kRegistered = RegisterRules({
-    {"BatchMatMul", Linear(std::make_shared<MatmulRule>("adj_x", "adj_y", true), Linearity::kOneInput)},
-    {"BatchMatMulV2", Linear(std::make_shared<MatmulRule>("adj_x", "adj_y", true), Linearity::kOneInput)},
-    {"BatchMatMulV3", Linear(std::make_shared<MatmulRule>("adj_x", "adj_y", true), Linearity::kOneInput)},
-    {"MatMul", Linear(std::make_shared<MatmulRule>("transpose_a", "transpose_b", false), Linearity::kOneInput)},
+    {"BatchMatMul", std::make_shared<MatmulRule>("adj_x", "adj_y", true),
+     Traits().Linear(Linearity::kOneInput)},
+    {"BatchMatMulV2", std::make_shared<MatmulRule>("adj_x", "adj_y", true),
+     Traits().Linear(Linearity::kOneInput)},
+    {"BatchMatMulV3", std::make_shared<MatmulRule>("adj_x", "adj_y", true),
+     Traits().Linear(Linearity::kOneInput)},
+    {"MatMul", std::make_shared<MatmulRule>("transpose_a", "transpose_b", false),
+     Traits().Linear(Linearity::kOneInput)},
 });
 
 }  // namespace

@@ -15,7 +15,7 @@ StatusOr<MeshChoice> ChooseMesh(const MeshChoiceOp& op,
   auto movable = [&](int i) {
     const MeshChoiceInput& in = inputs[i];
     return in.layout && !in.resource && !in.parted && in.layout->IsFullyReplicated() &&
-           (in.scalar || (!op.calls_function && op.rule && op.rule->IsHostArgument(i, n)));
+           (in.scalar || (!op.calls_function && op.rule && op.rule->traits.IsHostInput(i, n)));
   };
   std::optional<Mesh> mesh;
   for (int i = 0; i < n; ++i) {

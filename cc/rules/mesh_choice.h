@@ -24,6 +24,7 @@
 #include "cc/core/layout.h"
 #include "cc/core/mesh.h"
 #include "cc/core/status.h"
+#include "cc/rules/registry.h"
 #include "cc/rules/rule.h"
 
 namespace tf_dtensor {
@@ -42,7 +43,7 @@ struct MeshChoiceOp {
   // Appended to the op name in errors, e.g. " (node 'add' of tf.function 'f')".
   std::string where;
   // Its rule: inputs it reads as host arguments may move. Null: none does.
-  const Rule* rule = nullptr;
+  const RegisteredRule* rule = nullptr;
   // A call of a function (a call, If, While): its arguments may be on several meshes.
   bool calls_function = false;
   // The mesh of a relayout's target layout.

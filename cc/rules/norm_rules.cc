@@ -32,6 +32,7 @@
 #include "cc/core/strings.h"
 #include "cc/rules/factor.h"
 #include "cc/rules/local_math.h"
+#include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 
 namespace tf_dtensor {

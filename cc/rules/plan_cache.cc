@@ -15,15 +15,16 @@ bool SameResource(const std::optional<ResourceInfo>& a, const std::optional<Reso
                 a->value_dtype == b->value_dtype);
 }
 
-bool SameInput(const InputInfo& a, const InputInfo& b) {
+// `host`: the input is a declared host argument, whose value is part of the key.
+bool SameInput(const InputInfo& a, const InputInfo& b, bool host) {
   return a.shape == b.shape && a.dtype == b.dtype && a.layout == b.layout &&
-         a.int_value == b.int_value && a.from_host == b.from_host &&
+         (!host || a.int_value == b.int_value) && a.from_host == b.from_host &&
          SameResource(a.resource, b.resource);
 }
 
 // The parts of the key both lookups hash: the op, and each input's layout, dtype, shape.
-size_t HashOp(const Rule* rule, const std::string& op_name, const Mesh& mesh, int num_outputs,
-              bool keep_partial) {
+size_t HashOp(const RegisteredRule* rule, const std::string& op_name, const Mesh& mesh,
+              int num_outputs, bool keep_partial) {
   size_t h = std::hash<const void*>()(rule);
   h = Mix(h, std::hash<std::string>()(op_name));
   h = Mix(h, mesh.Hash());
@@ -43,30 +44,34 @@ size_t MixInput(size_t h, const Layout* layout, int dtype, const std::vector<int
 
 }  // namespace
 
-size_t PlanCache::Hash(const Rule* rule, const OpContext& ctx) {
-  size_t h = HashOp(rule, ctx.op_name, ctx.mesh, ctx.num_outputs, ctx.keep_partial);
+size_t PlanCache::Hash(const RegisteredRule& rule, const OpContext& ctx) {
+  size_t h = HashOp(&rule, ctx.op_name, ctx.mesh, ctx.num_outputs, ctx.keep_partial);
   if (ctx.requested) h = Mix(h, ctx.requested->Hash());
-  for (const InputInfo& in : ctx.inputs) {
+  const int n = static_cast<int>(ctx.inputs.size());
+  for (int i = 0; i < n; ++i) {
+    const InputInfo& in = ctx.inputs[i];
+    const bool host = rule.traits.IsHostInput(i, n) && in.int_value;
     h = MixInput(h, in.layout ? &*in.layout : nullptr, in.dtype, in.shape,
-                 in.int_value ? &*in.int_value : nullptr);
+                 host ? &*in.int_value : nullptr);
   }
   return h;
 }
 
-bool PlanCache::Entry::Matches(const Rule* r, const OpContext& ctx) const {
-  if (r != rule || ctx.op_name != op_name || ctx.mesh != mesh ||
+bool PlanCache::Entry::Matches(const RegisteredRule& r, const OpContext& ctx) const {
+  if (&r != rule || ctx.op_name != op_name || ctx.mesh != mesh ||
       ctx.num_outputs != num_outputs || ctx.keep_partial != keep_partial ||
       ctx.requested != requested || ctx.inputs.size() != inputs.size()) {
     return false;
   }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!SameInput(inputs[i], ctx.inputs[i])) return false;
+  const int n = static_cast<int>(inputs.size());
+  for (int i = 0; i < n; ++i) {
+    if (!SameInput(inputs[i], ctx.inputs[i], r.traits.IsHostInput(i, n))) return false;
   }
   // A plan that read attributes holds only for the same attributes.
   return !uses_attrs || (ctx.attrs && ctx.attrs->Bytes() == attrs);
 }
 
-PlanCache::Entry* PlanCache::FindLocked(const Rule* rule, const OpContext& ctx) {
+PlanCache::Entry* PlanCache::FindLocked(const RegisteredRule& rule, const OpContext& ctx) {
   auto it = entries_.find(Hash(rule, ctx));
   if (it == entries_.end()) return nullptr;
   for (Entry& e : it->second) {
@@ -75,33 +80,33 @@ PlanCache::Entry* PlanCache::FindLocked(const Rule* rule, const OpContext& ctx) 
   return nullptr;
 }
 
-std::shared_ptr<const Plan> PlanCache::Find(const Rule* rule, const OpContext& ctx) {
+std::shared_ptr<const Plan> PlanCache::Find(const RegisteredRule& rule, const OpContext& ctx) {
   std::lock_guard<std::mutex> lock(mutex_);
   DropIfStaleLocked();
   const Entry* e = FindLocked(rule, ctx);
   return e ? e->plan : nullptr;
 }
 
-void PlanCache::SetLocalOnly(const Rule* rule, const OpContext& ctx,
+void PlanCache::SetLocalOnly(const RegisteredRule& rule, const OpContext& ctx,
                              std::shared_ptr<const LocalOnlyRun> run) {
   std::lock_guard<std::mutex> lock(mutex_);
   DropIfStaleLocked();
   if (Entry* e = FindLocked(rule, ctx)) e->local_only = std::move(run);
 }
 
-std::shared_ptr<const LocalOnlyRun> PlanCache::FindLocalOnly(const Rule* rule,
+std::shared_ptr<const LocalOnlyRun> PlanCache::FindLocalOnly(const RegisteredRule& rule,
                                                              const std::string& op_name,
                                                              const Mesh& mesh, int num_outputs,
                                                              const std::vector<InputView>& inputs,
                                                              const AttrMap& attrs) {
-  size_t h = HashOp(rule, op_name, mesh, num_outputs, /*keep_partial=*/false);
+  size_t h = HashOp(&rule, op_name, mesh, num_outputs, /*keep_partial=*/false);
   for (const InputView& in : inputs) h = MixInput(h, in.layout, in.dtype, *in.shape, in.int_value);
   std::lock_guard<std::mutex> lock(mutex_);
   DropIfStaleLocked();
   auto it = entries_.find(h);
   if (it == entries_.end()) return nullptr;
   for (const Entry& e : it->second) {
-    if (!e.local_only || e.rule != rule || e.op_name != op_name || e.mesh != mesh ||
+    if (!e.local_only || e.rule != &rule || e.op_name != op_name || e.mesh != mesh ||
         e.num_outputs != num_outputs || e.keep_partial || e.requested ||
         e.inputs.size() != inputs.size()) {
       continue;
@@ -120,8 +125,9 @@ std::shared_ptr<const LocalOnlyRun> PlanCache::FindLocalOnly(const Rule* rule,
   return nullptr;
 }
 
-void PlanCache::Insert(const Rule* rule, const OpContext& ctx, std::shared_ptr<const Plan> plan) {
-  Entry e{rule, ctx.op_name, ctx.mesh, ctx.inputs, ctx.requested, ctx.num_outputs,
+void PlanCache::Insert(const RegisteredRule& rule, const OpContext& ctx,
+                       std::shared_ptr<const Plan> plan) {
+  Entry e{&rule, ctx.op_name, ctx.mesh, ctx.inputs, ctx.requested, ctx.num_outputs,
           ctx.keep_partial, ctx.attrs && ctx.attrs->used(), "", std::move(plan)};
   if (e.uses_attrs) e.attrs = ctx.attrs->Bytes();
   const size_t h = Hash(rule, ctx);

@@ -1,5 +1,6 @@
 // Plans already made on the eager path, so a repeated op (same rule, inputs, layouts,
-// shapes, host values, request and, when its Forward read any, attributes) skips Forward.
+// shapes, request, the values of the host arguments its traits declare and, when its
+// Forward read any, attributes) skips Forward.
 // PyTorch's sharding propagator keeps such a cache keyed by its op schema. Forward is
 // pure, so a cached plan is the plan Forward would make.
 #ifndef TF_DTENSOR_CC_RULES_PLAN_CACHE_H_
@@ -10,17 +11,18 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cc/rules/rule.h"
+#include "cc/rules/registry.h"
 
 namespace tf_dtensor {
 
 class PlanCache {
  public:
   // The plan made before for the same op and inputs, or null.
-  std::shared_ptr<const Plan> Find(const Rule* rule, const OpContext& ctx);
+  std::shared_ptr<const Plan> Find(const RegisteredRule& rule, const OpContext& ctx);
   // Remembers `plan`, made for `ctx` (call after planning, once ctx.attrs shows what
   // Forward read). Old entries go when the cache is full.
-  void Insert(const Rule* rule, const OpContext& ctx, std::shared_ptr<const Plan> plan);
+  void Insert(const RegisteredRule& rule, const OpContext& ctx,
+              std::shared_ptr<const Plan> plan);
   size_t size() const;
 
   // Local-only plans. Many ops expand to the op itself on each device's own components:
@@ -32,7 +34,7 @@ class PlanCache {
   // an expansion that did exactly this is recorded, and only for the inputs (host
   // argument values included), request and (when the plan read them) attributes it was
   // made for.
-  void SetLocalOnly(const Rule* rule, const OpContext& ctx,
+  void SetLocalOnly(const RegisteredRule& rule, const OpContext& ctx,
                     std::shared_ptr<const LocalOnlyRun> run);
   // An input as the eager executor holds it, to look a plan up without an OpContext: a
   // DTensor (its layout) or a host argument (its integer value).
@@ -45,7 +47,8 @@ class PlanCache {
   // The local-only run recorded for these inputs (DTensors with no resource and nothing
   // partial, host arguments; no request), or null. `attrs` are read only if the plan
   // read attributes.
-  std::shared_ptr<const LocalOnlyRun> FindLocalOnly(const Rule* rule, const std::string& op_name,
+  std::shared_ptr<const LocalOnlyRun> FindLocalOnly(const RegisteredRule& rule,
+                                                    const std::string& op_name,
                                                     const Mesh& mesh, int num_outputs,
                                                     const std::vector<InputView>& inputs,
                                                     const AttrMap& attrs);
@@ -54,7 +57,7 @@ class PlanCache {
 
  private:
   struct Entry {
-    const Rule* rule;
+    const RegisteredRule* rule;
     std::string op_name;
     Mesh mesh;
     std::vector<InputInfo> inputs;
@@ -65,10 +68,10 @@ class PlanCache {
     std::string attrs;
     std::shared_ptr<const Plan> plan;
     std::shared_ptr<const LocalOnlyRun> local_only;  // see SetLocalOnly
-    bool Matches(const Rule* r, const OpContext& ctx) const;
+    bool Matches(const RegisteredRule& r, const OpContext& ctx) const;
   };
-  static size_t Hash(const Rule* rule, const OpContext& ctx);
-  Entry* FindLocked(const Rule* rule, const OpContext& ctx);
+  static size_t Hash(const RegisteredRule& rule, const OpContext& ctx);
+  Entry* FindLocked(const RegisteredRule& rule, const OpContext& ctx);
   // Plans depend on the collective lowering (a rule's cost choice, the leaders of a
   // local-only run): a change of the lowering policy starts the cache over.
   void DropIfStaleLocked();

@@ -22,6 +22,7 @@
 #include "cc/core/strings.h"
 #include "cc/rules/factor.h"
 #include "cc/rules/local_math.h"
+#include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -70,8 +71,7 @@ class ReduceRule : public FactorRule {
  public:
   // `op`: how partial results combine; nullopt gathers reduced axes instead.
   explicit ReduceRule(std::optional<ReduceOp> op, bool mean = false)
-      : FactorRule([op](const OpContext& ctx) { return ReduceFactors(ctx, op); },
-                   SecondInputIsHost),
+      : FactorRule([op](const OpContext& ctx) { return ReduceFactors(ctx, op); }),
         mean_(mean) {}
 
   StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
@@ -336,25 +336,28 @@ std::shared_ptr<const Rule> ReduceOver(std::optional<ReduceOp> op) {
   return std::make_shared<ReduceRule>(op);
 }
 
+// Reductions read their axes as a host value.
+const RuleTraits kReduce = Traits().Host(1, HostValue::kAxis);
+
 const bool kRegistered = RegisterRules({
-    {"All", ReduceOver(std::nullopt)},
-    {"Any", ReduceOver(std::nullopt)},
-    {"ArgMax", ReduceOver(std::nullopt)},
-    {"ArgMin", ReduceOver(std::nullopt)},
+    {"All", ReduceOver(std::nullopt), kReduce},
+    {"Any", ReduceOver(std::nullopt), kReduce},
+    {"ArgMax", ReduceOver(std::nullopt), kReduce},
+    {"ArgMin", ReduceOver(std::nullopt), kReduce},
     {"BiasAddGrad", Factors(BiasAddGradFactors)},
-    {"Cumprod", Factors(ScanFactors, SecondInputIsHost)},
-    {"Cumsum", Factors(ScanFactors, SecondInputIsHost)},
-    {"EuclideanNorm", ReduceOver(std::nullopt)},
+    {"Cumprod", Factors(ScanFactors), Traits().Host(1, HostValue::kAxis)},
+    {"Cumsum", Factors(ScanFactors), Traits().Host(1, HostValue::kAxis)},
+    {"EuclideanNorm", ReduceOver(std::nullopt), kReduce},
     {"L2Loss", Factors(L2LossFactors)},
     {"LogSoftmax", std::make_shared<SoftmaxRule>(/*log=*/true)},
-    {"Max", Linear(ReduceOver(ReduceOp::kMax), Linearity::kMax)},
-    {"Mean", std::make_shared<ReduceRule>(ReduceOp::kSum, /*mean=*/true)},
-    {"Min", Linear(ReduceOver(ReduceOp::kMin), Linearity::kMin)},
-    {"Prod", ReduceOver(ReduceOp::kProd)},
+    {"Max", ReduceOver(ReduceOp::kMax), Traits().Linear(Linearity::kMax).Host(1, HostValue::kAxis)},
+    {"Mean", std::make_shared<ReduceRule>(ReduceOp::kSum, /*mean=*/true), kReduce},
+    {"Min", ReduceOver(ReduceOp::kMin), Traits().Linear(Linearity::kMin).Host(1, HostValue::kAxis)},
+    {"Prod", ReduceOver(ReduceOp::kProd), kReduce},
     {"Softmax", std::make_shared<SoftmaxRule>(/*log=*/false)},
     {"SoftmaxCrossEntropyWithLogits", std::make_shared<CrossEntropyRule>(/*sparse=*/false)},
     {"SparseSoftmaxCrossEntropyWithLogits", std::make_shared<CrossEntropyRule>(/*sparse=*/true)},
-    {"Sum", Linear(ReduceOver(ReduceOp::kSum), Linearity::kSum)},
+    {"Sum", ReduceOver(ReduceOp::kSum), Traits().Linear(Linearity::kSum).Host(1, HostValue::kAxis)},
 });
 
 }  // namespace

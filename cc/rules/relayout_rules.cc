@@ -4,6 +4,7 @@
 //   TfDTensorRelayoutLike(x, like): x in like's layout (relayout_like, and the gradient of
 //   a relayout, which returns to its input's layout and mesh).
 // The relayout itself is planned in spmd/relayout.cc.
+#include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/layout_types.h"
 
@@ -12,7 +13,6 @@ namespace {
 
 class RelayoutRule : public Rule {
  public:
-  bool HandlesMultiDimAxes() const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     std::optional<std::string> text = ctx.attrs->GetString("layout");
     if (!text) return InvalidArgument("Relayout needs a `layout` attribute.");
@@ -57,7 +57,6 @@ class RelayoutRule : public Rule {
 
 class RelayoutLikeRule : public Rule {
  public:
-  bool HandlesMultiDimAxes() const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     const InputInfo& in = ctx.inputs[0];
     const InputInfo& like = ctx.inputs[1];
@@ -84,8 +83,8 @@ class RelayoutLikeRule : public Rule {
 };
 
 const bool kRegistered = RegisterRules({
-    {"TfDTensorRelayout", std::make_shared<RelayoutRule>()},
-    {"TfDTensorRelayoutLike", std::make_shared<RelayoutLikeRule>()},
+    {"TfDTensorRelayout", std::make_shared<RelayoutRule>(), Traits().MultiDimAxes()},
+    {"TfDTensorRelayoutLike", std::make_shared<RelayoutLikeRule>(), Traits().MultiDimAxes()},
 });
 
 }  // namespace

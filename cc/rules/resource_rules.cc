@@ -19,8 +19,6 @@ StatusOr<ResourceInfo> Resource(const OpContext& ctx) {
 
 class VarHandleRule : public Rule {
  public:
-  bool HandlesMultiDimAxes() const override { return true; }
-  bool ReadsRequest() const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     const AttrValue* shape_attr = ctx.attrs->Find("shape");
     Plan plan;
@@ -58,7 +56,6 @@ class VarHandleRule : public Rule {
 
 class ReadVariableRule : public Rule {
  public:
-  bool HandlesMultiDimAxes() const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(ResourceInfo resource, Resource(ctx));
     Plan plan;
@@ -70,7 +67,6 @@ class ReadVariableRule : public Rule {
 
 class AssignVariableRule : public Rule {
  public:
-  bool HandlesMultiDimAxes() const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(ResourceInfo resource, Resource(ctx));
     const InputInfo& value = ctx.inputs[1];
@@ -110,7 +106,6 @@ class AssignVariableRule : public Rule {
 // Per-component ops on handles that produce replicated (or no) outputs.
 class HandleRule : public Rule {
  public:
-  bool HandlesMultiDimAxes() const override { return true; }
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     Plan plan;
     plan.inputs.assign(ctx.inputs.size(), std::nullopt);
@@ -118,15 +113,19 @@ class HandleRule : public Rule {
   }
 };
 
+// Variable ops only hold or move blocks: a value over several mesh dimensions per axis
+// ([x+y,*]) is theirs as it is.
+const RuleTraits kVariable = Traits().MultiDimAxes();
+
 const bool kRegistered = RegisterRules({
-    {"AssignAddVariableOp", std::make_shared<AssignVariableRule>()},
-    {"AssignSubVariableOp", std::make_shared<AssignVariableRule>()},
-    {"AssignVariableOp", std::make_shared<AssignVariableRule>()},
-    {"DestroyResourceOp", std::make_shared<HandleRule>()},
-    {"DisableCopyOnRead", std::make_shared<HandleRule>()},
-    {"ReadVariableOp", std::make_shared<ReadVariableRule>()},
-    {"VarHandleOp", std::make_shared<VarHandleRule>()},
-    {"VarIsInitializedOp", std::make_shared<HandleRule>()},
+    {"AssignAddVariableOp", std::make_shared<AssignVariableRule>(), kVariable},
+    {"AssignSubVariableOp", std::make_shared<AssignVariableRule>(), kVariable},
+    {"AssignVariableOp", std::make_shared<AssignVariableRule>(), kVariable},
+    {"DestroyResourceOp", std::make_shared<HandleRule>(), kVariable},
+    {"DisableCopyOnRead", std::make_shared<HandleRule>(), kVariable},
+    {"ReadVariableOp", std::make_shared<ReadVariableRule>(), kVariable},
+    {"VarHandleOp", std::make_shared<VarHandleRule>(), Traits().MultiDimAxes().ReadsRequest()},
+    {"VarIsInitializedOp", std::make_shared<HandleRule>(), kVariable},
 });
 
 }  // namespace

@@ -77,9 +77,6 @@ struct Plan {
   // Per output: mesh dimensions along which the local results are partial.
   std::vector<std::vector<int>> partial_dims;
   ReduceOp partial_op = ReduceOp::kSum;
-  // Pending reductions of the inputs that the op passes to its outputs unreduced (it is
-  // linear in them); set by PlanOp, already part of `inputs` and `outputs`.
-  std::vector<PartialSpec> passed_partial;
   // Attributes of the local op that differ from the global op (e.g. a local shape).
   std::vector<AttrOverride> overrides;
   // Host arguments replaced with local values (e.g. Reshape's shape): input -> values.
@@ -89,6 +86,10 @@ struct Plan {
   // an axis was gathered, in words for Collectives() and debug.
   std::vector<std::string> notes;
 
+  // Pending reductions of the inputs that the op passes to its outputs unreduced (it is
+  // linear in them): those an input has (in `ctx`) and keeps in its planned layout, which
+  // PlanOp also puts in the outputs' layouts.
+  std::vector<PartialSpec> PassedPartial(const OpContext& ctx) const;
   // The collectives this plan emits, e.g. "all-reduce(sum) over x", for tests and debug.
   std::vector<std::string> Collectives(const OpContext& ctx) const;
 };
@@ -96,16 +97,11 @@ struct Plan {
 class Rule {
  public:
   virtual ~Rule() = default;
-  // Inputs read as values (shapes, axes, permutations) rather than data; they stay on the
-  // host or replicated and are never resharded. `num_inputs` locates arguments at the end
-  // of a variable-length input list (ConcatV2's axis follows its N values).
-  virtual bool IsHostArgument(int input, int num_inputs) const { return false; }
   virtual StatusOr<Plan> Forward(const OpContext& ctx) const = 0;
-  // The op's linearity: given inputs with pending reductions (ctx's layouts), the pending
-  // reductions of its outputs when it can run on the unreduced terms, or nullopt when the
-  // inputs must be reduced first (the default; nonlinear ops).
-  //   add([*] +partial(x:sum), [*] +partial(x:sum)) -> [*] +partial(x:sum)
-  //   matmul([*,*] +partial(x:sum), [*,*]) -> [*,*] +partial(x:sum);   relu(P) -> reduce first
+  // For rules whose linearity no RuleTraits::linearity describes: given inputs with
+  // pending reductions (ctx's layouts), the pending reductions of the outputs when the op
+  // can run on the unreduced terms, or nullopt when the inputs must be reduced first (the
+  // default). Consulted only when the traits declare Linearity::kNone.
   virtual std::optional<std::vector<PartialSpec>> PartialThrough(const OpContext& ctx) const {
     return std::nullopt;
   }
@@ -113,58 +109,15 @@ class Rule {
   // has no preference for any input.
   virtual std::vector<std::optional<Layout>> Backward(
       const OpContext& ctx, const std::vector<std::optional<Layout>>& requested_outputs) const;
-  // Whether Forward reads ctx.requested (ops that make their blocks in the requested
-  // layout): a new request changes their plan even when they have DTensor inputs.
-  virtual bool ReadsRequest() const { return false; }
-  // Whether the op runs on the mesh even when all its inputs are host values (which
-  // otherwise keep it on the host inside tf.function): ops that make a handle whose
-  // per-device contents will differ (TensorListReserve: each device lists its own blocks).
-  virtual bool MakesMeshValue() const { return false; }
-  // Whether the rule takes layouts with an axis sharded over several mesh dimensions
-  // ("x+y", see DimSpec) as they are: relayouts and variable handles, which only move
-  // or hold blocks. Every other rule sees such inputs and requests with each axis over
-  // its major mesh dimension only (dispatch relayouts them first).
-  virtual bool HandlesMultiDimAxes() const { return false; }
+  // The default is ExpandDefault (cc/rules/expand.h).
   virtual StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                                 Builder& builder) const;
 };
 
-// How an op passes pending reductions (see Rule::PartialThrough).
-enum class Linearity {
-  kEachInput,   // every data input has the same sum/mean pending: add, sub, add_n, neg
-  kOneInput,    // exactly one data input has a sum/mean pending: mul, matmul
-  kFirstInput,  // only input 0 has a sum/mean pending: div (the numerator)
-  kStructural,  // moves elements without arithmetic; any reduction: identity, transpose
-  kSum,         // sums elements: sum/mean pending passes (reduce_sum)
-  kMax,         // max pending passes (reduce_max)
-  kMin,         // min pending passes (reduce_min)
-};
-// `rule` with a declared linearity: the declarative way to let partial values through.
-std::shared_ptr<const Rule> Linear(std::shared_ptr<const Rule> rule, Linearity how);
-
-// Forward, then the plan for pending reductions: inputs an op is linear in keep theirs
-// (and pass them to the outputs); otherwise partial inputs are reduced first. Both
-// dispatch paths and debug.explain plan through this.
-StatusOr<Plan> PlanOp(const Rule& rule, const OpContext& ctx);
-
-// Runs the default expansion: relayout inputs, local op, all-reduce partial outputs
-// (or, with ctx.keep_partial, leave them pending).
 // The request for output `o` when it fits an output of `rank` on the op's mesh, else null.
 const Layout* UsableRequest(const OpContext& ctx,
                             const std::vector<std::optional<Layout>>& requested_outputs, int o,
                             int rank);
-
-// Runs the default expansion: relayout inputs, local op, all-reduce partial outputs.
-StatusOr<std::vector<ValueId>> ExpandDefault(const OpContext& ctx, const Plan& plan,
-                                             Builder& builder);
-// The second half of ExpandDefault: runs the op on `inputs` (already in the plan's
-// layouts) with `options`, then all-reduces partial outputs (or leaves them pending).
-StatusOr<std::vector<ValueId>> ExpandWithInputs(const OpContext& ctx, const Plan& plan,
-                                                const std::vector<ValueId>& inputs,
-                                                const LocalOpOptions& options, Builder& builder);
-// Relayouts (or replaces) the inputs as the plan says.
-StatusOr<std::vector<ValueId>> PrepareInputs(const OpContext& ctx, const Plan& plan,
-                                             Builder& builder);
 
 }  // namespace tf_dtensor
 

@@ -10,6 +10,7 @@
 //   sparse_to_dense(...) -> replicated
 #include "cc/core/strings.h"
 #include "cc/rules/factor.h"
+#include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "cc/rules/row_blocks.h"
 #include "tensorflow/c/tf_datatype.h"
@@ -185,7 +186,7 @@ StatusOr<FactorSpec> ScatterNdFactors(const OpContext& ctx) {
 // mesh dimension does not divide stays whole).
 class ScatterNdRule : public FactorRule {
  public:
-  ScatterNdRule() : FactorRule(ScatterNdFactors, [](int i, int) { return i == 2; }) {}
+  ScatterNdRule() : FactorRule(ScatterNdFactors) {}
 
   // Linear in the updates only: a sum or mean pending on them passes to the output; pending
   // indices (or any other reduction) are reduced first.
@@ -236,8 +237,8 @@ const bool kRegistered = RegisterRules({
     {"ResourceScatterMul", Scatter(Combine::kMul)},
     {"ResourceScatterSub", Scatter(Combine::kAdd)},
     {"ResourceScatterUpdate", Scatter(Combine::kUpdate)},
-    {"ScatterNd", std::make_shared<ScatterNdRule>()},
-    {"SparseToDense", Replicated()},
+    {"ScatterNd", std::make_shared<ScatterNdRule>(), Traits().Host(2, HostValue::kShape)},
+    {"SparseToDense", Replicated(), Traits().AllHost(HostValue::kValue)},
     {"TensorScatterAdd", Factors(TensorScatterFactors)},
     {"TensorScatterMax", Factors(TensorScatterFactors)},
     {"TensorScatterMin", Factors(TensorScatterFactors)},

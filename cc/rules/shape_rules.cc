@@ -16,6 +16,7 @@
 #include "cc/core/strings.h"
 #include "cc/rules/merge.h"
 #include "cc/rules/factor.h"
+#include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/relayout.h"
 #include "tensorflow/c/tf_datatype.h"
@@ -281,8 +282,6 @@ StatusOr<Plan> ShapedPlan(const OpContext& ctx, const Layout& in, const Layout& 
 
 class ReshapeRule : public Rule {
  public:
-  bool IsHostArgument(int input, int) const override { return input == 1; }
-
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     if (ctx.inputs.size() == 2 && !ctx.inputs[1].int_value && ctx.inputs[1].shape.size() == 1 &&
         ctx.inputs[1].shape[0] >= 0) {
@@ -375,8 +374,6 @@ class ReshapeRule : public Rule {
 // sharded (or not an integer constant) is gathered and the op runs on every device.
 class IntFunctionRule : public Rule {
  public:
-  bool IsHostArgument(int, int) const override { return true; }
-
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     Plan plan;
     for (const InputInfo& in : ctx.inputs) {
@@ -463,9 +460,6 @@ class InvertPermutationRule : public IntFunctionRule {
 // broadcasts to its own block).
 class BroadcastToRule : public Rule {
  public:
-  bool ReadsRequest() const override { return true; }
-  bool IsHostArgument(int input, int) const override { return input == 1; }
-
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> target, ctx.IntValue(1, "shape"));
     const Layout& in = ctx.layout(0);
@@ -551,18 +545,24 @@ StatusOr<FactorSpec> TileFactors(const OpContext& ctx) {
 }
 
 const bool kRegistered = RegisterRules({
-    {"BroadcastGradientArgs", std::make_shared<BroadcastGradientArgsRule>()},
-    {"BroadcastTo", std::make_shared<BroadcastToRule>()},
-    {"ExpandDims", Linear(Factors(ExpandDimsFactors, SecondInputIsHost), Linearity::kStructural)},
-    {"InvertPermutation", std::make_shared<InvertPermutationRule>()},
+    {"BroadcastGradientArgs", std::make_shared<BroadcastGradientArgsRule>(),
+     Traits().AllHost(HostValue::kShape)},
+    {"BroadcastTo", std::make_shared<BroadcastToRule>(),
+     Traits().Host(1, HostValue::kShape).ReadsRequest()},
+    {"ExpandDims", Factors(ExpandDimsFactors),
+     Traits().Linear(Linearity::kStructural).Host(1, HostValue::kAxis)},
+    {"InvertPermutation", std::make_shared<InvertPermutationRule>(),
+     Traits().AllHost(HostValue::kPermutation)},
     {"Rank", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kRank)},
-    {"Reshape", Linear(std::make_shared<ReshapeRule>(), Linearity::kStructural)},
+    {"Reshape", std::make_shared<ReshapeRule>(),
+     Traits().Linear(Linearity::kStructural).Host(1, HostValue::kShape)},
     {"Shape", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kShape)},
     {"ShapeN", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kShapeN)},
     {"Size", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kSize)},
-    {"Squeeze", Linear(std::make_shared<SqueezeRule>(), Linearity::kStructural)},
-    {"Tile", Factors(TileFactors, SecondInputIsHost)},
-    {"Transpose", Linear(Factors(TransposeFactors, SecondInputIsHost), Linearity::kStructural)},
+    {"Squeeze", std::make_shared<SqueezeRule>(), Traits().Linear(Linearity::kStructural)},
+    {"Tile", Factors(TileFactors), Traits().Host(1, HostValue::kMultiples)},
+    {"Transpose", Factors(TransposeFactors),
+     Traits().Linear(Linearity::kStructural).Host(1, HostValue::kPermutation)},
 });
 
 }  // namespace

@@ -104,7 +104,6 @@ void LocalizeEntries(const StridedSliceAxes& axes, const Layout& layout,
 // StridedSlice(input, begin, end, strides).
 class StridedSliceRule : public Rule {
  public:
-  bool IsHostArgument(int input, int) const override { return input >= 1; }
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> begin, ctx.IntValue(1, "begin"));
@@ -139,7 +138,6 @@ class StridedSliceRule : public Rule {
 // StridedSlice took it from. A result axis that came from a whole axis keeps dy's sharding.
 class StridedSliceGradRule : public Rule {
  public:
-  bool IsHostArgument(int input, int) const override { return input <= 3; }
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ctx.IntValue(0, "shape"));
@@ -186,7 +184,6 @@ class StridedSliceGradRule : public Rule {
 //   x[:, 1:3] = v with x [x,y], v [*,*] -> x [x,*], v [x,*] -> [x,*]
 class TensorStridedSliceUpdateRule : public Rule {
  public:
-  bool IsHostArgument(int input, int) const override { return input >= 1 && input <= 3; }
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> begin, ctx.IntValue(1, "begin"));
@@ -245,7 +242,6 @@ class TensorStridedSliceUpdateRule : public Rule {
 // Slice(input, begin, size); a size of -1 runs to the end of the axis.
 class SliceRule : public Rule {
  public:
-  bool IsHostArgument(int input, int) const override { return input >= 1; }
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> begin, ctx.IntValue(1, "begin"));
@@ -316,14 +312,17 @@ StatusOr<FactorSpec> ReverseFactors(const OpContext& ctx) {
 }
 
 const bool kRegistered = RegisterRules({
-    {"MirrorPad", Factors(PadFactors, SecondInputIsHost)},
-    {"Pad", Factors(PadFactors, SecondInputIsHost)},
-    {"PadV2", Factors(PadFactors, SecondInputIsHost)},
-    {"ReverseV2", Factors(ReverseFactors, SecondInputIsHost)},
-    {"Slice", std::make_shared<SliceRule>()},
-    {"StridedSlice", std::make_shared<StridedSliceRule>()},
-    {"StridedSliceGrad", std::make_shared<StridedSliceGradRule>()},
-    {"TensorStridedSliceUpdate", std::make_shared<TensorStridedSliceUpdateRule>()},
+    {"MirrorPad", Factors(PadFactors), Traits().Host(1, HostValue::kPaddings)},
+    {"Pad", Factors(PadFactors), Traits().Host(1, HostValue::kPaddings)},
+    {"PadV2", Factors(PadFactors), Traits().Host(1, HostValue::kPaddings)},
+    {"ReverseV2", Factors(ReverseFactors), Traits().Host(1, HostValue::kAxis)},
+    {"Slice", std::make_shared<SliceRule>(), Traits().Host(1, -1, HostValue::kBounds)},
+    {"StridedSlice", std::make_shared<StridedSliceRule>(),
+     Traits().Host(1, -1, HostValue::kBounds)},
+    {"StridedSliceGrad", std::make_shared<StridedSliceGradRule>(),
+     Traits().Host(0, HostValue::kShape).Host(1, 3, HostValue::kBounds)},
+    {"TensorStridedSliceUpdate", std::make_shared<TensorStridedSliceUpdateRule>(),
+     Traits().Host(1, 3, HostValue::kBounds)},
 });
 
 }  // namespace

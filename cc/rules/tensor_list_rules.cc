@@ -17,6 +17,7 @@
 #include <functional>
 
 #include "cc/core/strings.h"
+#include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -39,14 +40,7 @@ using ListOpFn = std::function<StatusOr<ListOp>(const OpContext&)>;
 
 class ListRule : public Rule {
  public:
-  ListRule(ListOpFn fn, std::vector<int> host, bool makes_list)
-      : fn_(std::move(fn)), host_(std::move(host)), makes_list_(makes_list) {}
-  // A new list is a DTensor even inside tf.function with host arguments alone: its
-  // element layout is set by the first write, and then each device holds its own blocks.
-  bool MakesMeshValue() const override { return makes_list_; }
-  bool IsHostArgument(int input, int) const override {
-    return std::find(host_.begin(), host_.end(), input) != host_.end();
-  }
+  explicit ListRule(ListOpFn fn) : fn_(std::move(fn)) {}
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(ListOp op, fn_(ctx));
     return op.plan;
@@ -74,14 +68,9 @@ class ListRule : public Rule {
 
  private:
   ListOpFn fn_;
-  std::vector<int> host_;
-  bool makes_list_;
 };
 
-std::shared_ptr<const Rule> List(ListOpFn fn, std::vector<int> host = {},
-                                 bool makes_list = false) {
-  return std::make_shared<ListRule>(std::move(fn), std::move(host), makes_list);
-}
+std::shared_ptr<const Rule> List(ListOpFn fn) { return std::make_shared<ListRule>(std::move(fn)); }
 
 Layout ListLayout(const OpContext& ctx) { return Layout::Replicated(ctx.mesh, 0); }
 
@@ -293,25 +282,39 @@ StatusOr<ListOp> ElementShape(const OpContext& ctx) {
   return op;
 }
 
+// A new list is a DTensor even inside tf.function with host arguments alone (it makes a
+// mesh value): its element layout is set by the first write, and then each device holds
+// its own blocks. Element shapes and indices are host values.
+const RuleTraits kNewList =
+    Traits().Host(0, HostValue::kShape).Host(1, HostValue::kCount).MakesMeshValue();
+const RuleTraits kShapeAt1 = Traits().Host(1, HostValue::kShape);
+const RuleTraits kShapeAt2 = Traits().Host(2, HostValue::kShape);
+const RuleTraits kIndexAt1 = Traits().Host(1, HostValue::kCount);
+
 const bool kRegistered = RegisterRules({
-    {"EmptyTensorList", List(NewList, {0, 1}, true)},
-    {"TensorListConcatV2", List(Concat, {1, 2})},
+    {"EmptyTensorList", List(NewList), kNewList},
+    {"TensorListConcatV2", List(Concat), Traits().Host(1, 2, HostValue::kShape)},
     {"TensorListElementShape", List(ElementShape)},
     {"TensorListFromTensor",
-     List([](const OpContext& c) { return FromRows(c, 1, false); }, {1}, true)},
-    {"TensorListGather", List([](const OpContext& c) { return Stack(c, 2); }, {2})},
-    {"TensorListGetItem", List([](const OpContext& c) { return Read(c, 2, false); }, {1, 2})},
+     List([](const OpContext& c) { return FromRows(c, 1, false); }),
+     Traits().Host(1, HostValue::kShape).MakesMeshValue()},
+    {"TensorListGather", List([](const OpContext& c) { return Stack(c, 2); }), kShapeAt2},
+    {"TensorListGetItem", List([](const OpContext& c) { return Read(c, 2, false); }),
+     Traits().Host(1, HostValue::kCount).Host(2, HostValue::kShape)},
     {"TensorListLength", List([](const OpContext& c) { return PassList(c, false); })},
-    {"TensorListPopBack", List([](const OpContext& c) { return Read(c, 1, true); }, {1})},
+    {"TensorListPopBack", List([](const OpContext& c) { return Read(c, 1, true); }), kShapeAt1},
     {"TensorListPushBack", List([](const OpContext& c) { return Write(c, 1); })},
-    {"TensorListReserve", List(NewList, {0, 1}, true)},
-    {"TensorListResize", List([](const OpContext& c) { return PassList(c, true); }, {1})},
-    {"TensorListScatter", List([](const OpContext& c) { return FromRows(c, 2, false); }, {2})},
+    {"TensorListReserve", List(NewList), kNewList},
+    {"TensorListResize", List([](const OpContext& c) { return PassList(c, true); }), kIndexAt1},
+    {"TensorListScatter", List([](const OpContext& c) { return FromRows(c, 2, false); }),
+     kShapeAt2},
     {"TensorListScatterIntoExistingList", List(ScatterInto)},
-    {"TensorListScatterV2", List([](const OpContext& c) { return FromRows(c, 2, false); }, {2, 3})},
-    {"TensorListSetItem", List([](const OpContext& c) { return Write(c, 2); }, {1})},
-    {"TensorListSplit", List([](const OpContext& c) { return FromRows(c, 1, true); }, {1, 2})},
-    {"TensorListStack", List([](const OpContext& c) { return Stack(c, 1); }, {1})},
+    {"TensorListScatterV2", List([](const OpContext& c) { return FromRows(c, 2, false); }),
+     Traits().Host(2, HostValue::kShape).Host(3, HostValue::kCount)},
+    {"TensorListSetItem", List([](const OpContext& c) { return Write(c, 2); }), kIndexAt1},
+    {"TensorListSplit", List([](const OpContext& c) { return FromRows(c, 1, true); }),
+     Traits().Host(1, 2, HostValue::kShape)},
+    {"TensorListStack", List([](const OpContext& c) { return Stack(c, 1); }), kShapeAt1},
 });
 
 }  // namespace

@@ -40,11 +40,10 @@ StatusOr<FactorSpec> InTopKFactors(const OpContext& ctx) {
   return spec;
 }
 
-bool ThirdInputIsHost(int input, int) { return input == 2; }
 
 const bool kRegistered = RegisterRules({
-    {"InTopKV2", Factors(InTopKFactors, ThirdInputIsHost)},
-    {"TopKV2", Factors(TopKFactors, SecondInputIsHost)},
+    {"InTopKV2", Factors(InTopKFactors), Traits().Host(2, HostValue::kCount)},
+    {"TopKV2", Factors(TopKFactors), Traits().Host(1, HostValue::kCount)},
 });
 
 }  // namespace

@@ -251,3 +251,20 @@ def test_explain_without_communication(mesh_2x2):
 def test_explain_needs_a_layout():
     with pytest.raises(ValueError, match="at least one input layout"):
         tf_dtensor.debug.explain("AddV2", [None, None], [[4], [4]])
+
+
+def test_explain_plans_the_context_dispatch_makes(mesh_2x2):
+    # An input without a layout is a host tensor: as data it joins the mesh replicated,
+    # as dispatch does, so AddV2's sharded input sets the plan.
+    plan = tf_dtensor.debug.explain("AddV2", [layout_of("[x,y]", mesh_2x2), None],
+                                    [[4, 8], [4, 8]])
+    assert plan["outputs"] == [layout_of("[x,y]", mesh_2x2)]
+    assert plan["inputs"][1] == layout_of("[x,y]", mesh_2x2)
+    # Values are for the host arguments the op's traits declare, and only those.
+    with pytest.raises(tf_dtensor.LayoutError,
+                       match=r"value for input 1 of 'AddV2'.*not one of its host arguments"):
+        tf_dtensor.debug.explain("AddV2", [layout_of("[x,y]", mesh_2x2)] * 2, [[4, 8]] * 2,
+                                 int_values={1: [1]})
+    plan = tf_dtensor.debug.explain("Transpose", [layout_of("[x,y]", mesh_2x2), None],
+                                    [[4, 8], [2]], int_values={1: [1, 0]})
+    assert plan["outputs"] == [layout_of("[y,x]", mesh_2x2)]

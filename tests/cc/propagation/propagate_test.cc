@@ -60,7 +60,7 @@ TEST(Propagate, RequestTravelsBackThroughMatmulAndTranspose) {
     EXPECT_EQ(*requests[0][0], MakeLayout("[*,x]", mesh));
     ASSERT_TRUE(transpose.rule != nullptr);
     std::vector<std::optional<Layout>> back =
-        transpose.rule->Backward(*transpose.ctx, {MakeLayout("[*,x]", mesh)});
+        transpose.rule->rule->Backward(*transpose.ctx, {MakeLayout("[*,x]", mesh)});
     ASSERT_TRUE(back[0].has_value());
     EXPECT_EQ(*back[0], MakeLayout("[x,*]", mesh));
   }

@@ -3,6 +3,7 @@
 #include "cc/rules/dispatch.h"
 
 #include "cc/tf/attrs.h"
+#include "cc/rules/plan.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/lowering.h"
 #include "cc/spmd/recording_builder.h"
@@ -116,6 +117,87 @@ TEST(Dispatch, PlanCacheStartsOverWhenTheLoweringChanges) {
   ASSERT_OK(SetCollectiveLoweringPolicy("auto"));
   // The entry made under "auto" went; the one made under "ops" is the only one.
   EXPECT_EQ(cache.size(), 1u);
+}
+
+// The cache keys on the values of the host arguments the op's traits declare (a
+// permutation here), and on nothing else an input happens to carry.
+TEST(Dispatch, PlanCacheKeysOnDeclaredHostInputs) {
+  Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}});
+  const RegisteredRule* transpose = RuleRegistry::Global().Find("Transpose");
+  const RegisteredRule* add = RuleRegistry::Global().Find("AddV2");
+  ASSERT_TRUE(transpose != nullptr && add != nullptr);
+  AttrMap attrs;
+  auto context = [&](const char* op, std::vector<int64_t> value) {
+    OpContext ctx(op, &attrs, mesh);
+    InputInfo data;
+    data.shape = {4, 8};
+    data.layout = MakeLayout("[x,y]", mesh);
+    InputInfo second;
+    second.shape = {2};
+    second.int_value = std::move(value);
+    if (std::string(op) == "AddV2") {
+      second.shape = {4, 8};
+      second.layout = MakeLayout("[x,y]", mesh);
+    }
+    ctx.inputs = {data, second};
+    return ctx;
+  };
+  PlanCache cache;
+  OpContext swap = context("Transpose", {1, 0});
+  StatusOr<Plan> plan = PlanOp(*transpose->rule, transpose->traits, swap);
+  ASSERT_OK(plan.status());
+  cache.Insert(*transpose, swap, std::make_shared<const Plan>(*plan));
+  EXPECT_TRUE(cache.Find(*transpose, context("Transpose", {1, 0})) != nullptr);
+  EXPECT_TRUE(cache.Find(*transpose, context("Transpose", {0, 1})) == nullptr);
+  // A value on a data input is not part of the key: AddV2 declares no host inputs.
+  OpContext sum = context("AddV2", {1});
+  plan = PlanOp(*add->rule, add->traits, sum);
+  ASSERT_OK(plan.status());
+  cache.Insert(*add, sum, std::make_shared<const Plan>(*plan));
+  EXPECT_TRUE(cache.Find(*add, context("AddV2", {2})) != nullptr);
+  EXPECT_EQ(cache.size(), 2u);
+}
+
+// PrepareContext, the front half Dispatch and debug.explain share: host arguments get
+// their values, host data joins the mesh replicated, an axis over several mesh dimensions
+// is seen over its major one, and partial inputs keep results pending.
+TEST(Dispatch, PrepareContextFollowsTheTraits) {
+  Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}});
+  AttrMap attrs;
+  const RegisteredRule* sum = RuleRegistry::Global().Find("Sum");
+  ASSERT_TRUE(sum != nullptr);
+  OpContext ctx("Sum", &attrs, mesh);
+  ctx.inputs.resize(2);
+  ctx.inputs[0].shape = {8, 4};
+  ctx.inputs[1].shape = {1};
+  std::vector<int> asked;
+  ASSERT_OK(PrepareContext(sum->traits, ctx, /*in_function=*/false, "",
+                           [&](int i) -> std::optional<std::vector<int64_t>> {
+                             asked.push_back(i);
+                             return std::vector<int64_t>{0};
+                           }));
+  EXPECT_TRUE(asked == std::vector<int>{1});  // only the declared host input is read
+  EXPECT_TRUE(ctx.inputs[1].int_value == std::vector<int64_t>{0});
+  EXPECT_TRUE(!ctx.inputs[1].layout);
+  EXPECT_TRUE(ctx.inputs[0].from_host);
+  EXPECT_EQ(ctx.inputs[0].layout->SpecString(), "[*,*]");
+  EXPECT_TRUE(!ctx.keep_partial);
+
+  const RegisteredRule* relu = RuleRegistry::Global().Find("Relu");
+  const RegisteredRule* identity = RuleRegistry::Global().Find("Identity");
+  ASSERT_TRUE(relu != nullptr && identity != nullptr);
+  const Layout both = MakeLayout("[x+y,*]", mesh);
+  for (const RegisteredRule* rule : {relu, identity}) {
+    OpContext op("Relu", &attrs, mesh);
+    op.inputs.resize(1);
+    op.inputs[0].shape = {8, 4};
+    op.inputs[0].layout = both;
+    ASSERT_OK(PrepareContext(rule->traits, op, /*in_function=*/true, "",
+                             [](int) { return std::nullopt; }));
+    // Identity takes multi-dimension axes as they are; Relu sees the major dimension.
+    EXPECT_EQ(op.inputs[0].layout->SpecString(), rule == relu ? "[x,*]" : "[x+y,*]");
+    EXPECT_TRUE(op.keep_partial);
+  }
 }
 
 // A serialized NameAttrList holding `entries` (name, serialized AttrValue) in that order.

@@ -2,6 +2,7 @@
 
 #include "cc/core/strings.h"
 #include "cc/propagation/propagate.h"
+#include "cc/rules/plan.h"
 #include "cc/spmd/recording_builder.h"
 
 namespace tf_dtensor {
@@ -101,15 +102,15 @@ OpCase& OpCase::OutShapes(std::vector<std::vector<int64_t>> shapes) {
   return *this;
 }
 
-StatusOr<const Rule*> OpCase::FindRule() const {
-  const Rule* rule = RuleRegistry::Global().Find(op_name_);
+StatusOr<const RegisteredRule*> OpCase::FindRule() const {
+  const RegisteredRule* rule = RuleRegistry::Global().Find(op_name_);
   if (!rule) return Unimplemented("'" + op_name_ + "' has no registered rule");
   return rule;
 }
 
 StatusOr<Plan> OpCase::Forward() const {
-  TFD_ASSIGN_OR_RETURN(const Rule* rule, FindRule());
-  return PlanOp(*rule, ctx_);
+  TFD_ASSIGN_OR_RETURN(const RegisteredRule* rule, FindRule());
+  return PlanOp(*rule->rule, rule->traits, ctx_);
 }
 
 std::string OpCase::PlanString() const {
@@ -138,9 +139,9 @@ std::vector<std::string> OpCase::Collectives() const {
 }
 
 std::vector<std::string> OpCase::Steps() const {
-  StatusOr<const Rule*> rule = FindRule();
+  StatusOr<const RegisteredRule*> rule = FindRule();
   if (!rule.ok()) return {"error: " + rule.status().message()};
-  StatusOr<Plan> plan = PlanOp(**rule, ctx_);
+  StatusOr<Plan> plan = PlanOp(*(*rule)->rule, (*rule)->traits, ctx_);
   if (!plan.ok()) return {"error: " + plan.status().message()};
   RecordingBuilder builder;
   for (const InputInfo& in : ctx_.inputs) {
@@ -148,14 +149,14 @@ std::vector<std::string> OpCase::Steps() const {
     if (in.resource) builder.set_resource(v, *in.resource);
   }
   builder.set_output_shapes(out_shapes_);
-  StatusOr<std::vector<ValueId>> outputs = (*rule)->Expand(ctx_, *plan, builder);
+  StatusOr<std::vector<ValueId>> outputs = (*rule)->rule->Expand(ctx_, *plan, builder);
   std::vector<std::string> steps = builder.steps();
   if (!outputs.ok()) steps.push_back("error: " + outputs.status().message());
   return steps;
 }
 
 std::string OpCase::Backward(const std::vector<std::string>& wanted) const {
-  StatusOr<const Rule*> rule = FindRule();
+  StatusOr<const RegisteredRule*> rule = FindRule();
   if (!rule.ok()) return "error: " + rule.status().message();
   // The op fed by one producer per input, its outputs asked for `wanted` (as
   // debug.explain builds it).

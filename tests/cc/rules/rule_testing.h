@@ -70,7 +70,7 @@ class OpCase {
   std::string Backward(const std::vector<std::string>& wanted) const;
 
  private:
-  StatusOr<const Rule*> FindRule() const;
+  StatusOr<const RegisteredRule*> FindRule() const;
 
   std::string op_name_;
   Mesh mesh_;
