@@ -452,6 +452,16 @@ PYBIND11_MODULE(_core, m) {
         py::arg("requested") = std::nullopt, py::arg("num_outputs") = 1,
         py::arg("output_layouts") = std::vector<std::optional<Layout>>());
   m.def("registered_ops", [] { return RuleRegistry::Global().OpNames(); });
+  // The inputs an op with `num_inputs` inputs reads as host arguments, by its traits
+  // (explain takes values for these only); empty for an op without a rule.
+  m.def("host_inputs", [](const std::string& op_name, int num_inputs) {
+    std::vector<int> inputs;
+    const RegisteredRule* rule = RuleRegistry::Global().Find(op_name);
+    for (int i = 0; rule && i < num_inputs; ++i) {
+      if (rule->traits.IsHostInput(i, num_inputs)) inputs.push_back(i);
+    }
+    return inputs;
+  });
   m.def("set_collective_lowering", [](const std::string& policy) {
     Status status = SetCollectiveLoweringPolicy(policy);
     if (!status.ok()) Raise(status, Subject::kOp);

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import tf_dtensor
 from dtensor_testing import MESH_1D, MESH_2X2, cpus, layout_of, to_dtensor
-from tf_dtensor import dtensor
+from tf_dtensor import _core, dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
 
 MESH_4 = dtensor.create_mesh([("x", 4)], devices=cpus(4))
@@ -268,3 +268,13 @@ def test_explain_plans_the_context_dispatch_makes(mesh_2x2):
     plan = tf_dtensor.debug.explain("Transpose", [layout_of("[x,y]", mesh_2x2), None],
                                     [[4, 8], [2]], int_values={1: [1, 0]})
     assert plan["outputs"] == [layout_of("[y,x]", mesh_2x2)]
+
+
+def test_host_inputs_are_the_ones_the_traits_declare():
+    """The fuzzer gives explain values for these inputs only (PadV2's constant_values is a
+    host tensor, but data: it joins the mesh replicated)."""
+    assert _core.host_inputs("Transpose", 2) == [1]
+    assert _core.host_inputs("PadV2", 3) == [1]
+    assert _core.host_inputs("ConcatV2", 4) == [3]
+    assert _core.host_inputs("AddV2", 2) == []
+    assert _core.host_inputs("NoSuchOp", 2) == []

@@ -32,6 +32,7 @@ import tf_dtensor
 from dtensor_testing import (LOWERINGS, collective_lowering, cpus, reassemble,
                              run_without_fallback, to_dtensor)
 from fuzz_known import KnownMismatch
+from tf_dtensor import _core
 from tf_dtensor import _device as dtensor_device
 from tf_dtensor import debug, dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
@@ -562,6 +563,9 @@ def host_array(x: H) -> np.ndarray:
 def _claims(name: str, call: Call, inputs, layouts) -> List[Layout]:
     feed = iter(layouts)
     explain_layouts, shapes, int_values = [], [], {}
+    # Values go to explain for the inputs the op's traits read as host arguments; other
+    # host inputs (PadV2's constant_values) are data that joins the mesh replicated.
+    host_arguments = set(_core.host_inputs(name, len(inputs)))
     for i, x in enumerate(inputs):
         if isinstance(x, T):
             explain_layouts.append(next(feed))
@@ -570,7 +574,7 @@ def _claims(name: str, call: Call, inputs, layouts) -> List[Layout]:
             value = host_array(x)
             explain_layouts.append(None)
             shapes.append(list(value.shape))
-            if np.issubdtype(value.dtype, np.integer):
+            if i in host_arguments and np.issubdtype(value.dtype, np.integer):
                 int_values[i] = [int(v) for v in value.reshape(-1)]
     plan = debug.explain(name, explain_layouts, shapes, int_values=int_values,
                          attrs=explain_attrs(name, call))
