@@ -11,6 +11,15 @@ TFD_COPTS = [
     "-fvisibility=hidden",
 ]
 
+# For the files built against TF's C++ runtime headers (cc/eager/kernel_cache.cc,
+# cc/tf/op_registry.cc), which mark much of what they use deprecated.
+TF_RUNTIME_HEADER_COPTS = [
+    "-Wno-deprecated-declarations",
+    "-Wno-comment",
+    "-Wno-interference-size",
+    "-Wno-pessimizing-move",
+]
+
 def tfd_cc_library(name, **kwargs):
     """A cc_library of tf_dtensor's own sources, compiled as CMake compiles them.
 
