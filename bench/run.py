@@ -6,6 +6,7 @@ process on 8 virtual CPUs; each round takes one sample of every row and column i
 machine is shared and noisy: compare columns, not absolute numbers.
 
     python bench/run.py [--quick] [--rounds 5] [--mib 1024]
+    python bench/run.py --device gpu [--rounds 7] [--variants] [--profile DIR]   (bench/gpu.py)
 
 Rows (the code lives in the other bench modules, which also run on their own):
 - eager add of a 64x8 f32, chained (eager_dispatch.py), replicated and batch-sharded;
@@ -35,6 +36,18 @@ import sys
 from typing import Callable, Dict, List, Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF DTensor logs every SPMD cache miss.
+
+
+def _wants_gpu(argv: List[str]) -> bool:
+    return any(a in ("--device=gpu",) or (a == "--device" and argv[i + 1:i + 2] == ["gpu"])
+               for i, a in enumerate(argv))
+
+
+if __name__ == "__main__" and _wants_gpu(sys.argv):
+    # The GPU table (bench/gpu.py) splits a GPU instead of the CPU: before TF starts.
+    import gpu  # noqa: E402
+    gpu.main()
+    sys.exit(0)
 
 import numpy as np  # noqa: E402
 
@@ -155,6 +168,8 @@ def print_table(rows: List[Row]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="gpu: the GPU table of bench/gpu.py instead")
     parser.add_argument("--quick", action="store_true",
                         help="3 rounds, shorter samples, no memory rows")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5; 3 quick)")

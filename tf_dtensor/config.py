@@ -431,10 +431,14 @@ def set_collective_lowering(policy: str) -> None:
     """Chooses how collectives (all-reduce, all-gather) run, for the whole process.
 
     `"auto"` (default) sums and concatenates peers' buffers directly on meshes of virtual
-    CPUs of this process and uses TensorFlow's collective ops (`CollectiveReduceV2`,
-    `CollectiveGatherV2`) elsewhere; `"ops"` uses the collective ops everywhere (to test
-    them on CPUs); `"shared"` uses the shared buffers wherever they can work. `""` goes
-    back to the default of the `TF_DTENSOR_COLLECTIVES` environment variable.
+    CPUs of this process, moves results by device-to-device copies (an AddN or ConcatV2
+    at one device of each group, then copies out) on other meshes this process holds
+    whole (GPUs), and uses TensorFlow's collective ops (`CollectiveReduceV2`,
+    `CollectiveGatherV2`) for meshes that span processes; `"ops"` uses the collective ops
+    everywhere (to test them on CPUs), `"copies"` the copies, `"shared"` the shared
+    buffers wherever they can work. `""` goes back to the default of the
+    `TF_DTENSOR_COLLECTIVES` environment variable. Changing the policy drops the plans and
+    expanded functions made under the old one; setting the one in force keeps them.
 
     Example:
       >>> set_collective_lowering("ops")
@@ -450,6 +454,6 @@ def set_collective_lowering(policy: str) -> None:
 
 
 def collective_lowering() -> str:
-    """The collective lowering policy in force: `"auto"`, `"ops"` or `"shared"`."""
+    """The collective lowering policy in force: `"auto"`, `"shared"`, `"copies"` or `"ops"`."""
     from tf_dtensor import _core  # pylint: disable=import-outside-toplevel
     return _core.collective_lowering()

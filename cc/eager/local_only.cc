@@ -1,8 +1,26 @@
 #include "cc/eager/local_only.h"
 
+#include <cstdlib>
 #include <optional>
+#include <string>
+
+#include "cc/eager/device_threads.h"
 
 namespace tf_dtensor {
+
+bool DispatchOnThreads(const Mesh& mesh) {
+  // TF_DTENSOR_DISPATCH_THREADS: "auto" (default) dispatches a replayed op's per-device
+  // kernels from a thread per device on meshes of accelerators, where each launch is host
+  // work of its own; "on" / "off" force it (on CPUs the kernels' own thread pools already
+  // keep the cores busy, and a hand-off costs more than a small op).
+  static const int mode = [] {
+    const char* env = std::getenv("TF_DTENSOR_DISPATCH_THREADS");
+    const std::string v = env ? env : "auto";
+    return v == "on" || v == "1" ? 1 : v == "off" || v == "0" ? 0 : -1;
+  }();
+  if (mode >= 0) return mode == 1;
+  return mesh.device_type() != "CPU";
+}
 
 const Mesh* LocalOnlyReplays::MeshOf(const RegisteredRule* rule,
                                      const std::vector<const TensorWithLayout*>& dtensors,
@@ -69,19 +87,39 @@ bool LocalOnlyReplays::Run(const EagerOp& op, const Mesh& mesh, const LocalOnlyR
   // it (EagerBuilder::RunLocal: the op, its attributes, the device's components).
   std::vector<TFE_TensorHandle*> results(static_cast<size_t>(devices) * max_outputs, nullptr);
   static const LocalOpOptions kAsIs;
-  std::vector<TFE_TensorHandle*> inputs(op.dtensors.size());
-  bool ran = true;
-  for (int d = 0; d < devices && ran; ++d) {
-    if (run.leaders[d] != d) continue;
+  auto run_on = [&](int d, TFE_Op* local_op, TF_Status* s) {
+    std::vector<TFE_TensorHandle*> inputs(op.dtensors.size());
     for (size_t i = 0; i < op.dtensors.size(); ++i) {
       inputs[i] = op.dtensors[i] ? op.dtensors[i]->component(d) : op.handles[i];
     }
     int made = max_outputs;
-    ran = EagerBuilder::RunLocal(local, op.name, mesh.local_devices()[d], TFE_OpGetAttrs(op.op),
-                                 inputs, kAsIs, kernels_, &results[d * max_outputs], &made,
-                                 status)
-              .ok() &&
-          made == num_results;
+    return EagerBuilder::RunLocal(local_op, op.name, mesh.local_devices()[d],
+                                  TFE_OpGetAttrs(op.op), inputs, kAsIs, kernels_,
+                                  &results[d * max_outputs], &made, s)
+               .ok() &&
+           made == num_results;
+  };
+  std::vector<int> leading;
+  for (int d = 0; d < devices; ++d) {
+    if (run.leaders[d] == d) leading.push_back(d);
+  }
+  bool ran = true;
+  if (leading.size() > 1 && DispatchOnThreads(mesh)) {
+    // One thread per leading device (TF's kernels launch on each device's stream from
+    // there): the devices' host work overlaps instead of adding up.
+    std::vector<char> ok(leading.size(), 0);
+    RunConcurrently(static_cast<int>(leading.size()), [&](int i) {
+      TF_Status* s = TF_NewStatus();
+      TFE_Op* own = i == 0 ? local : pool_.Take(op.context, s);
+      if (own) {
+        ok[i] = run_on(leading[i], own, s);
+        if (i != 0) pool_.Return(own, s);
+      }
+      TF_DeleteStatus(s);
+    });
+    for (char k : ok) ran = ran && k;
+  } else {
+    for (size_t i = 0; i < leading.size() && ran; ++i) ran = run_on(leading[i], local, status);
   }
   pool_.Return(local, status);
   TF_SetStatus(status, TF_OK, "");  // Return uses it as scratch

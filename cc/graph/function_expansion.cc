@@ -516,6 +516,13 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
     }
     result->outputs.push_back(MetaOf(v));
   }
+  // The deferred all-reduces, combined where they can be; an output that is a stand-in
+  // itself names its result instead.
+  TFD_ASSIGN_OR_RETURN(auto replaced, builder_.CombineAllReduces());
+  for (TF_Output& o : flat_outputs) {
+    auto it = replaced.find(o.oper);
+    if (it != replaced.end()) o = it->second;
+  }
   for (const ArgSpec& out : outs) result->output_names.push_back(out.name);
   std::vector<TF_Operation*> control_outputs;
   std::vector<std::string> control_names;

@@ -1,9 +1,12 @@
 #include "cc/graph/graph_builder.h"
 
+#include <cstdlib>
 #include <set>
+#include <unordered_map>
 
 #include "cc/core/strings.h"
 #include "cc/tf/handles.h"
+#include "cc/tf/memory_types.h"
 #include "tensorflow/c/tf_tensor.h"
 
 namespace tf_dtensor {
@@ -29,7 +32,11 @@ GraphBuilder::GraphBuilder(TF_Graph* graph, Mesh mesh)
       graph_(graph),
       host_device_(lowering().shares_buffers() ? mesh_.local_devices()[0]
                                                : HostDeviceOf(mesh_.local_devices()[0])),
-      status_(TF_NewStatus()) {}
+      status_(TF_NewStatus()),
+      combine_limit_bytes_([] {
+        const char* env = std::getenv("TF_DTENSOR_COMBINE_ALL_REDUCE_MIB");
+        return (env && *env ? std::atoll(env) : 64) << 20;
+      }()) {}
 
 GraphBuilder::~GraphBuilder() { TF_DeleteStatus(status_); }
 
@@ -119,10 +126,11 @@ std::string GraphBuilder::UniqueName(const std::string& op_type) {
 }
 
 StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
-                                           const std::vector<TF_Output>& inputs,
+                                           const std::vector<TF_Output>& given_inputs,
                                            const LocalOpOptions& options,
                                            const std::string& device,
                                            const RawAttrs& extra_attrs) {
+  const std::vector<TF_Output>& inputs = given_inputs;
   const OpSpec* spec = FindOp(op_type);
   TF_OperationDescription* desc =
       TF_NewOperation(graph_, op_type.c_str(), UniqueName(op_type).c_str());
@@ -218,11 +226,74 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
   TF_Operation* op = TF_FinishOperation(desc, status_);
   TFD_RETURN_IF_ERROR(FromTF(status_, "adding '" + op_type + "' to the SPMD graph"));
   created_.push_back(op);
+  TFD_RETURN_IF_ERROR(PlaceConstants(op, device));
   return op;
+}
+
+StatusOr<TF_Output> GraphBuilder::ConstOn(TF_Output c, const std::string& device) {
+  if (std::string_view(TF_OperationOpType(c.oper)) != "Const" ||
+      TF_OperationNumControlInputs(c.oper) > 0 || device == TF_OperationDevice(c.oper)) {
+    return c;
+  }
+  auto key = std::make_pair(c.oper, device);
+  auto it = const_copies_.find(key);
+  if (it != const_copies_.end()) return TF_Output{it->second, 0};
+  TF_Tensor* value = nullptr;
+  TF_OperationGetAttrTensor(c.oper, "value", &value, status_);
+  TFD_RETURN_IF_ERROR(FromTF(status_, "reading a constant"));
+  TF_DataType dtype;
+  TF_OperationGetAttrType(c.oper, "dtype", &dtype, status_);
+  if (TF_GetCode(status_) != TF_OK) {
+    TF_DeleteTensor(value);
+    return FromTF(status_, "reading a constant's dtype");
+  }
+  std::string name = std::string(TF_OperationName(c.oper)) + "/on_" + std::to_string(counter_++);
+  TF_OperationDescription* desc = TF_NewOperation(graph_, "Const", name.c_str());
+  TF_SetDevice(desc, device.c_str());
+  TF_SetAttrTensor(desc, "value", value, status_);
+  TF_DeleteTensor(value);
+  TFD_RETURN_IF_ERROR(FromTF(status_, "copying a constant"));
+  TF_SetAttrType(desc, "dtype", dtype);
+  TF_Operation* op = TF_FinishOperation(desc, status_);
+  TFD_RETURN_IF_ERROR(FromTF(status_, "copying a constant"));
+  const_copies_[key] = op;
+  return TF_Output{op, 0};
+}
+
+Status GraphBuilder::PlaceConstants(TF_Operation* op, const std::string& device) {
+  if (lowering().shares_buffers() || device == host_device_) return Status::Ok();
+  std::optional<std::vector<bool>> host_memory;
+  bool asked = false;
+  const int n = TF_OperationNumInputs(op);
+  for (int i = 0; i < n; ++i) {
+    const TF_Output in = TF_OperationInput(TF_Input{op, i});
+    if (host_device_ != TF_OperationDevice(in.oper) ||
+        std::string_view(TF_OperationOpType(in.oper)) != "Const") {
+      continue;
+    }
+    if (!asked) {
+      host_memory = InputsInHostMemory(op);
+      asked = true;
+    }
+    const bool in_host_memory =
+        !host_memory || i >= static_cast<int>(host_memory->size()) || (*host_memory)[i];
+    // An argument read from host memory takes an int32 constant of the device (TF keeps
+    // those in host memory), not an int64 one (device memory on a GPU, which would be
+    // copied back on every call): that one stays on the host.
+    if (in_host_memory && TF_OperationOutputType(in) != TF_INT32) continue;
+    TFD_ASSIGN_OR_RETURN(TF_Output local, ConstOn(in, device));
+    if (local.oper == in.oper) continue;
+    TF_UpdateEdge(graph_, local, TF_Input{op, i}, status_);
+    TFD_RETURN_IF_ERROR(FromTF(status_, "placing a constant on " + device));
+  }
+  return Status::Ok();
 }
 
 StatusOr<TF_Output> GraphBuilder::Share(TF_Output leader_output, int device) {
   if (lowering().shares_buffers()) return leader_output;
+  // A constant is made on the device that reads it, not copied there on every call.
+  TFD_ASSIGN_OR_RETURN(TF_Output local, ConstOn(leader_output, mesh_.local_devices()[device]));
+  if (local.oper != leader_output.oper) return local;
   LocalOpOptions options;
   options.copy_attrs = false;
   TFD_ASSIGN_OR_RETURN(TF_Operation * op,
@@ -275,6 +346,237 @@ StatusOr<ValueId> GraphBuilder::HostConstant(const std::vector<int64_t>& values,
   v.int_value_read = true;
   v.int_value = values;
   return Add(std::move(v));
+}
+
+namespace {
+
+size_t DTypeBytes(int dtype) {
+  switch (dtype) {
+    case TF_BOOL: case TF_INT8: case TF_UINT8: return 1;
+    case TF_HALF: case TF_BFLOAT16: case TF_INT16: case TF_UINT16: return 2;
+    case TF_FLOAT: case TF_INT32: case TF_UINT32: return 4;
+    case TF_DOUBLE: case TF_INT64: case TF_UINT64: case TF_COMPLEX64: return 8;
+    case TF_COMPLEX128: return 16;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+StatusOr<ValueId> GraphBuilder::AllReduce(ValueId value, const std::vector<int>& mesh_dims,
+                                          ReduceOp op) {
+  const Value& v = values_[value];
+  if (combine_limit_bytes_ <= 0 || !v.layout || v.resource || DTypeBytes(v.dtype) == 0 ||
+      v.layout->is_single_device() || !v.layout->ShardedMeshDims().empty() ||
+      v.layout->HasMultiDimAxis()) {
+    return ComponentBuilder::AllReduce(value, mesh_dims, op);
+  }
+  for (const PartialSpec& p : v.layout->partial()) {
+    if (std::find(mesh_dims.begin(), mesh_dims.end(), p.mesh_dim) == mesh_dims.end()) {
+      return ComponentBuilder::AllReduce(value, mesh_dims, op);  // stays partial elsewhere
+    }
+  }
+  int64_t elements = 1;
+  for (int64_t d : v.shape) {
+    if (d < 0) return ComponentBuilder::AllReduce(value, mesh_dims, op);
+    elements *= d;
+  }
+  const Layout layout = *v.layout;
+  mesh_ = layout.mesh();
+  if (lowering().shares_buffers() ||
+      elements * static_cast<int64_t>(DTypeBytes(v.dtype)) > combine_limit_bytes_) {
+    return ComponentBuilder::AllReduce(value, mesh_dims, op);
+  }
+  TFD_RETURN_IF_ERROR(CheckParticipants(
+      mesh_dims, std::string("all-reduce (") + ReduceOpName(op) + ") a " + layout.ShortString() +
+                     " value"));
+  PendingAllReduce pending{layout, v.shape, v.dtype, mesh_dims, op, v.handles, {}};
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  Value out{layout.WithoutPartial(), v.shape, v.dtype};
+  // The stand-ins hold the partial values until CombineAllReduces: never read as values.
+  out.int_value_read = true;
+  for (int d = 0; d < mesh_.num_local_devices(); ++d) {
+    TFD_ASSIGN_OR_RETURN(TF_Operation * stand_in,
+                         Emit("Identity", {pending.inputs[d]}, options, mesh_.local_devices()[d]));
+    pending.stand_ins.push_back(stand_in);
+    out.handles.push_back(TF_Output{stand_in, 0});
+  }
+  pending_.push_back(std::move(pending));
+  return Add(std::move(out));
+}
+
+StatusOr<std::map<TF_Operation*, TF_Output>> GraphBuilder::CombineAllReduces() {
+  std::map<TF_Operation*, TF_Output> replaced;
+  if (pending_.empty()) return replaced;
+  const size_t n = pending_.size();
+  const size_t words = (n + 63) / 64;
+  // Which deferred all-reduces each op depends on: ops come in creation order, after
+  // their inputs (the graph only grows until here), so one pass sees every ancestor.
+  std::unordered_map<TF_Operation*, int> stand_in_of;
+  for (size_t p = 0; p < n; ++p) {
+    for (TF_Operation* op : pending_[p].stand_ins) stand_in_of[op] = static_cast<int>(p);
+  }
+  std::unordered_map<TF_Operation*, std::vector<uint64_t>> after;  // op -> pending bits
+  auto bits_of = [&](TF_Operation* op, std::vector<uint64_t>& into) {
+    auto it = after.find(op);
+    if (it != after.end()) {
+      for (size_t w = 0; w < words; ++w) into[w] |= it->second[w];
+    }
+    auto s = stand_in_of.find(op);
+    if (s != stand_in_of.end()) into[s->second / 64] |= uint64_t{1} << (s->second % 64);
+  };
+  size_t pos = 0;
+  TF_Operation* op;
+  std::vector<TF_Operation*> controls;
+  while ((op = TF_GraphNextOperation(graph_, &pos)) != nullptr) {
+    std::vector<uint64_t> bits(words, 0);
+    const int num_inputs = TF_OperationNumInputs(op);
+    for (int i = 0; i < num_inputs; ++i) bits_of(TF_OperationInput(TF_Input{op, i}).oper, bits);
+    controls.resize(TF_OperationNumControlInputs(op));
+    if (!controls.empty()) {
+      TF_OperationGetControlInputs(op, controls.data(), static_cast<int>(controls.size()));
+      for (TF_Operation* c : controls) bits_of(c, bits);
+    }
+    bool any = false;
+    for (uint64_t w : bits) any = any || w;
+    if (any) after[op] = std::move(bits);
+  }
+  // Level: 0 for an all-reduce that depends on none, else one more than the deepest it
+  // depends on. All-reduces of one level never depend on each other's results.
+  std::vector<int> level(n, 0);
+  for (size_t p = 0; p < n; ++p) {
+    std::vector<uint64_t> deps(words, 0);
+    for (const TF_Output& in : pending_[p].inputs) bits_of(in.oper, deps);
+    for (size_t q = 0; q < p; ++q) {
+      if (deps[q / 64] >> (q % 64) & 1) level[p] = std::max(level[p], level[q] + 1);
+    }
+  }
+  // Groups: same level, mesh, reduction, dtype and partial layout; up to the size limit.
+  std::vector<std::vector<size_t>> groups;
+  std::vector<int64_t> group_bytes;
+  for (size_t p = 0; p < n; ++p) {
+    const PendingAllReduce& a = pending_[p];
+    int64_t bytes = static_cast<int64_t>(DTypeBytes(a.dtype));
+    for (int64_t d : a.shape) bytes *= d;
+    bool placed = false;
+    for (size_t g = 0; g < groups.size() && !placed; ++g) {
+      const PendingAllReduce& b = pending_[groups[g][0]];
+      if (level[groups[g][0]] == level[p] && b.op == a.op && b.dtype == a.dtype &&
+          b.mesh_dims == a.mesh_dims && b.layout.mesh() == a.layout.mesh() &&
+          b.layout.partial() == a.layout.partial() &&
+          group_bytes[g] + bytes <= combine_limit_bytes_) {
+        groups[g].push_back(p);
+        group_bytes[g] += bytes;
+        placed = true;
+      }
+    }
+    if (!placed) {
+      groups.push_back({p});
+      group_bytes.push_back(bytes);
+    }
+  }
+  // Lower levels first (a later group's inputs may read an earlier group's results).
+  std::stable_sort(groups.begin(), groups.end(), [&](const auto& a, const auto& b) {
+    return level[a[0]] < level[b[0]];
+  });
+  BeginNode("tfd_all_reduce", "", nullptr, {});
+  LocalOpOptions plain;
+  plain.copy_attrs = false;
+  for (const std::vector<size_t>& group : groups) {
+    const PendingAllReduce& first = pending_[group[0]];
+    mesh_ = first.layout.mesh();
+    const int devices = mesh_.num_local_devices();
+    std::vector<int64_t> sizes;
+    int64_t total = 0;
+    for (size_t p : group) {
+      int64_t e = 1;
+      for (int64_t d : pending_[p].shape) e *= d;
+      sizes.push_back(e);
+      total += e;
+    }
+    // Each device's parts, flattened and concatenated (a single part goes as it is).
+    Value joined{Layout::Replicated(mesh_, group.size() == 1 ? first.layout.rank() : 1)
+                     .WithPartial(first.layout.partial())
+                     .value(),
+                 group.size() == 1 ? first.shape : std::vector<int64_t>{total}, first.dtype};
+    TFD_ASSIGN_OR_RETURN(ValueId flat_shape, HostConstant({-1}, {1}, TF_INT32));
+    TFD_ASSIGN_OR_RETURN(ValueId axis, HostConstant({0}, {}, TF_INT32));
+    for (int d = 0; d < devices; ++d) {
+      if (group.size() == 1) {
+        joined.handles.push_back(first.inputs[d]);
+        continue;
+      }
+      std::vector<TF_Output> parts;
+      for (size_t p : group) {
+        LocalOpOptions reshape = plain;
+        reshape.overrides = {AttrOverride::Type("T", first.dtype),
+                             AttrOverride::Type("Tshape", TF_INT32)};
+        TFD_ASSIGN_OR_RETURN(std::vector<TF_Output> r,
+                             RunOn("Reshape", {pending_[p].inputs[d], values_[flat_shape].host},
+                                   reshape, d, 1));
+        parts.push_back(r[0]);
+      }
+      parts.push_back(values_[axis].host);
+      LocalOpOptions concat = plain;
+      concat.overrides = {AttrOverride::Type("T", first.dtype),
+                          AttrOverride::Type("Tidx", TF_INT32),
+                          AttrOverride::Int("N", static_cast<int64_t>(group.size()))};
+      TFD_ASSIGN_OR_RETURN(std::vector<TF_Output> c, RunOn("ConcatV2", parts, concat, d, 1));
+      SetLocalShape(c[0], {total});
+      joined.handles.push_back(c[0]);
+    }
+    const ValueId joined_id = Add(std::move(joined));
+    TFD_ASSIGN_OR_RETURN(ValueId reduced,
+                         ComponentBuilder::AllReduce(joined_id, first.mesh_dims, first.op));
+    const int size_type = total <= INT32_MAX ? TF_INT32 : TF_INT64;
+    TFD_ASSIGN_OR_RETURN(ValueId split_sizes,
+                         HostConstant(sizes, {static_cast<int64_t>(sizes.size())}, size_type));
+    for (int d = 0; d < devices; ++d) {
+      std::vector<TF_Output> results;
+      const TF_Output whole = values_[reduced].handles[d];
+      if (group.size() == 1) {
+        results.push_back(whole);
+      } else {
+        LocalOpOptions split = plain;
+        split.overrides = {AttrOverride::Type("T", first.dtype),
+                           AttrOverride::Type("Tlen", size_type),
+                           AttrOverride::Int("num_split", static_cast<int64_t>(group.size()))};
+        TFD_ASSIGN_OR_RETURN(
+            std::vector<TF_Output> pieces,
+            RunOn("SplitV", {whole, values_[split_sizes].host, values_[axis].host}, split, d,
+                  static_cast<int>(group.size())));
+        for (size_t k = 0; k < group.size(); ++k) {
+          const std::vector<int64_t>& shape = pending_[group[k]].shape;
+          TFD_ASSIGN_OR_RETURN(ValueId target,
+                               HostConstant(shape, {static_cast<int64_t>(shape.size())},
+                                            TF_INT32));
+          LocalOpOptions reshape = plain;
+          reshape.overrides = {AttrOverride::Type("T", first.dtype),
+                               AttrOverride::Type("Tshape", TF_INT32)};
+          TFD_ASSIGN_OR_RETURN(std::vector<TF_Output> r,
+                               RunOn("Reshape", {pieces[k], values_[target].host}, reshape, d, 1));
+          SetLocalShape(r[0], shape);
+          results.push_back(r[0]);
+        }
+      }
+      // Every consumer of a stand-in reads the result instead.
+      for (size_t k = 0; k < group.size(); ++k) {
+        TF_Operation* stand_in = pending_[group[k]].stand_ins[d];
+        const TF_Output from{stand_in, 0};
+        const int count = TF_OperationOutputNumConsumers(from);
+        std::vector<TF_Input> consumers(count);
+        TF_OperationOutputConsumers(from, consumers.data(), count);
+        for (const TF_Input& c : consumers) {
+          TF_UpdateEdge(graph_, results[k], c, status_);
+          TFD_RETURN_IF_ERROR(FromTF(status_, "wiring a combined all-reduce's result"));
+        }
+        replaced[stand_in] = results[k];
+      }
+    }
+  }
+  pending_.clear();
+  return replaced;
 }
 
 }  // namespace tf_dtensor

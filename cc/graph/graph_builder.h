@@ -63,6 +63,19 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   // Component `device` of a value, placed on that device (an Identity there).
   StatusOr<TF_Output> OnDevice(ValueId value, int device);
 
+  // All-reduces to replicated values are deferred (TF_DTENSOR_COMBINE_ALL_REDUCE_MIB, 64 by
+  // default; 0 turns it off) where devices do not share buffers: the value they return is
+  // an Identity of each device's partial value, a stand-in, until CombineAllReduces.
+  StatusOr<ValueId> AllReduce(ValueId value, const std::vector<int>& mesh_dims,
+                              ReduceOp op) override;
+  // Runs the deferred all-reduces, several as one where nothing orders them (as TF's
+  // DTensor combines them): those of one mesh, reduction, dtype and partial layout, none
+  // of which depends on another's result, up to the size limit. Each device flattens and
+  // concatenates its parts, one all-reduce runs, and SplitV + Reshape give every consumer
+  // of a stand-in its part. Returns stand-in -> its result, for outputs that name a
+  // stand-in directly. Call once, when the graph is complete.
+  StatusOr<std::map<TF_Operation*, TF_Output>> CombineAllReduces();
+
  protected:
   StatusOr<std::vector<TF_Output>> RunOn(const std::string& op_type,
                                          const std::vector<TF_Output>& inputs,
@@ -77,6 +90,16 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
 
  private:
   std::string UniqueName(const std::string& op_type);
+  // Where devices do not share buffers (GPUs), a constant is made on each device that
+  // reads it: TF builds a Const's tensor once, where an edge from another device would
+  // copy it on every call (a host-to-device copy for a host constant). `c` itself when it
+  // is not a Const, or has control inputs, or already is on `device`.
+  StatusOr<TF_Output> ConstOn(TF_Output c, const std::string& device);
+  // Where devices do not share buffers, the host constants `op` reads are made on its
+  // device instead (ConstOn): int32 ones always (an edge from the host would send and
+  // receive them on every call), others where the op reads them from device memory (else
+  // a host-to-device copy on every call); an int64 read from host memory stays.
+  Status PlaceConstants(TF_Operation* op, const std::string& device);
 
   TF_Graph* graph_;
   std::string host_device_;
@@ -90,6 +113,19 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   std::vector<TF_Operation*> control_inputs_;
   std::vector<TF_Operation*> created_;
   int counter_ = 0;
+  std::map<std::pair<TF_Operation*, std::string>, TF_Operation*> const_copies_;
+  // A deferred all-reduce: its partial value's components and the stand-ins.
+  struct PendingAllReduce {
+    Layout layout;  // of the partial value
+    std::vector<int64_t> shape;
+    int dtype;
+    std::vector<int> mesh_dims;
+    ReduceOp op;
+    std::vector<TF_Output> inputs;
+    std::vector<TF_Operation*> stand_ins;
+  };
+  std::vector<PendingAllReduce> pending_;
+  int64_t combine_limit_bytes_;
 };
 
 }  // namespace tf_dtensor

@@ -10,6 +10,7 @@
 // collective executor ("did not find collective implementation"), and every later
 // collective of the process with it. A GPU lowering over NCCL is where a native one goes.
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,12 +23,24 @@ namespace {
 
 using Handles = std::vector<LocalHandle>;
 
+// Whether GPU collectives ask for NCCL: TensorFlow DTensor's switch,
+// DTENSOR_GPU_USE_NCCL_COMMUNICATION (NCCL needs distinct physical GPUs; logical GPUs of
+// one GPU take TensorFlow's ring, "auto").
+bool UseNccl(const Mesh& mesh) {
+  static const bool nccl = [] {
+    const char* env = std::getenv("DTENSOR_GPU_USE_NCCL_COMMUNICATION");
+    return env && *env && std::string(env) != "0" && std::string(env) != "false";
+  }();
+  return nccl && mesh.device_type() == "GPU";
+}
+
 // The attributes every V2 collective op takes besides its own.
-LocalOpOptions CollectiveOptions(int dtype) {
+LocalOpOptions CollectiveOptions(const Mesh& mesh, int dtype) {
   LocalOpOptions options;
   options.copy_attrs = false;
   options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Int("Nordering_token", 0),
-                       AttrOverride::String("communication_hint", "auto")};
+                       AttrOverride::String("communication_hint",
+                                            UseNccl(mesh) ? "nccl" : "auto")};
   return options;
 }
 
@@ -56,8 +69,18 @@ Wire GatherWire(int dtype) {
 }
 
 // CollectiveReduceV2 reduces float, half, double, int32 and int64 (bfloat16 goes as
-// float: not every device has a bfloat16 kernel).
-Wire ReduceWire(int dtype, ReduceOp op) {
+// float: not every device has a bfloat16 kernel). On GPUs it refuses int32 ("does not
+// support datatype DT_INT32 on DEVICE_GPU": TF keeps int32 in host memory there), so the
+// small integers and bool travel as int64; a sum cast back wraps as int32 arithmetic does.
+Wire ReduceWire(const Mesh& mesh, int dtype, ReduceOp op) {
+  if (mesh.device_type() == "GPU") {
+    switch (dtype) {
+      case TF_INT32: case TF_BOOL: case TF_INT8: case TF_UINT8: case TF_INT16: case TF_UINT16:
+        return {TF_INT64, false};
+      default:
+        break;
+    }
+  }
   switch (dtype) {
     case TF_FLOAT: case TF_HALF: case TF_DOUBLE: case TF_INT32: case TF_INT64:
       return {dtype, false};
@@ -319,7 +342,7 @@ StatusOr<ValueId> CollectiveOps::AllReduce(CollectiveRunner& run, ValueId value,
     }
     return run.AddValue(out_layout, b.shape(value), dtype, out);
   }
-  const Wire wire = ReduceWire(dtype, op);
+  const Wire wire = ReduceWire(run.mesh(), dtype, op);
   if (!wire.supported) return UnsupportedCollectiveType("all-reduce", dtype);
   Handles sent(n);
   for (int d = 0; d < n; ++d) sent[d] = run.Local(value, d);
@@ -344,7 +367,7 @@ StatusOr<ValueId> CollectiveOps::AllReduce(CollectiveRunner& run, ValueId value,
     if (wire.wire != dtype) run.DiscardAll(sent);
     return inputs.status();
   }
-  LocalOpOptions options = CollectiveOptions(wire.wire);
+  LocalOpOptions options = CollectiveOptions(run.mesh(), wire.wire);
   options.overrides.push_back(AttrOverride::String("merge_op", CollectiveMergeOp(op)));
   options.overrides.push_back(
       AttrOverride::String("final_op", op == ReduceOp::kMean ? "Div" : "Id"));
@@ -474,7 +497,7 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
   StatusOr<std::vector<Handles>> inputs = CollectiveInputs(run, current, groups);
   if (!inputs.ok()) return cleanup(inputs.status());
   StatusOr<Handles> gathered =
-      run.RunCollective("CollectiveGatherV2", *inputs, CollectiveOptions(wire.wire));
+      run.RunCollective("CollectiveGatherV2", *inputs, CollectiveOptions(run.mesh(), wire.wire));
   if (!gathered.ok()) return cleanup(gathered.status());
   current = std::move(gathered).value();
   if (wire.wire != dtype) {
@@ -634,7 +657,7 @@ StatusOr<ValueId> CollectiveOps::AllToAll(CollectiveRunner& run, ValueId value, 
   StatusOr<std::vector<Handles>> inputs = CollectiveInputs(run, current, groups);
   if (!inputs.ok()) return cleanup(inputs.status());
   StatusOr<Handles> exchanged =
-      run.RunCollective("CollectiveAllToAllV2", *inputs, CollectiveOptions(dtype));
+      run.RunCollective("CollectiveAllToAllV2", *inputs, CollectiveOptions(run.mesh(), dtype));
   if (!exchanged.ok()) return cleanup(exchanged.status());
   current = std::move(exchanged).value();
   made.insert(made.end(), current.begin(), current.end());

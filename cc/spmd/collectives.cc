@@ -242,6 +242,10 @@ const std::vector<int>& LocalLeaders(const Mesh& mesh, const std::vector<int>& k
                                         CollectiveLowering::For(mesh).shares_buffers());
 }
 
+const std::vector<int>& GroupLeaders(const Mesh& mesh, const std::vector<int>& key_dims) {
+  return CollectiveCache::Get().Leaders(mesh, key_dims, /*share=*/true);
+}
+
 const CollectiveLowering& CachedLowering(const Mesh& mesh, uint64_t generation) {
   return CollectiveCache::Get().Lowering(mesh, generation);
 }

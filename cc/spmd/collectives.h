@@ -74,6 +74,9 @@ class CollectiveGroups {
 // coordinate in `key_dims` (d itself where the mesh's lowering does not share buffers).
 // Cached per (mesh, set of dims, sharing).
 const std::vector<int>& LocalLeaders(const Mesh& mesh, const std::vector<int>& key_dims);
+// The same grouping whatever the lowering: the first local device agreeing on `key_dims`
+// leads (a collective computed once per group and handed to the others, shared or copied).
+const std::vector<int>& GroupLeaders(const Mesh& mesh, const std::vector<int>& key_dims);
 
 // The lowering of `mesh` chosen under policy generation `generation`, cached with the
 // mesh's groups (CollectiveLowering::For asks, behind a thread-local hit).

@@ -11,6 +11,7 @@
 #define TF_DTENSOR_CC_SPMD_COMPONENT_BUILDER_H_
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -515,12 +516,17 @@ StatusOr<ValueId> ComponentBuilder<Handle>::SliceOver(ValueId value, int dim,
                            "): nested pieces need the size. Give the value a static shape.");
   }
   TFD_ASSIGN_OR_RETURN(ValueId axis, HostConstant({dim}, {}, TF_INT32));
-  TFD_ASSIGN_OR_RETURN(ValueId sizes, HostConstant(out_layout.PieceSizes(values_[value].shape, dim),
-                                                   {pieces}, TF_INT64));
+  // Static sizes go as int32 where they fit: a GPU keeps an int32 constant in host memory,
+  // where SplitV reads its sizes (an int64 one would be copied there on every call).
+  const std::vector<int64_t> piece_sizes_value = out_layout.PieceSizes(values_[value].shape, dim);
+  const bool dynamic_sizes = values_[value].shape[dim] < 0;
+  const int size_type =
+      !dynamic_sizes && values_[value].shape[dim] <= INT32_MAX ? TF_INT32 : TF_INT64;
+  TFD_ASSIGN_OR_RETURN(ValueId sizes, HostConstant(piece_sizes_value, {pieces}, size_type));
   LocalOpOptions options;
   options.copy_attrs = false;
   options.overrides = {AttrOverride::Type("T", values_[value].dtype),
-                       AttrOverride::Type("Tlen", TF_INT64),
+                       AttrOverride::Type("Tlen", dynamic_sizes ? TF_INT64 : size_type),
                        AttrOverride::Int("num_split", pieces)};
   Value out{out_layout, values_[value].shape, values_[value].dtype};
   out.handles.assign(n, Handle{});

@@ -8,6 +8,7 @@ namespace tf_dtensor {
 
 // The lowerings, one file each. "auto" takes the first that serves a mesh.
 const CollectiveLowering& SharedBufferLowering();   // shared_buffer_lowering.cc
+const CollectiveLowering& DeviceCopyLowering();     // shared_buffer_lowering.cc ("copies")
 const CollectiveLowering& CollectiveOpsLowering();  // collective_ops_lowering.cc
 
 namespace {
@@ -15,6 +16,7 @@ namespace {
 const std::vector<const CollectiveLowering*>& Lowerings() {
   static const std::vector<const CollectiveLowering*> lowerings = {
       &SharedBufferLowering(),
+      &DeviceCopyLowering(),
       &CollectiveOpsLowering(),
   };
   return lowerings;
@@ -56,8 +58,8 @@ Status SetCollectiveLoweringPolicy(std::string_view policy) {
     value = env && *env ? env : "auto";
   }
   TFD_ASSIGN_OR_RETURN(const CollectiveLowering* forced, Named(value));
-  Forced().store(forced);
-  generation.fetch_add(1);
+  // Setting the policy in force again keeps every plan and expanded function.
+  if (Forced().exchange(forced) != forced) generation.fetch_add(1);
   return Status::Ok();
 }
 

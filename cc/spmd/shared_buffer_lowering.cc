@@ -230,14 +230,29 @@ std::optional<StatusOr<ValueId>> AllToAllStitched(CollectiveRunner& run, ValueId
   return run.AddValue(out_layout, b.shape(value), dtype, out);
 }
 
+// Two lowerings share these algorithms, which compute each collective once per group of
+// devices that hold the same result, at the group's first device, from its peers' local
+// results, and hand it to the others:
+//   "shared"  virtual CPUs of one process: peers' results are read in place and results
+//             handed over as shared buffers (no copy);
+//   "copies"  any mesh whose devices are all in this process (logical GPUs of one GPU,
+//             several GPUs of one host): peers' results come over as device-to-device
+//             copies (TensorFlow's own: CopyToDevice eagerly, Send/Recv in a graph) and
+//             results go back the same way. A gather is one concatenation at the leader
+//             and an all-reduce one AddN there, then n - 1 copies out: 2(n - 1) copies of
+//             the tensor, the bytes a ring moves, but all in flight at once, with none of
+//             the ring's 2(n - 1) dependent steps through the collective executor.
 class SharedBuffer final : public CollectiveLowering {
  public:
-  std::string_view name() const override { return "shared"; }
-  bool shares_buffers() const override { return true; }
-  // A mesh of virtual CPUs of this process. A local-subset mesh of CPUs keeps the shared
-  // buffer while it runs in one process: its first collective is refused
+  explicit SharedBuffer(bool shares) : shares_(shares) {}
+  std::string_view name() const override { return shares_ ? "shared" : "copies"; }
+  bool shares_buffers() const override { return shares_; }
+  // "shared": a mesh of virtual CPUs of this process. A local-subset mesh of CPUs keeps
+  // the shared buffer while it runs in one process: its first collective is refused
   // (CheckCollectiveParticipants) instead of waiting for peers that never come.
+  // "copies": a mesh whose devices this process holds, all of them.
   bool Serves(const Mesh& mesh, bool multi_client) const override {
+    if (!shares_) return mesh.num_local_devices() == mesh.size();
     return mesh.shares_host_memory() &&
            (mesh.num_local_devices() == mesh.size() || !multi_client);
   }
@@ -254,7 +269,51 @@ class SharedBuffer final : public CollectiveLowering {
   // it applies (AllToAllStitched).
   StatusOr<ValueId> AllToAll(CollectiveRunner& run, ValueId value, int from_dim,
                              int to_dim) const override;
+
+ private:
+  // Peer `e`'s handle `h` as device `d` reads it: in place when buffers are shared, else
+  // copied over (the copy goes to `copies`, to be dropped once used).
+  StatusOr<LocalHandle> Reach(CollectiveRunner& run, LocalHandle h, int e, int d,
+                              Handles& copies) const {
+    if (shares_ || e == d) return h;
+    TFD_ASSIGN_OR_RETURN(LocalHandle copy, run.Share(h, d));
+    copies.push_back(copy);
+    return copy;
+  }
+
+  const bool shares_;
 };
+
+// Device d's reduction of `parts` (its own or copied to it) by `op`; a mean divides by
+// `scale` (made on device 0).
+StatusOr<LocalHandle> Reduce(CollectiveRunner& run, const Handles& parts, ReduceOp op, int dtype,
+                             std::optional<LocalHandle> scale, int d) {
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = {AttrOverride::Type("T", dtype)};
+  if (parts.size() == 1) return run.Share(parts[0], d);
+  if (op == ReduceOp::kSum || op == ReduceOp::kMean) {
+    LocalOpOptions add = options;
+    add.overrides.push_back(AttrOverride::Int("N", static_cast<int64_t>(parts.size())));
+    TFD_ASSIGN_OR_RETURN(Handles r, run.RunOn("AddN", parts, add, d, 1));
+    if (!scale) return r[0];
+    TFD_ASSIGN_OR_RETURN(LocalHandle s, d == 0 ? StatusOr<LocalHandle>(*scale)
+                                               : run.Share(*scale, d));
+    StatusOr<Handles> q = run.RunOn("RealDiv", {r[0], s}, options, d, 1);
+    run.Discard(r[0]);
+    if (d != 0) run.Discard(s);
+    if (!q.ok()) return q.status();
+    return (*q)[0];
+  }
+  const char* binary = op == ReduceOp::kMax ? "Maximum" : op == ReduceOp::kMin ? "Minimum" : "Mul";
+  LocalHandle acc = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) {
+    TFD_ASSIGN_OR_RETURN(Handles r, run.RunOn(binary, {acc, parts[i]}, options, d, 1));
+    if (i > 1) run.Discard(acc);
+    acc = r[0];
+  }
+  return acc;
+}
 
 StatusOr<ValueId> SharedBuffer::AllReduce(CollectiveRunner& run, ValueId value,
                                           const std::vector<int>& mesh_dims, ReduceOp op) const {
@@ -272,7 +331,7 @@ StatusOr<ValueId> SharedBuffer::AllReduce(CollectiveRunner& run, ValueId value,
   }
   TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithoutPartial().WithPartial(still_partial));
   const int n = mesh.num_local_devices();
-  const std::vector<int> leaders = LocalLeaders(mesh, key_dims);
+  const std::vector<int>& leaders = GroupLeaders(mesh, key_dims);
   const int dtype = b.dtype(value);
   int64_t group_size = 1;
   for (int k : mesh_dims) group_size *= mesh.DimSize(k);
@@ -293,45 +352,26 @@ StatusOr<ValueId> SharedBuffer::AllReduce(CollectiveRunner& run, ValueId value,
       continue;
     }
     // One partial value per coordinate tuple along `mesh_dims`, within d's group.
-    std::map<std::vector<int64_t>, LocalHandle> partials;
+    std::map<std::vector<int64_t>, int> partials;  // -> the first device holding it
     for (int e = 0; e < n; ++e) {
       if (!run.SameCoords(d, e, key_dims)) continue;
       std::vector<int64_t> coords;
       for (int k : mesh_dims) coords.push_back(mesh.LocalCoord(e, k));
-      if (!partials.count(coords)) partials.emplace(coords, run.Local(value, e));
+      if (!partials.count(coords)) partials.emplace(coords, e);
     }
-    Handles parts;
-    for (auto& [coords, h] : partials) parts.push_back(h);
-    LocalOpOptions options;
-    options.copy_attrs = false;
-    options.overrides = {AttrOverride::Type("T", dtype)};
-    if (parts.size() == 1) {
-      TFD_ASSIGN_OR_RETURN(out[d], run.Share(parts[0], d));
-      continue;
-    }
-    if (op == ReduceOp::kSum || op == ReduceOp::kMean) {
-      LocalOpOptions add = options;
-      add.overrides.push_back(AttrOverride::Int("N", static_cast<int64_t>(parts.size())));
-      TFD_ASSIGN_OR_RETURN(Handles r, run.RunOn("AddN", parts, add, d, 1));
-      out[d] = r[0];
-      if (scale) {
-        TFD_ASSIGN_OR_RETURN(LocalHandle s, d == 0 ? StatusOr<LocalHandle>(*scale)
-                                                   : run.Share(*scale, d));
-        TFD_ASSIGN_OR_RETURN(Handles q, run.RunOn("RealDiv", {r[0], s}, options, d, 1));
-        run.Discard(r[0]);
-        if (d != 0) run.Discard(s);
-        out[d] = q[0];
+    Handles parts, copies;
+    for (auto& [coords, e] : partials) {
+      StatusOr<LocalHandle> h = Reach(run, run.Local(value, e), e, d, copies);
+      if (!h.ok()) {
+        run.DiscardAll(copies);
+        return h.status();
       }
-      continue;
+      parts.push_back(*h);
     }
-    const char* binary = op == ReduceOp::kMax ? "Maximum" : op == ReduceOp::kMin ? "Minimum" : "Mul";
-    LocalHandle acc = parts[0];
-    for (size_t i = 1; i < parts.size(); ++i) {
-      TFD_ASSIGN_OR_RETURN(Handles r, run.RunOn(binary, {acc, parts[i]}, options, d, 1));
-      if (i > 1) run.Discard(acc);
-      acc = r[0];
-    }
-    out[d] = acc;
+    StatusOr<LocalHandle> reduced = Reduce(run, parts, op, dtype, scale, d);
+    run.DiscardAll(copies);
+    if (!reduced.ok()) return reduced.status();
+    out[d] = *reduced;
   }
   if (scale) run.Discard(*scale);
   return run.AddValue(out_layout, b.shape(value), dtype, out);
@@ -345,7 +385,7 @@ StatusOr<ValueId> SharedBuffer::AllGather(CollectiveRunner& run, ValueId value, 
   TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithSpecs(specs).WithPartial(layout.partial()));
   const std::vector<int> key_dims = out_layout.DistinctMeshDims();
   const int n = run.mesh().num_local_devices();
-  const std::vector<int> leaders = LocalLeaders(run.mesh(), key_dims);
+  const std::vector<int>& leaders = GroupLeaders(run.mesh(), key_dims);
   const int64_t pieces = layout.NumShards(dim);
   TFD_ASSIGN_OR_RETURN(LocalHandle axis, run.Host({dim}, {}, TF_INT32));
   Handles out(n, LocalHandle{});
@@ -358,18 +398,27 @@ StatusOr<ValueId> SharedBuffer::AllGather(CollectiveRunner& run, ValueId value, 
       TFD_ASSIGN_OR_RETURN(out[d], run.Share(out[leaders[d]], d));
       continue;
     }
-    Handles parts(pieces, LocalHandle{});
+    Handles parts(pieces, LocalHandle{}), copies;
     std::vector<bool> found(pieces, false);
     for (int e = 0; e < n; ++e) {
       int64_t c = layout.ShardIndex(e, dim);
       if (run.SameCoords(d, e, key_dims) && !found[c]) {
-        parts[c] = run.Local(value, e);
+        // d's own piece where it holds one: no copy of it.
+        const int from = layout.ShardIndex(d, dim) == c ? d : e;
+        StatusOr<LocalHandle> h = Reach(run, run.Local(value, from), from, d, copies);
+        if (!h.ok()) {
+          run.DiscardAll(copies);
+          return h.status();
+        }
+        parts[c] = *h;
         found[c] = true;
       }
     }
     parts.push_back(axis);
-    TFD_ASSIGN_OR_RETURN(Handles r, run.RunOn("ConcatV2", parts, options, d, 1));
-    out[d] = r[0];
+    StatusOr<Handles> r = run.RunOn("ConcatV2", parts, options, d, 1);
+    run.DiscardAll(copies);
+    if (!r.ok()) return r.status();
+    out[d] = (*r)[0];
   }
   return run.AddValue(out_layout, b.shape(value), b.dtype(value), out);
 }
@@ -414,9 +463,12 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
   for (int k : layout.DistinctMeshDims()) {
     if (k != mesh_dim) other_dims.push_back(k);
   }
-  if (std::optional<StatusOr<ValueId>> stitched =
-          AllToAllStitched(run, value, from_dim, to_dim, out_layout, other_dims)) {
-    return *std::move(stitched);
+  // The stitch writes every row into place in one kernel on the host (no GPU kernel).
+  if (shares_) {
+    if (std::optional<StatusOr<ValueId>> stitched =
+            AllToAllStitched(run, value, from_dim, to_dim, out_layout, other_dims)) {
+      return *std::move(stitched);
+    }
   }
   TFD_ASSIGN_OR_RETURN(LocalHandle from_axis, run.Host({from_dim}, {}, TF_INT32));
   TFD_ASSIGN_OR_RETURN(LocalHandle to_axis, run.Host({to_dim}, {}, TF_INT32));
@@ -431,6 +483,7 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
   concat.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tidx", TF_INT32),
                       AttrOverride::Int("N", pieces)};
   std::map<int, Handles> splits;  // source leader -> its sub-blocks, by k
+  Handles copies;  // sub-blocks copied to their target (copies lowering)
   std::vector<bool> filled(n, false);
   Status failure;
   for (int d = 0; d < n && failure.ok(); ++d) {
@@ -451,7 +504,12 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
         }
         splits[source] = std::move(r).value();
       }
-      parts[c] = splits[source][k];
+      StatusOr<LocalHandle> part = Reach(run, splits[source][k], source, d, copies);
+      if (!part.ok()) {
+        failure = part.status();
+        break;
+      }
+      parts[c] = *part;
       found[c] = true;
     }
     if (!failure.ok()) break;
@@ -462,6 +520,8 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
     }
     parts.push_back(from_axis);
     StatusOr<Handles> joined = run.RunOn("ConcatV2", parts, concat, d, 1);
+    run.DiscardAll(copies);
+    copies.clear();
     if (!joined.ok()) {
       failure = joined.status();
       break;
@@ -470,6 +530,7 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
     filled[d] = true;
   }
   for (auto& [source, hs] : splits) run.DiscardAll(hs);
+  run.DiscardAll(copies);
   for (int d = 0; d < n && failure.ok(); ++d) {
     if (out_leaders[d] == d) continue;
     StatusOr<LocalHandle> h = run.Share(out[out_leaders[d]], d);
@@ -492,7 +553,12 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
 }  // namespace
 
 const CollectiveLowering& SharedBufferLowering() {
-  static const SharedBuffer lowering;
+  static const SharedBuffer lowering(/*shares=*/true);
+  return lowering;
+}
+
+const CollectiveLowering& DeviceCopyLowering() {
+  static const SharedBuffer lowering(/*shares=*/false);
   return lowering;
 }
 

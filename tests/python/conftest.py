@@ -6,6 +6,8 @@ touches the TensorFlow runtime; it can be done only once per process.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import tensorflow as tf
 
@@ -22,6 +24,22 @@ def _configure_virtual_cpus() -> None:
 
 
 _configure_virtual_cpus()
+
+
+def _configure_logical_gpus() -> None:
+    """A visible GPU is split into 8 logical GPUs (1 GiB each), as TensorFlow's own DTensor
+    tests do, for the `gpu` tests; TensorFloat-32 is turned off so float32 matmuls and
+    convolutions compare with a float32 reference."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return
+    memory = int(os.environ.get("TF_DTENSOR_TEST_GPU_MB", "1024"))
+    tf.config.set_logical_device_configuration(
+        gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=memory)] * NUM_VIRTUAL_CPUS)
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+
+
+_configure_logical_gpus()
 
 # Imported after the CPU split: the meshes below name CPU:0..CPU:7.
 import dtensor_testing  # noqa: E402

@@ -26,8 +26,15 @@ from tf_dtensor import dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout, Mesh
 
 
+# The devices the shared meshes (and the fuzzer's) are built on: the 8 virtual CPUs, or
+# with TF_DTENSOR_TEST_DEVICE=GPU the 8 logical GPUs conftest.py splits a GPU into (the
+# `gpu` tests run the numerical checks and the fuzzer so, tests/python/test_gpu.py).
+TEST_DEVICE = os.environ.get("TF_DTENSOR_TEST_DEVICE", "CPU").upper()
+
+
 def cpus(n: int) -> List[str]:
-    return [f"CPU:{i}" for i in range(n)]
+    """The first n test devices (virtual CPUs unless TF_DTENSOR_TEST_DEVICE says GPU)."""
+    return [f"{TEST_DEVICE}:{i}" for i in range(n)]
 
 
 MESH_1D = dtensor.create_mesh([("x", 2)], devices=cpus(2))
@@ -258,9 +265,10 @@ def planned_output(op_name: str, layouts: Sequence[Layout], shapes: Sequence[Seq
 
 
 # Every collective lowering the numerical checks run under. "" is the default ("auto": the
-# shared buffers on this process's virtual CPUs); "ops" forces TensorFlow's collective ops
-# (CollectiveReduceV2, ...), the lowering GPUs and several clients use.
-LOWERINGS = ("", "ops")
+# shared buffers on this process's virtual CPUs, device-to-device copies on GPUs); "ops"
+# forces TensorFlow's collective ops (CollectiveReduceV2, ...), the lowering of several
+# clients; "copies" the device-to-device copies GPUs of one process use.
+LOWERINGS = ("", "ops", "copies") if TEST_DEVICE == "CPU" else ("", "ops")
 
 
 @contextlib.contextmanager
@@ -319,7 +327,7 @@ def check_op(fn: Callable, op_name: str, arrays: Sequence[np.ndarray], layouts: 
 
     Runs under each of `LOWERINGS` when the plan has a collective (a relayout of an input or
     a reduction of an output); a plan without one runs the same local ops under every
-    lowering, so the default lowering alone covers it (a case that fails under the ops
+    lowering, so the default lowering alone covers it (a case that fails under one
     lowering only is marked on its parameter: a strict xfail naming the lowering).
     """
     expected = fn(*[tf.constant(a) for a in arrays]).numpy()
@@ -330,13 +338,14 @@ def check_op(fn: Callable, op_name: str, arrays: Sequence[np.ndarray], layouts: 
     actual = run_without_fallback(fn, *inputs)
     assert_dtensor_equal(expected, expected_layout, actual)
     if plan["collectives"]:
-        try:
-            with collective_lowering("ops"):
-                again = run_without_fallback(traced_again(fn), *inputs)
-                assert_dtensor_equal(expected, expected_layout, again)
-        except (AssertionError, tf.errors.OpError) as error:
-            raise AssertionError(f"{op_name} {case_id(layouts)} under the collective-ops "
-                                 f"lowering: {error}") from error
+        for lowering in LOWERINGS[1:]:
+            try:
+                with collective_lowering(lowering):
+                    again = run_without_fallback(traced_again(fn), *inputs)
+                    assert_dtensor_equal(expected, expected_layout, again)
+            except (AssertionError, tf.errors.OpError) as error:
+                raise AssertionError(f"{op_name} {case_id(layouts)} under the "
+                                     f"'{lowering}' collective lowering: {error}") from error
     return actual
 
 

@@ -57,7 +57,7 @@ def test_policy_setter_round_trips_and_rejects_unknown_names():
     assert config.collective_lowering() == "ops"
     config.set_collective_lowering("")
     assert config.collective_lowering() == before
-    with pytest.raises(ValueError, match="expected `auto`, `shared` or `ops`"):
+    with pytest.raises(ValueError, match="expected `auto`, `shared`, `copies` or `ops`"):
         config.set_collective_lowering("nccl")
 
 

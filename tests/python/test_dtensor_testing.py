@@ -94,10 +94,10 @@ def test_strict_mode_is_restored_after_a_check():
 
 
 # ---------------------------------------------------------------------------------------
-# check_op under both collective lowerings
+# check_op under every collective lowering
 # ---------------------------------------------------------------------------------------
 
-def test_check_op_runs_a_collective_under_the_ops_lowering():
+def test_check_op_runs_a_collective_under_every_lowering():
     seen = []
 
     def matmul(a, b):
@@ -106,7 +106,7 @@ def test_check_op_runs_a_collective_under_the_ops_lowering():
 
     arrays = [np.ones((4, 8), np.float32), np.ones((8, 4), np.float32)]
     check_op(matmul, "MatMul", arrays, [layout_of("[*,x]", MESH_2X2), layout_of("[x,*]", MESH_2X2)])
-    assert seen[1:] == ["auto", "ops"]  # seen[0]: the one-device reference
+    assert seen[1:] == ["auto", "ops", "copies"]  # seen[0]: the one-device reference
     assert tf_dtensor.config.collective_lowering() == "auto"
     # No collective in the plan: the local ops are the same under every lowering.
     del seen[:]
@@ -119,7 +119,7 @@ def test_check_op_fails_on_a_wrong_value_under_the_ops_lowering_only():
         product = tf.matmul(a, b)
         return product + 1.0 if tf_dtensor.config.collective_lowering() == "ops" else product
 
-    with pytest.raises(AssertionError, match=r"MatMul \[\*,x\]-\[x,\*\] under the collective-ops"):
+    with pytest.raises(AssertionError, match=r"MatMul \[\*,x\]-\[x,\*\] under the 'ops' collective"):
         check_op(wrong_under_ops, "MatMul",
                  [np.ones((4, 8), np.float32), np.ones((8, 4), np.float32)],
                  [layout_of("[*,x]", MESH_2X2), layout_of("[x,*]", MESH_2X2)])

@@ -37,6 +37,9 @@ TEST(CollectiveGroups, LeadersShareOnlyWhereMemoryIsShared) {
   EXPECT_EQ(LocalLeaders(cpu, {}), (std::vector<int>{0, 0, 0, 0}));
   Mesh gpu = MakeMesh({{"x", 2}, {"y", 2}}, "GPU");
   EXPECT_EQ(LocalLeaders(gpu, {0}), (std::vector<int>{0, 1, 2, 3}));
+  // A collective's result is still made once per group and copied to the rest.
+  EXPECT_EQ(GroupLeaders(gpu, {0}), (std::vector<int>{0, 0, 2, 2}));
+  EXPECT_EQ(GroupLeaders(gpu, {}), (std::vector<int>{0, 0, 0, 0}));
 }
 
 TEST(CollectiveGroups, InstanceKeysAreFresh) {

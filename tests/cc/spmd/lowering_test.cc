@@ -14,16 +14,28 @@ struct AutoPolicyAfter {
   ~AutoPolicyAfter() { (void)SetCollectiveLoweringPolicy("auto"); }
 };
 
-TEST(CollectiveLowering, AutoSharesBuffersOnCpusOnly) {
+TEST(CollectiveLowering, AutoSharesBuffersOnCpusAndCopiesBetweenGpus) {
   AutoPolicyAfter reset;
   ASSERT_OK(SetCollectiveLoweringPolicy("auto"));
   const CollectiveLowering& cpu = CollectiveLowering::For(MakeMesh({{"x", 2}, {"y", 2}}));
   EXPECT_EQ(cpu.name(), "shared");
   EXPECT_TRUE(cpu.shares_buffers());
+  // GPUs of this process: device-to-device copies, no shared buffers.
   const CollectiveLowering& gpu = CollectiveLowering::For(MakeMesh({{"x", 2}}, "GPU"));
-  EXPECT_EQ(gpu.name(), "ops");
+  EXPECT_EQ(gpu.name(), "copies");
   EXPECT_FALSE(gpu.shares_buffers());
   EXPECT_EQ(CollectiveLoweringPolicy(), "auto");
+}
+
+TEST(CollectiveLowering, SettingThePolicyInForceKeepsTheGeneration) {
+  AutoPolicyAfter reset;
+  ASSERT_OK(SetCollectiveLoweringPolicy("copies"));
+  const uint64_t before = CollectiveLoweringGeneration();
+  ASSERT_OK(SetCollectiveLoweringPolicy("copies"));
+  EXPECT_EQ(CollectiveLoweringGeneration(), before);
+  EXPECT_EQ(CollectiveLowering::For(MakeMesh({{"x", 2}})).name(), "copies");
+  ASSERT_OK(SetCollectiveLoweringPolicy("ops"));
+  EXPECT_NE(CollectiveLoweringGeneration(), before);
 }
 
 TEST(CollectiveLowering, ForcingOpsChangesTheCachedChoiceAndTheLeaders) {
@@ -51,7 +63,7 @@ TEST(CollectiveLowering, ForcedSharedBuffersNeedSharedMemory) {
   ASSERT_OK(SetCollectiveLoweringPolicy("shared"));
   EXPECT_EQ(CollectiveLowering::For(MakeMesh({{"x", 2}})).name(), "shared");
   // GPUs share no buffers: "auto"'s choice stands.
-  EXPECT_EQ(CollectiveLowering::For(MakeMesh({{"x", 2}}, "GPU")).name(), "ops");
+  EXPECT_EQ(CollectiveLowering::For(MakeMesh({{"x", 2}}, "GPU")).name(), "copies");
 }
 
 TEST(CollectiveLowering, UnknownPolicyIsRefusedAndNamesTheChoices) {
@@ -60,7 +72,7 @@ TEST(CollectiveLowering, UnknownPolicyIsRefusedAndNamesTheChoices) {
   Status status = SetCollectiveLoweringPolicy("nccl");
   EXPECT_TRUE(status.code() == Code::kInvalidArgument);
   EXPECT_TRUE(status.message().find("`nccl`") != std::string::npos);
-  EXPECT_TRUE(status.message().find("expected `auto`, `shared` or `ops`") != std::string::npos);
+  EXPECT_TRUE(status.message().find("expected `auto`, `shared`, `copies` or `ops`") != std::string::npos);
   // The policy in force stays.
   EXPECT_EQ(CollectiveLoweringPolicy(), "ops");
 }

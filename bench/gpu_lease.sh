@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU measurements and checks of issue 27 as one command on a lent GPU machine
+# (../shared/gpu/README.md: the TensorFlow wheel's chunks already moved to /tmp/t; this
+# call carries .gpu/small, .gpu/setup.sh and the tf_dtensor wheel). Writes logs and
+# profiler traces under $OUT (or ./gpu_out). Each part has its own time limit, so a slow
+# or hung part still leaves the others' results.
+#   BENCH_S, TESTS_S, RULES_S: seconds for the bench (with variants and profiles), the
+#   `gpu` dtype and training tests, and the numerical checks + fuzzer on GPU meshes.
+set -u
+out=${OUT:-gpu_out}
+mkdir -p "$out"
+export TF_DTENSOR_GPU_REINSTALL=${TF_DTENSOR_GPU_REINSTALL:-1}
+source .gpu/setup.sh
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tail -2
+python3 -c "import tensorflow as tf, tf_dtensor; print('TF', tf.__version__, tf.config.list_physical_devices('GPU'))" 2>&1 | tail -1
+
+timeout "${BENCH_S:-240}" python3 bench/run.py --device gpu --rounds "${ROUNDS:-5}" \
+  ${BENCH_ARGS:---variants} --profile /tmp/prof 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/bench.log"
+(cd /tmp/prof 2>/dev/null && tar czf "$out/profiles.tgz" . 2>/dev/null)
+
+timeout "${TESTS_S:-90}" python3 -m pytest -q -p no:cacheprovider -m gpu -rf \
+  tests/python/test_gpu.py -k "not numerical" 2>&1 | tail -40 > "$out/gpu_tests.log"
+tail -8 "$out/gpu_tests.log"
+
+# -v: one line per test, so that a run cut short by its time limit still names failures.
+TF_DTENSOR_TEST_DEVICE=GPU timeout "${RULES_S:-200}" python3 -m pytest -v -p no:cacheprovider \
+  -m "not gpu" -rf tests/python/test_rules_*.py tests/python/fuzz/test_fuzz.py 2>&1 \
+  | grep -v "^W0000\|^I0000" > "$out/gpu_rules.log"
+echo "rules: $(grep -c " PASSED" "$out/gpu_rules.log") passed, $(grep -c " FAILED" "$out/gpu_rules.log") failed"
+grep " FAILED" "$out/gpu_rules.log" | sed 's/ FAILED.*//' | awk -F'::' '{print $1"::"$2}' | sed 's/\[.*//' | sort | uniq -c | head -20

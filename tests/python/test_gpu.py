@@ -1,0 +1,129 @@
+"""GPU tests (marker `gpu`): run whenever a GPU is visible, skipped otherwise (CI has none).
+
+conftest.py splits the GPU into 8 logical GPUs with TensorFloat-32 off. Here: collectives
+of every dtype TensorFlow's DTensor supports, under each lowering GPUs can use ("copies":
+device-to-device copies, the default for GPUs of one process; "ops": TensorFlow's
+collective ops, whose all-reduce has no int32 kernel on GPUs), a training step against
+one GPU, and the numerical op checks and the fuzzer on GPU meshes (a subprocess with
+TF_DTENSOR_TEST_DEVICE=GPU, so that every shared mesh is a GPU mesh).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dtensor_testing import collective_lowering
+from tf_dtensor import dtensor
+
+GPUS = [d.name for d in tf.config.list_logical_devices("GPU")]
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(len(GPUS) < 8, reason="needs a GPU (split into 8 logical GPUs)"),
+]
+
+LOWERINGS = ("", "copies", "ops")
+DTYPES = (np.float32, np.float16, ml_dtypes.bfloat16, np.float64, np.int32, np.int64, np.int8,
+          np.uint8, np.bool_, np.complex64)
+
+
+def _mesh():
+    return dtensor.create_mesh([("x", 8)], devices=GPUS)
+
+
+def _value(dtype, shape=(16, 8)):
+    rng = np.random.RandomState(0)
+    if dtype == np.bool_:
+        return rng.rand(*shape) > 0.5
+    if dtype == np.complex64:
+        return (rng.randint(-3, 4, shape) + 1j * rng.randint(-3, 4, shape)).astype(dtype)
+    return rng.randint(-3 if np.dtype(dtype).kind != "u" else 0, 4, shape).astype(dtype)
+
+
+def _reduce(x):
+    return tf.reduce_any(x, axis=0) if x.dtype == tf.bool else tf.reduce_sum(x, axis=0)
+
+
+@pytest.mark.parametrize("lowering", LOWERINGS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+def test_collectives_of_every_dtype(lowering, dtype):
+    """All-reduce (a reduction over the sharded axis), all-gather and all-to-all of each
+    dtype equal the same computation on one device, eagerly."""
+    mesh = _mesh()
+    value = _value(dtype)
+    sharded = dtensor.pack(np.split(value, 8), dtensor.Layout(["x", "unsharded"], mesh))
+    expected = _reduce(tf.constant(value)).numpy()
+    with collective_lowering(lowering):
+        reduced = _reduce(sharded)
+        assert dtensor.fetch_layout(reduced).is_fully_replicated()
+        for component in dtensor.unpack(reduced):
+            np.testing.assert_array_equal(component.numpy(), expected)
+        gathered = dtensor.relayout(sharded, dtensor.Layout.replicated(mesh, 2))
+        for component in dtensor.unpack(gathered):
+            np.testing.assert_array_equal(component.numpy(), value)
+        swapped = dtensor.relayout(sharded, dtensor.Layout(["unsharded", "x"], mesh))
+        got = np.concatenate([c.numpy() for c in dtensor.unpack(swapped)], axis=1)
+        np.testing.assert_array_equal(got, value)
+
+
+@pytest.mark.parametrize("lowering", LOWERINGS)
+def test_training_step_matches_one_gpu(lowering):
+    """A data-parallel MLP step (tf.function, gradients, DVariable updates) on 8 logical GPUs
+    gives the losses and weights of the same step on one GPU."""
+    rng = np.random.RandomState(0)
+    x_value = rng.rand(64, 32).astype(np.float32)
+    y_value = rng.randint(0, 5, 64).astype(np.int64)
+    inits = [rng.uniform(-0.3, 0.3, (32, 16)).astype(np.float32), np.zeros([16], np.float32),
+             rng.uniform(-0.3, 0.3, (16, 5)).astype(np.float32), np.zeros([5], np.float32)]
+
+    def make_step(variables):
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                h = tf.nn.relu(tf.matmul(x, variables[0]) + variables[1])
+                logits = tf.matmul(h, variables[2]) + variables[3]
+                loss = tf.reduce_mean(
+                    tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+            for v, g in zip(variables, tape.gradient(loss, variables)):
+                v.assign_sub(0.5 * g)
+            return loss
+        return step
+
+    with tf.device(GPUS[0]):
+        plain_vars = [tf.Variable(v) for v in inits]
+        plain_step = make_step(plain_vars)
+        plain_losses = [plain_step(tf.constant(x_value), tf.constant(y_value)).numpy()
+                        for _ in range(3)]
+    mesh = dtensor.create_mesh([("batch", 8)], devices=GPUS)
+    with collective_lowering(lowering):
+        variables = [dtensor.DVariable(dtensor.copy_to_mesh(
+            tf.constant(v), dtensor.Layout.replicated(mesh, v.ndim))) for v in inits]
+        x = dtensor.pack(np.split(x_value, 8), dtensor.Layout.batch_sharded(mesh, "batch", 2))
+        y = dtensor.pack(np.split(y_value, 8), dtensor.Layout.batch_sharded(mesh, "batch", 1))
+        step = make_step(variables)
+        losses = [dtensor.unpack(step(x, y))[0].numpy() for _ in range(3)]
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
+    for v, p in zip(variables, plain_vars):
+        for component in dtensor.unpack(v.read_value()):
+            np.testing.assert_allclose(component.numpy(), p.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_numerical_checks_and_fuzzer_on_gpu_meshes():
+    """The per-op numerical checks (test_rules_*) and the fuzzer's short run, with every
+    shared mesh a GPU mesh, under the default GPU lowering and TensorFlow's collective ops."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = sorted(glob.glob(os.path.join(here, "test_rules_*.py"))) + [
+        os.path.join(here, "fuzz", "test_fuzz.py")]
+    env = dict(os.environ, TF_DTENSOR_TEST_DEVICE="GPU")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-m", "not gpu", *files], env=env, capture_output=True, text=True,
+                         timeout=1800)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
