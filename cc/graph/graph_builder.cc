@@ -411,6 +411,26 @@ StatusOr<std::map<TF_Operation*, TF_Output>> GraphBuilder::CombineAllReduces() {
   if (pending_.empty()) return replaced;
   const size_t n = pending_.size();
   const size_t words = (n + 63) / 64;
+  // Ops that read only a tensor's shape and dtype (gradients start with OnesLike of the
+  // loss) read the stand-in's input instead, which has the result's shape (replicated,
+  // so local = global): otherwise they would order everything after them behind this
+  // all-reduce and keep the gradients' all-reduces from joining the loss's.
+  for (PendingAllReduce& p : pending_) {
+    for (size_t d = 0; d < p.stand_ins.size(); ++d) {
+      const TF_Output from{p.stand_ins[d], 0};
+      const int count = TF_OperationOutputNumConsumers(from);
+      std::vector<TF_Input> consumers(count);
+      TF_OperationOutputConsumers(from, consumers.data(), count);
+      for (const TF_Input& c : consumers) {
+        const std::string_view type = TF_OperationOpType(c.oper);
+        if (type == "OnesLike" || type == "ZerosLike" || type == "Shape" || type == "ShapeN" ||
+            type == "Size" || type == "Rank") {
+          TF_UpdateEdge(graph_, p.inputs[d], c, status_);
+          TFD_RETURN_IF_ERROR(FromTF(status_, "reading a shape before an all-reduce"));
+        }
+      }
+    }
+  }
   // Which deferred all-reduces each op depends on: ops come in creation order, after
   // their inputs (the graph only grows until here), so one pass sees every ancestor.
   std::unordered_map<TF_Operation*, int> stand_in_of;
