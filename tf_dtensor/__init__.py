@@ -16,6 +16,7 @@ if not _tf.__version__.startswith(_TF_SERIES + "."):
         f"TensorFlow (`pip install --force-reinstall --no-binary tf_dtensor .`).")
 
 from tf_dtensor import _core  # noqa: E402  (needs TensorFlow's libraries loaded first)
+from tf_dtensor import _tape  # noqa: E402
 from tf_dtensor import debug  # noqa: E402
 from tf_dtensor import dtensor  # noqa: E402
 from tf_dtensor import placements  # noqa: E402
@@ -24,6 +25,8 @@ from tf_dtensor._errors import (LayoutError, MeshError, PackError, RelayoutError
                                 UnsupportedOpError)
 from tf_dtensor.dtensor import *  # noqa: E402,F401,F403
 from tf_dtensor.placements import *  # noqa: E402,F401,F403
+
+_tape.install()  # eager gradients of DTensors stay DTensors (tf_dtensor/_tape.py)
 
 __version__ = "0.1.0"
 

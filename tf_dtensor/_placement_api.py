@@ -136,7 +136,8 @@ def _local_list(local) -> Optional[List[Any]]:
     return None
 
 
-def from_local(local, mesh: Mesh, placements: Placements, shape: Optional[Sequence[int]] = None):
+def from_local(local, mesh: Mesh, placements: Placements, shape: Optional[Sequence[int]] = None,
+               *, run_check: bool = False):
     """A DTensor from blocks that devices already hold, as PyTorch's `DTensor.from_local`.
 
     Args:
@@ -148,6 +149,9 @@ def from_local(local, mesh: Mesh, placements: Placements, shape: Optional[Sequen
       placements: one placement per mesh dimension.
       shape: the global shape, checked against the blocks (required by nothing: the
         blocks determine it; give it to catch a wrong split).
+      run_check: compare the blocks that the placements make replicas (those of devices
+        that differ only along `Replicate()` dimensions) and raise if they differ, as
+        PyTorch's `run_check=True` does; off by default (it reads every block).
 
     Gradients (eager): with a list, each block gets its device's gradient block, as each
     PyTorch rank does (`Partial` terms get the gradient of the reduced value). With one
@@ -157,7 +161,8 @@ def from_local(local, mesh: Mesh, placements: Placements, shape: Optional[Sequen
     Raises:
       LayoutError: placements that do not fit the blocks or the mesh, or a `shape` the
         blocks do not make.
-      PackError: blocks of the wrong count, shape or dtype.
+      PackError: blocks of the wrong count, shape or dtype; with `run_check`, replicas that
+        differ.
       RuntimeError: called while tracing a `tf.function` (build DTensors outside).
 
     Example:
@@ -191,7 +196,7 @@ def from_local(local, mesh: Mesh, placements: Placements, shape: Optional[Sequen
 
     def pack(parts):
         try:
-            return api.pack(parts, layout)
+            return api.pack(parts, layout, run_check=run_check)
         except PackError as error:
             raise PackError(f"`from_local` with {format_placements(placements, mesh)}: "
                             f"{error.message}") from error

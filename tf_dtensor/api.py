@@ -9,6 +9,7 @@ import contextlib
 import functools
 from typing import Any, Callable, List, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.eager import execute
@@ -118,15 +119,23 @@ def _layout_arg(layout: Any, function: str) -> Layout:
     return layout
 
 
-def pack(tensors: Sequence[Any], layout: Layout) -> Any:
+def pack(tensors: Sequence[Any], layout: Layout, *, run_check: bool = False) -> Any:
     """Packs one component per local device into a DTensor with `layout`.
 
     Components are copied to their devices (on virtual CPUs the buffer is shared, not
     copied). They must share rank, dtype and shape.
 
+    The layout says which devices hold the same block: those that agree on every mesh
+    dimension it shards or leaves partial (a replicated layout: all of them). Like
+    TensorFlow's DTensor, `pack` takes the components as given and does not compare such
+    replicas; if they differ, later results depend on which device computes them.
+    `run_check=True` (as PyTorch's `DTensor.from_local(run_check=True)`) compares them
+    first, at the cost of reading every component, and raises if replicas differ.
+
     Raises:
-      PackError: wrong component count, rank, shape or dtype (a
-        `tf.errors.InvalidArgumentError`, and the classes TensorFlow's DTensor raises).
+      PackError: wrong component count, rank, shape or dtype; with `run_check`, replicas
+        that differ (a `tf.errors.InvalidArgumentError`, and the classes TensorFlow's
+        DTensor raises).
       LayoutError: no components.
 
     Example:
@@ -137,6 +146,8 @@ def pack(tensors: Sequence[Any], layout: Layout) -> Any:
     if not components:
         raise LayoutError(f"pack needs one component per local device of {layout.mesh.short()}; "
                           f"got none.")
+    if run_check:
+        _check_replicas(components, layout)
     dtype = components[0].dtype
     attrs = ("T", dtype.as_datatype_enum, "N", len(components), "layout", layout.to_string())
     try:
@@ -144,6 +155,37 @@ def pack(tensors: Sequence[Any], layout: Layout) -> Any:
     except tf.errors.InvalidArgumentError as error:
         raise PackError(error.message) from error
     return out
+
+
+def _check_replicas(components: Sequence[tf.Tensor], layout: Layout) -> None:
+    """Raises PackError when two components the layout calls replicas differ."""
+    mesh = layout.mesh
+    locations = mesh.local_device_locations()
+    if len(components) != len(locations):
+        return  # pack itself reports the count
+    used = set(layout.partial)
+    for spec in layout.sharding_specs:
+        used.update(name for name in mesh.dim_names if name in spec.split("+"))
+    dims = [name for name in mesh.dim_names if name in used]
+    first: dict = {}
+    for i, location in enumerate(locations):
+        key = tuple(location[d] for d in dims)
+        if key not in first:
+            first[key] = i
+            continue
+        j = first[key]
+        a, b = components[j].numpy(), components[i].numpy()
+        same = a.shape == b.shape and (
+            np.array_equal(a, b, equal_nan=True) if a.dtype.kind in "fc" else np.array_equal(a, b))
+        if not same:
+            devices = mesh.local_devices()
+            replicated = [d for d in mesh.dim_names if d not in used]
+            raise PackError(
+                f"pack(run_check=True): components {j} ({devices[j]}) and {i} ({devices[i]}) "
+                f"differ, but layout {layout.short()} makes them replicas (they agree on "
+                f"{', '.join(dims) or 'every sharded dimension'}; replicated over "
+                f"{', '.join(replicated)}). Give replicas equal values, or shard the axis "
+                f"they differ along over {' or '.join(replicated)} (or mark it partial).")
 
 
 def unpack(tensor: Any) -> Sequence[Any]:

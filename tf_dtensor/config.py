@@ -223,6 +223,11 @@ def create_mesh(mesh_dims: Union[List[Tuple[str, int]], Dict[str, int], None] = 
     """
     if devices is None:
         devices = local_devices(device_type or "CPU")
+        if not devices:
+            raise MeshError(
+                f"create_mesh: this host has no {device_type or 'CPU'} devices to build the "
+                f"mesh from (device_type={device_type or 'CPU'!r}). Use a device type it has "
+                f"(`tf.config.list_logical_devices()`), or pass `devices=`.")
     device_names = [d.to_string() if hasattr(d, "to_string") else str(d) for d in devices]
     if mesh_dims is None:
         mesh_dims = [("x", len(device_names))]
@@ -232,12 +237,23 @@ def create_mesh(mesh_dims: Union[List[Tuple[str, int]], Dict[str, int], None] = 
         # As in TensorFlow's DTensor: a single dimension of size -1 takes every device.
         mesh_dims = [(mesh_dims[0][0], len(device_names))]
     names = [name for name, _ in mesh_dims]
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            raise MeshError(f"Mesh dimension {i} is named {name!r} ({type(name).__name__}); "
+                            f"mesh dimensions are named by strings, e.g. ('x', 2).")
     sizes = [_dim_size(name, size) for name, size in mesh_dims]
+    for name, size in zip(names, sizes):
+        if size <= 0:
+            raise MeshError(f"Mesh dimension `{name}` has size {size}; sizes must be positive "
+                            f"(a dimension of size 1 keeps a name with no split), e.g. "
+                            f"({name!r}, 2).")
     total = int(np.prod(sizes)) if sizes else 1
     if total != len(device_names):
         raise MeshError(f"Mesh dims {list(mesh_dims)} hold {total} devices but "
                         f"{len(device_names)} devices were given; the product of the sizes must "
-                        f"equal the number of devices.")
+                        f"equal the number of devices. Give {total} devices, or sizes whose "
+                        f"product is {len(device_names)} (a single dimension of size -1 "
+                        f"takes every device).")
     ids = np.arange(total).reshape(sizes)
     mesh = Mesh(names, ids, list(range(total)), device_names, mesh_name,
                 use_xla_spmd=use_xla_spmd)

@@ -97,8 +97,10 @@ StatusOr<Mesh> Mesh::Create(std::vector<MeshDim> dims, std::vector<int64_t> glob
   std::set<std::string> names;
   for (const MeshDim& d : dims) {
     if (d.name.empty()) {
-      return InvalidArgument("Mesh dimension names must be non-empty; got dims " +
-                             DimsString(dims) + ".");
+      return InvalidArgument("Mesh dimension names must be non-empty; a dimension of size " +
+                             std::to_string(d.size) + " in (" + DimsString(dims) +
+                             ") has none. Name every dimension, e.g. (\"x\", " +
+                             std::to_string(d.size) + ").");
     }
     if (IsReservedName(d.name)) {
       return InvalidArgument("Mesh dimension name `" + d.name +
@@ -112,7 +114,9 @@ StatusOr<Mesh> Mesh::Create(std::vector<MeshDim> dims, std::vector<int64_t> glob
     }
     if (d.size <= 0) {
       return InvalidArgument("Mesh dimension `" + d.name + "` has size " +
-                             std::to_string(d.size) + "; sizes must be positive.");
+                             std::to_string(d.size) + "; sizes must be positive (a dimension "
+                             "of size 1 keeps a name with no split), e.g. (\"" + d.name +
+                             "\", 2).");
     }
     rep->size *= d.size;
   }
@@ -125,7 +129,9 @@ StatusOr<Mesh> Mesh::Create(std::vector<MeshDim> dims, std::vector<int64_t> glob
   std::set<int64_t> global_set(global_device_ids.begin(), global_device_ids.end());
   if (global_set.size() != global_device_ids.size()) {
     return InvalidArgument("Mesh global device ids contain duplicates: " +
-                           IdsString(global_device_ids) + ".");
+                           IdsString(global_device_ids) +
+                           ". Give each position of the grid its own id, e.g. 0..n-1 "
+                           "(np.arange(n).reshape(sizes)).");
   }
   if (local_device_ids.size() != local_devices.size()) {
     return InvalidArgument("Mesh has " + std::to_string(local_device_ids.size()) +
@@ -137,7 +143,9 @@ StatusOr<Mesh> Mesh::Create(std::vector<MeshDim> dims, std::vector<int64_t> glob
     if (!global_set.count(id)) {
       return InvalidArgument("Local device id " + std::to_string(id) +
                              " is not among the mesh's global device ids " +
-                             IdsString(global_device_ids) + ".");
+                             IdsString(global_device_ids) +
+                             ". Local device ids name the positions of the grid this process "
+                             "holds: take them from the global ids.");
     }
     if (!local_set.insert(id).second) {
       return InvalidArgument("Mesh local device ids contain " + std::to_string(id) + " twice.");
@@ -148,13 +156,16 @@ StatusOr<Mesh> Mesh::Create(std::vector<MeshDim> dims, std::vector<int64_t> glob
     device = CanonicalDeviceName(device);
     if (!device_set.insert(device).second) {
       return InvalidArgument("Device `" + device + "` appears twice in the mesh; each device "
-                             "may hold one position of the grid.");
+                             "may hold one position of the grid. List each device once, e.g. "
+                             "devices=[f\"CPU:{i}\" for i in range(n)].");
     }
     std::string type = DeviceType(device);
     if (rep->device_type.empty()) rep->device_type = type;
     if (type != rep->device_type) {
       return InvalidArgument("Mesh mixes device types " + rep->device_type + " and " + type +
-                             "; all devices of a mesh must be of one type.");
+                             " (`" + device + "`); all devices of a mesh must be of one type. "
+                             "Build one mesh per device type (a tensor moves between meshes "
+                             "with `copy_to_mesh` or `relayout`).");
     }
   }
   for (std::string& device : global_devices) device = CanonicalDeviceName(device);

@@ -169,7 +169,8 @@ class GatherRule : public FactorRule {
     const int k = plan.partial_dims[0][0];
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
     TFD_ASSIGN_OR_RETURN(BlockIds ids, LocalizeIds(builder, inputs[1], *params.layout,
-                                                   params.shape, static_cast<int>(axis), 0));
+                                                   params.shape, static_cast<int>(axis), 0,
+                                                   ctx.op_name, IdRange::kInRange));
     inputs[1] = ids.local;
     const Layout whole = plan.outputs[0].WithoutPartial();
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> gathered,
@@ -325,7 +326,8 @@ class SegmentRule : public FactorRule {
     std::vector<int64_t> out_shape = {segments[0]};
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
     TFD_ASSIGN_OR_RETURN(BlockIds ids,
-                         LocalizeIds(builder, inputs[1], out.WithoutPartial(), out_shape, 0, -1));
+                         LocalizeIds(builder, inputs[1], out.WithoutPartial(), out_shape, 0, -1,
+                                     ctx.op_name, IdRange::kBelowRows));
     TFD_ASSIGN_OR_RETURN(inputs[2], builder.HostConstant({segments[0] / out.mesh().DimSize(k)},
                                                          {}, ctx.inputs[2].dtype));
     inputs[1] = ids.local;

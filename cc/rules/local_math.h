@@ -22,6 +22,7 @@ class LocalMath {
       : builder_(builder), mesh_(std::move(mesh)), type_(type) {}
 
   int type() const { return type_; }
+  Builder& builder() const { return builder_; }
 
   // `op` on the shards with only the given attributes; one output with layout `out`.
   StatusOr<ValueId> Op(const std::string& op, const std::vector<ValueId>& inputs,
@@ -84,9 +85,7 @@ class LocalMath {
   }
 
   static AttrOverride Bool(const std::string& name, bool value) {
-    AttrOverride a{name, AttrOverride::Kind::kBool, {}};
-    a.boolean = value;
-    return a;
+    return AttrOverride::Bool(name, value);
   }
 
  private:

@@ -22,6 +22,7 @@
 #include "cc/core/strings.h"
 #include "cc/rules/factor.h"
 #include "cc/rules/local_math.h"
+#include "cc/rules/row_blocks.h"
 #include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"
@@ -133,7 +134,7 @@ int LastAxisDim(const Layout& layout) {
 // The row statistics of logits `x` (layout `x_layout`, last axis sharded over `dim`):
 // shifted = x - max, e = exp(shifted), sum = sum(e), all over the global row.
 struct RowSoftmax {
-  ValueId shifted, exp, sum;
+  ValueId max, shifted, exp, sum;
 };
 StatusOr<RowSoftmax> ShardedRowSoftmax(ValueId x, const Layout& x_layout, int dim,
                                        LocalMath& math, Builder& builder) {
@@ -144,6 +145,7 @@ StatusOr<RowSoftmax> ShardedRowSoftmax(ValueId x, const Layout& x_layout, int di
   RowSoftmax r;
   TFD_ASSIGN_OR_RETURN(ValueId max, math.Reduce("Max", x, {last}, row));
   TFD_ASSIGN_OR_RETURN(max, builder.AllReduce(max, {dim}, ReduceOp::kMax));
+  r.max = max;
   TFD_ASSIGN_OR_RETURN(r.shifted, math.Apply("Sub", {x, max}, x_layout));
   TFD_ASSIGN_OR_RETURN(r.exp, math.Apply("Exp", r.shifted));
   TFD_ASSIGN_OR_RETURN(r.sum, math.Reduce("Sum", r.exp, {last}, row));
@@ -158,6 +160,26 @@ void ListRowCollectives(const OpContext& ctx, Plan& plan) {
   const std::string over = " over " + ctx.mesh.dims()[dim].name;
   plan.notes = {"all-reduce(max) of the row max" + over,
                                 "all-reduce(sum) of the row sum" + over};
+}
+
+// TF's CPU Softmax kernel gives a row that holds NaN or +inf NaN where those are and 0
+// elsewhere (one device: softmax([1, nan, 2, -inf]) = [0, nan, 0, 0]), where the sharded
+// exp / sum makes the whole row NaN. Such a row's max is NaN or +inf (the row max
+// all-reduce propagates both), and max(v, 0) * 0 is NaN exactly for NaN and +inf (and 0
+// for -inf): the rows whose max says so take max(x, 0) * 0. A row of -inf alone is NaN
+// through both. Log-softmax and the cross entropies make such rows NaN on one device too.
+StatusOr<ValueId> AsCpuKernelOnNonFiniteRows(const Layout& x_layout, ValueId x, ValueId max,
+                                             ValueId y, LocalMath& math) {
+  Builder& b = math.builder();
+  TFD_ASSIGN_OR_RETURN(ValueId zero, math.Float(0.0f));
+  TFD_ASSIGN_OR_RETURN(ValueId row_pos, math.Apply("Maximum", {max, zero}, *b.layout(max)));
+  TFD_ASSIGN_OR_RETURN(ValueId row_zero, math.Apply("Mul", {row_pos, zero}, *b.layout(max)));
+  TFD_ASSIGN_OR_RETURN(ValueId bad_row,
+                       math.Op("IsNan", {row_zero}, {AttrOverride::Type("T", math.type())},
+                               *b.layout(max)));
+  TFD_ASSIGN_OR_RETURN(ValueId x_pos, math.Apply("Maximum", {x, zero}, x_layout));
+  TFD_ASSIGN_OR_RETURN(ValueId fill, math.Apply("Mul", {x_pos, zero}, x_layout));
+  return math.Apply("SelectV2", {bad_row, fill, y}, x_layout);
 }
 
 class SoftmaxRule : public FactorRule {
@@ -180,6 +202,9 @@ class SoftmaxRule : public FactorRule {
     TFD_ASSIGN_OR_RETURN(RowSoftmax r, ShardedRowSoftmax(in[0], x_layout, dim, math, builder));
     if (!log_) {
       TFD_ASSIGN_OR_RETURN(ValueId y, math.Apply("RealDiv", {r.exp, r.sum}, x_layout));
+      if (ctx.mesh.device_type() == "CPU") {
+        TFD_ASSIGN_OR_RETURN(y, AsCpuKernelOnNonFiniteRows(x_layout, in[0], r.max, y, math));
+      }
       return std::vector<ValueId>{y};
     }
     TFD_ASSIGN_OR_RETURN(ValueId log_sum, math.Apply("Log", r.sum));
@@ -239,17 +264,31 @@ class CrossEntropyRule : public FactorRule {
     LocalMath math(builder, ctx.mesh, type);
     TFD_ASSIGN_OR_RETURN(RowSoftmax r, ShardedRowSoftmax(in[0], x_layout, dim, math, builder));
     ValueId labels = in[1];
+    std::optional<ValueId> one_hot;
     if (sparse_) {
-      TFD_ASSIGN_OR_RETURN(labels, OneHot(ctx, in[1], full, dim, builder));
-      TFD_ASSIGN_OR_RETURN(labels, math.Cast(labels, TF_BOOL, type));
+      ValueId ids = in[1];
+      if (ctx.mesh.device_type() == "CPU") {  // a label outside [0, C) raises there
+        TFD_ASSIGN_OR_RETURN(ids, CheckIds(builder, ids, ids, ctx.inputs[0].shape[1],
+                                           IdRange::kInRange, ctx.op_name, x_layout, -1));
+      }
+      TFD_ASSIGN_OR_RETURN(one_hot, OneHot(ctx, ids, full, dim, builder));
+      TFD_ASSIGN_OR_RETURN(labels, math.Cast(*one_hot, TF_BOOL, type));
     }
     TFD_ASSIGN_OR_RETURN(ValueId softmax, math.Apply("RealDiv", {r.exp, r.sum}, x_layout));
     TFD_ASSIGN_OR_RETURN(ValueId backprop, math.Apply("Sub", {softmax, labels}, full));
     // loss = sum(labels * (log(sum) - shifted)) over the row: local terms, then the classes'
-    // all-reduce (unless the plan leaves it pending).
+    // all-reduce (unless the plan leaves it pending). Sparse labels pick the label's term
+    // (a select: another class's infinite logit must not make 0 * inf = NaN of it, as
+    // the one-device kernel does not).
     TFD_ASSIGN_OR_RETURN(ValueId log_sum, math.Apply("Log", r.sum));
     TFD_ASSIGN_OR_RETURN(ValueId nll, math.Apply("Sub", {log_sum, r.shifted}, x_layout));
-    TFD_ASSIGN_OR_RETURN(ValueId terms, math.Apply("Mul", {labels, nll}, full));
+    ValueId terms;
+    if (one_hot) {
+      TFD_ASSIGN_OR_RETURN(ValueId zeros, math.Apply("ZerosLike", nll));
+      TFD_ASSIGN_OR_RETURN(terms, math.Apply("SelectV2", {*one_hot, nll, zeros}, full));
+    } else {
+      TFD_ASSIGN_OR_RETURN(terms, math.Apply("Mul", {labels, nll}, full));
+    }
     TFD_ASSIGN_OR_RETURN(ValueId loss, math.Reduce("Sum", terms, {1}, plan.outputs[0],
                                                    /*keep_dims=*/false));
     if (!plan.outputs[0].is_partial()) {

@@ -1,5 +1,8 @@
 #include "cc/rules/row_blocks.h"
 
+#include <optional>
+#include <string>
+
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
@@ -47,8 +50,81 @@ LocalOpOptions DistinctOver(int mesh_dim, std::vector<AttrOverride> overrides, b
   return options;
 }
 
+namespace {
+
+std::string RangeText(IdRange check, int64_t rows) {
+  return check == IdRange::kInRange ? "[0, " + std::to_string(rows) + ")"
+                                    : "below " + std::to_string(rows);
+}
+
+}  // namespace
+
+StatusOr<ValueId> CheckIds(Builder& builder, ValueId ids, ValueId local, int64_t rows,
+                           IdRange check, const std::string& op_name, const Layout& table,
+                           int mesh_dim) {
+  const std::string what = "tf_dtensor " + op_name + ": an index is out of range " +
+                           RangeText(check, rows) + " (axis of " + std::to_string(rows) +
+                           " rows, laid out " + table.ShortString() +
+                           "); one device raises InvalidArgumentError for it too. Check the "
+                           "indices against the table's size.";
+  if (std::optional<std::vector<int64_t>> values = builder.IntValue(ids)) {
+    for (int64_t id : *values) {
+      if ((check == IdRange::kInRange && id < 0) || id >= rows) {
+        return InvalidArgument(what + " (index " + std::to_string(id) + ")");
+      }
+    }
+    return local;
+  }
+  const int dtype = builder.dtype(ids);
+  const Layout ids_layout = *builder.layout(ids);
+  const int rank = ids_layout.rank();
+  LocalOpOptions typed;
+  typed.copy_attrs = false;
+  typed.overrides = {AttrOverride::Type("T", dtype)};
+  TFD_ASSIGN_OR_RETURN(ValueId limit, builder.HostConstant({rows}, {}, dtype));
+  TFD_ASSIGN_OR_RETURN(ValueId bad, One(builder, "GreaterEqual", {ids, limit}, typed, ids_layout));
+  if (check == IdRange::kInRange) {
+    TFD_ASSIGN_OR_RETURN(ValueId zero, builder.HostConstant({0}, {}, dtype));
+    TFD_ASSIGN_OR_RETURN(ValueId negative, One(builder, "Less", {ids, zero}, typed, ids_layout));
+    LocalOpOptions plain;
+    plain.copy_attrs = false;
+    TFD_ASSIGN_OR_RETURN(bad, One(builder, "LogicalOr", {bad, negative}, plain, ids_layout));
+  }
+  // Per device (its block of the ids): any bad id -> 1.0 -> log(1 - 1) = -inf, which
+  // CheckNumerics refuses with `what`; else log(1) = 0, added to the local ids.
+  std::vector<int64_t> axes;
+  for (int a = 0; a < rank; ++a) axes.push_back(a);
+  TFD_ASSIGN_OR_RETURN(ValueId all_axes,
+                       builder.HostConstant(axes, {static_cast<int64_t>(rank)}, TF_INT32));
+  LocalOpOptions scalar;
+  scalar.copy_attrs = false;
+  scalar.distinct_over = ids_layout.DistinctMeshDims();
+  const Layout one = Layout::Replicated(ids_layout.mesh(), 0);
+  LocalOpOptions any = scalar;
+  any.overrides = {AttrOverride::Type("Tidx", TF_INT32), AttrOverride::Bool("keep_dims", false)};
+  TFD_ASSIGN_OR_RETURN(ValueId any_bad, One(builder, "Any", {bad, all_axes}, any, one));
+  LocalOpOptions to_float = scalar;
+  to_float.overrides = {AttrOverride::Type("SrcT", TF_BOOL), AttrOverride::Type("DstT", TF_FLOAT)};
+  TFD_ASSIGN_OR_RETURN(ValueId flag, One(builder, "Cast", {any_bad}, to_float, one));
+  LocalOpOptions f32 = scalar;
+  f32.overrides = {AttrOverride::Type("T", TF_FLOAT)};
+  TFD_ASSIGN_OR_RETURN(ValueId ones, One(builder, "OnesLike", {flag}, f32, one));
+  TFD_ASSIGN_OR_RETURN(ValueId rest, One(builder, "Sub", {ones, flag}, f32, one));
+  TFD_ASSIGN_OR_RETURN(ValueId log, One(builder, "Log", {rest}, f32, one));
+  LocalOpOptions numerics = f32;
+  numerics.overrides.push_back(AttrOverride::String("message", what));
+  TFD_ASSIGN_OR_RETURN(ValueId checked, One(builder, "CheckNumerics", {log}, numerics, one));
+  LocalOpOptions back = scalar;
+  back.overrides = {AttrOverride::Type("SrcT", TF_FLOAT), AttrOverride::Type("DstT", dtype)};
+  TFD_ASSIGN_OR_RETURN(ValueId zero_id, One(builder, "Cast", {checked}, back, one));
+  LocalOpOptions add = DistinctOver(mesh_dim, {AttrOverride::Type("T", dtype)});
+  if (mesh_dim < 0) add.distinct_over.clear();
+  return One(builder, "AddV2", {local, zero_id}, add, *builder.layout(local));
+}
+
 StatusOr<BlockIds> LocalizeIds(Builder& builder, ValueId ids, const Layout& table,
-                               const std::vector<int64_t>& table_shape, int axis, int64_t fill) {
+                               const std::vector<int64_t>& table_shape, int axis, int64_t fill,
+                               const std::string& op_name, IdRange check) {
   BlockIds out;
   out.mesh_dim = table.spec(axis).mesh_dim;
   const std::vector<int64_t> sizes = table.PieceSizes(table_shape, axis);
@@ -80,6 +156,10 @@ StatusOr<BlockIds> LocalizeIds(Builder& builder, ValueId ids, const Layout& tabl
   }
   TFD_ASSIGN_OR_RETURN(out.local,
                        Select(builder, out.in_block, shifted, fills, out.mesh_dim, ids_layout));
+  if (check != IdRange::kUnchecked && mesh.device_type() == "CPU" && table_shape[axis] >= 0) {
+    TFD_ASSIGN_OR_RETURN(out.local, CheckIds(builder, ids, out.local, table_shape[axis], check,
+                                             op_name, table, out.mesh_dim));
+  }
   return out;
 }
 

@@ -35,10 +35,29 @@ Layout UnshardedOver(const Layout& layout, int mesh_dim);
 LocalOpOptions DistinctOver(int mesh_dim, std::vector<AttrOverride> overrides,
                             bool copy_attrs = false);
 
+// Which ids one device's kernel refuses (on CPUs; GPU kernels skip bad ids silently):
+// none checked, ids outside [0, rows) (gathers, scatters), or ids >= rows (segment
+// reductions, which drop negative ids).
+enum class IdRange { kUnchecked, kInRange, kBelowRows };
+
+// `ids` checked as one device's kernel checks them against `rows`: InvalidArgumentError
+// naming `op_name` now when their values are known, else `local` (a value derived from
+// the ids, distinct along `mesh_dim` unless it is -1) returned made to depend on a
+// CheckNumerics that fails on a bad id. `table`: the indexed layout, for the message.
+StatusOr<ValueId> CheckIds(Builder& builder, ValueId ids, ValueId local, int64_t rows,
+                           IdRange check, const std::string& op_name, const Layout& table,
+                           int mesh_dim);
+
 // `ids` (int32/int64, whole along table's sharding of `axis`) made local to each device's
-// block of `axis` of a table of `table_shape` laid out as `table`.
+// block of `axis` of a table of `table_shape` laid out as `table`. With `check`, on a mesh
+// of CPUs, an id the one-device kernel would refuse raises InvalidArgumentError naming
+// `op_name` and the range (eagerly when the ids' values are known, else by a CheckNumerics
+// the local ids depend on), where the masks alone would read it as a row of another block
+// or of none (zeros).
 StatusOr<BlockIds> LocalizeIds(Builder& builder, ValueId ids, const Layout& table,
-                               const std::vector<int64_t>& table_shape, int axis, int64_t fill);
+                               const std::vector<int64_t>& table_shape, int axis, int64_t fill,
+                               const std::string& op_name = "",
+                               IdRange check = IdRange::kUnchecked);
 
 // `mask` (bool, one entry per id) broadcast against a result whose axes are the mask's
 // with `inner` axes inserted after its first `at` axes and `trailing` axes appended:

@@ -76,7 +76,8 @@ class ResourceScatterRule : public Rule {
     }
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
     TFD_ASSIGN_OR_RETURN(BlockIds ids, LocalizeIds(builder, inputs[1], table.value_layout,
-                                                   table.value_shape, 0, 0));
+                                                   table.value_shape, 0, 0, ctx.op_name,
+                                                   IdRange::kInRange));
     const int k = ids.mesh_dim;
     const int trailing = static_cast<int>(table.value_shape.size()) - 1;
     TFD_ASSIGN_OR_RETURN(ValueId mask,

@@ -44,6 +44,11 @@ struct AttrOverride {
   static AttrOverride IntList(std::string name, std::vector<int64_t> values) {
     return {std::move(name), Kind::kIntList, std::move(values)};
   }
+  static AttrOverride Bool(std::string name, bool value) {
+    AttrOverride a{std::move(name), Kind::kBool, {}};
+    a.boolean = value;
+    return a;
+  }
   static AttrOverride String(std::string name, std::string value) {
     AttrOverride a{std::move(name), Kind::kString, {}};
     a.text = std::move(value);

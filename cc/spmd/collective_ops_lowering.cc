@@ -401,6 +401,7 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
   specs[dim] = DimSpec::Replicated();
   TFD_ASSIGN_OR_RETURN(Layout out_layout, layout.WithSpecs(specs).WithPartial(layout.partial()));
   if (IsEmpty(b, value)) return EmptyResult(run, value, out_layout);
+  if (layout.NumShards(dim) == 1) return SameBlocks(run, value, out_layout);
   const std::vector<int64_t> global = b.shape(value);
   const CollectiveGroups& groups = CollectiveGroups::For(mesh, spec.mesh_dims());
   const int n = mesh.num_local_devices();

@@ -112,6 +112,20 @@ const CollectiveLowering& CollectiveLowering::For(const Mesh& mesh) {
   return lowering;
 }
 
+StatusOr<ValueId> SameBlocks(CollectiveRunner& run, ValueId value, const Layout& out_layout) {
+  Builder& b = run.builder();
+  std::vector<LocalHandle> out;
+  for (int d = 0; d < run.mesh().num_local_devices(); ++d) {
+    StatusOr<LocalHandle> h = run.Share(run.Local(value, d), d);
+    if (!h.ok()) {
+      run.DiscardAll(out);
+      return h.status();
+    }
+    out.push_back(*h);
+  }
+  return run.AddValue(out_layout, b.shape(value), b.dtype(value), out);
+}
+
 StatusOr<LocalHandle> CollectiveRunner::Host(const std::vector<int64_t>& values,
                                              const std::vector<int64_t>& shape, int dtype) {
   TFD_ASSIGN_OR_RETURN(ValueId value, builder().HostConstant(values, shape, dtype));

@@ -82,6 +82,12 @@ class CollectiveRunner {
   bool SameCoords(int a, int b, const std::vector<int>& mesh_dims) const;
 };
 
+// `value`'s blocks as they are, under `out_layout` (an axis sharded over mesh dimensions
+// of size 1 is whole on every device): each device's own handle, shared or copied in
+// place. Gathers over such an axis take it instead of a one-input concatenation, which TF
+// refuses ("attr 'N' of 1 must be at least minimum 2").
+StatusOr<ValueId> SameBlocks(CollectiveRunner& run, ValueId value, const Layout& out_layout);
+
 class CollectiveLowering {
  public:
   virtual ~CollectiveLowering() = default;

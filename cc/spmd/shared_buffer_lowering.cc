@@ -387,6 +387,7 @@ StatusOr<ValueId> SharedBuffer::AllGather(CollectiveRunner& run, ValueId value, 
   const int n = run.mesh().num_local_devices();
   const std::vector<int>& leaders = GroupLeaders(run.mesh(), key_dims);
   const int64_t pieces = layout.NumShards(dim);
+  if (pieces == 1) return SameBlocks(run, value, out_layout);  // mesh dims of size 1
   TFD_ASSIGN_OR_RETURN(LocalHandle axis, run.Host({dim}, {}, TF_INT32));
   Handles out(n, LocalHandle{});
   LocalOpOptions options;
@@ -447,17 +448,7 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
   Handles out(n, LocalHandle{});
   const std::vector<int> in_leaders = LocalLeaders(run.mesh(), layout.DistinctMeshDims());
   const std::vector<int> out_leaders = LocalLeaders(run.mesh(), out_layout.DistinctMeshDims());
-  if (pieces == 1) {  // a mesh dimension of size 1: only the spec moves
-    for (int d = 0; d < n; ++d) {
-      StatusOr<LocalHandle> h = run.Share(run.Local(value, d), d);
-      if (!h.ok()) {
-        for (int e = 0; e < d; ++e) run.Discard(out[e]);
-        return h.status();
-      }
-      out[d] = *h;
-    }
-    return run.AddValue(out_layout, global, dtype, out);
-  }
+  if (pieces == 1) return SameBlocks(run, value, out_layout);  // only the spec moves
   // The exchange pairs devices that agree on every other distinct mesh dim.
   std::vector<int> other_dims;
   for (int k : layout.DistinctMeshDims()) {

@@ -365,11 +365,22 @@ def test_public_names_exist_in_tf():
     assert ours_only == ["set_strict_mode"]
 
 
+# Options of ours beyond TensorFlow's, keyword-only with a default that keeps TensorFlow's
+# behaviour: code written for TensorFlow's signature runs unchanged.
+_EXTRA_KEYWORDS = {"pack": ["run_check"]}
+
+
 @pytest.mark.parametrize("name", _FUNCTIONS)
 def test_signature_parity(name):
-    ours = list(inspect.signature(getattr(dtensor, name)).parameters)
+    signature = inspect.signature(getattr(dtensor, name))
+    ours = list(signature.parameters)
     theirs = list(inspect.signature(getattr(builtin, name)).parameters)
-    assert ours == theirs
+    extras = _EXTRA_KEYWORDS.get(name, [])
+    assert ours == theirs + extras
+    for extra in extras:
+        parameter = signature.parameters[extra]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        assert parameter.default is not inspect.Parameter.empty
 
 
 @pytest.mark.parametrize("name", ["Mesh", "Layout", "DVariable"])

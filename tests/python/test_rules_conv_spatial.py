@@ -430,7 +430,9 @@ def test_max_pool_gradient_keeps_spatial_sharding(spec, shape, k, s, padding, in
     got = run_without_fallback(fn, to_dtensor(x, layout_of(spec, mesh)))
     np.testing.assert_allclose(reassemble(got), want, rtol=1e-5, atol=1e-5)
     kept = padding == "SAME" or k == s
-    assert (dtensor.fetch_layout(got) == layout_of(spec, mesh)) == kept
+    # Whether the rule keeps the sharding shows inside tf.function; an eager tape gives a
+    # replicated gradient its source's layout (tf_dtensor/_tape.py).
+    assert (dtensor.fetch_layout(got) == layout_of(spec, mesh)) == (kept or not in_function)
 
 
 def test_max_pool3d_gradient(mesh_2x2):
@@ -468,7 +470,9 @@ def test_avg_pool_gradient(spec, k, s, padding, kept, in_function, mesh_2x2):
     got = run_without_fallback(fn, to_dtensor(x, layout_of(spec, mesh)))
     np.testing.assert_allclose(reassemble(got), grad(tf.constant(x)).numpy(), rtol=1e-5,
                                atol=1e-5)
-    assert (dtensor.fetch_layout(got) == layout_of(spec, mesh)) == kept
+    # Whether the rule keeps the sharding shows inside tf.function; an eager tape gives a
+    # replicated gradient its source's layout (tf_dtensor/_tape.py).
+    assert (dtensor.fetch_layout(got) == layout_of(spec, mesh)) == (kept or not in_function)
 
 
 def test_partial_input_keeps_its_sum_through_the_halo(mesh_2x2):

@@ -6,7 +6,9 @@ namespace tf_dtensor {
 namespace {
 
 using testing::CheckBackwardTable;
+using testing::Cat;
 using testing::CheckRuleTable;
+using testing::IdCheckSteps;
 using testing::HScalar;
 using testing::MakeMesh;
 using testing::RuleRow;
@@ -24,30 +26,32 @@ TEST(GatherRules, TwoDimensionalMesh) {
        {"local GatherV2 [*,y] [x] host [] -> [x,y]"}},
       {"GatherV2", {T("[x,*]", {8, 8}), T("[*]", {8}, TF_INT32), HScalar(0)},
        "[x,*] [*] host -> [*,*]",
-       {"host constant [0, 4] int32", "broadcast host [2] -> [*] @ mesh(x=2,y=2)",
+       Cat({{"host constant [0, 4] int32", "broadcast host [2] -> [*] @ mesh(x=2,y=2)",
         "slice axis 0 over x [*] -> [x]", "host constant [4, 8] int32",
         "broadcast host [2] -> [*] @ mesh(x=2,y=2)", "slice axis 0 over x [*] -> [x]",
         "local GreaterEqual [*] [x] -> [*] T=int32", "local Less [*] [x] -> [*] T=int32",
         "local LogicalAnd [*] [*] -> [*]", "local Sub [*] [x] -> [*] T=int32",
-        "local ZerosLike [*] -> [*] T=int32", "local SelectV2 [*] [*] [*] -> [*] T=int32",
-        "local GatherV2 [x,*] [*] host [] -> [*,*]", "host constant [1] int32",
+        "local ZerosLike [*] -> [*] T=int32", "local SelectV2 [*] [*] [*] -> [*] T=int32"},
+            IdCheckSteps("[*]", "GatherV2", 8, "[x,*] @ mesh(x=2,y=2)"),
+            {"local GatherV2 [x,*] [*] host [] -> [*,*]", "host constant [1] int32",
         "local ExpandDims [*] host [] -> [*,*] T=bool Tdim=int32",
         "local ZerosLike [*,*] -> [*,*] T=float32",
         "local SelectV2 [*,*] [*,*] [*,*] -> [*,*] +partial(x:sum) T=float32",
-        "all-reduce(sum) [*,*] +partial(x:sum) over x"}},
+        "all-reduce(sum) [*,*] +partial(x:sum) over x"}})},
       {"GatherV2", {T("[x,y]", {8, 8}), T("[*]", {8}, TF_INT32), HScalar(1)},
        "[x,y] [*] host -> [x,*]",
-       {"host constant [0, 4] int32", "broadcast host [2] -> [*] @ mesh(x=2,y=2)",
+       Cat({{"host constant [0, 4] int32", "broadcast host [2] -> [*] @ mesh(x=2,y=2)",
         "slice axis 0 over y [*] -> [y]", "host constant [4, 8] int32",
         "broadcast host [2] -> [*] @ mesh(x=2,y=2)", "slice axis 0 over y [*] -> [y]",
         "local GreaterEqual [*] [y] -> [*] T=int32", "local Less [*] [y] -> [*] T=int32",
         "local LogicalAnd [*] [*] -> [*]", "local Sub [*] [y] -> [*] T=int32",
-        "local ZerosLike [*] -> [*] T=int32", "local SelectV2 [*] [*] [*] -> [*] T=int32",
-        "local GatherV2 [x,y] [*] host [] -> [x,*]", "host constant [0] int32",
+        "local ZerosLike [*] -> [*] T=int32", "local SelectV2 [*] [*] [*] -> [*] T=int32"},
+            IdCheckSteps("[*]", "GatherV2", 8, "[x,y] @ mesh(x=2,y=2)"),
+            {"local GatherV2 [x,y] [*] host [] -> [x,*]", "host constant [0] int32",
         "local ExpandDims [*] host [] -> [*,*] T=bool Tdim=int32",
         "local ZerosLike [x,*] -> [x,*] T=float32",
         "local SelectV2 [*,*] [x,*] [x,*] -> [x,*] +partial(y:sum) T=float32",
-        "all-reduce(sum) [x,*] +partial(y:sum) over y"}},
+        "all-reduce(sum) [x,*] +partial(y:sum) over y"}})},
       {"GatherV2", {T("[*,x]", {8, 8}), T("[x]", {8}, TF_INT32), HScalar(0)},
        "[*,x] [*] host -> [*,x]",
        {"all-gather axis 0 [x] -> [*]", "local GatherV2 [*,x] [*] host [] -> [*,x]"}},

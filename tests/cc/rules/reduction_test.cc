@@ -5,7 +5,10 @@ namespace tf_dtensor {
 namespace {
 
 using testing::CheckBackwardTable;
+using testing::Cat;
 using testing::CheckRuleTable;
+using testing::IdCheckSteps;
+using testing::SoftmaxNonFiniteSteps;
 using testing::H;
 using testing::HScalar;
 using testing::MakeMesh;
@@ -40,14 +43,6 @@ TEST(ReductionRules, TwoDimensionalMesh) {
       // Ops without a combining reduction gather the reduced axis first.
       {"ArgMax", {T("[x,y]", {8, 8}), H({0})}, "[*,y] host -> [y]",
        {"all-gather axis 0 [x,y] -> [*,y]", "local ArgMax [*,y] host [1] -> [y]"}},
-      // A sharded class axis stays sharded: row max and row sum all-reduced over y.
-      {"Softmax", {T("[x,y]", {8, 8})}, "[x,y] -> [x,y]",
-       {"host constant [1] int32",
-        "local Max [x,y] host [1] -> [x,*] T=float32 Tidx=int32 keep_dims=true",
-        "all-reduce(max) [x,*] over y", "local Sub [x,y] [x,*] -> [x,y] T=float32",
-        "local Exp [x,y] -> [x,y] T=float32", "host constant [1] int32",
-        "local Sum [x,y] host [1] -> [x,*] T=float32 Tidx=int32 keep_dims=true",
-        "all-reduce(sum) [x,*] over y", "local RealDiv [x,y] [x,*] -> [x,y] T=float32"}},
       {"Cumsum", {T("[x,y]", {8, 8}), H({0})}, "[*,y] host -> [*,y]",
        {"all-gather axis 0 [x,y] -> [*,y]", "local Cumsum [*,y] host [1] -> [*,y]"}},
       {"L2Loss", {T("[x,y]", {8, 8})}, "[x,y] -> []",
@@ -57,6 +52,20 @@ TEST(ReductionRules, TwoDimensionalMesh) {
   };
   CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}), rows);
   CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}, "GPU"), rows);
+  // A sharded class axis stays sharded: row max and row sum all-reduced over y. On CPUs,
+  // rows with NaN or +inf then come out as TF's CPU kernel gives them.
+  const std::vector<std::string> softmax = {
+      "host constant [1] int32",
+      "local Max [x,y] host [1] -> [x,*] T=float32 Tidx=int32 keep_dims=true",
+      "all-reduce(max) [x,*] over y", "local Sub [x,y] [x,*] -> [x,y] T=float32",
+      "local Exp [x,y] -> [x,y] T=float32", "host constant [1] int32",
+      "local Sum [x,y] host [1] -> [x,*] T=float32 Tidx=int32 keep_dims=true",
+      "all-reduce(sum) [x,*] over y", "local RealDiv [x,y] [x,*] -> [x,y] T=float32"};
+  CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}),
+                 {{"Softmax", {T("[x,y]", {8, 8})}, "[x,y] -> [x,y]",
+                   Cat({softmax, SoftmaxNonFiniteSteps("[x,*]", "[x,y]")})}});
+  CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}, "GPU"),
+                 {{"Softmax", {T("[x,y]", {8, 8})}, "[x,y] -> [x,y]", softmax}});
 }
 
 TEST(ReductionRules, OneDimensionalMesh) {
@@ -98,22 +107,28 @@ TEST(ReductionRules, KeepDimsCrossEntropyAndBiasGradients) {
         "local Sub [x,y] [x,*] -> [x,y] T=float32"}},
       {"SparseSoftmaxCrossEntropyWithLogits", {T("[x,y]", {8, 8}), T("[*]", {8}, TF_INT32)},
        "[x,y] [x] -> [x] [x,y]",
-       {"slice axis 0 over x [*] -> [x]", "host constant [1] int32",
-        "local Max [x,y] host [1] -> [x,*] T=float32 Tidx=int32 keep_dims=true",
-        "all-reduce(max) [x,*] over y", "local Sub [x,y] [x,*] -> [x,y] T=float32",
-        "local Exp [x,y] -> [x,y] T=float32", "host constant [1] int32",
-        "local Sum [x,y] host [1] -> [x,*] T=float32 Tidx=int32 keep_dims=true",
-        "all-reduce(sum) [x,*] over y", "host constant [0] int32", "host constant [8] int32",
-        "host constant [1] int32", "local Range host [] host [] host [] -> [*] Tidx=int32",
-        "slice axis 0 over y [*] -> [y]", "host constant [-1, 1] int32",
-        "local Reshape [x] host [2] -> [x,*] T=int32 Tshape=int32",
-        "local Equal [x,*] [y] -> [x,y] T=int32 incompatible_shape_error=true",
-        "local Cast [x,y] -> [x,y] SrcT=bool DstT=float32",
-        "local RealDiv [x,y] [x,*] -> [x,y] T=float32", "local Sub [x,y] [x,y] -> [x,y] T=float32",
-        "local Log [x,*] -> [x,*] T=float32", "local Sub [x,*] [x,y] -> [x,y] T=float32",
-        "local Mul [x,y] [x,y] -> [x,y] T=float32", "host constant [1] int32",
-        "local Sum [x,y] host [1] -> [x] T=float32 Tidx=int32 keep_dims=false",
-        "all-reduce(sum) [x] over y"}},
+       // The row statistics, the labels checked against the 8 classes (as one CPU device
+       // does), the one-hot, and the label's term picked by a select.
+       Cat({{"slice axis 0 over x [*] -> [x]", "host constant [1] int32",
+             "local Max [x,y] host [1] -> [x,*] T=float32 Tidx=int32 keep_dims=true",
+             "all-reduce(max) [x,*] over y", "local Sub [x,y] [x,*] -> [x,y] T=float32",
+             "local Exp [x,y] -> [x,y] T=float32", "host constant [1] int32",
+             "local Sum [x,y] host [1] -> [x,*] T=float32 Tidx=int32 keep_dims=true",
+             "all-reduce(sum) [x,*] over y"},
+            IdCheckSteps("[x]", "SparseSoftmaxCrossEntropyWithLogits", 8,
+                         "[x,y] @ mesh(x=2,y=2)"),
+            {"host constant [0] int32", "host constant [8] int32", "host constant [1] int32",
+             "local Range host [] host [] host [] -> [*] Tidx=int32",
+             "slice axis 0 over y [*] -> [y]", "host constant [-1, 1] int32",
+             "local Reshape [x] host [2] -> [x,*] T=int32 Tshape=int32",
+             "local Equal [x,*] [y] -> [x,y] T=int32 incompatible_shape_error=true",
+             "local Cast [x,y] -> [x,y] SrcT=bool DstT=float32",
+             "local RealDiv [x,y] [x,*] -> [x,y] T=float32",
+             "local Sub [x,y] [x,y] -> [x,y] T=float32", "local Log [x,*] -> [x,*] T=float32",
+             "local Sub [x,*] [x,y] -> [x,y] T=float32", "local ZerosLike [x,y] -> [x,y] T=float32",
+             "local SelectV2 [x,y] [x,y] [x,y] -> [x,y] T=float32", "host constant [1] int32",
+             "local Sum [x,y] host [1] -> [x] T=float32 Tidx=int32 keep_dims=false",
+             "all-reduce(sum) [x] over y"}})},
       {"SoftmaxCrossEntropyWithLogits", {T("[x,y]", {8, 8}), T("[*,*]", {8, 8})},
        "[x,y] [x,y] -> [x] [x,y]",
        {"slice axis 0 over x [*,*] -> [x,*]", "slice axis 1 over y [x,*] -> [x,y]",
@@ -169,7 +184,7 @@ TEST(ReductionRules, SoftmaxKeepsAShardedClassAxis) {
   OpCase softmax("Softmax", mesh);
   softmax.In("[x,y]", {4, 6});
   EXPECT_EQ(softmax.PlanString(), "[x,y] -> [x,y]");
-  EXPECT_LINES(softmax.Steps(), {"host constant [1] int32",
+  EXPECT_LINES(softmax.Steps(), Cat({{"host constant [1] int32",
                                  "local Max [x,y] host [1] -> [x,*] T=float32 Tidx=int32 keep_dims=true",
                                  "all-reduce(max) [x,*] over y",
                                  "local Sub [x,y] [x,*] -> [x,y] T=float32",
@@ -177,7 +192,9 @@ TEST(ReductionRules, SoftmaxKeepsAShardedClassAxis) {
                                  "host constant [1] int32",
                                  "local Sum [x,y] host [1] -> [x,*] T=float32 Tidx=int32 keep_dims=true",
                                  "all-reduce(sum) [x,*] over y",
-                                 "local RealDiv [x,y] [x,*] -> [x,y] T=float32"});
+                                 "local RealDiv [x,y] [x,*] -> [x,y] T=float32"},
+                                     // A row with NaN or +inf as TF's CPU kernel gives it.
+                                     SoftmaxNonFiniteSteps("[x,*]", "[x,y]")}));
 
   OpCase local("LogSoftmax", mesh);
   local.In("[x,*]", {4, 6});
@@ -189,11 +206,15 @@ TEST(ReductionRules, SoftmaxKeepsAShardedClassAxis) {
   EXPECT_LINES(sparse.Collectives(), {"all-reduce(sum) of output 0 over y",
                                       "all-reduce(max) of the row max over y",
                                       "all-reduce(sum) of the row sum over y"});
-  // After the row statistics (as for Softmax): each shard's one-hot against its own
-  // slice of the class indices, backprop = softmax - one_hot, loss = sum of the terms.
+  // After the row statistics (as for Softmax): the labels checked against the classes
+  // (CPU), each shard's one-hot against its own slice of the class indices, backprop =
+  // softmax - one_hot, loss = the sum of the label's terms (picked by a select).
   std::vector<std::string> steps = sparse.Steps();
-  ASSERT_EQ(steps.size(), 25u);
-  EXPECT_LINES(std::vector<std::string>(steps.begin() + 8, steps.end()),
+  ASSERT_EQ(steps.size(), 40u);
+  EXPECT_LINES(std::vector<std::string>(steps.begin() + 8, steps.begin() + 22),
+               IdCheckSteps("[x]", "SparseSoftmaxCrossEntropyWithLogits", 6,
+                            "[x,y] @ mesh(x=2,y=2)"));
+  EXPECT_LINES(std::vector<std::string>(steps.begin() + 22, steps.end()),
                {"host constant [0] int32",
                 "host constant [6] int32",
                 "host constant [1] int32",
@@ -207,7 +228,8 @@ TEST(ReductionRules, SoftmaxKeepsAShardedClassAxis) {
                 "local Sub [x,y] [x,y] -> [x,y] T=float32",
                 "local Log [x,*] -> [x,*] T=float32",
                 "local Sub [x,*] [x,y] -> [x,y] T=float32",
-                "local Mul [x,y] [x,y] -> [x,y] T=float32",
+                "local ZerosLike [x,y] -> [x,y] T=float32",
+                "local SelectV2 [x,y] [x,y] [x,y] -> [x,y] T=float32",
                 "host constant [1] int32",
                 "local Sum [x,y] host [1] -> [x] T=float32 Tidx=int32 keep_dims=false",
                 "all-reduce(sum) [x] over y"});

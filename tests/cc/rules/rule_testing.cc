@@ -244,5 +244,51 @@ void CheckBackwardTable(const Mesh& mesh, const std::vector<BackwardRow>& rows) 
   }
 }
 
+std::vector<std::string> Cat(std::initializer_list<std::vector<std::string>> parts) {
+  std::vector<std::string> out;
+  for (const auto& part : parts) out.insert(out.end(), part.begin(), part.end());
+  return out;
+}
+
+std::vector<std::string> IdCheckSteps(const std::string& ids, const std::string& op,
+                                      int64_t rows, const std::string& table,
+                                      bool nonnegative) {
+  const std::string n = std::to_string(rows);
+  std::vector<std::string> out = {"host constant [" + n + "] int32",
+                                  "local GreaterEqual " + ids + " host [] -> " + ids + " T=int32"};
+  if (nonnegative) {
+    out.push_back("host constant [0] int32");
+    out.push_back("local Less " + ids + " host [] -> " + ids + " T=int32");
+    out.push_back("local LogicalOr " + ids + " " + ids + " -> " + ids);
+  }
+  const std::string range = nonnegative ? "[0, " + n + ")" : "below " + n;
+  std::vector<std::string> rest = {
+      "host constant [0] int32",
+      "local Any " + ids + " host [1] -> [] Tidx=int32 keep_dims=false",
+      "local Cast [] -> [] SrcT=bool DstT=float32",
+      "local OnesLike [] -> [] T=float32",
+      "local Sub [] [] -> [] T=float32",
+      "local Log [] -> [] T=float32",
+      "local CheckNumerics [] -> [] T=float32 message=tf_dtensor " + op +
+          ": an index is out of range " + range + " (axis of " + n + " rows, laid out " + table +
+          "); one device raises InvalidArgumentError for it too. Check the indices against "
+          "the table's size.",
+      "local Cast [] -> [] SrcT=float32 DstT=int32",
+      "local AddV2 " + ids + " [] -> " + ids + " T=int32"};
+  out.insert(out.end(), rest.begin(), rest.end());
+  return out;
+}
+
+std::vector<std::string> SoftmaxNonFiniteSteps(const std::string& row, const std::string& x) {
+  return {"host constant [0] int32",
+          "local Bitcast host [] -> [] T=int32 type=float32",
+          "local Maximum " + row + " [] -> " + row + " T=float32",
+          "local Mul " + row + " [] -> " + row + " T=float32",
+          "local IsNan " + row + " -> " + row + " T=float32",
+          "local Maximum " + x + " [] -> " + x + " T=float32",
+          "local Mul " + x + " [] -> " + x + " T=float32",
+          "local SelectV2 " + row + " " + x + " " + x + " -> " + x + " T=float32"};
+}
+
 }  // namespace testing
 }  // namespace tf_dtensor

@@ -112,6 +112,20 @@ struct RuleRow {
 // Checks every row on `mesh`; a failure names the row ("MatMul([x,*], [*,*]) on ...").
 void CheckRuleTable(const Mesh& mesh, const std::vector<RuleRow>& rows);
 
+// The step lists of a table row, joined.
+std::vector<std::string> Cat(std::initializer_list<std::vector<std::string>> parts);
+
+// The steps that check rank-1 int32 ids of layout `ids` against `rows` on a CPU mesh
+// (CheckIds, cc/rules/row_blocks.cc): ids >= rows and (`nonnegative`) ids < 0 raise through
+// a CheckNumerics named after `op` and the indexed layout `table`.
+std::vector<std::string> IdCheckSteps(const std::string& ids, const std::string& op,
+                                      int64_t rows, const std::string& table,
+                                      bool nonnegative = true);
+
+// The steps Softmax adds on a CPU mesh after the sharded exp / sum (rows with NaN or +inf
+// as TF's CPU kernel gives them): `row` the row statistics' layout, `x` the logits'.
+std::vector<std::string> SoftmaxNonFiniteSteps(const std::string& row, const std::string& x);
+
 // A row of a Backward table: op and arguments (the layouts the forward pass saw), the
 // layouts asked of its outputs ("" for none), and the expected OpCase::Backward.
 struct BackwardRow {

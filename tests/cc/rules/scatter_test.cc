@@ -54,7 +54,8 @@ TEST(ScatterRules, GatherFromRowBlocks) {
   EXPECT_EQ(op.PlanString(), "[x,y] [*] host -> [*,y]");
   EXPECT_EQ(op.Collectives(), std::vector<std::string>{"all-reduce(sum) of output 0 over x"});
   // Uneven blocks [0,4) and [4,7): each device's bounds are a sliced host constant.
-  EXPECT_LINES(op.Steps(), {"host constant [0, 4] int32",
+  // Then (a CPU mesh) the ids checked against the 7 rows, as one device checks them.
+  EXPECT_LINES(op.Steps(), testing::Cat({{"host constant [0, 4] int32",
                             "broadcast host [2] -> [*] @ mesh(x=2,y=2)",
                             "slice axis 0 over x [*] -> [x]",
                             "host constant [4, 7] int32",
@@ -65,13 +66,14 @@ TEST(ScatterRules, GatherFromRowBlocks) {
                             "local LogicalAnd [*] [*] -> [*]",
                             "local Sub [*] [x] -> [*] T=int32",
                             "local ZerosLike [*] -> [*] T=int32",
-                            "local SelectV2 [*] [*] [*] -> [*] T=int32",
-                            "local GatherV2 [x,y] [*] host [] -> [*,y]",
+                            "local SelectV2 [*] [*] [*] -> [*] T=int32"},
+                           testing::IdCheckSteps("[*]", "GatherV2", 7, "[x,y] @ mesh(x=2,y=2)"),
+                           {"local GatherV2 [x,y] [*] host [] -> [*,y]",
                             "host constant [1] int32",
                             "local ExpandDims [*] host [] -> [*,*] T=bool Tdim=int32",
                             "local ZerosLike [*,y] -> [*,y] T=float32",
                             "local SelectV2 [*,*] [*,y] [*,y] -> [*,y] +partial(x:sum) T=float32",
-                            "all-reduce(sum) [*,y] +partial(x:sum) over x"});
+                            "all-reduce(sum) [*,y] +partial(x:sum) over x"}}));
 
   // Ids sharded over the rows' mesh dimension are gathered instead (they are smaller).
   OpCase sharded_ids("GatherV2", mesh);

@@ -43,6 +43,12 @@ MESHES = [
     dtensor.create_mesh([("x", 8)], devices=cpus(8)),
     dtensor.create_mesh([("x", 2), ("y", 2)], devices=cpus(4)),
     dtensor.create_mesh([("x", 2), ("y", 4)], devices=cpus(8)),
+    # Dimensions of size 1 (TensorFlow's tests use meshes like b=1, x=1, y=2), a 3-D mesh,
+    # and devices not in the order 0..n-1.
+    dtensor.create_mesh([("x", 1), ("y", 4)], devices=cpus(4)),
+    dtensor.create_mesh([("x", 2), ("y", 1), ("z", 2)], devices=cpus(4)),
+    dtensor.create_mesh([("x", 2), ("y", 2), ("z", 2)], devices=cpus(8)),
+    dtensor.create_mesh([("x", 4)], devices=[cpus(4)[i] for i in (2, 0, 3, 1)]),
 ]
 
 VERBOSE = bool(os.environ.get("TF_DTENSOR_FUZZ_VERBOSE"))
@@ -156,6 +162,9 @@ class Drawer:
         if dtype.is_integer:
             return self._rng.integers(int(low), int(high) + 1, size=shape).astype(
                 dtype.as_numpy_dtype)
+        if dtype.is_complex:
+            return (self._rng.uniform(low, high, size=shape) +
+                    1j * self._rng.uniform(low, high, size=shape)).astype(dtype.as_numpy_dtype)
         return self._rng.uniform(low, high, size=shape).astype(dtype.as_numpy_dtype)
 
     def axis(self, rank: int, negative: bool = True) -> int:
@@ -368,10 +377,17 @@ def run_strict(fn: Callable, *args):
 def tolerance(dtype: np.dtype, tol: Optional[float]) -> float:
     if tol is not None:
         return tol
+    if dtype == tf.bfloat16.as_numpy_dtype:  # 8 bits of mantissa: sums in another order
+        return 3e-2
+    if dtype == np.float16:
+        return 3e-3
     return 1e-9 if dtype in (np.float64, np.complex128) else 2e-5
 
 
 def assert_close(expected: np.ndarray, actual: np.ndarray, tol: float, what: str) -> None:
+    if expected.dtype == tf.bfloat16.as_numpy_dtype:  # not a NumPy float: compare as float32
+        expected = expected.astype(np.float32)
+        actual = np.asarray(actual).astype(np.float32)
     if np.issubdtype(expected.dtype, np.inexact):   # floats and complex numbers
         np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol, equal_nan=True,
                                    err_msg=what)

@@ -29,8 +29,10 @@ from fuzz_engine import FLOATS, H, T, Call, Drawer, OpSpec
 
 OPS: Dict[str, OpSpec] = {}
 
-INTS = (tf.int32, tf.int64)
-NUMBERS = FLOATS + INTS
+INTS = (tf.int32, tf.int64, tf.int8)
+# Also drawn: bfloat16 and complex64 values. A dtype an op's kernel does not take on one
+# CPU device is a case TensorFlow refuses, which the engine skips (not a mismatch).
+NUMBERS = FLOATS + INTS + (tf.bfloat16, tf.complex64)
 
 
 def op(name: str, grad: bool = True, creation: bool = False,

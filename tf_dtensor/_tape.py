@@ -1,0 +1,73 @@
+"""Eager gradients of DTensors stay DTensors.
+
+`tf.GradientTape.gradient` seeds a target's gradient with a plain `1` on the default
+device and, where no op of the backward pass reads a DTensor (the gradient of `sum(x)`,
+of an empty slice), returns a plain tensor for a DTensor source: computed on one device,
+with the source's shape but none of its layout. TensorFlow's DTensor does the same. Here,
+eagerly and only when a target or a source is a DTensor:
+
+- a DTensor target's missing output gradient is `ones_like(target)`, a DTensor of the
+  target's layout, so the backward pass runs sharded like the forward one;
+- a plain gradient left for a DTensor source (a gradient no sharded op produced, such as
+  unconnected zeros) is moved onto the source's mesh, and a replicated gradient of a
+  sharded source takes the source's layout (each device slices its own block).
+
+Inside `tf.function` the expansion gives every gradient its layout already; nothing
+changes there, nor for code without DTensors.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.python.eager import backprop
+
+from tf_dtensor import api
+from tf_dtensor.layout import Layout
+
+_original_gradient = backprop.GradientTape.gradient
+
+
+def _is_dtensor(value) -> bool:
+    try:
+        return api.is_dtensor(value)
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def _gradient(self, target, sources, output_gradients=None,
+              unconnected_gradients=tf.UnconnectedGradients.NONE):
+    if not tf.executing_eagerly():
+        return _original_gradient(self, target, sources, output_gradients, unconnected_gradients)
+    flat_targets = tf.nest.flatten(target)
+    flat_sources = tf.nest.flatten(sources)
+    dtensor_targets = [_is_dtensor(t) for t in flat_targets]
+    dtensor_sources = [_is_dtensor(s) for s in flat_sources]
+    if not any(dtensor_targets) and not any(dtensor_sources):
+        return _original_gradient(self, target, sources, output_gradients, unconnected_gradients)
+    if output_gradients is None and any(dtensor_targets):
+        output_gradients = [tf.ones_like(t) if is_d else None
+                            for t, is_d in zip(flat_targets, dtensor_targets)]
+    grads = _original_gradient(self, target, sources, output_gradients, unconnected_gradients)
+    flat_grads = tf.nest.flatten(grads, expand_composites=False)
+    if len(flat_grads) != len(flat_sources):
+        return grads
+    fixed = []
+    for source, grad, is_d in zip(flat_sources, flat_grads, dtensor_sources):
+        if is_d and isinstance(grad, tf.Tensor):
+            layout = api.fetch_layout(source)
+            if not _is_dtensor(grad):
+                grad = api.copy_to_mesh(grad, Layout.replicated(layout.mesh, layout.rank))
+            # A replicated gradient of a sharded source takes the source's layout: each
+            # device keeps its own block (a slice, no communication).
+            grad_layout = api.fetch_layout(grad)
+            if (grad_layout != layout and grad_layout.is_fully_replicated() and
+                    grad_layout.mesh == layout.mesh and grad_layout.rank == layout.rank):
+                grad = api.relayout(grad, layout)
+        fixed.append(grad)
+    return tf.nest.pack_sequence_as(grads, fixed)
+
+
+def install() -> None:
+    """Installs the gradient above on tf.GradientTape (once; idempotent)."""
+    if backprop.GradientTape.gradient is not _gradient:
+        backprop.GradientTape.gradient = _gradient
