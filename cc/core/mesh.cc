@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -50,15 +51,36 @@ std::vector<std::string> ParseDevices(const std::string& text) {
 }  // namespace
 
 std::string CanonicalDeviceName(std::string_view device) {
-  std::string name(Trim(device));
-  if (name.rfind("/job:", 0) == 0) return name;
-  if (name.rfind("/device:", 0) == 0) name = name.substr(8);
+  // Every form TensorFlow's device specs take: "CPU:0", "cpu:0", "/device:CPU:0",
+  // "/CPU:0", "job:localhost/replica:0/task:0/TPU:0" (no leading slash, legacy type),
+  // "/job:w/task:1/device:GPU:0" (fields left out take job localhost, replica 0, task 0).
+  const std::string name(Trim(device));
+  std::string job = "localhost", replica = "0", task = "0", type_index;
+  for (const std::string& part : Split(name, '/')) {
+    if (part.empty()) continue;
+    auto value = [&](std::string_view key) -> std::optional<std::string> {
+      if (part.rfind(key, 0) != 0) return std::nullopt;
+      return part.substr(key.size());
+    };
+    if (auto v = value("job:")) {
+      job = *v;
+    } else if (auto v = value("replica:")) {
+      replica = *v;
+    } else if (auto v = value("task:")) {
+      task = *v;
+    } else if (auto v = value("device:")) {
+      type_index = *v;
+    } else {
+      type_index = part;  // "CPU:0", the legacy form without "device:"
+    }
+  }
+  if (type_index.empty()) return name;  // refused by the caller's checks, as written
   // "cpu:0" and "CPU:0" both name the first CPU.
-  for (char& c : name) {
+  for (char& c : type_index) {
     if (c == ':') break;
     c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   }
-  return "/job:localhost/replica:0/task:0/device:" + name;
+  return "/job:" + job + "/replica:" + replica + "/task:" + task + "/device:" + type_index;
 }
 
 bool IsFullDeviceName(std::string_view device) {

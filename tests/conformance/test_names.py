@@ -11,6 +11,8 @@ from tf_dtensor import dtensor
 
 # tf_dtensor's own additions.
 OURS_ONLY = {"set_strict_mode"}
+# Keyword-only options beyond TensorFlow's signature, with defaults that keep its behaviour.
+EXTRA_KEYWORDS = {"pack": ["run_check"]}
 
 _REFERENCE_NAMES = sorted(n for n in dir(reference) if not n.startswith("_"))
 
@@ -21,8 +23,12 @@ def test_public_name_exists(name):
     ours, theirs = getattr(dtensor, name), getattr(reference, name)
     assert callable(ours) == callable(theirs)
     if inspect.isfunction(theirs) and inspect.isfunction(ours):
-        assert (list(inspect.signature(ours).parameters) ==
-                list(inspect.signature(theirs).parameters)), name
+        extras = EXTRA_KEYWORDS.get(name, [])
+        ours_parameters = inspect.signature(ours).parameters
+        assert (list(ours_parameters) ==
+                list(inspect.signature(theirs).parameters) + extras), name
+        for extra in extras:
+            assert ours_parameters[extra].kind is inspect.Parameter.KEYWORD_ONLY, name
 
 
 def test_no_public_name_beyond_tensorflow_and_our_additions():

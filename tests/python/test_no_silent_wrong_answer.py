@@ -235,3 +235,19 @@ def test_from_local_run_check():
     with pytest.raises(tf_dtensor.PackError, match="from_local"):
         from_local([a, b, a, a], mesh, [Shard(0), Replicate()], run_check=True)
     from_local([a, a, b, b], mesh, [Shard(0), Replicate()], run_check=True)
+
+
+# --- device names ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,full", [
+    ("/CPU:0", "/job:localhost/replica:0/task:0/device:CPU:0"),
+    ("job:localhost/replica:0/task:0/TPU:0", "/job:localhost/replica:0/task:0/device:TPU:0"),
+    ("/job:localhost/replica:0/task:0/TPU:0", "/job:localhost/replica:0/task:0/device:TPU:0"),
+    ("/job:localhost/task:0/device:GPU:0", "/job:localhost/replica:0/task:0/device:GPU:0"),
+    ("/job:worker/replica:0/task:1/device:CPU:0", "/job:worker/replica:0/task:1/device:CPU:0"),
+])
+def test_single_device_mesh_from_every_device_form_tensorflow_takes(name, full):
+    """TensorFlow's DTensor accepts these forms (its own tests build meshes from them)."""
+    mesh = dtensor.Mesh.from_device(name)
+    assert mesh.is_single_device()
+    assert mesh.single_device == full

@@ -184,6 +184,14 @@ TEST(Mesh, SingleDeviceMesh) {
 TEST(Mesh, DeviceNameHelpers) {
   EXPECT_EQ(CanonicalDeviceName("cpu:3"), "/job:localhost/replica:0/task:0/device:CPU:3");
   EXPECT_EQ(CanonicalDeviceName("/device:GPU:1"), "/job:localhost/replica:0/task:0/device:GPU:1");
+  // The forms TensorFlow's device specs take (TF's own DTensor tests use several).
+  EXPECT_EQ(CanonicalDeviceName("/CPU:0"), "/job:localhost/replica:0/task:0/device:CPU:0");
+  EXPECT_EQ(CanonicalDeviceName("job:localhost/replica:0/task:0/TPU:0"),
+            "/job:localhost/replica:0/task:0/device:TPU:0");
+  EXPECT_EQ(CanonicalDeviceName("/job:worker/task:1/device:gpu:2"),
+            "/job:worker/replica:0/task:1/device:GPU:2");
+  EXPECT_EQ(CanonicalDeviceName("/job:w/replica:0/task:3/device:CPU:0"),
+            "/job:w/replica:0/task:3/device:CPU:0");
   EXPECT_EQ(ShortDeviceName(kGpu0), "GPU:0");
   EXPECT_EQ(DeviceType(kGpu0), "GPU");
   EXPECT_TRUE(IsFullDeviceName(kCpu0));
