@@ -82,6 +82,17 @@ class Api:
             else:
                 os.environ.pop(name, None)
 
+    def place(self, value: np.ndarray, specs: List[str], devices: List[str]):
+        """`value` on the first device (plain), or on a mesh of `devices` laid out as
+        `specs` (mesh dimension "x")."""
+        if self.api is None:
+            with tf.device(devices[0]):
+                return tf.constant(value)
+        mesh = mesh_of(self.api, devices)
+        whole = self.api.copy_to_mesh(tf.constant(value),
+                                      self.api.Layout.replicated(mesh, value.ndim))
+        return self.api.relayout(whole, self.api.Layout(specs, mesh))
+
     def read(self, t) -> np.ndarray:
         """Waits for `t` by reading one element of it (of its first component): reading a
         whole large result would time the copy to the host."""
@@ -164,16 +175,8 @@ def mlp_runner(col: Api, devices: List[str], steps: int):
 def add_runner(col: Api, devices: List[str], chain: int):
     value = np.random.RandomState(1).rand(512, 8).astype(np.float32)
     col.enter()
-    api = col.api
-    if api is None:
-        with tf.device(devices[0]):
-            a, b = tf.constant(value), tf.constant(value)
-    else:
-        mesh = mesh_of(api, devices)
-        layout = api.Layout(["x", "unsharded"], mesh)
-        a = api.pack(np.split(value, len(devices)), layout)
-        b = api.pack(np.split(value, len(devices)), layout)
-    col.enter()
+    a = col.place(value, ["x", "unsharded"], devices)
+    b = col.place(value, ["x", "unsharded"], devices)
     check = col.whole(a + b)
 
     def sample():
@@ -195,16 +198,8 @@ def matmul_runner(col: Api, devices: List[str], size: int):
     rng = np.random.RandomState(2)
     av, bv = rng.rand(size, size).astype(np.float32), rng.rand(size, size).astype(np.float32)
     col.enter()
-    api = col.api
-    if api is None:
-        with tf.device(devices[0]):
-            a, b = tf.constant(av), tf.constant(bv)
-    else:
-        mesh = mesh_of(api, devices)
-        a = api.relayout(api.copy_to_mesh(tf.constant(av), api.Layout.replicated(mesh, 2)),
-                         api.Layout(["unsharded", "x"], mesh))
-        b = api.relayout(api.copy_to_mesh(tf.constant(bv), api.Layout.replicated(mesh, 2)),
-                         api.Layout(["x", "unsharded"], mesh))
+    a = col.place(av, ["unsharded", "x"], devices)
+    b = col.place(bv, ["x", "unsharded"], devices)
     fn = tf.function(tf.matmul)
     col.enter()
     check = col.whole(fn(a, b))

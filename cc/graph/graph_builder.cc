@@ -350,6 +350,15 @@ StatusOr<ValueId> GraphBuilder::HostConstant(const std::vector<int64_t>& values,
 
 namespace {
 
+// The inputs that read `output`, taken before any of them is rewired.
+std::vector<TF_Input> Consumers(TF_Output output) {
+  std::vector<TF_Input> consumers(TF_OperationOutputNumConsumers(output));
+  const int count =
+      TF_OperationOutputConsumers(output, consumers.data(), static_cast<int>(consumers.size()));
+  consumers.resize(count);
+  return consumers;
+}
+
 size_t DTypeBytes(int dtype) {
   switch (dtype) {
     case TF_BOOL: case TF_INT8: case TF_UINT8: return 1;
@@ -417,11 +426,7 @@ StatusOr<std::map<TF_Operation*, TF_Output>> GraphBuilder::CombineAllReduces() {
   // all-reduce and keep the gradients' all-reduces from joining the loss's.
   for (PendingAllReduce& p : pending_) {
     for (size_t d = 0; d < p.stand_ins.size(); ++d) {
-      const TF_Output from{p.stand_ins[d], 0};
-      const int count = TF_OperationOutputNumConsumers(from);
-      std::vector<TF_Input> consumers(count);
-      TF_OperationOutputConsumers(from, consumers.data(), count);
-      for (const TF_Input& c : consumers) {
+      for (const TF_Input& c : Consumers(TF_Output{p.stand_ins[d], 0})) {
         const std::string_view type = TF_OperationOpType(c.oper);
         if (type == "OnesLike" || type == "ZerosLike" || type == "Shape" || type == "ShapeN" ||
             type == "Size" || type == "Rank") {
@@ -583,11 +588,7 @@ StatusOr<std::map<TF_Operation*, TF_Output>> GraphBuilder::CombineAllReduces() {
       // Every consumer of a stand-in reads the result instead.
       for (size_t k = 0; k < group.size(); ++k) {
         TF_Operation* stand_in = pending_[group[k]].stand_ins[d];
-        const TF_Output from{stand_in, 0};
-        const int count = TF_OperationOutputNumConsumers(from);
-        std::vector<TF_Input> consumers(count);
-        TF_OperationOutputConsumers(from, consumers.data(), count);
-        for (const TF_Input& c : consumers) {
+        for (const TF_Input& c : Consumers(TF_Output{stand_in, 0})) {
           TF_UpdateEdge(graph_, results[k], c, status_);
           TFD_RETURN_IF_ERROR(FromTF(status_, "wiring a combined all-reduce's result"));
         }
