@@ -28,6 +28,28 @@ from tf_dtensor.placements import *  # noqa: E402,F401,F403
 
 _tape.install()  # eager gradients of DTensors stay DTensors (tf_dtensor/_tape.py)
 
+
+def _install_keras() -> None:
+    """Keras' distribution API on tf_dtensor, when Keras 3 runs on TensorFlow here.
+
+    TensorFlow 2.21 imports Keras 3 with itself, so Keras is loaded by now where it is
+    installed; `import tf_dtensor.keras` does the same explicitly (and raises where it cannot).
+    """
+    import sys
+    import warnings
+    keras = sys.modules.get("keras")
+    if keras is None or "keras.src.backend.tensorflow.trainer" not in sys.modules:
+        return
+    try:
+        if keras.backend.backend() != "tensorflow":
+            return
+        import tf_dtensor.keras  # noqa: F401  (installs the hooks)
+    except ImportError as error:
+        warnings.warn(f"keras.distribution is not served by tf_dtensor: {error}")
+
+
+_install_keras()
+
 __version__ = "0.1.0"
 
 __all__ = ["debug", "dtensor", "LayoutError", "MeshError", "PackError", "RelayoutError",

@@ -1,0 +1,245 @@
+"""Keras' backend distribution library, implemented with tf_dtensor.
+
+These are the functions Keras 3 calls as `keras.src.backend.distribution_lib.<name>` (the
+JAX backend's contract): `_hooks.install()` puts each name in `BACKEND_FUNCTIONS` into
+TensorFlow's backend module. The helpers below them lay values out on a mesh and bring
+them back to the host for Keras. Only Keras' public distribution API is used here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from typing import Any, List, Optional
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from tf_dtensor import api, config
+from tf_dtensor import _placement_api
+from tf_dtensor.layout import UNSHARDED, Layout
+from tf_dtensor.mesh import Mesh
+from tf_dtensor.variable import DVariable
+
+BACKEND_FUNCTIONS = ("list_devices", "get_device_count", "distribute_tensor",
+                     "distribute_value", "distribute_variable", "distribute_data_input",
+                     "initialize", "num_processes", "process_id", "_to_backend_mesh",
+                     "_to_backend_layout")
+
+
+class ReplicatedVariableWarning(UserWarning):
+    """A large Keras variable that no LayoutMap rule matched is replicated on every device."""
+
+
+# Bytes per device from which a variable no LayoutMap rule matched is reported.
+_WARN = {"bytes": 1 << 20}
+
+
+def set_replicated_warning_bytes(nbytes: Optional[int]) -> None:
+    """Report unmatched variables of at least `nbytes` per device (None: never). 1 MiB first."""
+    if nbytes is not None and (not isinstance(nbytes, int) or nbytes < 0):
+        raise ValueError(f"`nbytes` must be a non-negative int or None; got {nbytes!r}.")
+    _WARN["bytes"] = nbytes
+
+
+def active_distribution():
+    from keras import distribution  # public API; Keras is imported once this runs
+    return distribution.distribution()
+
+
+# ---- devices, meshes, layouts ----
+
+def list_devices(device_type=None) -> List[str]:
+    """Keras' device names (`"cpu:0"`, `"gpu:3"`): accelerators if any, else CPUs."""
+    kind = device_type.upper() if device_type else None
+    devices = tf.config.list_logical_devices(kind)
+    if kind is None:
+        accelerators = [d for d in devices if d.device_type != "CPU"]
+        devices = accelerators or [d for d in devices if d.device_type == "CPU"]
+    return [f"{d.device_type.lower()}:{d.name.rsplit(':', 1)[-1]}" for d in devices]
+
+
+def get_device_count(device_type=None) -> int:
+    return len(list_devices(device_type))
+
+
+_SHORT_DEVICE = re.compile(r"^([A-Za-z_]+):(\d+)$")
+
+
+def _device_name(device: Any) -> str:
+    name = str(device)
+    short = _SHORT_DEVICE.match(name)
+    return f"{short.group(1).upper()}:{short.group(2)}" if short else name
+
+
+def _to_backend_mesh(device_mesh) -> Mesh:
+    """A Keras `DeviceMesh` as a tf_dtensor `Mesh` (same axis names, shape, devices)."""
+    devices = [_device_name(d) for d in np.asarray(device_mesh.devices).flatten()]
+    return config.create_mesh(list(zip(device_mesh.axis_names, device_mesh.shape)),
+                              devices=devices)
+
+
+def _to_backend_layout(tensor_layout) -> Layout:
+    """A Keras `TensorLayout` as a tf_dtensor `Layout` (None axes are unsharded)."""
+    if tensor_layout.device_mesh is None:
+        raise ValueError(
+            f"Cannot lay out with {tensor_layout}: its `device_mesh` is not set. Give the "
+            f"TensorLayout a DeviceMesh, or use it in a LayoutMap (which sets it).")
+    specs = [axis if axis is not None else UNSHARDED for axis in tensor_layout.axes]
+    return Layout(specs, tensor_layout.device_mesh.backend_mesh)
+
+
+def to_layout(layout: Any, rank: int) -> Layout:
+    """A tf_dtensor `Layout` from a Keras `TensorLayout` or a `Layout`, checked against `rank`."""
+    if isinstance(layout, Layout):
+        result = layout
+    elif hasattr(layout, "backend_layout"):
+        result = layout.backend_layout
+    else:
+        raise TypeError(f"Expected a keras.distribution.TensorLayout or a tf_dtensor Layout; "
+                        f"got {type(layout).__name__}: {layout!r}.")
+    if result.rank != rank:
+        raise ValueError(f"Layout {result.short()} has rank {result.rank} but the value has "
+                         f"rank {rank}; give one sharding spec per axis.")
+    return result
+
+
+# ---- values ----
+
+def _is_keras_tensor(value) -> bool:
+    from keras import KerasTensor
+    return isinstance(value, KerasTensor)
+
+
+def distribute_tensor(tensor, layout):
+    """`tensor` laid out as `layout` (a TensorLayout or Layout), eagerly or while tracing.
+
+    A regular tensor is sliced on each device (no device receives the whole value); a
+    DTensor is relayouted, and returned as is when it already has the layout.
+    """
+    if _is_keras_tensor(tensor):
+        return tensor  # symbolic (functional model construction): nothing to place
+    if isinstance(tensor, tf.Variable) and not api.is_dtensor(tensor):
+        tensor = tensor.value()
+    rank = len(tensor.shape)
+    layout = to_layout(layout, rank)
+    if not context.executing_eagerly():
+        return api.relayout(tensor, layout)
+    if api.is_dtensor(tensor):
+        if isinstance(tensor, tf.Variable):
+            tensor = tensor.read_value()
+        return tensor if api.fetch_layout(tensor) == layout else api.relayout(tensor, layout)
+    return api.copy_to_mesh(tensor, layout)
+
+
+def distribute_value(value, tensor_layout):
+    """A host value (numpy array, tensor) laid out as `tensor_layout`."""
+    return distribute_tensor(tf.convert_to_tensor(value), tensor_layout)
+
+
+def distribute_variable(value, layout, **kwargs) -> DVariable:
+    """A `DVariable` holding `value` laid out as `layout`."""
+    if callable(value):
+        layout = to_layout(layout, len(kwargs.pop("shape")))
+        return DVariable(value, layout=layout, **kwargs)
+    value = tf.convert_to_tensor(value) if not api.is_dtensor(value) else value
+    return DVariable(distribute_tensor(value, layout), **kwargs)
+
+
+def make_dvariable(initial, **kwargs) -> DVariable:
+    return DVariable(initial, **kwargs)
+
+
+def distribute_data_input(per_process_batch, layout, batch_dim_name):
+    """This process's batch as the global batch laid out as `layout`.
+
+    One process holds every device of the mesh, so its batch is the global batch.
+    """
+    del batch_dim_name  # the layout names it
+    if config.num_clients() > 1:
+        raise NotImplementedError(
+            "distribute_data_input across several processes needs tf_dtensor's multi-client "
+            "runtime, which this build does not have yet; run one process that holds the mesh.")
+    return distribute_value(per_process_batch, layout)
+
+
+def lay_out_batch(batch, mesh: Mesh):
+    """A host batch (any nest) on `mesh`: as the active distribution says, else replicated."""
+    distribution = active_distribution()
+
+    def place(value):
+        if value is None or api.is_dtensor(value):
+            return value
+        value = tf.convert_to_tensor(value)
+        rank = len(value.shape)
+        if distribution is not None and rank > 0:
+            layout = to_layout(distribution.get_data_layout(value.shape), rank)
+        else:
+            layout = Layout.replicated(mesh, rank)
+        return api.copy_to_mesh(value, layout)
+
+    return tf.nest.map_structure(place, batch)
+
+
+def _plain(value):
+    if api.is_dtensor(value):
+        return _placement_api.full_tensor(value)
+    return value
+
+
+def to_host(outputs):
+    """Every DTensor in `outputs` (any nest) as a regular tensor holding its whole value."""
+    return tf.nest.map_structure(_plain, outputs)
+
+
+def to_numpy(value) -> np.ndarray:
+    """The whole value of a tensor or variable as a numpy array (shards gathered)."""
+    return np.asarray(_plain(value).numpy())
+
+
+def bytes_per_device(shape, dtype, layout: Optional[Layout]) -> int:
+    """Bytes of the largest block of a `shape` tensor laid out as `layout` (None: whole)."""
+    block = layout.local_shape(list(shape)) if layout is not None and len(shape) else shape
+    return int(np.prod(block, dtype=np.int64)) * tf.as_dtype(dtype).size
+
+
+def warn_if_replicated(variable, layout: Layout, rule: Optional[str], tried: List[str]) -> None:
+    """Warns when a large variable that no LayoutMap rule matched ends up replicated."""
+    threshold = _WARN["bytes"]
+    if threshold is None or not rule or not rule.startswith("no LayoutMap rule"):
+        return
+    if not layout.is_fully_replicated() or layout.mesh.size <= 1:
+        return
+    nbytes = bytes_per_device(variable.shape, variable.dtype, layout)
+    if nbytes < threshold:
+        return
+    warnings.warn(
+        f"Keras variable `{variable.path}` (shape {tuple(variable.shape)}, {variable.dtype}, "
+        f"{nbytes / (1 << 20):.2f} MiB) matched no LayoutMap rule, so every one of the "
+        f"{layout.mesh.size} devices of {layout.mesh} holds all of it. Rules tried: "
+        f"{tried or 'none'}. Add a key that `re.fullmatch`es {variable.path!r} to shard it, "
+        f"or raise the threshold with `tf_dtensor.keras.set_replicated_warning_bytes(n)`.",
+        ReplicatedVariableWarning, stacklevel=4)
+
+
+# ---- processes ----
+
+def initialize(job_addresses=None, num_processes=None, process_id=None):
+    """Brings up the accelerator system, with TensorFlow's DTENSOR_* conventions."""
+    if job_addresses:
+        os.environ["DTENSOR_JOBS"] = job_addresses
+    if num_processes is not None:
+        os.environ["DTENSOR_NUM_CLIENTS"] = str(num_processes)
+    if process_id is not None:
+        os.environ["DTENSOR_CLIENT_ID"] = str(process_id)
+    config.initialize_accelerator_system()
+
+
+def num_processes() -> int:
+    return config.num_clients()
+
+
+def process_id() -> int:
+    return config.client_id()

@@ -1,0 +1,81 @@
+"""`explain(model)`: how each variable of a Keras model is laid out, and why."""
+
+from __future__ import annotations
+
+from typing import Callable, List, NamedTuple, Optional
+
+from tf_dtensor.keras import _backend, _hooks
+
+
+class VariablePlan(NamedTuple):
+    """One variable: its path, the rule that gave its layout, and what that costs a device."""
+    path: str
+    shape: tuple
+    dtype: str
+    rule: str
+    layout: Optional[str]      # short form, None when the variable is not on a mesh
+    bytes_per_device: int      # the largest block
+    divides: bool              # False: uneven blocks (allowed; the last ones are smaller)
+
+
+def _plan(variable) -> VariablePlan:
+    shape = tuple(int(d) for d in variable.shape)
+    dtype = str(variable.dtype)
+    if not _hooks.is_distributed(variable):
+        return VariablePlan(variable.path, shape, dtype, "not on a mesh (no distribution)",
+                            None, _backend.bytes_per_device(shape, dtype, None), True)
+    layout = variable._value.layout
+    rule = getattr(variable, "_tf_dtensor_rule", None) or "given to the variable"
+    return VariablePlan(variable.path, shape, dtype, rule, layout.short(),
+                        _backend.bytes_per_device(shape, dtype, layout),
+                        bool(layout.is_even(shape)))
+
+
+def _variables(model) -> list:
+    seen, result = set(), []
+    optimizer = getattr(model, "optimizer", None)
+    extra = list(optimizer.variables) if optimizer is not None and optimizer.built else []
+    for variable in list(model.weights) + extra:
+        if id(variable) not in seen:
+            seen.add(id(variable))
+            result.append(variable)
+    return result
+
+
+def explain(model, print_fn: Optional[Callable[[str], None]] = print) -> List[VariablePlan]:
+    """Prints and returns, per variable of `model` (and its built optimizer), its layout plan.
+
+    Each row: the variable's path, shape and dtype; the rule that laid it out (the
+    `LayoutMap` key that matched, a layer layout argument, `DataParallel`, or "no LayoutMap
+    rule matched: replicated"); its layout; the bytes of its largest block on one device;
+    and whether its shape divides the mesh dimensions that shard it. Shapes that do not
+    divide are allowed: the blocks are ceil(n/k) long and the last ones shorter.
+
+    Example:
+      >>> tf_dtensor.keras.explain(model)
+      path                  shape      layout                  per device  rule
+      dense/kernel          (16, 32)   [*,model] @ mesh(...)   512 B       LayoutMap['dense/kernel']
+    """
+    plans = [_plan(variable) for variable in _variables(model)]
+    if print_fn is not None:
+        print_fn(format_plans(plans))
+    return plans
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def format_plans(plans: List[VariablePlan]) -> str:
+    header = ("path", "shape", "dtype", "layout", "per device", "divides", "rule")
+    rows = [header] + [(p.path, str(p.shape), p.dtype, p.layout or "-", _size(p.bytes_per_device),
+                        "yes" if p.divides else "no (uneven)", p.rule) for p in plans]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+             for row in rows]
+    total = sum(p.bytes_per_device for p in plans)
+    lines.append(f"{len(plans)} variables, {_size(total)} on the busiest device at most")
+    return "\n".join(lines)

@@ -1,0 +1,278 @@
+"""Every place tf_dtensor touches Keras' internals, in one module (Keras 3.15).
+
+Keras 3 asks its backend for a small distribution library (`list_devices`,
+`distribute_tensor`, `distribute_data_input`, ...); on TensorFlow that library is an
+unfinished prototype. `install()` puts tf_dtensor's in its place and changes four things:
+
+- `keras.src.backend.tensorflow.distribution_lib`: the backend functions (`_backend.py`).
+- `keras.src.backend.tensorflow.core.Variable`: a variable that has a layout (from the
+  active distribution, a layer layout argument or its optimizer reference) is backed by a
+  `DVariable` made directly in that layout; reading it whole (`numpy()`, `np.array`)
+  gathers its shards.
+- `keras.src.backend.tensorflow.trainer.TensorFlowTrainer.make_{train,test,predict}_function`:
+  for a model with DVariables, each host batch is laid out on the mesh (batch-sharded
+  under a distribution) before the step runs, and the step's outputs come back as regular
+  tensors before Keras reads them.
+
+Everything else (LayoutMap matching, `get_variable_layout`, optimizers, metrics, saving)
+is Keras' own code running on DTensors. Keras internals move between releases, so
+`check_version` refuses a Keras minor version that these hooks were not tested with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import threading
+from typing import Any, Dict, Iterator, List, Optional
+
+import tensorflow as tf
+
+from tf_dtensor import api
+from tf_dtensor.keras import _backend
+
+# The Keras minor version these hooks were written and tested against.
+KERAS_SERIES = "3.15"
+
+_STATE = threading.local()
+_INSTALLED = {"done": False}
+
+
+def check_version(version: str) -> None:
+    """Raises ImportError unless `version` is of the tested Keras series."""
+    if version != KERAS_SERIES and not version.startswith(KERAS_SERIES + "."):
+        raise ImportError(
+            f"tf_dtensor.keras was tested with Keras {KERAS_SERIES}.x and reaches into its "
+            f"internals (variables, trainer, backend distribution library); Keras {version} "
+            f"is installed. Install `keras=={KERAS_SERIES}.*` (`pip install "
+            f"'tf_dtensor[keras]'`) or use tf_dtensor's own API on this Keras.")
+
+
+def check_backend(backend: str) -> None:
+    if backend != "tensorflow":
+        raise ImportError(
+            f"tf_dtensor.keras shards Keras models on the TensorFlow backend; Keras runs on "
+            f"`{backend}`. Set KERAS_BACKEND=tensorflow before importing Keras.")
+
+
+# ---- layouts a layer asks for by weight name (tf_dtensor.keras.layers) ----
+
+@contextlib.contextmanager
+def weight_layouts(layouts: Dict[str, Any]) -> Iterator[None]:
+    """Within: a variable whose path ends with a key is made in that key's layout.
+
+    `layouts` maps a path under the layer to a function rank -> Layout.
+    """
+    stack = getattr(_STATE, "layouts", None)
+    if stack is None:
+        stack = _STATE.layouts = []
+    stack.append(layouts)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _asked_layout(path: str) -> Optional[Any]:
+    """The resolver (rank -> Layout) the innermost layer gave for the weight at `path`.
+
+    Keys are paths under the layer (`"kernel"`, `"query/kernel"`); the longest key that
+    ends `path` wins.
+    """
+    stack = getattr(_STATE, "layouts", None)
+    if not stack:
+        return None
+    keys = [key for key in stack[-1] if path == key or path.endswith("/" + key)]
+    return stack[-1][max(keys, key=len)] if keys else None
+
+
+# ---- keras.src.backend.tensorflow.core.Variable ----
+
+def _variable_hooks(variable_class) -> None:
+    original_initialize = variable_class._initialize
+    original_direct_assign = variable_class._direct_assign
+
+    def _initialize(self, value):
+        if isinstance(value, tf.Variable):
+            return original_initialize(self, value)
+        if self._shape is None and not callable(value):
+            self._shape = self._validate_shape(value.shape)
+        if self._layout is not None and not hasattr(self, "_tf_dtensor_rule"):
+            self._tf_dtensor_rule = "its own layout= (an optimizer slot: its weight's)"
+        asked = _asked_layout(self.path)
+        if asked is not None and self._layout is None:
+            self._layout = asked(len(self._shape))
+            self._tf_dtensor_rule = "layer argument"
+        distribution = _backend.active_distribution()
+        if self._layout is None and distribution is not None:
+            self._layout = distribution.get_variable_layout(self)
+            self._tf_dtensor_rule = rule_for(distribution, self)
+        if self._layout is None:
+            return original_initialize(self, value)
+        layout = _backend.to_layout(self._layout, len(self._shape))
+        _backend.warn_if_replicated(self, layout, getattr(self, "_tf_dtensor_rule", None),
+                                    rules_tried(distribution))
+        with tf.init_scope():
+            if callable(value):
+                # The initializer runs sharded: no device holds the whole weight. Stateless
+                # random ops give the same values as on one device.
+                initial = api.call_with_layout(value, layout)
+                if not api.is_dtensor(initial) or api.fetch_layout(initial) != layout:
+                    initial = _backend.distribute_tensor(initial, layout)
+            else:
+                initial = _backend.distribute_tensor(tf.cast(value, self._dtype)
+                                                     if not api.is_dtensor(value) else value,
+                                                     layout)
+            self._value = _backend.make_dvariable(
+                initial, trainable=self.trainable, name=self.name,
+                aggregation=self._map_aggregation(self.aggregation),
+                synchronization=self._map_synchronization(self.synchronization))
+
+    def _direct_assign(self, value):
+        if is_distributed(self) and not api.is_dtensor(value):
+            value = tf.cast(value, self._value.dtype)
+            value = _backend.distribute_tensor(value, self._value.layout)
+        return original_direct_assign(self, value)
+
+    def numpy(self):
+        return _backend.to_numpy(self.value)
+
+    def __array__(self, dtype=None):
+        array = _backend.to_numpy(self.value)
+        return array.astype(dtype) if dtype is not None else array
+
+    variable_class._initialize = _initialize
+    variable_class._direct_assign = _direct_assign
+    variable_class.numpy = numpy
+    variable_class.__array__ = __array__
+
+
+def is_distributed(variable) -> bool:
+    """Whether a Keras variable is backed by a DVariable."""
+    return getattr(variable, "_value", None) is not None and api.is_dtensor(variable._value)
+
+
+def layout_map_of(distribution) -> Optional[Any]:
+    """The `LayoutMap` of a `ModelParallel` distribution (None for others)."""
+    return getattr(distribution, "_layout_map", None)
+
+
+def rules_tried(distribution) -> List[str]:
+    layout_map = layout_map_of(distribution) if distribution is not None else None
+    return list(layout_map) if layout_map is not None else []
+
+
+def rule_for(distribution, variable) -> str:
+    """Which rule gave `variable` its layout, in words (for `explain` and warnings).
+
+    Matches as Keras' `LayoutMap.__getitem__` does: an exact key first, else the one key
+    that `re.fullmatch`es the variable's path.
+    """
+    if variable._layout is not None and getattr(variable, "_tf_dtensor_rule", None):
+        return variable._tf_dtensor_rule
+    layout_map = layout_map_of(distribution)
+    if layout_map is None:
+        return f"{type(distribution).__name__}: replicated"
+    path = variable.path
+    keys = list(layout_map)  # (`in` would match by regex and never fail)
+    if path in keys:
+        return f"LayoutMap[{path!r}]"
+    for pattern in keys:
+        if re.fullmatch(pattern, path):
+            return f"LayoutMap[{pattern!r}]"
+    return "no LayoutMap rule matched: replicated"
+
+
+# ---- keras.src.backend.tensorflow.trainer.TensorFlowTrainer ----
+
+def _model_mesh(model):
+    for variable in model.variables:
+        if is_distributed(variable):
+            return variable._value.layout.mesh
+    return None
+
+
+def _trainer_hooks(trainer_class) -> None:
+    for which in ("train", "test", "predict"):
+        _wrap_make_function(trainer_class, which)
+
+
+def _wrap_make_function(trainer_class, which: str) -> None:
+    attribute = f"{which}_function"
+    original = getattr(trainer_class, f"make_{which}_function")
+
+    @functools.wraps(original)
+    def make_function(self, force=False):
+        before = getattr(self, attribute)
+        result = original(self, force=force)
+        function = getattr(self, attribute)
+        if function is not None and function is not before and \
+                not getattr(function, "_tf_dtensor_wrapped", False):
+            wrapped = _on_mesh(self, function, which)
+            setattr(self, attribute, wrapped)
+            if result is function:
+                result = wrapped
+        return result
+
+    setattr(trainer_class, f"make_{which}_function", make_function)
+
+
+def _on_mesh(model, function, which: str):
+    """`function` taking host batches: lays each out on the model's mesh, returns host values.
+
+    Keras calls the train/test function with a tf.data iterator or a list of batches
+    (`train_on_batch`), and the predict function with a list of batches. Batches are
+    pulled here, `steps_per_execution` at a time, and given to Keras' own step loop as a
+    list, so its compiled step sees DTensors.
+    """
+
+    def on_mesh(iterator_or_batches):
+        mesh = _model_mesh(model)
+        if mesh is None:
+            return function(iterator_or_batches)
+        if which == "predict":
+            batches = list(iterator_or_batches)
+        else:
+            batches = []
+            source = iter(iterator_or_batches)
+            for _ in range(model.steps_per_execution):
+                try:
+                    batches.append(next(source))
+                except (StopIteration, tf.errors.OutOfRangeError):
+                    break
+            if not batches:
+                raise StopIteration
+        batches = [_backend.lay_out_batch(batch, mesh) for batch in batches]
+        return _backend.to_host(function(batches))
+
+    on_mesh._tf_dtensor_wrapped = True
+    return on_mesh
+
+
+# ---- install ----
+
+def install() -> None:
+    """Puts tf_dtensor under Keras' distribution API (idempotent; Keras must be imported)."""
+    if _INSTALLED["done"]:
+        return
+    import keras
+    from keras.src.backend.tensorflow import core as tf_core
+    from keras.src.backend.tensorflow import distribution_lib
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    check_version(keras.__version__)
+    check_backend(keras.backend.backend())
+    for name in _backend.BACKEND_FUNCTIONS:
+        setattr(distribution_lib, name, getattr(_backend, name))
+    _variable_hooks(tf_core.Variable)
+    _trainer_hooks(tf_trainer.TensorFlowTrainer)
+    _INSTALLED["done"] = True
+
+
+def installed() -> bool:
+    return _INSTALLED["done"]
+
+
+__all__ = ["KERAS_SERIES", "check_backend", "check_version", "install", "installed",
+           "is_distributed", "weight_layouts"]
