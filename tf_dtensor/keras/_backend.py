@@ -205,6 +205,13 @@ def bytes_per_device(shape, dtype, layout: Optional[Layout]) -> int:
     return int(np.prod(block, dtype=np.int64)) * tf.as_dtype(dtype).size
 
 
+def human_bytes(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
 def warn_if_replicated(variable, layout: Layout, rule: Optional[str], tried: List[str]) -> None:
     """Warns when a large variable that no LayoutMap rule matched ends up replicated."""
     threshold = _WARN["bytes"]
@@ -217,7 +224,7 @@ def warn_if_replicated(variable, layout: Layout, rule: Optional[str], tried: Lis
         return
     warnings.warn(
         f"Keras variable `{variable.path}` (shape {tuple(variable.shape)}, {variable.dtype}, "
-        f"{nbytes / (1 << 20):.2f} MiB) matched no LayoutMap rule, so every one of the "
+        f"{human_bytes(nbytes)}) matched no LayoutMap rule, so every one of the "
         f"{layout.mesh.size} devices of {layout.mesh} holds all of it. Rules tried: "
         f"{tried or 'none'}. Add a key that `re.fullmatch`es {variable.path!r} to shard it, "
         f"or raise the threshold with `tf_dtensor.keras.set_replicated_warning_bytes(n)`.",

@@ -62,20 +62,13 @@ def explain(model, print_fn: Optional[Callable[[str], None]] = print) -> List[Va
     return plans
 
 
-def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
-
-
 def format_plans(plans: List[VariablePlan]) -> str:
     header = ("path", "shape", "dtype", "layout", "per device", "divides", "rule")
-    rows = [header] + [(p.path, str(p.shape), p.dtype, p.layout or "-", _size(p.bytes_per_device),
+    rows = [header] + [(p.path, str(p.shape), p.dtype, p.layout or "-", _backend.human_bytes(p.bytes_per_device),
                         "yes" if p.divides else "no (uneven)", p.rule) for p in plans]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
              for row in rows]
     total = sum(p.bytes_per_device for p in plans)
-    lines.append(f"{len(plans)} variables, {_size(total)} on the busiest device at most")
+    lines.append(f"{len(plans)} variables, {_backend.human_bytes(total)} on the busiest device at most")
     return "\n".join(lines)

@@ -1,0 +1,378 @@
+"""keras.distribution on tf_dtensor: meshes, layouts, DataParallel and ModelParallel training,
+checked step by step against the same Keras model on one device."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dtensor
+import tf_dtensor.keras
+from tf_dtensor import dtensor
+from tf_dtensor.keras import _backend, _hooks
+
+import keras_testing as kt
+
+RNG = np.random.RandomState(0)
+X = RNG.randn(64, 16).astype("float32")
+Y_REG = RNG.randn(64, 4).astype("float32")
+Y_CLS = RNG.randint(0, 4, (64,)).astype("int32")
+
+
+def mlp(optimizer="adam", loss="mse", metrics=("mae",), width=32, seed=1):
+    def build():
+        keras.utils.set_random_seed(seed)
+        model = keras.Sequential([keras.Input((16,)),
+                                  keras.layers.Dense(width, activation="relu", name="d1"),
+                                  keras.layers.Dense(4, name="d2")])
+        model.compile(optimizer=optimizer, loss=loss, metrics=list(metrics))
+        return model
+    return build
+
+
+MLP_RULES = {".*d1/kernel": (None, "model"), ".*d1/bias": ("model",),
+             ".*d2/kernel": ("model", None)}
+
+
+def test_import_installs_the_backend_library():
+    from keras.src.backend.tensorflow import distribution_lib
+    assert _hooks.installed()
+    for name in _backend.BACKEND_FUNCTIONS:
+        assert getattr(distribution_lib, name) is getattr(_backend, name)
+
+
+def test_list_devices_mesh_and_layout_convert():
+    assert keras.distribution.list_devices("cpu") == kt.DEVICES
+    assert keras.distribution.get_device_count("cpu") == 8
+    mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"], kt.DEVICES)
+    backend_mesh = mesh.backend_mesh
+    assert isinstance(backend_mesh, dtensor.Mesh)
+    assert backend_mesh.dim_names == ["batch", "model"]
+    assert backend_mesh.shape() == [2, 4]
+    layout = keras.distribution.TensorLayout([None, "model"], mesh).backend_layout
+    assert layout == dtensor.Layout([dtensor.UNSHARDED, "model"], backend_mesh)
+
+
+def test_distribute_tensor_eagerly_and_in_function():
+    mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"], kt.DEVICES)
+    layout = keras.distribution.TensorLayout(["batch", "model"], mesh)
+    value = np.arange(6 * 8, dtype=np.float32).reshape(6, 8)
+    sharded = keras.distribution.distribute_tensor(value, layout)
+    assert kt.fetch_layout_short(sharded) == "[batch,model] @ mesh(batch=2,model=4)"
+    np.testing.assert_array_equal(np.array(tf_dtensor.keras._backend.to_numpy(sharded)), value)
+    # Already laid out: returned as is.
+    assert keras.distribution.distribute_tensor(sharded, layout) is sharded
+
+    @tf.function
+    def double_then_replicate(t):
+        return keras.distribution.distribute_tensor(
+            t * 2, keras.distribution.TensorLayout([None, None], mesh))
+
+    out = double_then_replicate(sharded)
+    assert kt.fetch_layout_short(out) == "[*,*] @ mesh(batch=2,model=4)"
+    np.testing.assert_array_equal(out.numpy(), value * 2)
+
+
+def test_data_parallel_mlp_matches_one_device_at_every_step():
+    steps = kt.batches(X, Y_REG, 16)
+    want = kt.train_steps(mlp(), None, steps)
+    got = kt.train_steps(mlp(), kt.data_parallel(), steps)
+    kt.assert_same_steps(got, want)
+
+
+def test_model_parallel_mlp_matches_one_device_at_every_step():
+    steps = kt.batches(X, Y_REG, 16)
+    want = kt.train_steps(mlp(), None, steps)
+    distribution = kt.model_parallel(MLP_RULES)
+    got = kt.train_steps(mlp(), distribution, steps)
+    kt.assert_same_steps(got, want)
+
+
+def test_adam_with_compiled_metrics_does_not_drift():
+    # A prototype drifted by ~0.02 after four Adam steps with a compiled metric.
+    build = mlp(loss="sparse_categorical_crossentropy", metrics=("accuracy", "sparse_top_k_categorical_accuracy"))
+    steps = kt.batches(X, Y_CLS, 8)
+    want = kt.train_steps(build, None, steps)
+    got = kt.train_steps(build, kt.model_parallel(MLP_RULES), steps)
+    kt.assert_same_steps(got, want)
+
+
+def test_variables_and_optimizer_slots_get_their_layouts():
+    with kt.model_parallel(MLP_RULES).scope():
+        model = mlp()()
+        model.train_on_batch(X[:16], Y_REG[:16])
+    mesh = "mesh(batch=2,model=4)"
+    assert kt.layouts(model) == {
+        "d1/kernel": f"[*,model] @ {mesh}", "d1/bias": f"[model] @ {mesh}",
+        "d2/kernel": f"[model,*] @ {mesh}", "d2/bias": f"[*] @ {mesh}"}
+    slots = {v.path: v._value.layout.short() for v in model.optimizer.variables
+             if "d1_kernel" in v.path}
+    assert set(slots.values()) == {f"[*,model] @ {mesh}"} and len(slots) == 2
+    # Metrics, the iteration counter and the loss tracker live on the mesh too.
+    for variable in model.optimizer.variables + model.metrics_variables:
+        assert _hooks.is_distributed(variable), variable.path
+    # The components are blocks, not copies: d1's kernel is 16x8 on each device.
+    (component, *_) = dtensor.unpack(model.get_layer("d1").kernel.value.read_value())
+    assert component.shape == (16, 8)
+
+
+def test_fit_evaluate_predict_with_callbacks_and_uneven_batches(capsys):
+    # 60 samples in batches of 16: the last batch has 12 rows, which 8 devices do not divide.
+    x, y = X[:60], Y_REG[:60]
+    plain = mlp()()
+    plain_history = plain.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+    stopped = []
+
+    class Record(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            stopped.append((epoch, logs["loss"]))
+
+    with kt.data_parallel().scope():
+        model = mlp()()
+        history = model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=1,
+                            callbacks=[Record(), keras.callbacks.TerminateOnNaN()])
+        out = capsys.readouterr().out
+        assert "Epoch 3/3" in out and "4/4" in out  # Keras' own progress bar
+        np.testing.assert_allclose(history.history["loss"], plain_history.history["loss"],
+                                   rtol=1e-5)
+        assert [e for e, _ in stopped] == [0, 1, 2]
+        np.testing.assert_allclose(model.evaluate(x, y, batch_size=16, verbose=0),
+                                   plain.evaluate(x, y, batch_size=16, verbose=0), rtol=1e-5)
+        predicted = model.predict(x[:13], batch_size=5, verbose=0)
+        assert isinstance(predicted, np.ndarray) and predicted.shape == (13, 4)
+        np.testing.assert_allclose(predicted, plain.predict(x[:13], batch_size=5, verbose=0),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_fit_on_a_tf_data_dataset_with_steps_per_execution():
+    dataset = tf.data.Dataset.from_tensor_slices((X, Y_REG)).batch(16)
+    plain = mlp()()
+    plain.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+    want = plain.fit(dataset, epochs=2, verbose=0).history["loss"]
+    with kt.model_parallel(MLP_RULES).scope():
+        model = mlp()()
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+        got = model.fit(dataset, epochs=2, verbose=0).history["loss"]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_custom_training_loop_with_gradient_tape():
+    distribution = kt.model_parallel(MLP_RULES)
+    with distribution.scope():
+        model = mlp()()
+        optimizer = keras.optimizers.Adam()
+    plain = mlp()()
+    plain_optimizer = keras.optimizers.Adam()
+
+    def make_step(model, optimizer):
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x) - y))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        return step
+
+    sharded_step, plain_step = make_step(model, optimizer), make_step(plain, plain_optimizer)
+
+    for x, y in kt.batches(X, Y_REG, 16):
+        data_layout = distribution.get_data_layout(x.shape)
+        sharded_x = keras.distribution.distribute_tensor(x, data_layout)
+        sharded_y = keras.distribution.distribute_tensor(
+            y, distribution.get_data_layout(y.shape))
+        with distribution.scope():
+            loss = sharded_step(sharded_x, sharded_y)
+        want = plain_step(tf.constant(x), tf.constant(y))
+        np.testing.assert_allclose(float(loss), float(want), rtol=1e-5)
+    for got, want in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def cnn():
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([
+        keras.Input((8, 8, 3)),
+        keras.layers.Conv2D(8, 3, padding="same", use_bias=False, name="conv"),
+        keras.layers.BatchNormalization(name="bn"),
+        keras.layers.ReLU(),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(4, name="head")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+@pytest.mark.parametrize("kind", ["data", "model"])
+def test_cnn_with_batch_norm_matches_one_device(kind):
+    images = RNG.randn(32, 8, 8, 3).astype("float32")
+    labels = RNG.randint(0, 4, (32,)).astype("int32")
+    distribution = kt.data_parallel() if kind == "data" else kt.model_parallel(
+        {".*conv/kernel": (None, None, None, "model"),
+         ".*bn/(gamma|beta|moving_mean|moving_variance)": ("model",),
+         ".*head/kernel": ("model", None)})
+    steps = kt.batches(images, labels, 16)
+    kt.assert_same_steps(kt.train_steps(cnn, distribution, steps),
+                         kt.train_steps(cnn, None, steps), rtol=1e-4, atol=1e-5)
+
+
+def transformer():
+    keras.utils.set_random_seed(4)
+    tokens = keras.Input((6,), dtype="int32")
+    h = keras.layers.Embedding(20, 16, name="embed")(tokens)
+    a = keras.layers.MultiHeadAttention(num_heads=4, key_dim=4, name="mha")(h, h)
+    h = keras.layers.LayerNormalization(name="ln")(h + a)
+    h = keras.layers.Dense(32, activation="gelu", name="up")(h)
+    h = keras.layers.Dense(16, name="down")(h)
+    out = keras.layers.Dense(20, name="logits")(h)
+    model = keras.Model(tokens, out)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    return model
+
+
+TRANSFORMER_RULES = {
+    ".*embed/embeddings": (None, "model"),
+    ".*mha/(query|key|value)/kernel": (None, "model", None),
+    ".*mha/(query|key|value)/bias": ("model", None),
+    ".*mha/attention_output/kernel": ("model", None, None),
+    ".*up/kernel": (None, "model"), ".*up/bias": ("model",),
+    ".*down/kernel": ("model", None)}
+
+
+@pytest.mark.parametrize("kind", ["data", "model"])
+def test_transformer_with_multi_head_attention_matches_one_device(kind):
+    tokens = RNG.randint(0, 20, (16, 6)).astype("int32")
+    targets = RNG.randint(0, 20, (16, 6)).astype("int32")
+    distribution = kt.data_parallel() if kind == "data" else kt.model_parallel(TRANSFORMER_RULES)
+    steps = kt.batches(tokens, targets, 8)
+    got = kt.train_steps(transformer, distribution, steps)
+    kt.assert_same_steps(got, kt.train_steps(transformer, None, steps), rtol=1e-4, atol=1e-5)
+    if kind == "model":
+        with distribution.scope():
+            model = transformer()
+        assert kt.layouts(model)["mha/query/kernel"].startswith("[*,model,*]")
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_matches_one_device(policy):
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        steps = kt.batches(X[:32], Y_REG[:32], 16)
+        want = kt.train_steps(mlp(), None, steps)
+        got = kt.train_steps(mlp(), kt.model_parallel(MLP_RULES), steps)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    assert got[0]["weights"][0].dtype == np.float32  # variables stay float32
+    # Sharded matmuls add partial sums in the compute dtype in another order than one
+    # device: they agree to that dtype's precision (its machine epsilon), not float32's.
+    eps = float(np.finfo(np.float16).eps) if policy == "mixed_float16" else 2.0 ** -7
+    kt.assert_same_steps(got, want, rtol=eps, atol=eps / 10)
+
+
+def test_output_activation_key_relays_out_the_layer_output():
+    seen = []
+
+    def record(t):
+        seen.append(kt.fetch_layout_short(t))
+        return t
+
+    distribution = kt.model_parallel({**MLP_RULES, ".*d1/output": ("batch", "model")})
+    with distribution.scope():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, name="d1"),
+                                  keras.layers.Lambda(record), keras.layers.Dense(4, name="d2")])
+        out = model(keras.distribution.distribute_tensor(
+            X[:8], distribution.get_data_layout((8, 16))))
+    assert seen[-1] == "[batch,model] @ mesh(batch=2,model=4)"
+    assert kt.fetch_layout_short(out) is not None
+
+
+def test_large_unmatched_variable_is_reported_and_replicated_on_the_mesh():
+    tf_dtensor.keras.set_replicated_warning_bytes(1024)
+    try:
+        with kt.model_parallel({".*d1/kernel": (None, "model")}).scope():
+            with pytest.warns(tf_dtensor.keras.ReplicatedVariableWarning) as record:
+                model = mlp(width=64)()
+        messages = [str(w.message) for w in record
+                    if issubclass(w.category, tf_dtensor.keras.ReplicatedVariableWarning)]
+        # d2/kernel (64x4 float32, 1 KiB) matched no rule; d1/kernel did; biases are small.
+        assert len(messages) == 1, messages
+        assert re.search(r"`sequential\w*/d2/kernel` \(shape \(64, 4\), float32, 1.0 KiB\)",
+                         messages[0]), messages[0]
+        assert "'.*d1/kernel'" in messages[0]
+        assert kt.layouts(model)["d2/kernel"] == "[*,*] @ mesh(batch=2,model=4)"
+        # DataParallel replicates by design: no warning.
+        with kt.data_parallel().scope(), warnings.catch_warnings():
+            warnings.simplefilter("error", tf_dtensor.keras.ReplicatedVariableWarning)
+            mlp(width=64)()
+    finally:
+        tf_dtensor.keras.set_replicated_warning_bytes(1 << 20)
+
+
+def test_explain_lists_rule_layout_bytes_and_uneven_shapes(capsys):
+    # d1 has 30 units: 30 over model=4 does not divide (blocks of 8, 8, 8, 6), and that is allowed.
+    with kt.model_parallel(MLP_RULES).scope():
+        model = mlp(width=30)()
+        model.train_on_batch(X[:16], Y_REG[:16])
+    plans = {kt.short_path(p.path): p for p in tf_dtensor.keras.explain(model)}
+    printed = capsys.readouterr().out
+    assert "LayoutMap['.*d1/kernel']" in printed and "no (uneven)" in printed
+    kernel = plans["d1/kernel"]
+    assert kernel.layout == "[*,model] @ mesh(batch=2,model=4)"
+    assert kernel.bytes_per_device == 16 * 8 * 4 and not kernel.divides
+    assert plans["d2/bias"].rule == "no LayoutMap rule matched: replicated"
+    momentum = next(p for k, p in plans.items() if k.endswith("d1_kernel_momentum"))
+    assert momentum.layout == kernel.layout and momentum.rule.startswith("its own layout=")
+    iteration = next(p for k, p in plans.items() if k.endswith("/iteration"))
+    assert iteration.dtype == "int64" and iteration.layout == "[] @ mesh(batch=2,model=4)"
+
+
+def test_uneven_model_parallel_training_matches_one_device():
+    steps = kt.batches(X[:30], Y_REG[:30], 10)  # batch 10 over batch=2; width 30 over model=4
+    kt.assert_same_steps(kt.train_steps(mlp(width=30), kt.model_parallel(MLP_RULES), steps),
+                         kt.train_steps(mlp(width=30), None, steps))
+
+
+def test_two_matching_rules_are_an_error_as_in_keras():
+    distribution = kt.model_parallel({".*kernel": (None, "model"), ".*d1/.*": (None, "model")})
+    with distribution.scope(), pytest.raises(ValueError, match="matches"):
+        mlp()()
+
+
+def test_version_and_backend_are_checked():
+    with pytest.raises(ImportError, match=re.escape("keras==3.15.*")):
+        _hooks.check_version("3.16.0")
+    _hooks.check_version("3.15.4")
+    with pytest.raises(ImportError, match="KERAS_BACKEND=tensorflow"):
+        _hooks.check_backend("jax")
+
+
+def test_keras_hub_backbones_shard_with_their_own_layout_maps():
+    keras_hub = pytest.importorskip("keras_hub")
+    tokens = RNG.randint(0, 64, (4, 12)).astype("int32")
+    data = {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
+    configs = {
+        keras_hub.models.GemmaBackbone: dict(num_query_heads=4, num_key_value_heads=4, head_dim=8),
+        keras_hub.models.LlamaBackbone: dict(num_query_heads=4, num_key_value_heads=2)}
+    for cls, extra in configs.items():
+        def build():
+            keras.utils.set_random_seed(3)
+            return cls(vocabulary_size=64, num_layers=2, hidden_dim=32, intermediate_dim=64,
+                       **extra)
+        want = build().predict(data, verbose=0)
+        mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"], kt.DEVICES)
+        distribution = keras.distribution.ModelParallel(
+            layout_map=cls.get_layout_map(mesh), batch_dim_name="batch")
+        with distribution.scope():
+            model = build()
+            got = model.predict(data, verbose=0)
+        plans = tf_dtensor.keras.explain(model, print_fn=None)
+        assert sum("model" in (p.layout or "") for p in plans) >= 10, cls.__name__
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=cls.__name__)
