@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tf_dtensor import api
 from tf_dtensor.keras import _backend
+from tf_dtensor.layout import Layout
 
 # The Keras minor version these hooks were written and tested against.
 KERAS_SERIES = "3.15"
@@ -74,6 +75,24 @@ def weight_layouts(layouts: Dict[str, Any]) -> Iterator[None]:
         stack.pop()
 
 
+@contextlib.contextmanager
+def default_mesh(mesh) -> Iterator[None]:
+    """Within: a Keras variable with no other layout is replicated on `mesh`."""
+    stack = getattr(_STATE, "meshes", None)
+    if stack is None:
+        stack = _STATE.meshes = []
+    stack.append(mesh)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _default_mesh():
+    stack = getattr(_STATE, "meshes", None)
+    return stack[-1] if stack else None
+
+
 def _asked_layout(path: str) -> Optional[Any]:
     """The resolver (rank -> Layout) the innermost layer gave for the weight at `path`.
 
@@ -89,8 +108,30 @@ def _asked_layout(path: str) -> Optional[Any]:
 
 # ---- keras.src.backend.tensorflow.core.Variable ----
 
+def _distributed_variable_class(variable_class):
+    """The class a Keras variable takes once a DVariable backs it: saved as the DVariable is.
+
+    Keras' variable saves through `_serialize_to_tensors` (its backing variable's value,
+    read on the host). A DVariable saves one slice per distinct block through its
+    saveable; TensorFlow uses `_gather_saveables_for_checkpoint` when the first class of
+    the MRO that defines either method defines that one.
+    """
+
+    class DistributedVariable(variable_class):
+        def _gather_saveables_for_checkpoint(self):
+            return self._value._gather_saveables_for_checkpoint()
+
+        def _copy_trackable_to_cpu(self, object_map):
+            self._value._copy_trackable_to_cpu(object_map)
+            object_map[self] = object_map[self._value]
+
+    DistributedVariable.__name__ = DistributedVariable.__qualname__ = variable_class.__name__
+    return DistributedVariable
+
+
 def _variable_hooks(variable_class) -> None:
     original_initialize = variable_class._initialize
+    distributed_classes: Dict[type, type] = {}
     original_direct_assign = variable_class._direct_assign
 
     def _initialize(self, value):
@@ -108,6 +149,10 @@ def _variable_hooks(variable_class) -> None:
         if self._layout is None and distribution is not None:
             self._layout = distribution.get_variable_layout(self)
             self._tf_dtensor_rule = rule_for(distribution, self)
+        mesh = _default_mesh()
+        if self._layout is None and mesh is not None:
+            self._layout = Layout.replicated(mesh, len(self._shape))
+            self._tf_dtensor_rule = "replicated on the mesh of the model's other weights"
         if self._layout is None:
             return original_initialize(self, value)
         layout = _backend.to_layout(self._layout, len(self._shape))
@@ -128,6 +173,11 @@ def _variable_hooks(variable_class) -> None:
                 initial, trainable=self.trainable, name=self.name,
                 aggregation=self._map_aggregation(self.aggregation),
                 synchronization=self._map_synchronization(self.synchronization))
+        cls = type(self)
+        if cls not in distributed_classes.values():
+            if cls not in distributed_classes:
+                distributed_classes[cls] = _distributed_variable_class(cls)
+            self.__class__ = distributed_classes[cls]
 
     def _direct_assign(self, value):
         if is_distributed(self) and not api.is_dtensor(value):
@@ -138,7 +188,8 @@ def _variable_hooks(variable_class) -> None:
     def numpy(self):
         return _backend.to_numpy(self.value)
 
-    def __array__(self, dtype=None):
+    def __array__(self, dtype=None, copy=None):
+        del copy  # to_numpy returns a new array
         array = _backend.to_numpy(self.value)
         return array.astype(dtype) if dtype is not None else array
 
@@ -185,6 +236,25 @@ def rule_for(distribution, variable) -> str:
 
 
 # ---- keras.src.backend.tensorflow.trainer.TensorFlowTrainer ----
+
+def _state_variables(model) -> list:
+    optimizer = getattr(model, "optimizer", None)
+    return (list(model.variables) + list(getattr(model, "metrics_variables", [])) +
+            (list(optimizer.variables) if optimizer is not None else []))
+
+
+def _adopt(model, mesh) -> None:
+    """Moves every variable of `model` still off the mesh (its optimizer's counters, its
+    metrics, weights of layers without layouts) onto `mesh`, replicated: a step mixes no
+    DVariable with a variable on one device."""
+    for variable in _state_variables(model):
+        if is_distributed(variable) or getattr(variable, "_value", None) is None:
+            continue
+        value = variable._value
+        variable._layout = None
+        with default_mesh(mesh):
+            variable._initialize(value.read_value())
+
 
 def _model_mesh(model):
     for variable in model.variables:
@@ -244,7 +314,9 @@ def _on_mesh(model, function, which: str):
             if not batches:
                 raise StopIteration
         batches = [_backend.lay_out_batch(batch, mesh) for batch in batches]
-        return _backend.to_host(function(batches))
+        _adopt(model, mesh)
+        with default_mesh(mesh):
+            return _backend.to_host(function(batches))
 
     on_mesh._tf_dtensor_wrapped = True
     return on_mesh

@@ -22,6 +22,8 @@ config holds each layout in its string form.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Any, Dict, Optional
 
 import keras
@@ -52,6 +54,16 @@ def _resolver(value: Any, mesh: Optional[Mesh], argument: str):
     return resolve
 
 
+def _mesh_of(value: Any) -> Optional[Mesh]:
+    if isinstance(value, str):
+        value = Layout.from_string(value)
+    if isinstance(value, Layout):
+        return value.mesh
+    if value is not None and hasattr(value, "backend_layout"):
+        return value.backend_layout.mesh
+    return None
+
+
 class _LayoutArguments:
     """Mixin: pops `<weight>_layout` keywords and applies them while the layer builds."""
 
@@ -63,11 +75,17 @@ class _LayoutArguments:
         self._layout_mesh = mesh
         super().__init__(*args, **kwargs)
 
-    def build(self, *args, **kwargs):
+    @contextlib.contextmanager
+    def _weight_layouts(self):
+        """While building: the layout arguments apply, and the layer's other weights are
+        replicated on its mesh (a layer's weights all live on one mesh)."""
         layouts = {self.LAYOUT_ARGUMENTS[k]: _resolver(v, self._layout_mesh, k)
                    for k, v in self._layout_values.items() if v is not None}
-        with _hooks.weight_layouts(layouts):
-            return super().build(*args, **kwargs)
+        mesh = self._layout_mesh or next(
+            (m for m in map(_mesh_of, self._layout_values.values()) if m is not None), None)
+        with _hooks.weight_layouts(layouts), \
+                (_hooks.default_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
+            yield
 
     def get_config(self):
         config = super().get_config()
@@ -91,8 +109,13 @@ class _LayoutArguments:
 
 
 def _layer(base, arguments: Dict[str, str], doc: str):
+    @functools.wraps(base.build)  # Keras reads build's signature for the shape arguments
+    def build(self, *args, **kwargs):
+        with self._weight_layouts():
+            return base.build(self, *args, **kwargs)
+
     cls = type(base.__name__, (_LayoutArguments, base),
-               {"LAYOUT_ARGUMENTS": arguments, "__doc__": doc,
+               {"LAYOUT_ARGUMENTS": arguments, "__doc__": doc, "build": build,
                 "__module__": __name__})
     return keras.saving.register_keras_serializable(package="tf_dtensor")(cls)
 
