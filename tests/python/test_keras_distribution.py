@@ -161,6 +161,25 @@ def test_fit_on_a_tf_data_dataset_with_steps_per_execution():
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["data", "model"])
+def test_dropout_draws_the_same_masks_as_one_device(kind):
+    # The seed generator's state is a variable on the mesh; stateless random ops draw the
+    # global mask, so each device's block of it is the one-device mask's block.
+    def build():
+        keras.utils.set_random_seed(6)
+        model = keras.Sequential([keras.Input((16,)),
+                                  keras.layers.Dense(32, activation="relu", name="d1"),
+                                  keras.layers.Dropout(0.5, seed=3),
+                                  keras.layers.Dense(4, name="d2")])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    distribution = kt.data_parallel() if kind == "data" else kt.model_parallel(MLP_RULES)
+    steps = kt.batches(X[:48], Y_REG[:48], 16)
+    kt.assert_same_steps(kt.train_steps(build, distribution, steps),
+                         kt.train_steps(build, None, steps))
+
+
 def test_custom_training_loop_with_gradient_tape():
     distribution = kt.model_parallel(MLP_RULES)
     with distribution.scope():

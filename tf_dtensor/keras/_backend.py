@@ -134,6 +134,20 @@ def distribute_tensor(tensor, layout):
     return api.copy_to_mesh(tensor, layout)
 
 
+def scatter_host_value(array: np.ndarray, layout: Layout):
+    """A host array as a DTensor laid out as `layout`, each device given only its block.
+
+    No device ever holds the whole array (a weights file loading into a sharded model).
+    """
+    components = []
+    for (shape, offset), device in zip(layout.device_blocks(array.shape),
+                                       layout.mesh.local_devices()):
+        block = array[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+        with tf.device(device):
+            components.append(tf.constant(block))
+    return api.pack(components, layout)
+
+
 def distribute_value(value, tensor_layout):
     """A host value (numpy array, tensor) laid out as `tensor_layout`."""
     return distribute_tensor(tf.convert_to_tensor(value), tensor_layout)
@@ -184,9 +198,13 @@ def lay_out_batch(batch, mesh: Mesh):
 
 
 def _plain(value):
-    if api.is_dtensor(value):
-        return _placement_api.full_tensor(value)
-    return value
+    if not api.is_dtensor(value):
+        return value
+    if isinstance(value, tf.Variable):
+        value = value.read_value()
+    if api.fetch_layout(value).is_fully_replicated():
+        return api.unpack(value)[0]  # every device holds the whole value: take one
+    return _placement_api.full_tensor(value)
 
 
 def to_host(outputs):

@@ -27,7 +27,9 @@ import re
 import threading
 from typing import Any, Dict, Iterator, List, Optional
 
+import numpy as np
 import tensorflow as tf
+from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 from tf_dtensor import api
 from tf_dtensor.keras import _backend
@@ -185,6 +187,20 @@ def _variable_hooks(variable_class) -> None:
             value = _backend.distribute_tensor(value, self._value.layout)
         return original_direct_assign(self, value)
 
+    original_assign = variable_class.assign
+
+    def assign(self, value):
+        # A host array (a weights file being loaded) goes to each device block by block;
+        # Keras' own assign would first make it one tensor on one device.
+        if is_distributed(self) and isinstance(value, np.ndarray) and not in_stateless_scope():
+            if tuple(value.shape) != tuple(self.shape):
+                return original_assign(self, value)  # Keras' own shape error
+            value = _backend.scatter_host_value(
+                value.astype(tf.as_dtype(self._dtype).as_numpy_dtype), self._value.layout)
+            self._value.assign(value)
+            return value
+        return original_assign(self, value)
+
     def numpy(self):
         return _backend.to_numpy(self.value)
 
@@ -195,6 +211,7 @@ def _variable_hooks(variable_class) -> None:
 
     variable_class._initialize = _initialize
     variable_class._direct_assign = _direct_assign
+    variable_class.assign = assign
     variable_class.numpy = numpy
     variable_class.__array__ = __array__
 
