@@ -337,7 +337,17 @@ TFE_TensorHandle* DTensorDevice::CopyFromDevice(TFE_Context* context, TFE_Tensor
     ToTF(Internal("Copying a tensor that is not a DTensor off the DTensor device."), status);
     return nullptr;
   }
-  if (t->resource() || !t->layout().IsFullyReplicated()) {
+  if (t->resource()) {
+    ToTF(Unimplemented("Cannot copy the handle of a DVariable (" + t->visible_layout().ShortString() +
+                       ") to " + target_device +
+                       ": its value lives on the mesh's devices. Read it first "
+                       "(`v.read_value()`), or give the op that uses it a DTensor input so it "
+                       "runs on the mesh; a checkpoint saves a DVariable through its own "
+                       "saveable, not by copying the handle."),
+         status);
+    return nullptr;
+  }
+  if (!t->layout().IsFullyReplicated()) {
     ToTF(Unimplemented("Cannot copy a DTensor with layout " + t->visible_layout().ShortString() +
                        " to " + target_device +
                        ": it is sharded, and reading it whole would gather every shard on one "

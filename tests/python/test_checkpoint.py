@@ -431,3 +431,24 @@ def test_uneven_dvariable_round_trip(layout, tmp_path):
     tf.train.Checkpoint(v=plain).restore(path)
     np.testing.assert_array_equal(plain.numpy(), value)
     np.testing.assert_array_equal(checkpoint.global_value(variable).numpy(), value)
+
+
+def test_a_dvariable_handle_saved_by_another_trackable_names_the_handle(tmp_path):
+    # An object that hands TensorFlow's saver the DVariable itself (Keras' variable did, before
+    # tf_dtensor.keras gave it the DVariable's saveable) makes the saver copy the handle to
+    # the host: the error says it is a DVariable's handle and what to do, not "sharded".
+    from tensorflow.python.trackable import base as trackable
+
+    class HandsOverTheVariable(trackable.Trackable):
+        def __init__(self, variable):
+            self.variable = variable
+
+        def _serialize_to_tensors(self):
+            return {"VARIABLE_VALUE": self.variable}
+
+    v = dtensor.DVariable(dtensor.call_with_layout(tf.ones, Layout.replicated(MESH_1D, 1),
+                                                   shape=(2,)))
+    with pytest.raises(tf.errors.UnimplementedError,
+                       match=r"Cannot copy the handle of a DVariable \(\[\*\] @ mesh\(x=2\)\).*"
+                             r"read_value\(\)"):
+        tf.train.Checkpoint(w=HandsOverTheVariable(v)).save(str(tmp_path / "ckpt"))
