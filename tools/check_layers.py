@@ -37,7 +37,8 @@ PY_LAYERS = [
     ("mesh", "layout", "_tpu", "_block_picture"),      # Mesh, Layout
     ("_device",),                                      # the device, per context
     ("api", "config"),                                 # ops on DTensors; meshes, clients
-    ("variable", "checkpoint", "_dataset", "debug", "_tape"),   # built on api
+    ("variable", "checkpoint", "_dataset", "debug", "_tape",
+     "_tf_layout_args"),                               # built on api
     ("_save_restore", "_placement_api", "_module", "keras"),  # higher-level APIs
     ("dtensor", "placements", "__init__"),             # facades: re-exports only
 ]

@@ -73,7 +73,11 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
   std::string name;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (const std::shared_ptr<const ExpandedFunction>* cached = cache_.Find(key)) return *cached;
+    if (const std::shared_ptr<const ExpandedFunction>* cached = cache_.Find(key)) {
+      ++num_hits_;
+      return *cached;
+    }
+    ++num_misses_;
     // Unique in the process, not per expander: a device re-created after a context
     // reset must not reuse a name TensorFlow still knows with another definition.
     static std::atomic<int64_t> counter{0};
@@ -118,6 +122,11 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncach
 int64_t FunctionExpander::num_cached() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return num_cached_;
+}
+
+FunctionExpander::Stats FunctionExpander::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return Stats{num_hits_, num_misses_, cache_.size()};
 }
 
 size_t FunctionExpander::cache_size() const {

@@ -118,6 +118,14 @@ class FunctionExpander {
   // cache drops later still counts (for tests and debugging).
   int64_t num_cached() const;
   size_t cache_size() const;
+  // Calls that found their expansion cached (hits), calls that expanded (misses), and the
+  // expansions kept now: what TensorFlow's DTensor reports as `_get_stats()`.
+  struct Stats {
+    int64_t hits = 0;
+    int64_t misses = 0;
+    size_t size = 0;
+  };
+  Stats stats() const;
 
  private:
   // Expands `function` (no cache): rounds of FunctionExpansion until the layout requests
@@ -131,6 +139,8 @@ class FunctionExpander {
   LruCache<FunctionKey, std::shared_ptr<const ExpandedFunction>, FunctionKey::Hash> cache_{
       kMaxCachedFunctions};
   int64_t num_cached_ = 0;
+  int64_t num_hits_ = 0;
+  int64_t num_misses_ = 0;
 };
 
 }  // namespace tf_dtensor

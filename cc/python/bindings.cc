@@ -411,6 +411,15 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("name", [](const DeviceRef& ref) { return ref.get().name(); })
       .def_property_readonly("num_expanded_functions",
                              [](const DeviceRef& ref) { return ref.get().num_expanded_functions(); })
+      .def("function_cache_stats",
+           [](const DeviceRef& ref) {
+             FunctionExpander::Stats stats = ref.get().function_cache_stats();
+             py::dict result;
+             result["hit"] = stats.hits;
+             result["miss"] = stats.misses;
+             result["size"] = stats.size;
+             return result;
+           })
       .def_property_readonly("num_cached_plans",
                              [](const DeviceRef& ref) { return ref.get().num_cached_plans(); })
       .def_property_readonly("num_local_only_runs",
