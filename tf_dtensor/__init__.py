@@ -17,6 +17,7 @@ if not _tf.__version__.startswith(_TF_SERIES + "."):
 
 from tf_dtensor import _core  # noqa: E402  (needs TensorFlow's libraries loaded first)
 from tf_dtensor import _tape  # noqa: E402
+from tf_dtensor import _tf_layout_args  # noqa: E402
 from tf_dtensor import debug  # noqa: E402
 from tf_dtensor import dtensor  # noqa: E402
 from tf_dtensor import placements  # noqa: E402
@@ -27,6 +28,7 @@ from tf_dtensor.dtensor import *  # noqa: E402,F401,F403
 from tf_dtensor.placements import *  # noqa: E402,F401,F403
 
 _tape.install()  # eager gradients of DTensors stay DTensors (tf_dtensor/_tape.py)
+_tf_layout_args.install()  # tf.ones(..., layout=<tf_dtensor Layout>) and friends
 
 
 def _install_keras() -> None:

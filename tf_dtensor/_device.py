@@ -6,14 +6,17 @@ import contextlib
 import os
 import threading
 import warnings
-from typing import List, Optional
+from typing import Dict, List, Optional
 
+import tensorflow as tf
 from tensorflow.python import pywrap_tfe
 from tensorflow.python.eager import context
 from tensorflow.python.eager import core
+from tensorflow.python.framework import device as tf_device
 from tensorflow.python.framework import ops
 
 from tf_dtensor import _core
+from tf_dtensor._errors import MeshError
 
 # TF's own DTensor takes device type CUSTOM; a distinct type lets both run side by side.
 DEVICE_NAME = "/job:localhost/replica:0/task:0/device:TFDTENSOR:0"
@@ -93,13 +96,60 @@ def run(op_name: str, inputs, attrs, num_outputs: int = 1):
         raise core._status_to_exception(error) from None  # pylint: disable=protected-access
 
 
+# Meshes whose local devices were found to exist (checked once, at first use).
+_checked_meshes: set = set()
+
+
+def _num_devices(device_type: str) -> int:
+    """How many logical devices of `device_type` this host has, without starting
+    TensorFlow's runtime (which would fix the logical device configuration)."""
+    if context.context()._context_handle is not None:  # pylint: disable=protected-access
+        return len(tf.config.list_logical_devices(device_type))
+    count = 0
+    for physical in tf.config.list_physical_devices(device_type):
+        configured = tf.config.get_logical_device_configuration(physical)
+        count += len(configured) if configured else 1
+    return count
+
+
+def check_mesh(mesh) -> None:
+    """Refuses a mesh over a local CPU or GPU this host lacks (`CPU:99` on 8 CPUs).
+
+    Checked when a mesh is first used, not when it is built: programs (TensorFlow's tests
+    among them) build meshes first and split the host into logical devices afterwards.
+    """
+    if mesh is None or mesh in _checked_meshes:
+        return
+    counts: Dict[str, int] = {}
+    for name in mesh.local_devices():
+        spec = tf_device.DeviceSpec.from_string(name)
+        device_type = (spec.device_type or "").upper()
+        if device_type not in ("CPU", "GPU") or spec.device_index is None:
+            continue
+        if spec.job not in (None, "localhost") or spec.task not in (None, 0):
+            continue  # another client's device
+        if device_type not in counts:
+            counts[device_type] = _num_devices(device_type)
+        if spec.device_index >= counts[device_type]:
+            raise MeshError(
+                f"Device `{name}` of {mesh.short()} does not exist: this host has "
+                f"{counts[device_type]} logical {device_type} device(s). Split the host into "
+                f"more logical devices before using the mesh "
+                f"(`tf.config.set_logical_device_configuration`, or "
+                f"`initialize_accelerator_system(num_logical_cpu_devices=...)`), or build the "
+                f"mesh from existing devices.")
+    _checked_meshes.add(mesh)
+
+
 @contextlib.contextmanager
-def mesh_scope(mesh):
-    """Places ops on the DTensor device with `mesh` as the default mesh."""
+def mesh_scope(mesh, place_ops: bool = True):
+    """Places ops on the DTensor device with `mesh` as the default mesh (`place_ops=False`:
+    only sets the mesh of ops placed there otherwise)."""
+    check_mesh(mesh)
     get().push_default_mesh(mesh._mesh if mesh is not None else None)
     _mesh_stack.append(mesh)
     try:
-        with ops.device(DEVICE_NAME):
+        with ops.device(DEVICE_NAME) if place_ops else contextlib.nullcontext():
             yield
     finally:
         _mesh_stack.pop()

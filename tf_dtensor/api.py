@@ -116,6 +116,7 @@ def _layout_arg(layout: Any, function: str) -> Layout:
     if not isinstance(layout, Layout):
         raise TypeError(f"`{function}` takes a `Layout` as `layout`; got {layout!r} "
                         f"({type(layout).__name__}). Build one with `Layout(specs, mesh)`.")
+    _device.check_mesh(layout.mesh)
     return layout
 
 
@@ -373,3 +374,90 @@ def barrier(mesh: Mesh, barrier_name: Optional[str] = None,
     if int(total.numpy()) != mesh.size:
         raise RuntimeError(f"barrier on {mesh.short()} counted {int(total.numpy())} devices, "
                            f"expected {mesh.size}.")
+
+
+# --- TensorFlow's `api._dtensor_device()` ---------------------------------------------------
+
+class _DeviceView:
+    """What TensorFlow's `tensorflow.dtensor.python.api._dtensor_device()` returns, for code
+    that reaches for it (TensorFlow's `numpy_util`, `d_random` and tests do): the same
+    methods, on tf_dtensor's device.
+
+    - `pack`, `unpack`, `fetch_layout`, `is_dtensor`: as the module functions.
+    - `_default_layout(layout)`: a scope in which ops run on the DTensor device and their
+      outputs (creation ops, variables) get `layout` (eagerly, as in TensorFlow).
+    - `_experimental_default_mesh(mesh)`: the mesh of ops placed on the DTensor device that
+      have no DTensor input (`with tf.device(device_name())` inside).
+    - `_get_stats()`: cache counters under TensorFlow's names (see the method).
+    """
+
+    @property
+    def name(self) -> str:
+        return _device.DEVICE_NAME
+
+    @property
+    def is_async(self) -> bool:
+        return _IS_ASYNC["value"]
+
+    pack = staticmethod(lambda tensors, layout: pack(tensors, layout))
+    unpack = staticmethod(lambda tensor: unpack(tensor))
+    fetch_layout = staticmethod(lambda tensor: fetch_layout(tensor))
+    is_dtensor = staticmethod(lambda tensor: is_dtensor(tensor))
+
+    @contextlib.contextmanager
+    def _default_layout(self, layout: Layout):
+        _layout_arg(layout, "_default_layout")
+        if not context.executing_eagerly():
+            raise RuntimeError(
+                "`_default_layout` gives layouts to ops run eagerly; while tracing a "
+                "tf.function, use `call_with_layout(fn, layout, ...)` or `relayout` on the "
+                "result.")
+        with _device.mesh_scope(layout.mesh), _device.layout_scope(layout):
+            yield
+
+    @contextlib.contextmanager
+    def _experimental_default_mesh(self, mesh: Mesh):
+        # As TensorFlow's: the mesh for ops that run on the DTensor device with no DTensor
+        # input; ops outside the device (no `tf.device(device_name())`) stay where they are.
+        if not isinstance(mesh, Mesh):
+            raise ValueError(f"_experimental_default_mesh expects a `Mesh`; got a "
+                             f"`{type(mesh).__name__}`.")
+        with _device.mesh_scope(mesh, place_ops=False):
+            yield
+
+    def _get_stats(self) -> dict:
+        """TensorFlow's counters by TensorFlow's names: `function_manager.hit`, `.miss` and
+        `.size` count tf.function expansions (TensorFlow's DTensor also counts each eager
+        op's compiled function there; tf_dtensor runs eager ops without one), and
+        `kernel_cache.size` the eager plans kept."""
+        device = _device.get()
+        stats = device.function_cache_stats()
+        return {"function_manager.hit": stats["hit"] - _STATS_BASE["hit"],
+                "function_manager.miss": stats["miss"] - _STATS_BASE["miss"],
+                "function_manager.size": stats["size"],
+                "kernel_cache.size": device.num_cached_plans}
+
+
+_VIEW = _DeviceView()
+_IS_ASYNC = {"value": True}
+_STATS_BASE = {"hit": 0, "miss": 0}  # counters at the last reset_dtensor_device
+
+
+def _dtensor_device() -> _DeviceView:
+    """The device, as TensorFlow's `api._dtensor_device()` shows it (see `_DeviceView`)."""
+    return _VIEW
+
+
+def reset_dtensor_device(is_async: bool) -> None:
+    """TensorFlow's `api.reset_dtensor_device`: `_get_stats()` counts hits and misses from
+    here, and `_dtensor_device().is_async` is `is_async`.
+
+    tf_dtensor keeps one device per eager context (a context reset brings a fresh one), and
+    its ops follow TensorFlow's own executor: `tf.config.experimental.set_synchronous_execution`
+    chooses synchronous or asynchronous execution for both.
+    """
+    if not isinstance(is_async, bool):
+        raise TypeError(f"reset_dtensor_device takes `is_async` as a bool; got {is_async!r}.")
+    _IS_ASYNC["value"] = is_async
+    stats = _device.get().function_cache_stats()
+    _STATS_BASE.update(hit=stats["hit"], miss=stats["miss"])

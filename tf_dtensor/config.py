@@ -257,7 +257,9 @@ def create_mesh(mesh_dims: Union[List[Tuple[str, int]], Dict[str, int], None] = 
     ids = np.arange(total).reshape(sizes)
     mesh = Mesh(names, ids, list(range(total)), device_names, mesh_name,
                 use_xla_spmd=use_xla_spmd)
-    _check_devices_exist(device_names)  # after the mesh's own checks (names, types, counts)
+    # Whether the devices exist is checked at the mesh's first use (`_device.check_mesh`):
+    # programs (and TensorFlow's tests) build meshes before they split the host into
+    # logical devices.
     return mesh
 
 
@@ -267,39 +269,6 @@ def _dim_size(name: str, size) -> int:
         raise MeshError(f"Mesh dimension `{name}` has size {size!r}; sizes are whole numbers "
                         f"of devices, e.g. ({name!r}, 2).")
     return int(size)
-
-
-def _num_devices(device_type: str) -> int:
-    """How many logical devices of `device_type` this host has, without starting
-    TensorFlow's runtime (which would fix the logical device configuration)."""
-    if context.context()._context_handle is not None:  # pylint: disable=protected-access
-        return len(tf.config.list_logical_devices(device_type))
-    count = 0
-    for physical in tf.config.list_physical_devices(device_type):
-        configured = tf.config.get_logical_device_configuration(physical)
-        count += len(configured) if configured else 1
-    return count
-
-
-def _check_devices_exist(device_names: List[str]) -> None:
-    """Refuses a local CPU or GPU that this host does not have (`CPU:99` on 8 CPUs)."""
-    counts: Dict[str, int] = {}
-    for name in device_names:
-        spec = tf_device.DeviceSpec.from_string(name)
-        device_type = (spec.device_type or "").upper()
-        if device_type not in ("CPU", "GPU") or spec.device_index is None:
-            continue
-        if spec.job not in (None, "localhost") or spec.task not in (None, 0):
-            continue  # another client's device
-        if device_type not in counts:
-            counts[device_type] = _num_devices(device_type)
-        if spec.device_index >= counts[device_type]:
-            raise MeshError(
-                f"Device `{name}` does not exist: this host has {counts[device_type]} logical "
-                f"{device_type} device(s). Split the host into more logical devices first "
-                f"(`tf.config.set_logical_device_configuration`, or "
-                f"`initialize_accelerator_system(num_logical_cpu_devices=...)`), or list "
-                f"existing devices.")
 
 
 def create_distributed_mesh(mesh_dims: Union[List[Tuple[str, int]], Dict[str, int]],

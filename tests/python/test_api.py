@@ -420,3 +420,56 @@ def test_call_with_layout_random_rank_1(mesh_1d):
 
 def test_barrier_on_2d_mesh(mesh_2x2):
     dtensor.barrier(mesh_2x2)
+
+
+# --- TensorFlow's `api._dtensor_device()` and `layout=` on TensorFlow's ops (issue 25) ---
+
+def test_tf_ops_take_a_tf_dtensor_layout(mesh_2x2):
+    layout = dtensor.Layout(["x", dtensor.UNSHARDED], mesh_2x2)
+    ones = tf.ones([4, 2], layout=layout)
+    assert dtensor.fetch_layout(ones) == layout
+    np.testing.assert_array_equal(dtensor.unpack(ones)[0].numpy(), np.ones([2, 2]))
+    filled = tf.fill([4, 2], 7, layout=layout)
+    assert dtensor.fetch_layout(filled) == layout and filled.dtype == tf.int32
+    like = tf.zeros_like(ones, layout=dtensor.Layout.replicated(mesh_2x2, 2))
+    assert dtensor.fetch_layout(like) == dtensor.Layout.replicated(mesh_2x2, 2)
+    # TensorFlow's own layouts still go to TensorFlow's DTensor.
+    from tensorflow.experimental import dtensor as builtin
+    builtin_mesh = builtin.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+    assert builtin.fetch_layout(tf.ones([2], layout=builtin.Layout(["x"], builtin_mesh))) \
+        == builtin.Layout(["x"], builtin_mesh)
+
+
+def test_device_view_scopes_and_stats(mesh_2x2):
+    from tf_dtensor import api
+    device = api._dtensor_device()
+    layout = dtensor.Layout([dtensor.UNSHARDED, "y"], mesh_2x2)
+    with device._default_layout(layout):
+        zeros = tf.zeros([2, 4])
+    assert dtensor.fetch_layout(zeros) == layout
+    with device._experimental_default_mesh(mesh_2x2):
+        assert not dtensor.is_dtensor(tf.ones([2]))  # not placed on the device: stays put
+        with tf.device(dtensor.device_name()):
+            assert dtensor.fetch_layout(tf.ones([2])) == dtensor.Layout.replicated(mesh_2x2, 1)
+    api.reset_dtensor_device(is_async=False)
+    assert device._get_stats()["function_manager.hit"] == 0 and not device.is_async
+
+    @tf.function
+    def double(t):
+        return t * 2
+
+    double(zeros)
+    double(zeros)
+    stats = device._get_stats()
+    assert stats["function_manager.miss"] == 1 and stats["function_manager.hit"] == 1
+    with pytest.raises(TypeError, match="is_async"):
+        api.reset_dtensor_device(is_async="yes")
+    api.reset_dtensor_device(is_async=True)
+
+    @tf.function
+    def traced():
+        with device._default_layout(layout):
+            return tf.zeros([2, 4])
+
+    with pytest.raises(RuntimeError, match="call_with_layout"):
+        traced()

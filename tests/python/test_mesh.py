@@ -3,6 +3,10 @@ text forms and parity with TF's built-in DTensor Mesh."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -389,9 +393,38 @@ def test_public_names_cover_tf():
 
 # --- malformed input is refused at construction, naming the bad value (issue 9) ---
 
-def test_mesh_over_a_device_the_host_lacks_is_refused():
-    with pytest.raises(MeshError, match=r"`CPU:99` does not exist: this host has 8 logical CPU"):
-        dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:99"])
+def test_mesh_over_a_device_the_host_lacks_is_refused_at_first_use():
+    # Built freely (programs build meshes before splitting the host into logical devices);
+    # refused, naming the device and the fix, when first used.
+    mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:99"])
+    message = r"`\S*CPU:99` of mesh\(x=2\) does not exist: this host has 8 logical CPU"
+    with pytest.raises(MeshError, match=message):
+        dtensor.copy_to_mesh(tf.ones([2]), dtensor.Layout.replicated(mesh, 1))
+    with pytest.raises(MeshError, match=message):
+        dtensor.call_with_layout(tf.ones, dtensor.Layout.replicated(mesh, 1), shape=[2])
+    with pytest.raises(MeshError, match=message):
+        with dtensor.default_mesh(mesh):
+            pass
+
+
+def test_mesh_built_before_the_host_is_split_works_after():
+    # TensorFlow's tests and notebooks build meshes first, then configure logical devices.
+    script = """
+import tensorflow as tf
+from tf_dtensor import dtensor
+mesh = dtensor.create_mesh([("x", 4)], devices=[f"CPU:{i}" for i in range(4)])
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+t = dtensor.call_with_layout(tf.ones, dtensor.Layout(["x"], mesh), shape=[8])
+print("components", [c.numpy().tolist() for c in dtensor.unpack(t)])
+"""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(tf_dtensor.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=300, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "components [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]" in result.stdout
 
 
 @pytest.mark.parametrize("size", [2.5, "2", True], ids=["fraction", "string", "bool"])
