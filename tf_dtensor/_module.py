@@ -397,16 +397,16 @@ def save_state_dict(state, file_prefix) -> None:
     if _is_module(state):
         state = state_dict(state)
     values = collections.OrderedDict(
-        (name, value if api.is_dtensor(value) else tf.convert_to_tensor(value))
+        (name, value if api._is_dtensor(value) else tf.convert_to_tensor(value))
         for name, value in state.items())
-    mesh = next((api.fetch_layout(v).mesh for v in values.values() if api.is_dtensor(v)), None)
+    mesh = next((api.fetch_layout(v).mesh for v in values.values() if api._is_dtensor(v)), None)
     name_based_save(mesh, os.fspath(file_prefix), values)
 
 
 def _as_layout_of(value, backing, name: str):
     """`value` as the target variable holds it: the DTensor in its layout, or a regular
     tensor for a variable off the mesh; any dtype cast to the variable's."""
-    if api.is_dtensor(value):
+    if api._is_dtensor(value):
         layout = api.fetch_layout(value)
         value = tf.cast(value, backing.dtype)
         if isinstance(backing, DVariable) and layout.mesh == backing.layout.mesh:

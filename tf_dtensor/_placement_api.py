@@ -113,7 +113,7 @@ def distribute_tensor(tensor, mesh: Mesh, placements: Placements):
     Example:
       >>> t = distribute_tensor(tf.ones([5, 2]), mesh, [Shard(0)])   # blocks of 2, 2, 1, 0
     """
-    source_is_dtensor = api.is_dtensor(tensor)
+    source_is_dtensor = api._is_dtensor(tensor)
     if not source_is_dtensor:
         tensor = tf.convert_to_tensor(tensor)
     layout = _layout_for(mesh, placements, _rank_of(tensor, "distribute_tensor"),
@@ -124,7 +124,7 @@ def distribute_tensor(tensor, mesh: Mesh, placements: Placements):
     @tf.custom_gradient
     def _distribute(x):
         def grad(dy):
-            return _to_plain(dy) if api.is_dtensor(dy) else dy
+            return _to_plain(dy) if api._is_dtensor(dy) else dy
         return api.copy_to_mesh(x, layout), grad
 
     return _distribute(tensor)
@@ -254,7 +254,7 @@ def to_local(tensor) -> List[tf.Tensor]:
       >>> [b.shape[0] for b in to_local(distribute_tensor(tf.ones([5]), mesh, [Shard(0)]))]
       [2, 2, 1, 0]
     """
-    if context.executing_eagerly() and not api.is_dtensor(tensor):
+    if context.executing_eagerly() and not api._is_dtensor(tensor):
         raise LayoutError(f"`to_local` takes a DTensor; got a `{type(tensor).__name__}`. "
                           f"Make one with `distribute_tensor` or `from_local`.")
     return list(api.unpack(tensor))
@@ -275,7 +275,7 @@ def full_tensor(tensor, mesh: Optional[Mesh] = None):
         mesh = _traced_mesh(mesh, "full_tensor")
         layout = Layout.replicated(mesh, _rank_of(tensor, "full_tensor"))
         return api.relayout(tensor, layout)
-    if not api.is_dtensor(tensor):
+    if not api._is_dtensor(tensor):
         return tf.convert_to_tensor(tensor)
     if isinstance(tensor, tf.Variable):
         tensor = tensor.read_value()  # a DVariable: its value (a tape still sees the read)
@@ -313,7 +313,7 @@ def redistribute(tensor, placements: Placements, mesh: Optional[Mesh] = None):
     """
     if context.executing_eagerly():
         if mesh is None:
-            if not api.is_dtensor(tensor):
+            if not api._is_dtensor(tensor):
                 raise LayoutError("`redistribute` takes a DTensor; got a regular tensor. Use "
                                   "`distribute_tensor(tensor, mesh, placements)`.")
             mesh = api.fetch_layout(tensor).mesh

@@ -29,7 +29,7 @@ _original_gradient = backprop.GradientTape.gradient
 
 def _is_dtensor(value) -> bool:
     try:
-        return api.is_dtensor(value)
+        return api._is_dtensor(value)
     except (TypeError, ValueError, AttributeError):
         return False
 

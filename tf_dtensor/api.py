@@ -41,7 +41,22 @@ def set_strict_mode(strict: bool) -> None:
 
 
 def is_dtensor(tensor) -> bool:
-    """Whether `tensor` is a DTensor (or a DVariable)."""
+    """Whether `tensor` is a DTensor (or a DVariable). Eagerly only, as in TensorFlow.
+
+    Raises:
+      RuntimeError: called while tracing a `tf.function` (a traced tensor's layout is
+        decided when the function runs).
+    """
+    if not context.executing_eagerly():
+        raise RuntimeError(
+            "`is_dtensor` must be called eagerly: while tracing a tf.function, tensors are "
+            "symbolic and whether one is a DTensor is decided when the function runs. Call "
+            "it outside the function.")
+    return _is_dtensor(tensor)
+
+
+def _is_dtensor(tensor) -> bool:
+    """`is_dtensor` for tf_dtensor's own code: False (no error) for a traced tensor."""
     if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
         tensor = tensor.handle
     if not isinstance(tensor, ops.EagerTensor):
@@ -52,9 +67,10 @@ def is_dtensor(tensor) -> bool:
 def _refuse_while_tracing(name: str) -> None:
     if not context.executing_eagerly():
         raise RuntimeError(
-            f"`{name}` reads the components of a DTensor, which exist only when it runs; it "
-            f"was called while tracing a tf.function. Call `{name}` outside the function on "
-            f"its result (inside, use `relayout` to change a layout).")
+            f"`{name}` must be called eagerly: it reads the components of a DTensor, which "
+            f"exist only when it runs, and it was called while tracing a tf.function. Call "
+            f"`{name}` outside the function on its result (inside, use `relayout` to change "
+            f"a layout).")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -83,7 +99,7 @@ def fetch_layout(tensor) -> Optional[Layout]:
     _refuse_while_tracing("fetch_layout")
     if not tf.is_tensor(tensor) and not isinstance(tensor, tf.Variable):
         return None
-    if not is_dtensor(tensor):
+    if not _is_dtensor(tensor):
         raise LayoutError(f"fetch_layout expects a DTensor; got a regular tensor on "
                           f"`{getattr(tensor, 'device', '?')}`. Create one with `pack`, "
                           f"`copy_to_mesh` or `call_with_layout`.")
@@ -143,6 +159,7 @@ def pack(tensors: Sequence[Any], layout: Layout, *, run_check: bool = False) -> 
       >>> t = pack([[0, 1]] * mesh.num_local_devices(), Layout.replicated(mesh, 1))
     """
     _layout_arg(layout, "pack")
+    _refuse_while_tracing("pack")
     components = [tf.convert_to_tensor(t) for t in tensors]
     if not components:
         raise LayoutError(f"pack needs one component per local device of {layout.mesh.short()}; "
@@ -208,7 +225,7 @@ def unpack(tensor: Any) -> Sequence[Any]:
         raise TypeError(f"unpack expects a DTensor; got a `{type(tensor).__name__}`.")
     global _unpack_capacity
     dtype = tensor.dtype.as_datatype_enum
-    if is_dtensor(tensor):
+    if _is_dtensor(tensor):
         # Room for as many components as any DTensor had so far: the device returns the
         # ones there are, so most calls skip reading the layout (half of unpack's time).
         try:
@@ -254,7 +271,7 @@ def _relayout_grad(op, grad):
     """The gradient returns to the layout (and mesh) of the relayout's input, as in TF."""
     source = op.inputs[0]
     if context.executing_eagerly():
-        if not is_dtensor(source) or not is_dtensor(grad):
+        if not _is_dtensor(source) or not _is_dtensor(grad):
             return grad
         return relayout(grad, fetch_layout(source))
     return _relayout_like_op(grad, source)
@@ -281,7 +298,7 @@ def _relayout_like_op(tensor, layout_tensor):
 def copy_to_mesh(tensor: Any, layout: Layout, source_layout: Optional[Layout] = None) -> tf.Tensor:
     """Copies a regular tensor onto `layout.mesh`, laid out as `layout` (sliced locally)."""
     del source_layout  # The source of a regular tensor is its own device.
-    if is_dtensor(tensor):
+    if _is_dtensor(tensor):
         return relayout(tensor, layout)
     return _relayout(tf.convert_to_tensor(tensor), layout)
 
@@ -289,7 +306,7 @@ def copy_to_mesh(tensor: Any, layout: Layout, source_layout: Optional[Layout] = 
 def relayout(tensor: tf.Tensor, layout: Layout, name: Optional[str] = None) -> tf.Tensor:
     """Changes a DTensor's layout, inserting the needed all-gathers, slices or all-to-alls."""
     del name
-    if not is_dtensor(tensor):
+    if not _is_dtensor(tensor):
         tensor = tf.convert_to_tensor(tensor)
     return _relayout(tensor, layout)
 
@@ -325,7 +342,7 @@ def call_with_layout(fn: Callable[..., Any], layout: Optional[Layout], *args, **
             # While tracing, ops are graph nodes that the default layout does not reach: the
             # relayout node asks the op that made the result for `layout` instead.
             return relayout(result, layout) if tf.is_tensor(result) else result
-    if isinstance(result, (ops.EagerTensor,)) and (not is_dtensor(result) or
+    if isinstance(result, (ops.EagerTensor,)) and (not _is_dtensor(result) or
                                                    fetch_layout(result) != layout):
         result = relayout(result, layout)
     return result

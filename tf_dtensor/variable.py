@@ -56,12 +56,12 @@ class DVariable(resource_variable_ops.ResourceVariable):
         if callable(initial_value):
             initial_value = api.call_with_layout(initial_value, layout) if layout else initial_value()
         initial_value = ops.convert_to_tensor(initial_value, dtype=dtype)
-        if api.is_dtensor(initial_value):
+        if api._is_dtensor(initial_value):
             value_layout = api.fetch_layout(initial_value)
             if layout is not None and layout != value_layout:
-                raise LayoutError(f"DVariable got `layout={layout.short()}` but its initial value "
-                                  f"has layout {value_layout.short()}; relayout the value or drop "
-                                  f"`layout=`.")
+                raise LayoutError(f"Conflicting layout are provided: DVariable got "
+                                  f"`layout={layout.short()}` but its initial value has layout "
+                                  f"{value_layout.short()}; relayout the value or drop `layout=`.")
             layout = value_layout
         elif layout is not None:
             initial_value = api.copy_to_mesh(initial_value, layout)

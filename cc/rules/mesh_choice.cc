@@ -45,8 +45,9 @@ StatusOr<MeshChoice> ChooseMesh(const MeshChoiceOp& op,
   if (!mesh) {
     return InvalidArgument("'" + op.name + "'" + op.where +
                            " was placed on the DTensor device but none of its inputs is a "
-                           "DTensor and no mesh is set. Run it under `dtensor.run_on(mesh)` or "
-                           "use `dtensor.call_with_layout(fn, layout, ...)`.");
+                           "DTensor and no mesh is set (No default mesh has been registered "
+                           "to DTensor). Run it under `dtensor.run_on(mesh)` or use "
+                           "`dtensor.call_with_layout(fn, layout, ...)`.");
   }
   MeshChoice choice{*mesh, {}};
   for (int i = 0; i < n; ++i) {

@@ -72,14 +72,47 @@ emit("second_call_hits", after_two[hit] - after_one[hit] == 1)
 emit("second_call_no_miss", after_two[miss] == after_one[miss])
 emit("keys", sorted(k for k in after_two if k.startswith("function_manager.")))
 """,
+    # TensorFlow's tests match these errors by class and by a key phrase of the message.
+    "eager_only_functions_raise_in_functions": _SETUP + """
+t = dtensor.call_with_layout(tf.ones, xs, shape=(4, 2))
+for name, body in [("pack", lambda x: dtensor.pack([x] * 4, rep)),
+                   ("unpack", lambda x: dtensor.unpack(x)),
+                   ("fetch_layout", lambda x: dtensor.fetch_layout(x)),
+                   ("is_dtensor", lambda x: dtensor.is_dtensor(x))]:
+    try:
+        tf.function(body)(t if name != "pack" else tf.ones([4, 2]))
+        emit(name, "no error")
+    except RuntimeError as error:
+        emit(name, "must be called eagerly" in str(error))
+""",
+    "key_phrases_of_messages": _SETUP + """
+t = dtensor.call_with_layout(tf.ones, xs, shape=(4, 2))
+try:
+    dtensor.DVariable(t, layout=rep)
+except tf.errors.InvalidArgumentError as error:
+    emit("conflicting_layout", "Conflicting layout are provided" in str(error))
+""",
 }
 
 suite = harness.Suite(SCENARIOS)
+# In a process of its own: TensorFlow's device keeps a default mesh that an earlier
+# scenario's scope set.
+no_mesh_suite = harness.Suite({"no_default_mesh": _SETUP + """
+try:
+    with tf.device(dtensor.device_name()):
+        tf.ones([2]).numpy()
+except tf.errors.InvalidArgumentError as error:
+    emit("no_default_mesh", "No default mesh has been registered to DTensor" in str(error))
+"""})
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_same_as_tensorflow(name):
     suite.check(name)
+
+
+def test_no_default_mesh_message_has_tensorflows_phrase():
+    no_mesh_suite.check("no_default_mesh")
 
 
 # TensorFlow's DTensor refuses `tf.ones_like(regular_tensor, layout=...)` ("OnesLike got a

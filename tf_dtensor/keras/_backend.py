@@ -121,13 +121,13 @@ def distribute_tensor(tensor, layout):
     """
     if _is_keras_tensor(tensor):
         return tensor  # symbolic (functional model construction): nothing to place
-    if isinstance(tensor, tf.Variable) and not api.is_dtensor(tensor):
+    if isinstance(tensor, tf.Variable) and not api._is_dtensor(tensor):
         tensor = tensor.value()
     rank = len(tensor.shape)
     layout = to_layout(layout, rank)
     if not context.executing_eagerly():
         return api.relayout(tensor, layout)
-    if api.is_dtensor(tensor):
+    if api._is_dtensor(tensor):
         if isinstance(tensor, tf.Variable):
             tensor = tensor.read_value()
         return tensor if api.fetch_layout(tensor) == layout else api.relayout(tensor, layout)
@@ -158,7 +158,7 @@ def distribute_variable(value, layout, **kwargs) -> DVariable:
     if callable(value):
         layout = to_layout(layout, len(kwargs.pop("shape")))
         return DVariable(value, layout=layout, **kwargs)
-    value = tf.convert_to_tensor(value) if not api.is_dtensor(value) else value
+    value = tf.convert_to_tensor(value) if not api._is_dtensor(value) else value
     return DVariable(distribute_tensor(value, layout), **kwargs)
 
 
@@ -184,7 +184,7 @@ def lay_out_batch(batch, mesh: Mesh):
     distribution = active_distribution()
 
     def place(value):
-        if value is None or api.is_dtensor(value):
+        if value is None or api._is_dtensor(value):
             return value
         value = tf.convert_to_tensor(value)
         rank = len(value.shape)
@@ -198,7 +198,7 @@ def lay_out_batch(batch, mesh: Mesh):
 
 
 def _plain(value):
-    if not api.is_dtensor(value):
+    if not api._is_dtensor(value):
         return value
     if isinstance(value, tf.Variable):
         value = value.read_value()

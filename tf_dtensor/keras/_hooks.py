@@ -165,11 +165,11 @@ def _variable_hooks(variable_class) -> None:
                 # The initializer runs sharded: no device holds the whole weight. Stateless
                 # random ops give the same values as on one device.
                 initial = api.call_with_layout(value, layout)
-                if not api.is_dtensor(initial) or api.fetch_layout(initial) != layout:
+                if not api._is_dtensor(initial) or api.fetch_layout(initial) != layout:
                     initial = _backend.distribute_tensor(initial, layout)
             else:
                 initial = _backend.distribute_tensor(tf.cast(value, self._dtype)
-                                                     if not api.is_dtensor(value) else value,
+                                                     if not api._is_dtensor(value) else value,
                                                      layout)
             self._value = _backend.make_dvariable(
                 initial, trainable=self.trainable, name=self.name,
@@ -182,7 +182,7 @@ def _variable_hooks(variable_class) -> None:
             self.__class__ = distributed_classes[cls]
 
     def _direct_assign(self, value):
-        if is_distributed(self) and not api.is_dtensor(value):
+        if is_distributed(self) and not api._is_dtensor(value):
             value = tf.cast(value, self._value.dtype)
             value = _backend.distribute_tensor(value, self._value.layout)
         return original_direct_assign(self, value)
@@ -218,7 +218,7 @@ def _variable_hooks(variable_class) -> None:
 
 def is_distributed(variable) -> bool:
     """Whether a Keras variable is backed by a DVariable."""
-    return getattr(variable, "_value", None) is not None and api.is_dtensor(variable._value)
+    return getattr(variable, "_value", None) is not None and api._is_dtensor(variable._value)
 
 
 def layout_map_of(distribution) -> Optional[Any]:
