@@ -4,6 +4,7 @@
 //   AssignVariableOp(handle, value)    -> value must have L: a DVariable's layout is fixed
 //   ReadVariableOp(handle)             -> a DTensor with layout L
 #include "cc/core/strings.h"
+#include "cc/spmd/lowering.h"
 #include "cc/rules/registry.h"
 
 namespace tf_dtensor {
@@ -49,7 +50,10 @@ class VarHandleRule : public Rule {
     options.distinct_over = value.ShardedMeshDims();
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> out,
                          builder.LocalOp(ctx.op_name, {}, options, plan.outputs));
-    builder.set_resource(out[0], {value, shape, ctx.attrs->GetType("dtype").value_or(0)});
+    ResourceInfo info{value, shape, ctx.attrs->GetType("dtype").value_or(0)};
+    info.shared_storage = CollectiveLowering::For(ctx.mesh).shares_buffers() &&
+                          static_cast<int>(value.ShardedMeshDims().size()) < ctx.mesh.num_dims();
+    builder.set_resource(out[0], std::move(info));
     return out;
   }
 };

@@ -100,6 +100,10 @@ struct ResourceInfo {
   Layout value_layout;
   std::vector<int64_t> value_shape;
   int value_dtype;
+  // Made under a lowering whose devices share buffers, with devices that hold the same
+  // block sharing one variable: ops on it must run under such a lowering (another one
+  // would update that one variable once per device).
+  bool shared_storage = false;
 };
 
 class Builder {

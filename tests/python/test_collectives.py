@@ -15,7 +15,8 @@ import tensorflow as tf
 import tf_dtensor
 from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal, cpus, layout_of,
                              random_array, reassemble, to_dtensor)
-from tf_dtensor import config, debug
+import dtensor_testing
+from tf_dtensor import config, debug, dtensor
 from tf_dtensor.dtensor import Layout, Mesh, create_mesh
 
 # Devices in reverse order: TF ranks a group by device index, the mesh by coordinate, so
@@ -393,3 +394,29 @@ def test_forcing_collective_ops_on_cpus_changes_the_matmul_plan_consistently():
             assert_dtensor_equal(a @ b, layout_of("*,*", MESH_1D), ops)
     finally:
         config.set_collective_lowering("")
+
+
+@pytest.mark.parametrize("made_under, used_under", [("shared", "ops"), ("ops", "shared")])
+def test_variable_made_under_one_lowering_is_refused_under_another(mesh_1d, made_under,
+                                                                   used_under):
+    # Under the shared lowering the devices holding one block share one variable; under
+    # ops each has its own. Used across a switch, an update was applied once per device
+    # (a replicated assign_add of 1 added 2): now refused, naming the fix.
+    layout = dtensor.Layout.replicated(mesh_1d, 1)
+    with dtensor_testing.collective_lowering(made_under):
+        v = dtensor.DVariable(dtensor.call_with_layout(tf.zeros, layout, shape=(2,)))
+    with dtensor_testing.collective_lowering(used_under):
+        with pytest.raises(tf.errors.FailedPreconditionError,
+                           match="created under a collective lowering.*before creating"):
+            v.assign_add(dtensor.call_with_layout(tf.ones, layout, shape=(2,)))
+    with dtensor_testing.collective_lowering(made_under):
+        v.assign_add(dtensor.call_with_layout(tf.ones, layout, shape=(2,)))
+        np.testing.assert_array_equal(dtensor.unpack(v.read_value())[1].numpy(), [1, 1])
+    # A variable with no replicas (every mesh dimension shards it) moves freely.
+    sharded = dtensor.Layout(["x"], mesh_1d)
+    with dtensor_testing.collective_lowering(made_under):
+        w = dtensor.DVariable(dtensor.call_with_layout(tf.zeros, sharded, shape=(2,)))
+    with dtensor_testing.collective_lowering(used_under):
+        w.assign_add(dtensor.call_with_layout(tf.ones, sharded, shape=(2,)))
+    np.testing.assert_array_equal([c.numpy() for c in dtensor.unpack(w.read_value())],
+                                  [[1], [1]])
