@@ -1,5 +1,8 @@
 #include "cc/rules/dispatch.h"
 
+#include <set>
+#include <string>
+
 #include "cc/rules/plan.h"
 #include "cc/spmd/lowering.h"
 #include "cc/spmd/relayout.h"
@@ -50,25 +53,29 @@ Status PrepareContext(const RuleTraits& traits, OpContext& ctx, bool in_function
     info.from_host = true;
   }
   // A variable whose replicas share one buffer (made under the shared lowering) cannot be
-  // used under a lowering that runs each device separately: each device's update would go
-  // to the one buffer (applied N times), or the replicas would drift apart.
+  // updated under a lowering that runs each device separately (each device's update would
+  // go to the one buffer: applied N times), nor one with a variable per device under the
+  // shared lowering (only the first device's copy would change). Reads are fine.
+  static const std::set<std::string>* const kReadsOnly = new std::set<std::string>{
+      "DestroyResourceOp", "ReadVariableOp", "VarIsInitializedOp", "VariableShape"};
   for (int i = 0; i < n; ++i) {
     const InputInfo& info = ctx.inputs[i];
-    if (!info.resource) continue;
+    if (!info.resource || !info.resource->shared_storage) continue;
     const Layout& value = info.resource->value_layout;
     const bool has_replicas =
         static_cast<int>(value.ShardedMeshDims().size()) < value.mesh().num_dims();
     const bool shares = CollectiveLowering::For(ctx.mesh).shares_buffers();
-    if (has_replicas && info.resource->shared_storage != shares) {
+    if (has_replicas && *info.resource->shared_storage != shares &&
+        !kReadsOnly->count(ctx.op_name)) {
       return FailedPrecondition(
           "DTensor op " + ctx.DescribeOp() + where + " uses input " + std::to_string(i) +
           ", a DVariable (" + info.resource->value_layout.ShortString() + ") created under a "
           "collective lowering that " + (shares ? "gives each device its own" : "shares one") +
           " variable for devices holding the same block, but the lowering in force now " +
           (shares ? "shares buffers" : "runs each device separately") +
-          ": its updates would be applied once per device or its replicas would drift "
-          "apart. Choose the lowering (`set_collective_lowering`, TF_DTENSOR_COLLECTIVES) "
-          "before creating variables, or create the variable again.");
+          ": an update now would be applied once per device, or to one device's copy only "
+          "(reading it is fine). Choose the lowering (`set_collective_lowering`, "
+          "TF_DTENSOR_COLLECTIVES) before creating variables, or create the variable again.");
     }
   }
   // An axis sharded over several mesh dimensions ("x+y") is a storage layout: rules other

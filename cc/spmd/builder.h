@@ -100,10 +100,11 @@ struct ResourceInfo {
   Layout value_layout;
   std::vector<int64_t> value_shape;
   int value_dtype;
-  // Made under a lowering whose devices share buffers, with devices that hold the same
-  // block sharing one variable: ops on it must run under such a lowering (another one
-  // would update that one variable once per device).
-  bool shared_storage = false;
+  // A variable's (not a TensorList's): whether it was made under a lowering whose devices
+  // share buffers, devices holding the same block then sharing one variable. Only reads
+  // may run under a lowering that stores replicas the other way (an update would go to
+  // the one variable once per device, or to one device's copy only).
+  std::optional<bool> shared_storage;
 };
 
 class Builder {

@@ -409,6 +409,8 @@ def test_variable_made_under_one_lowering_is_refused_under_another(mesh_1d, made
         with pytest.raises(tf.errors.FailedPreconditionError,
                            match="created under a collective lowering.*before creating"):
             v.assign_add(dtensor.call_with_layout(tf.ones, layout, shape=(2,)))
+        # Reading is fine under either.
+        np.testing.assert_array_equal(dtensor.unpack(v.read_value())[1].numpy(), [0, 0])
     with dtensor_testing.collective_lowering(made_under):
         v.assign_add(dtensor.call_with_layout(tf.ones, layout, shape=(2,)))
         np.testing.assert_array_equal(dtensor.unpack(v.read_value())[1].numpy(), [1, 1])
