@@ -62,37 +62,36 @@ def check_backend(backend: str) -> None:
 # ---- layouts a layer asks for by weight name (tf_dtensor.keras.layers) ----
 
 @contextlib.contextmanager
-def weight_layouts(layouts: Dict[str, Any]) -> Iterator[None]:
+def _pushed(name: str, value: Any) -> Iterator[None]:
+    """Within: `value` is the innermost entry of this thread's stack `name`."""
+    stack = _STATE.__dict__.setdefault(name, [])
+    stack.append(value)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _innermost(name: str) -> Optional[Any]:
+    stack = _STATE.__dict__.get(name)
+    return stack[-1] if stack else None
+
+
+def weight_layouts(layouts: Dict[str, Any]):
     """Within: a variable whose path ends with a key is made in that key's layout.
 
     `layouts` maps a path under the layer to a function rank -> Layout.
     """
-    stack = getattr(_STATE, "layouts", None)
-    if stack is None:
-        stack = _STATE.layouts = []
-    stack.append(layouts)
-    try:
-        yield
-    finally:
-        stack.pop()
+    return _pushed("layouts", layouts)
 
 
-@contextlib.contextmanager
-def default_mesh(mesh) -> Iterator[None]:
+def default_mesh(mesh):
     """Within: a Keras variable with no other layout is replicated on `mesh`."""
-    stack = getattr(_STATE, "meshes", None)
-    if stack is None:
-        stack = _STATE.meshes = []
-    stack.append(mesh)
-    try:
-        yield
-    finally:
-        stack.pop()
+    return _pushed("meshes", mesh)
 
 
 def _default_mesh():
-    stack = getattr(_STATE, "meshes", None)
-    return stack[-1] if stack else None
+    return _innermost("meshes")
 
 
 def _asked_layout(path: str) -> Optional[Any]:
@@ -101,11 +100,11 @@ def _asked_layout(path: str) -> Optional[Any]:
     Keys are paths under the layer (`"kernel"`, `"query/kernel"`); the longest key that
     ends `path` wins.
     """
-    stack = getattr(_STATE, "layouts", None)
-    if not stack:
+    layouts = _innermost("layouts")
+    if not layouts:
         return None
-    keys = [key for key in stack[-1] if path == key or path.endswith("/" + key)]
-    return stack[-1][max(keys, key=len)] if keys else None
+    keys = [key for key in layouts if path == key or path.endswith("/" + key)]
+    return layouts[max(keys, key=len)] if keys else None
 
 
 # ---- keras.src.backend.tensorflow.core.Variable ----
