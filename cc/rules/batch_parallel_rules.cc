@@ -2,7 +2,6 @@
 // from the trailing "core" axes of one batch element (a matrix, a signal, an image). The
 // batch axes pass through sharded; the core axes are gathered, since the op mixes them.
 //   cholesky([x,*,y] of [B, N, N]) -> gather axis 2 -> [x,*,*]
-//   fft2d([x,y,*] of [B, H, W]) -> [x,*,*]              (H, W are the core)
 //   matrix_solve([x,*,*] of [B, M, M], [*,*,*] of [B, M, K]) -> [x,*,*]
 //   resize_bilinear([x,*,*,y] of [B, H, W, C], size) -> [x,*,*,*]
 //   adjust_hue([x,y,*,*] of [B, H, W, 3], delta) -> [x,y,*,*]   (per pixel: core is C alone)
@@ -125,7 +124,7 @@ StatusOr<CoreAxes> EigCore(const OpContext& ctx) {
 
 // Shorthands for the common shapes.
 std::shared_ptr<const Rule> Unary(int core) { return BatchParallel({core}, {core}); }
-// An op with a host argument after its one data input (RFFT's fft_length, resize's size).
+// An op with a host argument after its one data input (resize's size).
 std::shared_ptr<const Rule> UnaryWithHost(int core) { return BatchParallel({core, kHost}, {core}); }
 // Image ops with a scalar factor (contrast, hue delta, saturation scale) read whole.
 std::shared_ptr<const Rule> ImageWithScalar(int core) { return BatchParallel({core, 0}, {core}); }
@@ -139,16 +138,7 @@ const bool kRegistered = RegisterRules({
     {"Cross", BatchParallel({1, 1}, {1})},
     {"ExtractImagePatches", Unary(3)},
     {"ExtractVolumePatches", Unary(4)},
-    {"FFT", Unary(1)},
-    {"FFT2D", Unary(2)},
-    {"FFT3D", Unary(3)},
     {"HSVToRGB", Unary(1)},
-    {"IFFT", Unary(1)},
-    {"IFFT2D", Unary(2)},
-    {"IFFT3D", Unary(3)},
-    {"IRFFT", UnaryWithHost(1), Traits().Host(1, HostValue::kShape)},
-    {"IRFFT2D", UnaryWithHost(2), Traits().Host(1, HostValue::kShape)},
-    {"IRFFT3D", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
     {"LogMatrixDeterminant", BatchParallel({2}, {0, 0})},
     {"Lu", BatchParallel({2}, {2, 1})},
     {"MatrixBandPart", BatchParallel({2, kHost, kHost}, {2}),
@@ -169,9 +159,6 @@ const bool kRegistered = RegisterRules({
     {"MatrixSquareRoot", Unary(2)},
     {"MatrixTriangularSolve", BatchParallel({2, 2}, {2})},
     {"Qr", BatchParallel({2}, {2, 2})},
-    {"RFFT", UnaryWithHost(1), Traits().Host(1, HostValue::kShape)},
-    {"RFFT2D", UnaryWithHost(2), Traits().Host(1, HostValue::kShape)},
-    {"RFFT3D", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
     {"RGBToHSV", Unary(1)},
     {"ResizeArea", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
     {"ResizeBicubic", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},

@@ -92,6 +92,22 @@ try:
 except tf.errors.InvalidArgumentError as error:
     emit("conflicting_layout", "Conflicting layout are provided" in str(error))
 """,
+    # TensorFlow keeps a Fourier transform's shardings (moved to other axes), not gathered.
+    "fft_shardings_move": _SETUP + """
+mesh3 = dtensor.create_mesh([("b", 2), ("x", 2), ("y", 2)], devices=[f"CPU:{i}" for i in range(8)])
+U = dtensor.UNSHARDED
+cases = [("fft", tf.signal.fft, [U, U, "y"]), ("fft2d", tf.signal.fft2d, [U, "x", "y"]),
+         ("fft2d_b", tf.signal.fft2d, ["b", "x", "y"]), ("ifft2d", tf.signal.ifft2d, [U, "x", "y"]),
+         ("ifft2d_last", tf.signal.ifft2d, [U, U, "x"]), ("fft3d", tf.signal.fft3d, ["b", "x", "y"])]
+value = tf.complex(tf.reshape(tf.range(4 * 8 * 8, dtype=tf.float32), [4, 8, 8]) % 7, 1.0)
+for name, fn, specs in cases:
+    t = dtensor.copy_to_mesh(value, dtensor.Layout.replicated(mesh3, 3))
+    t = dtensor.relayout(t, dtensor.Layout(specs, mesh3))
+    for mode, run in (("eager", fn), ("function", tf.function(fn))):
+        out = run(t)
+        emit(name + "_" + mode, dtensor.fetch_layout(out).sharding_specs)
+    emit(name + "_first_block", dtensor.unpack(out)[0])
+""",
 }
 
 suite = harness.Suite(SCENARIOS)

@@ -1,8 +1,8 @@
 """Numerical checks of cc/rules/batch_parallel_rules.cc: ops independent over leading batch
-axes (linear algebra, FFT, image ops). The batch axes stay sharded, the core axes are
+axes (linear algebra, image ops). The batch axes stay sharded, the core axes are
 gathered:
 
-    cholesky([x,*,y] of [B, N, N]) -> [x,*,*]      fft2d([x,y,*]) -> [x,*,*]
+    cholesky([x,*,y] of [B, N, N]) -> [x,*,*]      (Fourier transforms: test_rules_fft.py)
     matrix_solve([x,*,*], [*,*,*]) -> [x,*,*]      adjust_hue([x,y,*,*]) -> [x,y,*,*]
 
 The expected output layout is derived here, independently of the C++ rule: the first
@@ -81,18 +81,6 @@ OPS = {
                      [np.linalg.cholesky(_spd(MAT, 26)).astype(np.float32), _uniform(MAT, 27)],
                      [2, 2], 2),
     "Cross": (tf.linalg.cross, [_uniform((B, 4, 3), 22), _uniform((B, 4, 3), 23)], [1, 1], 1),
-    "FFT": (tf.signal.fft, [_complex((B, 4, 8), 30)], [1], 1),
-    "IFFT": (tf.signal.ifft, [_complex((B, 4, 8), 31)], [1], 1),
-    "FFT2D": (tf.signal.fft2d, [_complex((B, 4, 8), 32)], [2], 2),
-    "IFFT2D": (tf.signal.ifft2d, [_complex((B, 4, 8), 33)], [2], 2),
-    "FFT3D": (tf.signal.fft3d, [_complex((B, 2, 4, 4), 34)], [3], 3),
-    "IFFT3D": (tf.signal.ifft3d, [_complex((B, 2, 4, 4), 35)], [3], 3),
-    "RFFT": (tf.signal.rfft, [_uniform((B, 4, 8), 36)], [1], 1),
-    "IRFFT": (tf.signal.irfft, [_complex((B, 4, 5), 37)], [1], 1),
-    "RFFT2D": (tf.signal.rfft2d, [_uniform((B, 4, 8), 38)], [2], 2),
-    "IRFFT2D": (tf.signal.irfft2d, [_complex((B, 4, 5), 39)], [2], 2),
-    "RFFT3D": (tf.signal.rfft3d, [_uniform((B, 2, 4, 4), 40)], [3], 3),
-    "IRFFT3D": (tf.signal.irfft3d, [_complex((B, 2, 4, 3), 41)], [3], 3),
     "ResizeBilinear": (lambda x: tf.image.resize(x, [6, 8], "bilinear"), [_uniform(IMG, 50)],
                        [3], 3),
     "ResizeNearestNeighbor": (lambda x: tf.image.resize(x, [8, 3], "nearest"),
@@ -214,7 +202,7 @@ def test_two_batch_axes_broadcast_in_triangular_solve():
 GRAD_OPS = ["Cholesky", "MatrixInverse", "MatrixDeterminant", "LogMatrixDeterminant", "Qr.q",
             "Qr.r", "SelfAdjointEigV2.e", "Svd.s", "MatrixBandPart", "MatrixDiag",
             "MatrixDiagPart", "MatrixSetDiag", "MatrixSolve", "MatrixTriangularSolve", "Cross",
-            "FFT", "IFFT", "FFT2D", "RFFT", "IRFFT", "RFFT2D", "ResizeBilinear",
+            "ResizeBilinear",
             "ResizeNearestNeighbor", "ResizeBicubic", "RGBToHSV",
             "ExtractImagePatches", "MatrixDiag.band"]
 
