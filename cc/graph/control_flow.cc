@@ -3,6 +3,7 @@
 // then-branch's result layouts) and While (loop variables keep their entry layouts).
 #include "cc/graph/function_expansion.h"
 
+#include "cc/spmd/relayout.h"
 #include "cc/tf/handles.h"
 
 namespace tf_dtensor {
@@ -127,6 +128,49 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
   std::optional<std::string> cond_name = cond_attr ? FunctionNameOf(*cond_attr) : std::nullopt;
   std::optional<std::string> body_name = body_attr ? FunctionNameOf(*body_attr) : std::nullopt;
   if (!cond_name || !body_name) return Internal("'" + node.name + "' lacks cond or body.");
+  // A loop variable that enters less sharded than the body makes it (an accumulator
+  // started from zeros, while each step adds a sharded term) takes the body's layout when
+  // the entry value reaches it by slicing alone: that is free, and the body then needs no
+  // gather at the end of every iteration. So does one that enters as a host value. Repeated
+  // while it changes something (a few rounds: each can only add shardings).
+  for (int round = 0; round < 3; ++round) {
+    const OutputRequest free;  // nothing asked: the layouts the body gives
+    TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> natural,
+                         Callee(*body_name, inputs, free));
+    bool changed = false;
+    for (size_t i = 0; i < inputs.size() && i < natural->outputs.size(); ++i) {
+      const std::optional<Layout>& entry = builder_.layout(inputs[i]);
+      const ValueMeta& out = natural->outputs[i];
+      const std::string what =
+          "loop variable " + std::to_string(i) + " of '" + node.name + "'";
+      if (!entry && out.layout && !out.resource) {
+        // Entered as a host value (zeros made in the function), made a DTensor by the
+        // body: it joins the mesh before the loop instead of being gathered to the host
+        // at the end of every iteration.
+        TFD_ASSIGN_OR_RETURN(ValueId on_mesh,
+                             builder_.Broadcast(inputs[i], out.layout->mesh()));
+        TFD_ASSIGN_OR_RETURN(inputs[i], Relayout(builder_, on_mesh, *out.layout, what));
+        changed = true;
+        continue;
+      }
+      if (!entry || !out.layout || out.resource || *entry == *out.layout ||
+          entry->is_partial() || out.layout->is_partial() ||
+          entry->mesh() != out.layout->mesh()) {
+        continue;
+      }
+      StatusOr<std::vector<RelayoutStep>> steps =
+          PlanRelayout(*entry, *out.layout, builder_.shape(inputs[i]), "a loop variable");
+      if (!steps.ok() || steps->empty()) continue;
+      bool slices = true;
+      for (const RelayoutStep& step : *steps) {
+        slices = slices && step.kind == RelayoutStep::Kind::kSlice;
+      }
+      if (!slices) continue;
+      TFD_ASSIGN_OR_RETURN(inputs[i], Relayout(builder_, inputs[i], *out.layout, what));
+      changed = true;
+    }
+    if (!changed) break;
+  }
   // Loop variables keep the layouts they enter with (host values stay host values); the
   // body is asked to return them so (a relayout at the end of the body where it would
   // not), which is the fixed point of the loop.

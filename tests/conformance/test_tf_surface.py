@@ -108,6 +108,19 @@ for name, fn, specs in cases:
         emit(name + "_" + mode, dtensor.fetch_layout(out).sharding_specs)
     emit(name + "_first_block", dtensor.unpack(out)[0])
 """,
+    # Microbatching: a loop's accumulator, started from zeros, keeps its terms' sharding.
+    "loop_accumulator_stays_sharded": _SETUP + """
+t = dtensor.call_with_layout(tf.ones, dtensor.Layout(["x", "y"], mesh), shape=[4, 4])
+@tf.function
+def accumulate(a):
+    acc = tf.zeros_like(a)
+    for i in tf.range(3):
+        acc += a * tf.cast(i, tf.float32)
+    return acc
+out = accumulate(t)
+emit("layout", L(out))
+emit("components", dtensor.unpack(out))
+""",
 }
 
 suite = harness.Suite(SCENARIOS)

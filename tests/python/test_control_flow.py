@@ -167,3 +167,26 @@ def test_cond_updating_sharded_dvariable(mesh_1d):
 
     assert_dtensor_equal(_A * 2, layout, maybe_double(tf.constant(1.0)))
     assert_dtensor_equal(_A * 2, layout, maybe_double(tf.constant(-1.0)))
+
+
+@pytest.mark.parametrize("start", ["zeros_like", "replicated_zeros"])
+def test_loop_accumulator_takes_the_sharding_of_what_it_accumulates(mesh_2x2, start):
+    # Microbatching: an accumulator started from zeros (a host value in the function, or a
+    # replicated one) that each step adds a sharded term to stays sharded, as in
+    # TensorFlow's DTensor, instead of being gathered at the end of every iteration.
+    layout = dtensor.Layout(["x", "y"], mesh_2x2)
+    value = np.arange(16, dtype=np.float32).reshape(4, 4)
+    t = dtensor.copy_to_mesh(tf.constant(value), layout)
+    replicated = dtensor.Layout.replicated(mesh_2x2, 2)
+
+    @tf.function
+    def accumulate(a):
+        acc = (tf.zeros_like(a) if start == "zeros_like"
+               else dtensor.relayout(tf.zeros([4, 4]), replicated))
+        for i in tf.range(3):
+            acc += a * tf.cast(i, tf.float32)
+        return acc
+
+    out = accumulate(t)
+    assert dtensor.fetch_layout(out) == layout
+    np.testing.assert_allclose(reassemble(out), value * 3.0)
