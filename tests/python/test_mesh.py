@@ -407,7 +407,7 @@ def test_mesh_over_a_device_the_host_lacks_is_refused_at_first_use():
             pass
 
 
-def test_mesh_built_before_the_host_is_split_works_after():
+def test_mesh_built_before_the_host_is_split_works_after(tmp_path):
     # TensorFlow's tests and notebooks build meshes first, then configure logical devices.
     script = """
 import tensorflow as tf
@@ -421,8 +421,10 @@ print("components", [c.numpy().tolist() for c in dtensor.unpack(t)])
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(tf_dtensor.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    # From another folder: `-c` puts the working directory first on sys.path, and the
+    # checkout's tf_dtensor/ has no built module when the package is installed.
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=300, env=env, check=False)
+                            timeout=300, env=env, check=False, cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "components [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]" in result.stdout
 
