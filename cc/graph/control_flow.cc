@@ -3,6 +3,8 @@
 // then-branch's result layouts) and While (loop variables keep their entry layouts).
 #include "cc/graph/function_expansion.h"
 
+#include <set>
+
 #include "cc/spmd/relayout.h"
 #include "cc/tf/handles.h"
 
@@ -109,11 +111,40 @@ Status FunctionExpansion::ExpandIf(const NodeSpec& node, const std::vector<Value
   }
   TFD_ASSIGN_OR_RETURN(TF_Output predicate, Predicate(node, inputs[0]));
   std::vector<ValueId> args(inputs.begin() + 1, inputs.end());
-  // The then-branch decides the result layouts; the else-branch is asked for the same.
-  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> then_fn,
+  // Each result takes the then-branch's sharding, plus the else-branch's on axes the
+  // then-branch leaves unsharded (as TensorFlow's DTensor merges them: [x,*] and [*,y]
+  // give [x,y]); both branches are asked for it, which costs a branch at most a slice
+  // where it was less sharded.
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> then_free,
                        Callee(*then_name, args, OutputRequest()));
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> else_free,
+                       Callee(*else_name, args, OutputRequest()));
   OutputRequest same;
-  for (const ValueMeta& m : then_fn->outputs) same.each.push_back(m.layout);
+  for (size_t i = 0; i < then_free->outputs.size(); ++i) {
+    std::optional<Layout> merged = then_free->outputs[i].layout;
+    const std::optional<Layout>& other =
+        i < else_free->outputs.size() ? else_free->outputs[i].layout : std::nullopt;
+    if (merged && other && !then_free->outputs[i].resource && merged->mesh() == other->mesh() &&
+        merged->rank() == other->rank() && !merged->is_partial() && !other->is_partial() &&
+        !merged->HasMultiDimAxis() && !other->HasMultiDimAxis()) {
+      std::vector<DimSpec> specs = merged->specs();
+      std::set<int> used;
+      for (const DimSpec& d : specs) {
+        if (d.sharded()) used.insert(d.mesh_dim);
+      }
+      for (int a = 0; a < merged->rank(); ++a) {
+        const DimSpec& e = other->spec(a);
+        if (!specs[a].sharded() && e.sharded() && !used.count(e.mesh_dim)) {
+          specs[a] = e;
+          used.insert(e.mesh_dim);
+        }
+      }
+      merged = merged->WithSpecs(specs);
+    }
+    same.each.push_back(merged);
+  }
+  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> then_fn,
+                       Callee(*then_name, args, same));
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> else_fn,
                        Callee(*else_name, args, same));
   return EmitFunctional(node, node.op, {predicate}, args,

@@ -121,6 +121,16 @@ out = accumulate(t)
 emit("layout", L(out))
 emit("components", dtensor.unpack(out))
 """,
+    "cond_merges_branch_shardings": _SETUP + """
+t = dtensor.call_with_layout(tf.ones, rep, shape=[4, 4])
+@tf.function
+def pick(a, p):
+    return tf.cond(p, lambda: dtensor.relayout(a * 2.0, xs), lambda: dtensor.relayout(a * 3.0, ys))
+for flag in (True, False):
+    out = pick(t, tf.constant(flag))
+    emit(f"layout_{flag}", L(out))
+    emit(f"components_{flag}", dtensor.unpack(out))
+""",
 }
 
 suite = harness.Suite(SCENARIOS)

@@ -190,3 +190,20 @@ def test_loop_accumulator_takes_the_sharding_of_what_it_accumulates(mesh_2x2, st
     out = accumulate(t)
     assert dtensor.fetch_layout(out) == layout
     np.testing.assert_allclose(reassemble(out), value * 3.0)
+
+
+def test_cond_result_merges_the_branches_shardings(mesh_2x2):
+    # One branch gives [x,*], the other [*,y]: the result is [x,y] (as TensorFlow's DTensor
+    # gives it), each branch slicing what it left unsharded.
+    value = np.arange(16, dtype=np.float32).reshape(4, 4)
+    t = dtensor.copy_to_mesh(tf.constant(value), dtensor.Layout.replicated(mesh_2x2, 2))
+
+    @tf.function
+    def pick(a, p):
+        return tf.cond(p, lambda: dtensor.relayout(a * 2.0, layout_of("[x,*]", mesh_2x2)),
+                       lambda: dtensor.relayout(a * 3.0, layout_of("[*,y]", mesh_2x2)))
+
+    for flag, factor in ((True, 2.0), (False, 3.0)):
+        out = pick(t, tf.constant(flag))
+        assert dtensor.fetch_layout(out) == layout_of("[x,y]", mesh_2x2)
+        np.testing.assert_allclose(reassemble(out), value * factor)
