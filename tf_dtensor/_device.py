@@ -16,7 +16,7 @@ from tensorflow.python.framework import device as tf_device
 from tensorflow.python.framework import ops
 
 from tf_dtensor import _core
-from tf_dtensor._errors import MeshError
+from tf_dtensor._errors import LayoutError, MeshError
 
 # TF's own DTensor takes device type CUSTOM; a distinct type lets both run side by side.
 DEVICE_NAME = "/job:localhost/replica:0/task:0/device:TFDTENSOR:0"
@@ -161,6 +161,9 @@ def mesh_scope(mesh, place_ops: bool = True):
 @contextlib.contextmanager
 def layout_scope(layout):
     """Gives the outputs of ops run inside (creation ops, variables) `layout`."""
+    if layout is not None and layout.has_match:
+        raise LayoutError(f"{layout.short()} cannot be the layout of new values: MATCH (keep "
+                        f"the input's sharding of an axis) is for `relayout` targets only.")
     get().push_default_layout(layout._layout if layout is not None else None)
     _layout_stack.append(layout)
     try:

@@ -132,8 +132,24 @@ def _layout_arg(layout: Any, function: str) -> Layout:
     if not isinstance(layout, Layout):
         raise TypeError(f"`{function}` takes a `Layout` as `layout`; got {layout!r} "
                         f"({type(layout).__name__}). Build one with `Layout(specs, mesh)`.")
+    if layout.has_match and function != "relayout":
+        raise LayoutError(f"`{function}` got {layout.short()}: MATCH (keep the input's "
+                          f"sharding of an axis) is for `relayout` targets only. Name a mesh "
+                          f"dimension or UNSHARDED for every axis.")
     _device.check_mesh(layout.mesh)
     return layout
+
+
+def _matched(tensor, layout: Layout) -> Layout:
+    """`layout` with each MATCH axis given `tensor`'s sharding of it (eagerly)."""
+    current = fetch_layout(tensor)
+    if current.mesh != layout.mesh:
+        raise LayoutError(f"relayout to {layout.short()}: MATCH keeps an axis's sharding on "
+                          f"the same mesh, but the input is on {current.mesh.short()}.")
+    specs = layout.sharding_specs
+    for i in layout._match:  # pylint: disable=protected-access
+        specs[i] = current.sharding_specs[i]
+    return Layout(specs, layout.mesh)
 
 
 def pack(tensors: Sequence[Any], layout: Layout, *, run_check: bool = False) -> Any:
@@ -246,6 +262,12 @@ _unpack_capacity = 8
 
 def _relayout(tensor, layout: Layout):
     _layout_arg(layout, "relayout")
+    if layout.has_match and context.executing_eagerly():
+        if not _is_dtensor(tensor):
+            raise LayoutError(f"relayout to {layout.short()}: MATCH keeps the input's "
+                              f"sharding of an axis, and a regular tensor has none; name the "
+                              f"axis's mesh dimension or UNSHARDED.")
+        layout = _matched(tensor, layout)
     attrs = ("T", tensor.dtype.as_datatype_enum, "layout", layout.to_string())
     if not context.executing_eagerly():
         # Inside tf.function: a node of the traced graph; expansion honours it (and asks

@@ -78,7 +78,7 @@ class Layout:
       '[x,*] @ mesh(x=2)'
     """
 
-    __slots__ = ("_layout", "_mesh")
+    __slots__ = ("_layout", "_mesh", "_match")
 
     def __init__(self, sharding_specs: List[str], mesh: Mesh, *,
                  partial: Optional[Mapping[str, str]] = None):
@@ -91,6 +91,11 @@ class Layout:
                               f"with `dtensor.create_mesh`.")
         specs = _args.strings(sharding_specs, "`sharding_specs` (one mesh dimension name or "
                               "UNSHARDED per tensor axis)")
+        # MATCH ("keep this axis as it is") is for `relayout` targets only: the layout
+        # holds the axes it names apart, and every other use refuses it.
+        self._match = tuple(i for i, spec in enumerate(specs) if spec == MATCH)
+        if self._match:
+            specs = [UNSHARDED if spec == MATCH else spec for spec in specs]
         self._layout = _core.Layout.create(specs, mesh._mesh)
         if partial:
             self._layout = self._layout.with_partial(_partial_items(partial))
@@ -99,6 +104,7 @@ class Layout:
     @classmethod
     def _wrap(cls, core_layout: _core.Layout) -> "Layout":
         layout = cls.__new__(cls)
+        layout._match = ()  # the axes given as MATCH (relayout targets only)
         layout._layout = core_layout
         layout._mesh = Mesh._wrap(core_layout.mesh)
         return layout
@@ -225,15 +231,29 @@ class Layout:
         return Layout.batch_sharded(mesh, inner_dim, rank, axis=rank - 1)
 
     def to_string(self) -> str:
-        return self._layout.to_string()
+        text = self._layout.to_string()
+        if not self._match:
+            return text
+        head, mesh_part = text.split(", mesh:", 1)
+        return "sharding_specs:" + ",".join(self.sharding_specs) + ", mesh:" + mesh_part
 
     def short(self) -> str:
         """The short form used in messages and test ids: `[x,*] @ mesh(x=2,y=4)`."""
+        if self._match:
+            return f"[{','.join(self.sharding_specs)}] @ {self._mesh.short()}"
         return self._layout.short_string()
 
     @property
     def sharding_specs(self) -> List[str]:
-        return list(self._layout.sharding_specs)
+        specs = list(self._layout.sharding_specs)
+        for i in self._match:
+            specs[i] = MATCH
+        return specs
+
+    @property
+    def has_match(self) -> bool:
+        """Whether some axis is MATCH (keep the input's sharding): a `relayout` target."""
+        return bool(self._match)
 
     @property
     def mesh(self) -> Mesh:
@@ -382,12 +402,15 @@ class Layout:
         return self._layout.is_even(_shape_list(global_shape))
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Layout) and self._layout == other._layout
+        return (isinstance(other, Layout) and self._layout == other._layout
+                and self._match == other._match)
 
     def __hash__(self) -> int:
-        return hash(self._layout)
+        return hash((self._layout, self._match))
 
     def __reduce__(self):
+        if self._match:
+            return Layout, (self.sharding_specs, self._mesh)
         return Layout.from_string, (self.to_string(),)
 
     def __repr__(self) -> str:

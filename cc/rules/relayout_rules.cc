@@ -4,6 +4,10 @@
 //   TfDTensorRelayoutLike(x, like): x in like's layout (relayout_like, and the gradient of
 //   a relayout, which returns to its input's layout and mesh).
 // The relayout itself is planned in spmd/relayout.cc.
+#include <set>
+#include <string>
+#include <vector>
+
 #include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/layout_types.h"
@@ -11,13 +15,68 @@
 namespace tf_dtensor {
 namespace {
 
+// A relayout target in TF DTensor's text form, whose specs may be "match" (keep the
+// input's sharding of that axis, as TensorFlow's `dtensor.MATCH`): those axes are read
+// as unsharded and returned in `match`.
+StatusOr<Layout> ParseTarget(const std::string& text, std::vector<int>* match) {
+  const std::string kHead = "sharding_specs:";
+  const size_t mesh_at = text.find(", mesh:");
+  if (text.rfind(kHead, 0) != 0 || mesh_at == std::string::npos ||
+      text.find("match") == std::string::npos) {
+    return Layout::FromString(text);
+  }
+  std::vector<std::string> specs;
+  std::string rewritten = kHead;
+  size_t start = kHead.size();
+  int axis = 0;
+  while (start < mesh_at) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos || end > mesh_at) end = mesh_at;
+    std::string spec = text.substr(start, end - start);
+    if (spec == "match") {
+      if (match) match->push_back(axis);
+      spec = "unsharded";
+    }
+    rewritten += (axis ? "," : "") + spec;
+    ++axis;
+    start = end + 1;
+  }
+  rewritten += text.substr(mesh_at);
+  return Layout::FromString(rewritten);
+}
+
 class RelayoutRule : public Rule {
  public:
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     std::optional<std::string> text = ctx.attrs->GetString("layout");
     if (!text) return InvalidArgument("Relayout needs a `layout` attribute.");
-    TFD_ASSIGN_OR_RETURN(Layout user_target, Layout::FromString(*text));
+    std::vector<int> match;
+    TFD_ASSIGN_OR_RETURN(Layout user_target, ParseTarget(*text, &match));
     const InputInfo& in = ctx.inputs[0];
+    if (!match.empty()) {
+      // MATCH axes keep the input's sharding (a host input has none).
+      if (in.layout && !in.from_host && in.layout->mesh() != user_target.mesh()) {
+        return InvalidArgument("relayout to " + user_target.ShortString() +
+                               ": MATCH keeps an axis's sharding on the same mesh, but the "
+                               "input is on " + in.layout->mesh().ShortString() + ".");
+      }
+      std::vector<DimSpec> specs = user_target.specs();
+      for (int a : match) {
+        if (in.layout && !in.from_host && a < in.layout->rank()) specs[a] = in.layout->spec(a);
+      }
+      std::set<int> used;
+      for (const DimSpec& d : specs) {
+        for (int m : d.mesh_dims()) {
+          if (!used.insert(m).second) {
+            return InvalidArgument("relayout to " + user_target.ShortString() +
+                                   " with MATCH axes: the input's sharding " +
+                                   (in.layout ? in.layout->ShortString() : "") +
+                                   " puts a mesh dimension on two axes.");
+          }
+        }
+      }
+      user_target = user_target.WithSpecs(specs);
+    }
     // The runtime form (cc/spmd/layout_types.h): the device marks parted outputs.
     const Layout target = RuntimeLayout(user_target, static_cast<int>(in.shape.size()));
     TFD_RETURN_IF_ERROR(target.LocalShape(in.shape, "input 0 of relayout").status());

@@ -131,6 +131,15 @@ for flag in (True, False):
     emit(f"layout_{flag}", L(out))
     emit(f"components_{flag}", dtensor.unpack(out))
 """,
+    "relayout_with_match": _SETUP + """
+t = dtensor.call_with_layout(tf.ones, dtensor.Layout(["x", "y"], mesh), shape=[4, 4])
+match_first = dtensor.Layout([dtensor.MATCH, dtensor.UNSHARDED], mesh)
+emit("specs", match_first.sharding_specs)
+emit("eager", L(dtensor.relayout(t, match_first)))
+out = tf.function(lambda a: dtensor.relayout(a * 2.0, dtensor.Layout([dtensor.UNSHARDED, dtensor.MATCH], mesh)))(t)
+emit("function", L(out))
+emit("components", dtensor.unpack(out))
+""",
 }
 
 suite = harness.Suite(SCENARIOS)

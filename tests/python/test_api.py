@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import dtensor_testing
 import tf_dtensor
 from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal, layout_of,
                              layout_params, to_dtensor)
@@ -473,3 +474,31 @@ def test_device_view_scopes_and_stats(mesh_2x2):
 
     with pytest.raises(RuntimeError, match="call_with_layout"):
         traced()
+
+
+# --- MATCH in relayout targets (issue 25) ---
+
+def test_relayout_with_match_keeps_the_input_sharding_of_those_axes(mesh_2x2):
+    value = np.arange(16, dtype=np.float32).reshape(4, 4)
+    t = dtensor.copy_to_mesh(tf.constant(value), Layout(["x", "y"], mesh_2x2))
+    first = Layout([dtensor.MATCH, UNSHARDED], mesh_2x2)
+    assert first.sharding_specs == ["match", "unsharded"] and first.has_match
+    assert first.short() == "[match,unsharded] @ mesh(x=2,y=2)"
+    assert Layout.from_string(first.to_string().replace("match", "unsharded")) != first
+    eager = dtensor.relayout(t, first)
+    assert dtensor.fetch_layout(eager) == Layout(["x", UNSHARDED], mesh_2x2)
+    traced = tf.function(lambda a: dtensor.relayout(a + 1, Layout([UNSHARDED, dtensor.MATCH],
+                                                                     mesh_2x2)))(t)
+    assert dtensor.fetch_layout(traced) == Layout([UNSHARDED, "y"], mesh_2x2)
+    np.testing.assert_array_equal(dtensor_testing.reassemble(eager), value)
+    np.testing.assert_array_equal(dtensor_testing.reassemble(traced), value + 1)
+
+
+def test_match_is_refused_outside_relayout(mesh_2x2):
+    match = Layout([dtensor.MATCH, UNSHARDED], mesh_2x2)
+    with pytest.raises(tf_dtensor.LayoutError, match="MATCH"):
+        dtensor.pack([tf.ones([4, 4])] * 4, match)
+    with pytest.raises(tf_dtensor.LayoutError, match="MATCH"):
+        dtensor.call_with_layout(tf.ones, match, shape=[4, 4])
+    with pytest.raises(tf_dtensor.LayoutError, match="regular tensor has none"):
+        dtensor.copy_to_mesh(tf.ones([4, 4]), match)

@@ -64,9 +64,15 @@ def test_mesh_dim_used_twice(mesh_2x2):
         Layout(["x", "x"], mesh_2x2)
 
 
-def test_match_is_not_a_user_layout_spec(mesh_2x2):
-    with pytest.raises(tf_dtensor.LayoutError, match="`match`"):
-        Layout([dtensor.MATCH, "x"], mesh_2x2)
+def test_match_makes_a_relayout_target_only(mesh_2x2):
+    # As in TensorFlow, MATCH ("keep the input's sharding of this axis") builds a layout that
+    # `relayout` accepts (test_api.py); nothing else takes it.
+    target = Layout([dtensor.MATCH, "x"], mesh_2x2)
+    assert target.has_match and target.sharding_specs == ["match", "x"]
+    assert target != Layout([UNSHARDED, "x"], mesh_2x2)
+    assert not Layout([UNSHARDED, "x"], mesh_2x2).has_match
+    with pytest.raises(tf_dtensor.LayoutError, match="MATCH"):
+        dtensor.pack([tf.ones([2, 2])] * 4, target)
 
 
 _DEVICES = ",".join(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(2))
