@@ -438,10 +438,10 @@ class _DeviceView:
     def is_async(self) -> bool:
         return _IS_ASYNC["value"]
 
-    pack = staticmethod(lambda tensors, layout: pack(tensors, layout))
-    unpack = staticmethod(lambda tensor: unpack(tensor))
-    fetch_layout = staticmethod(lambda tensor: fetch_layout(tensor))
-    is_dtensor = staticmethod(lambda tensor: is_dtensor(tensor))
+    pack = staticmethod(pack)
+    unpack = staticmethod(unpack)
+    fetch_layout = staticmethod(fetch_layout)
+    is_dtensor = staticmethod(is_dtensor)
 
     @contextlib.contextmanager
     def _default_layout(self, layout: Layout):

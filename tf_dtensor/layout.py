@@ -234,7 +234,7 @@ class Layout:
         text = self._layout.to_string()
         if not self._match:
             return text
-        head, mesh_part = text.split(", mesh:", 1)
+        mesh_part = text.split(", mesh:", 1)[1]
         return "sharding_specs:" + ",".join(self.sharding_specs) + ", mesh:" + mesh_part
 
     def short(self) -> str:

@@ -143,8 +143,14 @@ Status FunctionExpansion::ExpandIf(const NodeSpec& node, const std::vector<Value
     }
     same.each.push_back(merged);
   }
-  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> then_fn,
-                       Callee(*then_name, args, same));
+  bool then_as_is = true;
+  for (size_t i = 0; i < same.each.size(); ++i) {
+    then_as_is = then_as_is && same.each[i] == then_free->outputs[i].layout;
+  }
+  std::shared_ptr<const ExpandedFunction> then_fn = then_free;
+  if (!then_as_is) {
+    TFD_ASSIGN_OR_RETURN(then_fn, Callee(*then_name, args, same));
+  }
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> else_fn,
                        Callee(*else_name, args, same));
   return EmitFunctional(node, node.op, {predicate}, args,

@@ -61,12 +61,8 @@ Status PrepareContext(const RuleTraits& traits, OpContext& ctx, bool in_function
   for (int i = 0; i < n; ++i) {
     const InputInfo& info = ctx.inputs[i];
     if (!info.resource || !info.resource->shared_storage) continue;
-    const Layout& value = info.resource->value_layout;
-    const bool has_replicas =
-        static_cast<int>(value.ShardedMeshDims().size()) < value.mesh().num_dims();
     const bool shares = CollectiveLowering::For(ctx.mesh).shares_buffers();
-    if (has_replicas && *info.resource->shared_storage != shares &&
-        !kReadsOnly->count(ctx.op_name)) {
+    if (*info.resource->shared_storage != shares && !kReadsOnly->count(ctx.op_name)) {
       return FailedPrecondition(
           "DTensor op " + ctx.DescribeOp() + where + " uses input " + std::to_string(i) +
           ", a DVariable (" + info.resource->value_layout.ShortString() + ") created under a "

@@ -4,7 +4,6 @@
 //   TfDTensorRelayoutLike(x, like): x in like's layout (relayout_like, and the gradient of
 //   a relayout, which returns to its input's layout and mesh).
 // The relayout itself is planned in spmd/relayout.cc.
-#include <set>
 #include <string>
 #include <vector>
 
@@ -25,7 +24,6 @@ StatusOr<Layout> ParseTarget(const std::string& text, std::vector<int>* match) {
       text.find("match") == std::string::npos) {
     return Layout::FromString(text);
   }
-  std::vector<std::string> specs;
   std::string rewritten = kHead;
   size_t start = kHead.size();
   int axis = 0;
@@ -64,18 +62,14 @@ class RelayoutRule : public Rule {
       for (int a : match) {
         if (in.layout && !in.from_host && a < in.layout->rank()) specs[a] = in.layout->spec(a);
       }
-      std::set<int> used;
-      for (const DimSpec& d : specs) {
-        for (int m : d.mesh_dims()) {
-          if (!used.insert(m).second) {
-            return InvalidArgument("relayout to " + user_target.ShortString() +
-                                   " with MATCH axes: the input's sharding " +
-                                   (in.layout ? in.layout->ShortString() : "") +
-                                   " puts a mesh dimension on two axes.");
-          }
-        }
+      StatusOr<Layout> matched = Layout::FromSpecs(specs, user_target.mesh(), user_target.type());
+      if (!matched.ok()) {
+        return InvalidArgument("relayout to " + user_target.ShortString() + " with MATCH axes " +
+                               "from the input's " +
+                               (in.layout ? in.layout->ShortString() : std::string("layout")) +
+                               ": " + matched.status().message());
       }
-      user_target = user_target.WithSpecs(specs);
+      user_target = *matched;
     }
     // The runtime form (cc/spmd/layout_types.h): the device marks parted outputs.
     const Layout target = RuntimeLayout(user_target, static_cast<int>(in.shape.size()));

@@ -51,8 +51,9 @@ class VarHandleRule : public Rule {
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> out,
                          builder.LocalOp(ctx.op_name, {}, options, plan.outputs));
     ResourceInfo info{value, shape, ctx.attrs->GetType("dtype").value_or(0)};
-    info.shared_storage = CollectiveLowering::For(ctx.mesh).shares_buffers() &&
-                          static_cast<int>(value.ShardedMeshDims().size()) < ctx.mesh.num_dims();
+    if (static_cast<int>(value.ShardedMeshDims().size()) < ctx.mesh.num_dims()) {
+      info.shared_storage = CollectiveLowering::For(ctx.mesh).shares_buffers();
+    }
     builder.set_resource(out[0], std::move(info));
     return out;
   }

@@ -100,8 +100,9 @@ struct ResourceInfo {
   Layout value_layout;
   std::vector<int64_t> value_shape;
   int value_dtype;
-  // A variable's (not a TensorList's): whether it was made under a lowering whose devices
-  // share buffers, devices holding the same block then sharing one variable. Only reads
+  // A variable's with replicas (devices holding the same block; not a TensorList's):
+  // whether it was made under a lowering whose devices share buffers, the replicas then
+  // sharing one variable. Only reads
   // may run under a lowering that stores replicas the other way (an update would go to
   // the one variable once per device, or to one device's copy only).
   std::optional<bool> shared_storage;

@@ -21,10 +21,9 @@ from tf_dtensor import api, config
 from tf_dtensor import _placement_api
 from tf_dtensor.layout import UNSHARDED, Layout
 from tf_dtensor.mesh import Mesh
-from tf_dtensor.variable import DVariable
 
 BACKEND_FUNCTIONS = ("list_devices", "get_device_count", "distribute_tensor",
-                     "distribute_value", "distribute_variable", "distribute_data_input",
+                     "distribute_value", "distribute_data_input",
                      "initialize", "num_processes", "process_id", "_to_backend_mesh",
                      "_to_backend_layout")
 
@@ -151,19 +150,6 @@ def scatter_host_value(array: np.ndarray, layout: Layout):
 def distribute_value(value, tensor_layout):
     """A host value (numpy array, tensor) laid out as `tensor_layout`."""
     return distribute_tensor(tf.convert_to_tensor(value), tensor_layout)
-
-
-def distribute_variable(value, layout, **kwargs) -> DVariable:
-    """A `DVariable` holding `value` laid out as `layout`."""
-    if callable(value):
-        layout = to_layout(layout, len(kwargs.pop("shape")))
-        return DVariable(value, layout=layout, **kwargs)
-    value = tf.convert_to_tensor(value) if not api._is_dtensor(value) else value
-    return DVariable(distribute_tensor(value, layout), **kwargs)
-
-
-def make_dvariable(initial, **kwargs) -> DVariable:
-    return DVariable(initial, **kwargs)
 
 
 def distribute_data_input(per_process_batch, layout, batch_dim_name):

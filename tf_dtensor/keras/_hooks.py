@@ -34,6 +34,7 @@ from keras.src.backend.common.stateless_scope import in_stateless_scope
 from tf_dtensor import api
 from tf_dtensor.keras import _backend
 from tf_dtensor.layout import Layout
+from tf_dtensor.variable import DVariable
 
 # The Keras minor version these hooks were written and tested against.
 KERAS_SERIES = "3.15"
@@ -170,7 +171,7 @@ def _variable_hooks(variable_class) -> None:
                 initial = _backend.distribute_tensor(tf.cast(value, self._dtype)
                                                      if not api._is_dtensor(value) else value,
                                                      layout)
-            self._value = _backend.make_dvariable(
+            self._value = DVariable(
                 initial, trainable=self.trainable, name=self.name,
                 aggregation=self._map_aggregation(self.aggregation),
                 synchronization=self._map_synchronization(self.synchronization))
