@@ -77,6 +77,15 @@ def get() -> _core.Device:
     return device
 
 
+def live() -> Optional[_core.Device]:
+    """The device of the current eager context if one is registered; registers none."""
+    ctx = context.context()
+    device = _device
+    if device is None or not device.alive or not ctx._initialized:  # pylint: disable=protected-access
+        return None
+    return device if device.context_address == _core.context_address(ctx._handle) else None  # pylint: disable=protected-access
+
+
 def run(op_name: str, inputs, attrs, num_outputs: int = 1):
     """Runs one of tf_dtensor's ops (or any op) on the DTensor device."""
     get()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
@@ -100,7 +101,8 @@ def fetch_layout(tensor) -> Optional[Layout]:
     if not tf.is_tensor(tensor) and not isinstance(tensor, tf.Variable):
         return None
     if not _is_dtensor(tensor):
-        raise LayoutError(f"fetch_layout expects a DTensor; got a regular tensor on "
+        raise LayoutError(f"fetch_layout expects a DTensor (FetchLayout expects a tensor placed "
+                          f"on the layout device.); got a regular tensor on "
                           f"`{getattr(tensor, 'device', '?')}`. Create one with `pack`, "
                           f"`copy_to_mesh` or `call_with_layout`.")
     (text,) = _device.run(_core.FETCH_LAYOUT_OP, [tensor], ("T", tensor.dtype.as_datatype_enum))
@@ -176,6 +178,12 @@ def pack(tensors: Sequence[Any], layout: Layout, *, run_check: bool = False) -> 
     """
     _layout_arg(layout, "pack")
     _refuse_while_tracing("pack")
+    if any(isinstance(t, tf.SparseTensor) for t in tensors):
+        return _pack_sparse(tensors, layout, run_check)
+    if any(isinstance(t, tf.Variable) for t in tensors):
+        raise PackError("pack takes tensors, one per device, not variables (Variable input is "
+                        "not supported.). Pack their values (`v.read_value()`), or make a "
+                        "DVariable from a packed DTensor: `DVariable(pack(values, layout))`.")
     components = [tf.convert_to_tensor(t) for t in tensors]
     if not components:
         raise LayoutError(f"pack needs one component per local device of {layout.mesh.short()}; "
@@ -188,6 +196,34 @@ def pack(tensors: Sequence[Any], layout: Layout, *, run_check: bool = False) -> 
         (out,) = _device.run(_core.PACK_OP, components, attrs)
     except tf.errors.InvalidArgumentError as error:
         raise PackError(error.message) from error
+    return out
+
+
+# id of a DTensor packed from SparseTensors -> (a weak reference to it, its components);
+# unpack returns them. Tensors are unhashable, so keys are ids checked through the reference.
+_SPARSE_COMPONENTS: dict = {}
+
+
+def _pack_sparse(tensors: Sequence[Any], layout: Layout, run_check: bool) -> Any:
+    """pack for `tf.SparseTensor` components, as TensorFlow's DTensor takes them.
+
+    Every op sees the DTensor's dense value (TensorFlow's DTensor also turns sparse inputs
+    dense before its op rules run): each component is made dense and packed, and `unpack`
+    of this DTensor gives back the SparseTensors given here.
+    """
+    if not all(isinstance(t, tf.SparseTensor) for t in tensors):
+        raise TypeError("Cannot Pack SparseTensors with Tensors: pack takes SparseTensor "
+                        "components or dense ones, not a mix. Make them all sparse "
+                        "(`tf.sparse.from_dense`) or all dense (`tf.sparse.to_dense`).")
+    shapes = [tuple(t.shape) for t in tensors]
+    if any(shape != shapes[0] for shape in shapes):
+        raise TypeError(f"All input SparseTensors to Pack must be same shape; got "
+                        f"{sorted(set(shapes))}. Each component is one device's block, so "
+                        f"the blocks' dense shapes must agree.")
+    out = pack([tf.sparse.to_dense(t) for t in tensors], layout, run_check=run_check)
+    key = id(out)
+    _SPARSE_COMPONENTS[key] = (weakref.ref(out, lambda _: _SPARSE_COMPONENTS.pop(key, None)),
+                               list(tensors))
     return out
 
 
@@ -238,7 +274,11 @@ def unpack(tensor: Any) -> Sequence[Any]:
     if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
         tensor = tensor.handle
     if not tf.is_tensor(tensor):
-        raise TypeError(f"unpack expects a DTensor; got a `{type(tensor).__name__}`.")
+        raise TypeError(f"unpack expects a DTensor (Expecting a Tensor); got a "
+                        f"`{type(tensor).__name__}`.")
+    sparse = _SPARSE_COMPONENTS.get(id(tensor)) if _SPARSE_COMPONENTS else None
+    if sparse is not None and sparse[0]() is tensor:
+        return list(sparse[1])
     global _unpack_capacity
     dtype = tensor.dtype.as_datatype_enum
     if _is_dtensor(tensor):
@@ -385,7 +425,8 @@ def default_mesh(mesh: Mesh):
       ValueError: `mesh` is not a `Mesh`.
     """
     if not isinstance(mesh, Mesh):
-        raise ValueError(f"default_mesh expects a `Mesh`; got a `{type(mesh).__name__}`. "
+        raise ValueError(f"default_mesh expects a `Mesh` (Expect `mesh` to be `Mesh`); got a "
+                         f"`{type(mesh).__name__}`. "
                          f"Create one with `create_mesh`.")
     with _device.mesh_scope(mesh):
         yield
@@ -422,7 +463,8 @@ class _DeviceView:
     that reaches for it (TensorFlow's `numpy_util`, `d_random` and tests do): the same
     methods, on tf_dtensor's device.
 
-    - `pack`, `unpack`, `fetch_layout`, `is_dtensor`: as the module functions.
+    - `pack`, `unpack`, `copy_to_mesh`, `fetch_layout`, `is_dtensor`: as the module
+      functions.
     - `_default_layout(layout)`: a scope in which ops run on the DTensor device and their
       outputs (creation ops, variables) get `layout` (eagerly, as in TensorFlow).
     - `_experimental_default_mesh(mesh)`: the mesh of ops placed on the DTensor device that
@@ -440,6 +482,7 @@ class _DeviceView:
 
     pack = staticmethod(pack)
     unpack = staticmethod(unpack)
+    copy_to_mesh = staticmethod(copy_to_mesh)
     fetch_layout = staticmethod(fetch_layout)
     is_dtensor = staticmethod(is_dtensor)
 
@@ -471,15 +514,19 @@ class _DeviceView:
         `kernel_cache.size` the eager plans kept."""
         device = _device.get()
         stats = device.function_cache_stats()
-        return {"function_manager.hit": stats["hit"] - _STATS_BASE["hit"],
-                "function_manager.miss": stats["miss"] - _STATS_BASE["miss"],
+        # The baseline counts only for the device it was read from (a context reset brings
+        # a fresh device, whose counters start at zero).
+        base = _STATS_BASE if _STATS_BASE["device"] is device else {"hit": 0, "miss": 0}
+        return {"function_manager.hit": stats["hit"] - base["hit"],
+                "function_manager.miss": stats["miss"] - base["miss"],
                 "function_manager.size": stats["size"],
                 "kernel_cache.size": device.num_cached_plans}
 
 
 _VIEW = _DeviceView()
 _IS_ASYNC = {"value": True}
-_STATS_BASE = {"hit": 0, "miss": 0}  # counters at the last reset_dtensor_device
+# The device's counters at the last reset_dtensor_device, and that device.
+_STATS_BASE: dict = {"device": None, "hit": 0, "miss": 0}
 
 
 def _dtensor_device() -> _DeviceView:
@@ -498,5 +545,14 @@ def reset_dtensor_device(is_async: bool) -> None:
     if not isinstance(is_async, bool):
         raise TypeError(f"reset_dtensor_device takes `is_async` as a bool; got {is_async!r}.")
     _IS_ASYNC["value"] = is_async
-    stats = _device.get().function_cache_stats()
-    _STATS_BASE.update(hit=stats["hit"], miss=stats["miss"])
+    device = _device.live()
+    stats = device.function_cache_stats() if device is not None else {"hit": 0, "miss": 0}
+    _STATS_BASE.update(device=device, hit=stats["hit"], miss=stats["miss"])
+
+
+def _reset() -> None:
+    """TensorFlow's `api._reset()`, which its tests call between cases: forget the default
+    stats baseline (`_get_stats` counts from here) and the `is_async` choice. The device itself
+    belongs to the eager context, so a context reset (not this call) brings a fresh one."""
+    reset_dtensor_device(is_async=True)
+

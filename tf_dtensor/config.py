@@ -17,6 +17,7 @@ number of clients is the number of jobs. tf_dtensor runs one client per process;
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -31,6 +32,13 @@ from tf_dtensor._tpu import create_tpu_mesh  # noqa: F401  (re-exported by dtens
 from tf_dtensor.mesh import Mesh
 
 _DEVICE_TYPES = ("CPU", "GPU", "TPU")
+
+# The environment variables, under TensorFlow's names for them.
+_DT_CLIENT_ID = "DTENSOR_CLIENT_ID"
+_DT_NUM_CLIENTS = "DTENSOR_NUM_CLIENTS"
+_DT_JOB_NAME = "DTENSOR_JOB_NAME"
+_DT_JOBS = "DTENSOR_JOBS"
+_DT_HEARTBEAT_ENABLED = "DTENSOR_ENABLE_HEARTBEAT"
 
 # The device type given to `initialize_accelerator_system`, None when not initialized.
 _initialized_device_type: Optional[str] = None
@@ -139,6 +147,32 @@ def heartbeat_enabled() -> bool:
 
 def _gpu_use_nccl_communication() -> bool:
     return os.environ.get("DTENSOR_GPU_USE_NCCL_COMMUNICATION", "0") != "0"
+
+
+def gpu_use_nccl_communication() -> bool:
+    """Whether `DTENSOR_GPU_USE_NCCL_COMMUNICATION` asks for NCCL (any value but `0`)."""
+    return _gpu_use_nccl_communication()
+
+
+def is_tpu_present() -> bool:
+    """Whether this client sees a TPU (reads physical devices only)."""
+    return _tpu.tpu_present()
+
+
+def is_gpu_present() -> bool:
+    """Whether this client sees a GPU (reads physical devices only)."""
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def use_multi_device_mode() -> bool:
+    """Always True: every tf_dtensor mesh is expanded over its devices (TensorFlow's
+    `DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION` has no single-device mode here)."""
+    return True
+
+
+def is_local_mode() -> bool:
+    """Whether this is a single-client run (`DTENSOR_JOBS` names at most one client)."""
+    return num_clients() <= 1
 
 
 def preferred_device_type() -> str:
@@ -251,7 +285,8 @@ def create_mesh(mesh_dims: Union[List[Tuple[str, int]], Dict[str, int], None] = 
     if total != len(device_names):
         raise MeshError(f"Mesh dims {list(mesh_dims)} hold {total} devices but "
                         f"{len(device_names)} devices were given; the product of the sizes must "
-                        f"equal the number of devices. Give {total} devices, or sizes whose "
+                        f"equal the number of devices (the number of devices must be equal "
+                        f"to total size of the mesh). Give {total} devices, or sizes whose "
                         f"product is {len(device_names)} (a single dimension of size -1 "
                         f"takes every device).")
     ids = np.arange(total).reshape(sizes)
@@ -333,6 +368,9 @@ def initialize_accelerator_system(device_type: Optional[str] = None,
             f"multi-client runs yet: run one client per process (unset DTENSOR_JOBS or give "
             f"it one entry), or use `tf.experimental.dtensor` for multi-client meshes.")
     if experimental_reset_context and context.context()._initialized:  # pylint: disable=protected-access
+        logging.warning("initialize_accelerator_system(experimental_reset_context=True) "
+                        "resets TensorFlow's eager context: tensors and variables made before "
+                        "are no longer valid.")
         context.context().ensure_uninitialized()
         _reset_owed = False
     device_type = (device_type or preferred_device_type()).upper()
@@ -405,6 +443,19 @@ def shutdown_accelerator_system() -> None:
                              "`initialize_accelerator_system()` first.")
         _initialized_device_type = None
         _reset_owed = True
+
+
+def is_initialized() -> bool:
+    """Whether `initialize_accelerator_system` has run (and no shutdown since)."""
+    return _initialized_device_type is not None
+
+
+def set_initialized(value: Optional[str]) -> None:
+    """TensorFlow's `accelerator_util.set_initialized`: record the initialized device type
+    (None: not initialized) without configuring anything. For code that configured the
+    devices itself, as TensorFlow's tests do."""
+    global _initialized_device_type
+    _initialized_device_type = value.upper() if value else None
 
 
 initialize_tpu_system = initialize_accelerator_system

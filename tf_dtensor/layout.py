@@ -87,8 +87,8 @@ class Layout:
                             f"UNSHARDED) per tensor axis; got the string {sharding_specs!r}. "
                             f"Did you mean [{sharding_specs!r}]?")
         if not isinstance(mesh, Mesh):
-            raise LayoutError(f"`mesh` must be a Mesh, got {type(mesh).__name__}; build one "
-                              f"with `dtensor.create_mesh`.")
+            raise LayoutError(f"`mesh` must be a Mesh, got {type(mesh).__name__} (mesh is not "
+                              f"a valid Mesh object); build one with `dtensor.create_mesh`.")
         specs = _args.strings(sharding_specs, "`sharding_specs` (one mesh dimension name or "
                               "UNSHARDED per tensor axis)")
         # MATCH ("keep this axis as it is") is for `relayout` targets only: the layout

@@ -157,6 +157,19 @@ class Mesh:
         return self._mesh.name
 
     @property
+    def _name(self) -> str:
+        return self._mesh.name
+
+    @_name.setter
+    def _name(self, name: str) -> None:
+        # TensorFlow's Mesh keeps its name in `_name`, and code (its tests among it) renames
+        # a copy by assigning it; the mesh is rebuilt under the new name.
+        if self.is_single_device():
+            raise MeshError(f"A single-device mesh ({self.single_device()}) has no name to set.")
+        text = self.to_string()
+        self._mesh = Mesh.from_string(_args.string(name, "`_name`") + text[text.index("|"):])._mesh
+
+    @property
     def size(self) -> int:
         """The number of devices; 0 for a single-device mesh, as in TF DTensor."""
         return self._mesh.reported_size
@@ -256,8 +269,14 @@ class Mesh:
         return list(self._mesh.device_location(int(offset)))
 
     def host_mesh(self) -> "Mesh":
-        """The same grid over the host CPUs (`GPU:1` -> `CPU:1`); a CPU mesh is its own."""
-        return Mesh._wrap(self._mesh.host_mesh())
+        """The same grid over the host CPUs (`GPU:1` -> `CPU:1`); a CPU mesh is its own.
+
+        As in TensorFlow's DTensor, the host mesh of an accelerator mesh has no name.
+        """
+        host = Mesh._wrap(self._mesh.host_mesh())
+        if host is not self and host._mesh != self._mesh and host.name:
+            host._name = ""
+        return host
 
     def coords(self, device_id: int) -> tf.Tensor:
         """The mesh coordinates of a device, as an int32 tensor (as TF's `Mesh.coords`).
@@ -265,8 +284,13 @@ class Mesh:
         Example:
           >>> Mesh(["x", "y"], np.arange(4).reshape(2, 2), [0, 1, 2, 3], cpus).coords(2)
           <tf.Tensor: shape=(2,), dtype=int32, numpy=array([1, 0], dtype=int32)>
+
+        Ids wrap around (`coords(n + size) == coords(n)`), as in TensorFlow's DTensor.
         """
-        return tf.constant(self._mesh.coords(int(device_id)), dtype=tf.int32)
+        # As TensorFlow's (`(device_id // strides) % shape`), an id past the mesh's size
+        # wraps around.
+        return tf.constant(self._mesh.coords(int(device_id) % max(self.size, 1)),
+                           dtype=tf.int32)
 
     def unravel_index(self) -> Dict[int, Dict[str, int]]:
         """Every global device id mapped to its coordinates, `{id: {dim_name: index}}`."""

@@ -67,8 +67,8 @@ class DVariable(resource_variable_ops.ResourceVariable):
             initial_value = api.copy_to_mesh(initial_value, layout)
         else:
             raise LayoutError("DVariable needs a DTensor initial value or a `layout=`; got a "
-                              "regular tensor. Use `copy_to_mesh(value, layout)` or pass "
-                              "`layout=`.")
+                              "regular tensor (Neither layout nor DTensor initial value are "
+                              "provided.). Use `copy_to_mesh(value, layout)` or pass `layout=`.")
         self.layout = layout
         with ops.device(_device.DEVICE_NAME), _device.layout_scope(layout):
             super().__init__(initial_value, *args, dtype=dtype, **kwargs)

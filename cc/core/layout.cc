@@ -50,7 +50,8 @@ StatusOr<Layout> Layout::Create(const std::vector<std::string>& sharding_specs, 
         for (const MeshDim& d : mesh.dims()) names.push_back("`" + d.name + "`");
         return InvalidArgument("Layout axis " + std::to_string(i) + " names mesh dimension `" +
                                part + "`, which " + mesh.ShortString() +
-                               " does not have. Use one of " + Join(names, ", ") +
+                               " does not have (A dimension sharding must either be a valid mesh "
+                               "dimension or UNSHARDED.). Use one of " + Join(names, ", ") +
                                ", several joined by `+` (e.g. `x+y`), or `unsharded`.");
       }
       dims.push_back(index);
@@ -94,8 +95,8 @@ StatusOr<Layout> Layout::FromSpecs(std::vector<DimSpec> specs, Mesh mesh, Layout
                                            std::to_string(i);
         return InvalidArgument("Layout " + bad.SpecString() + " shards " + axes +
                                " over the same mesh dimension `" + mesh.dims()[d].name +
-                               "`; a mesh dimension can shard at most one axis, once. Use "
-                               "`unsharded` for one of them.");
+                               "`; a mesh dimension can shard at most one axis, once (Mesh "
+                               "dimensions must be unique.). Use `unsharded` for one of them.");
       }
       used_by[d] = static_cast<int>(i);
     }

@@ -50,6 +50,22 @@ class LruCache {
     index_.emplace(key, entries_.begin());
   }
 
+  // Drops every entry whose key `drop(key)` picks; returns how many went.
+  template <class Pred>
+  size_t EraseIf(Pred drop) {
+    size_t erased = 0;
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      if (drop(it->first)) {
+        index_.erase(it->first);
+        it = entries_.erase(it);
+        ++erased;
+      } else {
+        ++it;
+      }
+    }
+    return erased;
+  }
+
   size_t size() const { return entries_.size(); }
   size_t capacity() const { return capacity_; }
 

@@ -177,8 +177,9 @@ StatusOr<Mesh> Mesh::Create(std::vector<MeshDim> dims, std::vector<int64_t> glob
   for (std::string& device : local_devices) {
     device = CanonicalDeviceName(device);
     if (!device_set.insert(device).second) {
-      return InvalidArgument("Device `" + device + "` appears twice in the mesh; each device "
-                             "may hold one position of the grid. List each device once, e.g. "
+      return InvalidArgument("Device `" + device + "` appears twice in the mesh (Duplicate "
+                             "devices found in mesh specification); each device may hold one "
+                             "position of the grid. List each device once, e.g. "
                              "devices=[f\"CPU:{i}\" for i in range(n)].");
     }
     std::string type = DeviceType(device);

@@ -164,6 +164,19 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   const EagerOp eager{op, context, op_name, attrs, handles, dtensors};
   Routed routed;
   routed.rule = RuleRegistry::Global().Find(op_name);
+  // A constant made from a Python value under a mesh scope (`tf.constant(...)` inside
+  // `run_on`, `default_mesh` or `call_with_layout`) stays the regular tensor it is, as in
+  // TensorFlow's DTensor: an op that takes it puts it on that op's mesh, and
+  // call_with_layout relayouts a constant it returns. With no mesh set, ChooseMesh refuses
+  // it below, as TensorFlow's DTensor does ("No default mesh has been registered").
+  if (routed.rule && routed.rule->traits.python_constant && num_inputs == 1 && !dtensors[0] &&
+      (default_layout() || default_mesh())) {
+    TF_Status* status = EagerBuilder::ThreadStatus();
+    outputs[0] = TFE_TensorHandleCopySharingTensor(handles[0], status);
+    TFD_RETURN_IF_TF_ERROR(status, "passing a constant through the DTensor device");
+    *num_outputs = 1;
+    return Status::Ok();
+  }
   // A repeated op whose expansion was local-only runs its local ops directly.
   routed.local_only = LocalOnlyReplays::MeshOf(routed.rule, dtensors, layouts_pushed_.load() != 0);
   if (routed.local_only &&

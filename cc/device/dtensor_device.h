@@ -45,7 +45,11 @@ class DTensorDevice {
   void PopDefaultLayout();
   // tf.functions expanded and cached so far (for tests and debugging).
   int64_t num_expanded_functions() const { return expander_.num_cached(); }
-  FunctionExpander::Stats function_cache_stats() const { return expander_.stats(); }
+  // The function cache's counters, after dropping the expansions of deleted functions.
+  FunctionExpander::Stats function_cache_stats(TFE_Context* context) {
+    expander_.DropDeleted(context);
+    return expander_.stats();
+  }
   size_t num_cached_plans() const { return plan_cache_.size(); }
   // Eager ops run by their plan's local-only run (LocalOnlyReplays), for tests.
   int64_t num_local_only_runs() const { return local_only_.num_runs(); }

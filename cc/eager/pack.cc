@@ -54,7 +54,8 @@ StatusOr<TFE_TensorHandle*> Pack(TFE_Context* context, const std::string& device
         return InvalidArgument("pack components have rank " + std::to_string(shape.size()) +
                                " (shape " + ShapeString(shape) + ") but layout " +
                                layout.ShortString() + " has rank " +
-                               std::to_string(layout.rank()) + ".");
+                               std::to_string(layout.rank()) +
+                               " (Packed layout should have the same rank as the components).");
       }
     } else if (t != dtype || shape.size() != shapes[0].size() ||
                (parted && shape != shapes[0])) {

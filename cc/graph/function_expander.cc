@@ -78,6 +78,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
       return *cached;
     }
     ++num_misses_;
+    DropDeletedLocked(context);
     // Unique in the process, not per expander: a device re-created after a context
     // reset must not reuse a name TensorFlow still knows with another definition.
     static std::atomic<int64_t> counter{0};
@@ -117,6 +118,17 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncach
     requests = std::move(solved);
   }
   return expansion->Finish(inputs, request, name);
+}
+
+void FunctionExpander::DropDeletedLocked(TFE_Context* context) {
+  cache_.EraseIf([context](const FunctionKey& key) {
+    return !TFE_ContextHasFunction(context, key.function.c_str());
+  });
+}
+
+void FunctionExpander::DropDeleted(TFE_Context* context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  DropDeletedLocked(context);
 }
 
 int64_t FunctionExpander::num_cached() const {

@@ -126,6 +126,10 @@ class FunctionExpander {
     size_t size = 0;
   };
   Stats stats() const;
+  // Drops the expansions of functions `context` no longer has (a tf.function that was
+  // garbage-collected), so the cache holds only what can be called again, as TensorFlow's
+  // DTensor does. Expand sweeps on each miss; the device's stats sweep before counting.
+  void DropDeleted(TFE_Context* context);
 
  private:
   // Expands `function` (no cache): rounds of FunctionExpansion until the layout requests
@@ -134,6 +138,8 @@ class FunctionExpander {
       TFE_Context* context, const std::string& function, const Mesh& mesh,
       const std::vector<ValueMeta>& inputs, const OutputRequest& request,
       const FallbackPolicy& policy, const std::string& name, int depth);
+
+  void DropDeletedLocked(TFE_Context* context);
 
   mutable std::mutex mutex_;
   LruCache<FunctionKey, std::shared_ptr<const ExpandedFunction>, FunctionKey::Hash> cache_{

@@ -160,6 +160,7 @@ class DeviceRef {
       : device_(device), alive_(device->alive()), context_(context) {}
   bool alive() const { return alive_->load(); }
   uintptr_t context_address() const { return reinterpret_cast<uintptr_t>(context_); }
+  TFE_Context* context() const { return context_; }
   DTensorDevice& get() const {
     if (!alive()) {
       throw std::runtime_error(
@@ -413,7 +414,7 @@ PYBIND11_MODULE(_core, m) {
                              [](const DeviceRef& ref) { return ref.get().num_expanded_functions(); })
       .def("function_cache_stats",
            [](const DeviceRef& ref) {
-             FunctionExpander::Stats stats = ref.get().function_cache_stats();
+             FunctionExpander::Stats stats = ref.get().function_cache_stats(ref.context());
              py::dict result;
              result["hit"] = stats.hits;
              result["miss"] = stats.misses;

