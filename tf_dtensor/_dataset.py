@@ -117,7 +117,11 @@ def _to_dtensors(host_element: Any, layouts: Any, share: _Share) -> Any:
         for begin, size in _device_blocks(share, layout, shape):
             if (begin, size) not in blocks:
                 whole = not any(begin) and size == shape
-                blocks[(begin, size)] = component if whole else tf.slice(component, begin, size)
+                # Sliced where the host element is, also under a mesh scope (`run_on`,
+                # `default_mesh`) that would put the slice on the DTensor device.
+                with tf.device(component.device):
+                    blocks[(begin, size)] = (component if whole
+                                             else tf.slice(component, begin, size))
             parts.append(blocks[(begin, size)])
         return api.pack(parts, layout)
 

@@ -105,6 +105,10 @@ def fetch_layout(tensor) -> Optional[Layout]:
                           f"on the layout device.); got a regular tensor on "
                           f"`{getattr(tensor, 'device', '?')}`. Create one with `pack`, "
                           f"`copy_to_mesh` or `call_with_layout`.")
+    if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
+        # A plain tf.Variable made on the DTensor device: its handle carries the value's
+        # layout.
+        tensor = tensor.handle
     (text,) = _device.run(_core.FETCH_LAYOUT_OP, [tensor], ("T", tensor.dtype.as_datatype_enum))
     return _parse_layout(text.numpy().decode())
 

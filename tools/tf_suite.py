@@ -7,6 +7,7 @@ out of this repository.
 
     python tools/tf_suite.py --tests /path/to/dtensor/python/tests [--files a_test,b_test]
         [--backend both|ours|tf] [--jobs 2] [--timeout 1800] [--out results.json]
+        [--reuse-tf earlier-results.json]
 
 TensorFlow helpers the tests import that its wheel lacks (`d_random.py`) go in
 `<tests>/_support/`. Each file runs in its own process, once per backend, as TensorFlow runs it (absltest, its
@@ -184,7 +185,15 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--out", default="")
+    parser.add_argument("--reuse-tf", default="",
+                        help="a results file from an earlier --out: take TensorFlow's "
+                             "outcomes from it and run tf_dtensor only")
     args = parser.parse_args(argv)
+    reused = {}
+    if args.reuse_tf:
+        with open(args.reuse_tf) as f:
+            reused = {stem: runs["tf"] for stem, runs in json.load(f).items() if "tf" in runs}
+        args.backend = "both"
 
     if args.files:
         stems = args.files.split(",")
@@ -192,8 +201,9 @@ def main(argv=None) -> int:
         stems = sorted(f[:-3] for f in os.listdir(args.tests)
                        if f.endswith("_test.py") and f[:-3] not in SKIP_BY_DEFAULT)
     backends = ("tf", "ours") if args.backend == "both" else (args.backend,)
-    jobs = [(stem, backend) for stem in stems for backend in backends]
-    results: dict = {stem: {} for stem in stems}
+    jobs = [(stem, backend) for stem in stems for backend in backends
+            if not (backend == "tf" and stem in reused)]
+    results: dict = {stem: ({"tf": reused[stem]} if stem in reused else {}) for stem in stems}
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = {pool.submit(_launch, os.path.join(args.tests, stem + ".py"), backend,
                                args.timeout): (stem, backend) for stem, backend in jobs}

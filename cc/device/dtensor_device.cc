@@ -1,5 +1,6 @@
 #include "cc/device/dtensor_device.h"
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -25,6 +26,10 @@ struct StatusDeleter {
   void operator()(TF_Status* s) const { TF_DeleteStatus(s); }
 };
 using StatusPtr = std::unique_ptr<TF_Status, StatusDeleter>;
+struct OpDeleter {
+  void operator()(TFE_Op* o) const { TFE_DeleteOp(o); }
+};
+using OpPtr = std::unique_ptr<TFE_Op, OpDeleter>;
 
 // The op's attributes, read when a rule first asks for one.
 AttrMap ReadAttrs(const TFE_Op* op) {
@@ -70,8 +75,26 @@ DTensorDevice::~DTensorDevice() {
 int DTensorDevice::num_live() { return live_devices.load(); }
 
 void DTensorDevice::PushDefaultMesh(std::optional<Mesh> mesh) {
+  if (mesh) RegisterMesh(*mesh);
   std::lock_guard<std::mutex> lock(mutex_);
   mesh_stack_.push_back(std::move(mesh));
+}
+
+void DTensorDevice::RegisterMesh(const Mesh& mesh) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (registered_meshes_.size() >= 2) return;  // already ambiguous
+  Mesh user = UserMesh(mesh);
+  for (const Mesh& m : registered_meshes_) {
+    if (m == user) return;
+  }
+  registered_meshes_.push_back(std::move(user));
+}
+
+std::optional<Mesh> DTensorDevice::mesh_for_unplaced() const {
+  if (std::optional<Mesh> mesh = default_mesh()) return mesh;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (registered_meshes_.size() == 1) return registered_meshes_[0];
+  return std::nullopt;
 }
 
 void DTensorDevice::PopDefaultMesh() {
@@ -103,6 +126,36 @@ std::optional<Layout> DTensorDevice::default_layout() const {
   if (layouts_pushed_.load() == 0) return std::nullopt;
   std::lock_guard<std::mutex> lock(mutex_);
   return layout_stack_.empty() ? std::nullopt : layout_stack_.back();
+}
+
+// tf.data's ops (datasets, their iterators and optionals) run on the host only.
+bool DTensorDevice::IsHostDataOp(const std::string& op_name) {
+  return op_name.find("Dataset") != std::string::npos ||
+         op_name.find("Iterator") != std::string::npos ||
+         op_name.rfind("Optional", 0) == 0;
+}
+
+// A tf.data op placed on the DTensor device with no DTensor input (a dataset built or
+// iterated inside `run_on` or `default_mesh`) runs on the host CPU and gives regular
+// tensors, as TensorFlow's DTensor keeps datasets off the mesh; DTensorDataset lays their
+// elements out.
+Status DTensorDevice::RunOnHost(const TFE_Op* op, TFE_Context* context,
+                                const std::string& op_name,
+                                const std::vector<TFE_TensorHandle*>& handles, int* num_outputs,
+                                TFE_TensorHandle** outputs) {
+  StatusPtr status(TF_NewStatus());
+  OpPtr host(TFE_NewOp(context, op_name.c_str(), status.get()));
+  TFD_RETURN_IF_TF_ERROR(status.get(), "making '" + op_name + "' for the host");
+  TFE_OpAddAttrs(host.get(), TFE_OpGetAttrs(op));
+  TFE_OpSetDevice(host.get(), "/device:CPU:0", status.get());
+  TFD_RETURN_IF_TF_ERROR(status.get(), "placing '" + op_name + "' on the host");
+  for (TFE_TensorHandle* handle : handles) {
+    TFE_OpAddInput(host.get(), handle, status.get());
+    TFD_RETURN_IF_TF_ERROR(status.get(), "passing an input to '" + op_name + "'");
+  }
+  TFE_Execute(host.get(), outputs, num_outputs, status.get());
+  TFD_RETURN_IF_TF_ERROR(status.get(), "running tf.data op '" + op_name + "' on the host");
+  return Status::Ok();
 }
 
 void DTensorDevice::WarnOnce(const std::string& op_name, const std::string& message) {
@@ -148,6 +201,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
     TFD_ASSIGN_OR_RETURN(Layout layout,
                          Layout::FromString(attrs.GetString("layout").value_or("")));
     TFD_ASSIGN_OR_RETURN(outputs[0], Pack(context, name_, layout, handles));
+    RegisterMesh(layout.mesh());
     *num_outputs = 1;
     return Status::Ok();
   }
@@ -169,8 +223,12 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   // TensorFlow's DTensor: an op that takes it puts it on that op's mesh, and
   // call_with_layout relayouts a constant it returns. With no mesh set, ChooseMesh refuses
   // it below, as TensorFlow's DTensor does ("No default mesh has been registered").
+  if (IsHostDataOp(op_name) &&
+      std::none_of(dtensors.begin(), dtensors.end(), [](const auto* t) { return t != nullptr; })) {
+    return RunOnHost(op, context, op_name, handles, num_outputs, outputs);
+  }
   if (routed.rule && routed.rule->traits.python_constant && num_inputs == 1 && !dtensors[0] &&
-      (default_layout() || default_mesh())) {
+      (default_layout() || mesh_for_unplaced())) {
     TF_Status* status = EagerBuilder::ThreadStatus();
     outputs[0] = TFE_TensorHandleCopySharingTensor(handles[0], status);
     TFD_RETURN_IF_TF_ERROR(status, "passing a constant through the DTensor device");
@@ -192,13 +250,17 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   choice_op.name = op_name;
   choice_op.rule = routed.rule ? routed.rule : &FallbackRule(/*stateful=*/false);
   choice_op.calls_function = is_function;
-  if (user_requested) choice_op.requested = user_requested->mesh();
-  choice_op.default_mesh = default_mesh();
+  if (user_requested) {
+    choice_op.requested = user_requested->mesh();
+    RegisterMesh(user_requested->mesh());
+  }
+  choice_op.default_mesh = mesh_for_unplaced();
   std::optional<Layout> target;  // a relayout's
   if (op_name == kRelayoutOp) {
     if (std::optional<std::string> text = attrs.GetString("layout")) {
       TFD_ASSIGN_OR_RETURN(target, Layout::FromString(*text));
       choice_op.target = target->mesh();
+      RegisterMesh(target->mesh());
     }
   }
   std::vector<MeshChoiceInput> seen(num_inputs);
@@ -309,7 +371,8 @@ FallbackPolicy DTensorDevice::policy() {
 TFE_TensorHandle* DTensorDevice::CopyToDevice(TFE_Context* context, TFE_TensorHandle* tensor,
                                               TF_Status* status) {
   const std::optional<Layout> user_layout = default_layout();
-  std::optional<Mesh> mesh = user_layout ? std::optional<Mesh>(user_layout->mesh()) : default_mesh();
+  std::optional<Mesh> mesh =
+      user_layout ? std::optional<Mesh>(user_layout->mesh()) : mesh_for_unplaced();
   if (mesh) mesh = RuntimeMesh(*mesh);
   if (!mesh) {
     ToTF(InvalidArgument("Cannot copy a regular tensor onto the DTensor device without a "

@@ -41,6 +41,13 @@ class DTensorDevice {
   void PushDefaultMesh(std::optional<Mesh> mesh);
   void PopDefaultMesh();
   std::optional<Mesh> default_mesh() const;
+  // The mesh of an op placed on the device with no DTensor input: the default mesh, else
+  // the one mesh this device has seen (packed into, copied or relayouted to, or made
+  // default), as TensorFlow's DTensor picks its single registered mesh; none when it has
+  // seen several or none.
+  std::optional<Mesh> mesh_for_unplaced() const;
+  // Notes a mesh the user put values on (see mesh_for_unplaced).
+  void RegisterMesh(const Mesh& mesh);
   void PushDefaultLayout(std::optional<Layout> layout);
   void PopDefaultLayout();
   // tf.functions expanded and cached so far (for tests and debugging).
@@ -85,6 +92,10 @@ class DTensorDevice {
   Status DispatchOp(const EagerOp& op, const Routed& routed, int* num_outputs,
                     TFE_TensorHandle** outputs);
   FallbackPolicy policy();
+  static bool IsHostDataOp(const std::string& op_name);
+  Status RunOnHost(const TFE_Op* op, TFE_Context* context, const std::string& op_name,
+                   const std::vector<TFE_TensorHandle*>& handles, int* num_outputs,
+                   TFE_TensorHandle** outputs);
   std::optional<Layout> default_layout() const;
   void WarnOnce(const std::string& op_name, const std::string& message);
 
@@ -92,6 +103,7 @@ class DTensorDevice {
   std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
   mutable std::mutex mutex_;
   std::vector<std::optional<Mesh>> mesh_stack_;
+  std::vector<Mesh> registered_meshes_;  // distinct user meshes seen, at most two kept
   std::vector<std::optional<Layout>> layout_stack_;
   std::atomic<int> layouts_pushed_{0};  // layout_stack_.size(), read without the lock
   std::set<std::string> warned_;

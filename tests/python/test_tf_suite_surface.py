@@ -93,6 +93,7 @@ def test_constant_on_the_device_without_mesh_is_refused():
 def test_function_cache_forgets_deleted_functions(mesh_1d):
     device = api._dtensor_device()
     x = dtensor.copy_to_mesh(tf.ones([4, 2]), Layout.replicated(mesh_1d, 2))
+    gc.collect()  # functions of earlier tests go first, so only these three count below
     before = device._get_stats()
     for _ in range(3):
         @tf.function
@@ -228,3 +229,66 @@ assert len(tf.config.list_logical_devices("CPU")) == 4
 print("ok")
 """)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
+
+
+# --- placement details TensorFlow's tests rely on -----------------------------------------
+
+def test_op_without_dtensor_input_runs_on_the_one_mesh_seen():
+    # In a fresh process, where the device has seen exactly one mesh (TensorFlow's DTensor
+    # picks its single registered mesh); a second mesh makes the choice ambiguous again.
+    result = dtensor_testing.run_python("""
+import tensorflow as tf
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 4)
+from tf_dtensor import dtensor
+a = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+b = dtensor.create_mesh([("y", 2)], devices=["CPU:2", "CPU:3"])
+try:
+    with tf.device(dtensor.device_name()):
+        tf.ones([2])
+    raise SystemExit("no mesh seen yet, but the op ran")
+except tf.errors.InvalidArgumentError as e:
+    assert "No default mesh has been registered to DTensor" in str(e)
+dtensor.pack([tf.ones([1])] * 2, dtensor.Layout(["x"], a))
+with tf.device(dtensor.device_name()):
+    ones = tf.ones([2]) * tf.constant(3.0)
+assert dtensor.fetch_layout(ones) == dtensor.Layout.replicated(a, 1), dtensor.fetch_layout(ones)
+assert ones.numpy().tolist() == [3.0, 3.0]
+dtensor.copy_to_mesh(tf.ones([2]), dtensor.Layout.replicated(b, 1))
+try:
+    with tf.device(dtensor.device_name()):
+        tf.ones([2])
+    raise SystemExit("two meshes seen, but the op picked one")
+except tf.errors.InvalidArgumentError:
+    pass
+print("ok")
+""")
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_fetch_layout_of_a_plain_variable_made_on_the_device(mesh_1d):
+    layout = Layout.replicated(mesh_1d, 1)
+    value = dtensor.relayout([1.0, 2.0], layout)
+    # The variable's ops have no DTensor input: they need a mesh (TensorFlow's tests get
+    # one as the single mesh its device has seen; this process has seen many).
+    with dtensor.default_mesh(mesh_1d), tf.device(dtensor.device_name()):
+        variable = tf.Variable(value)
+    assert dtensor.fetch_layout(variable) == layout
+    dtensor.check_layout(variable, layout)
+    np.testing.assert_array_equal(variable.numpy(), [1.0, 2.0])
+
+
+def test_dataset_iterates_eagerly_under_a_default_mesh(mesh_2x2):
+    images = np.arange(8 * 4, dtype=np.float32).reshape(8, 4)
+    layout = Layout(["x", "y"], mesh_2x2)
+    with dtensor.default_mesh(mesh_2x2):
+        # Built and iterated in the scope, as TensorFlow's tests do: tf.data's ops stay on
+        # the host.
+        dataset = tf.data.Dataset.from_tensors(images).repeat()
+        d_dataset = dtensor.DTensorDataset(dataset=dataset, global_batch_size=4, mesh=mesh_2x2,
+                                           layouts=Layout(["x", "unsharded", "y"], mesh_2x2),
+                                           batch_dim="x")
+        batch = next(iter(d_dataset))
+    del layout
+    assert dtensor.fetch_layout(batch) == Layout(["x", "unsharded", "y"], mesh_2x2)
+    np.testing.assert_array_equal(dtensor_testing.reassemble(batch), np.stack([images] * 4))
