@@ -12,6 +12,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.eager import execute
 from tensorflow.python.framework import op_def_library
@@ -470,7 +471,8 @@ class _DeviceView:
     - `pack`, `unpack`, `copy_to_mesh`, `fetch_layout`, `is_dtensor`: as the module
       functions.
     - `_default_layout(layout)`: a scope in which ops run on the DTensor device and their
-      outputs (creation ops, variables) get `layout` (eagerly, as in TensorFlow).
+      outputs (creation ops, variables) get `layout`; while tracing a `tf.function`, the
+      ops traced in it give their (first) output that layout, as in TensorFlow.
     - `_experimental_default_mesh(mesh)`: the mesh of ops placed on the DTensor device that
       have no DTensor input (`with tf.device(device_name())` inside).
     - `_get_stats()`: cache counters under TensorFlow's names (see the method).
@@ -494,10 +496,14 @@ class _DeviceView:
     def _default_layout(self, layout: Layout):
         _layout_arg(layout, "_default_layout")
         if not context.executing_eagerly():
-            raise RuntimeError(
-                "`_default_layout` gives layouts to ops run eagerly; while tracing a "
-                "tf.function, use `call_with_layout(fn, layout, ...)` or `relayout` on the "
-                "result.")
+            # While tracing, as TensorFlow's: the ops traced in the scope carry the layout
+            # in their `_layout` attribute, and the expansion gives their first output
+            # that layout (where the ranks agree).
+            value = attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
+                s=[layout.to_string().encode()]))
+            with ops.get_default_graph()._attr_scope({"_layout": value}):  # pylint: disable=protected-access
+                yield
+            return
         with _device.mesh_scope(layout.mesh), _device.layout_scope(layout):
             yield
 

@@ -13,6 +13,7 @@
 #include "cc/propagation/propagate.h"
 #include "cc/rules/mesh_choice.h"
 #include "cc/rules/registry.h"
+#include "cc/spmd/layout_types.h"
 #include "cc/spmd/relayout.h"
 #include "cc/tf/handles.h"
 #include "cc/tf/ops.h"
@@ -162,6 +163,42 @@ void FunctionExpansion::Requests(const OutputRequest& request) {
     StatusOr<Layout> parsed = Layout::FromString(*text);
     if (parsed.ok()) ask(node.inputs[0], *parsed);
   }
+  // A node made under `_default_layout(layout)` while tracing asks for that layout.
+  for (const NodeSpec* node : order_) {
+    if (std::optional<Layout> layout = DefaultLayoutAttr(*node)) seeds_.emplace(node->name, *layout);
+  }
+}
+
+// TensorFlow's `_layout` attribute (one layout string per output), which
+// `_default_layout(layout)` gives the ops traced in its scope; tf_dtensor reads the first.
+std::optional<Layout> FunctionExpansion::DefaultLayoutAttr(const NodeSpec& node) {
+  if (!FindRawAttr(node.attrs, "_layout")) return std::nullopt;
+  const AttrMap attrs = DecodeAttrs(node.attrs);
+  const AttrValue* value = attrs.Find("_layout");
+  if (!value || value->list_s.empty()) return std::nullopt;
+  StatusOr<Layout> layout = Layout::FromString(value->list_s[0]);
+  if (!layout.ok()) return std::nullopt;
+  return *layout;
+}
+
+// The first output of a node with a `_layout` attribute takes that layout (a host value
+// moves onto its mesh first), where the ranks agree.
+Status FunctionExpansion::ApplyDefaultLayout(const NodeSpec& node) {
+  std::optional<Layout> layout = DefaultLayoutAttr(node);
+  auto found = outputs_.find(node.name);
+  if (!layout || found == outputs_.end() || found->second.empty()) return Status::Ok();
+  ValueId& value = found->second[0];
+  if (builder_.resource(value) ||
+      static_cast<int>(builder_.shape(value).size()) != layout->rank()) {
+    return Status::Ok();
+  }
+  if (builder_.is_host(value)) {
+    TFD_ASSIGN_OR_RETURN(value, builder_.Broadcast(value, RuntimeMesh(layout->mesh())));
+  }
+  if (builder_.layout(value) == *layout) return Status::Ok();
+  TFD_ASSIGN_OR_RETURN(value, Relayout(builder_, value, *layout,
+                                       "the output of '" + node.name + "' (its default layout)"));
+  return Status::Ok();
 }
 
 void FunctionExpansion::Record(const NodeSpec& node, const RegisteredRule* rule,
@@ -426,6 +463,7 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
     }
     return ExpandWithRule(node, inputs);
   }();
+  if (s.ok()) s = ApplyDefaultLayout(node);
   if (!s.ok()) return s;
   ops_[node.name] = builder_.created();
   solver_nodes_[position_.at(node.name)].num_outputs =

@@ -153,6 +153,8 @@ class FunctionExpansion {
   // inputs', whole values of another mesh moving there; else the mesh of a layout asked
   // of it, else the function's) and makes it the builder's.
   Status EnterNodeMesh(const NodeSpec& node, std::vector<ValueId>& inputs);
+  static std::optional<Layout> DefaultLayoutAttr(const NodeSpec& node);
+  Status ApplyDefaultLayout(const NodeSpec& node);
   Status EmitHostOp(const NodeSpec& node, const std::vector<ValueId>& inputs);
   StatusOr<ValueId> Resolve(const std::string& name);
   StatusOr<int> FlatIndex(const NodeSpec& node, const std::string& arg, int index);

@@ -467,13 +467,21 @@ def test_device_view_scopes_and_stats(mesh_2x2):
         api.reset_dtensor_device(is_async="yes")
     api.reset_dtensor_device(is_async=True)
 
+    # While tracing, the scope's ops carry the layout (TensorFlow's `_layout` attribute) and
+    # the expansion makes their outputs in it: a constant, a creation op, a computed value.
     @tf.function
-    def traced():
+    def traced(anchor):
         with device._default_layout(layout):
-            return tf.zeros([2, 4])
+            const = tf.constant(np.arange(8, dtype=np.float32).reshape(2, 4))
+            zeros = tf.zeros([2, 4])
+            summed = anchor + 1.0
+        return const, zeros, summed
 
-    with pytest.raises(RuntimeError, match="call_with_layout"):
-        traced()
+    anchor = dtensor.copy_to_mesh(tf.zeros([2, 4]), Layout.replicated(layout.mesh, 2))
+    for got, want in zip(traced(anchor), [np.arange(8).reshape(2, 4), np.zeros([2, 4]),
+                                          np.ones([2, 4])]):
+        assert dtensor.fetch_layout(got) == layout
+        np.testing.assert_array_equal(dtensor_testing.reassemble(got), want)
 
 
 # --- MATCH in relayout targets (issue 25) ---
