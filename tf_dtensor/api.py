@@ -225,10 +225,23 @@ def _pack_sparse(tensors: Sequence[Any], layout: Layout, run_check: bool) -> Any
         raise TypeError(f"All input SparseTensors to Pack must be same shape; got "
                         f"{sorted(set(shapes))}. Each component is one device's block, so "
                         f"the blocks' dense shapes must agree.")
-    out = pack([tf.sparse.to_dense(t) for t in tensors], layout, run_check=run_check)
+    devices = layout.mesh.local_devices()
+    if len(devices) != len(tensors):
+        raise PackError(f"pack needs one component per local device of {layout.mesh.short()} "
+                        f"({len(devices)}); got {len(tensors)} SparseTensors.")
+    sparse, dense = [], []
+    for device, t in zip(devices, tensors):
+        # Each component on its device, as TensorFlow's DTensor keeps them (also under a
+        # device scope that would place these ops on the DTensor device).
+        with tf.device(device):
+            local = tf.SparseTensor(tf.identity(t.indices), tf.identity(t.values),
+                                    tf.identity(t.dense_shape))
+            sparse.append(local)
+            dense.append(tf.sparse.to_dense(local))
+    out = pack(dense, layout, run_check=run_check)
     key = id(out)
     _SPARSE_COMPONENTS[key] = (weakref.ref(out, lambda _: _SPARSE_COMPONENTS.pop(key, None)),
-                               list(tensors))
+                               sparse)
     return out
 
 

@@ -186,7 +186,8 @@ StatusOr<Mesh> Mesh::Create(std::vector<MeshDim> dims, std::vector<int64_t> glob
     if (rep->device_type.empty()) rep->device_type = type;
     if (type != rep->device_type) {
       return InvalidArgument("Mesh mixes device types " + rep->device_type + " and " + type +
-                             " (`" + device + "`); all devices of a mesh must be of one type. "
+                             " (`" + device + "`; Devices containing multiple device_types); all devices of a "
+                             "mesh must be of one type. "
                              "Build one mesh per device type (a tensor moves between meshes "
                              "with `copy_to_mesh` or `relayout`).");
     }

@@ -41,7 +41,8 @@ void RelayoutOffMesh(void*, TF_OpKernelContext* ctx) {
   TF_SetStatus(status, TF_INVALID_ARGUMENT,
                "`relayout` ran on a regular device: the tf.function that holds it was called "
                "without DTensor inputs and outside any mesh, so tf_dtensor never saw it. Call "
-               "the function under `dtensor.run_on(mesh)`, or pass a DTensor in.");
+               "the function under `dtensor.run_on(mesh)`, or pass a DTensor in. (No OpKernel "
+               "was registered to support Op 'Relayout' on a regular device.)");
   TF_OpKernelContext_Failure(ctx, status);
   TF_DeleteStatus(status);
 }

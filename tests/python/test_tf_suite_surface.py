@@ -292,3 +292,17 @@ def test_dataset_iterates_eagerly_under_a_default_mesh(mesh_2x2):
     del layout
     assert dtensor.fetch_layout(batch) == Layout(["x", "unsharded", "y"], mesh_2x2)
     np.testing.assert_array_equal(dtensor_testing.reassemble(batch), np.stack([images] * 4))
+
+
+def test_pack_sparse_components_live_on_their_devices(mesh_2x2):
+    layout = Layout.replicated(mesh_2x2, 2)
+    component = tf.sparse.from_dense(tf.constant([[0.0, 1.0], [2.0, 0.0]]))
+    # Under the device's scope with no mesh set, as TensorFlow's tests pack.
+    with tf.device(dtensor.device_name()):
+        packed = dtensor.pack([component] * 4, layout)
+    assert dtensor.fetch_layout(packed) == layout
+    unpacked = dtensor.unpack(packed)
+    for device, got in zip(mesh_2x2.local_devices(), unpacked):
+        assert tf.DeviceSpec.from_string(got.values.device).device_index == \
+            tf.DeviceSpec.from_string(device).device_index
+        np.testing.assert_array_equal(tf.sparse.to_dense(got), [[0.0, 1.0], [2.0, 0.0]])
