@@ -256,8 +256,8 @@ def _validate_elements(flat_layouts: List[Layout], flat_specs: List[Any],
             raise TypeError(f"DTensorDataset reads dense tensors; the dataset has an element "
                             f"{spec}. Convert it to a dense tensor with `dataset.map` first.")
         if spec.shape.rank is None:
-            raise ValueError(f"Dataset element {spec} has an unknown rank; DTensorDataset needs "
-                             f"static ranks (set shapes with `dataset.map(tf.ensure_shape...)`).")
+            raise ValueError(f"Dataset element {spec} has an unknown rank (Dataset element "
+                             f"shape must have a valid rank); DTensorDataset needs static ranks (set shapes with `dataset.map(tf.ensure_shape...)`).")
         if any("+" in s and s not in layout.mesh.dim_names for s in layout.sharding_specs):
             raise LayoutError(
                 f"DTensorDataset cannot make elements in layout {layout.short()}: it shards "
@@ -267,14 +267,15 @@ def _validate_elements(flat_layouts: List[Layout], flat_specs: List[Any],
         if layout.rank != rank:
             raise ValueError(
                 f"Layout {layout.short()} has rank {layout.rank} but the dataset element {spec} "
-                f"needs rank {rank} (the element's rank"
+                f"needs rank {rank} (Expected layout with rank {rank}: the element's rank"
                 f"{'' if already_batched else ' plus the batch axis'}). Check that the dataset "
                 f"is not batched, or pass `dataset_already_batched=True` if it is.")
         if already_batched:
             first = flat_specs[0].shape[0]
             if first is None:
                 raise ValueError(f"The batch axis of dataset element {spec} has no static size; "
-                                 f"batch the dataset with `drop_remainder=True`.")
+                                 f"batch the dataset with `drop_remainder=True` (Ensure "
+                                 f"drop_remainder=True when batching the dataset.).")
             if spec.shape[0] != first:
                 raise ValueError(f"The batch axis of dataset element {spec} does not match the "
                                  f"other elements' batch size {first}; batch every component "
@@ -349,7 +350,8 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
                                                    layout.sharding_specs[0] != batch_dim):
                     raise ValueError(
                         f"`batch_dim={batch_dim!r}` was given but layout {layout.short()} does "
-                        f"not shard axis 0 over it; use "
+                        f"not shard axis 0 over it (batch_dim {batch_dim} was specified but at "
+                        f"least one layout did not contain it); use "
                         f"`Layout.batch_sharded(mesh, {batch_dim!r}, rank)` for every element.")
         else:
             num_replicas, replicas = 1, (0,)
@@ -371,7 +373,9 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
                 raise ValueError(
                     f"The dataset's batches have {got} rows but each of the {num_replicas} "
                     f"replicas needs {per_replica} (`global_batch_size={global_batch_size}`); "
-                    f"batch the dataset to {per_replica} or change `global_batch_size`.")
+                    f"batch the dataset to {per_replica} or change `global_batch_size` "
+                    f"(per_replica_batch_size does not matched expected size based on the mesh, "
+                    f"got {got} but expected {per_replica}.).")
             pipeline = dataset
             if num_replicas > 1:
                 # Per-replica batches k*R .. k*R+R-1 form global batch k.

@@ -5,6 +5,7 @@
 //   tf.slice([x,*] of [8,4], [0,1], [-1,2]) -> [x,*]  (each device: begin [0,1], size [4,2])
 //   x[:, None] of [x,*] -> [x,*,*]                    pad([x,*], [[0,0],[1,1]]) -> [x,*]
 //   StridedSliceGrad (x[:, 1:3]'s gradient) with dy [x,*] -> [x,*]
+//   x[:, 1::2] with x [*,x] (each block holds whole periods of 2) -> [*,x], no communication
 #include <algorithm>
 
 #include "cc/core/strings.h"
@@ -19,6 +20,11 @@ namespace {
 struct StridedSliceAxes {
   // Per dense axis: taken whole (start 0, stop its size, stride 1, not shrunk).
   std::vector<bool> whole;
+  // Per dense axis: the stride (> 1) of a slice that takes one element at offset `start` of
+  // every period of `stride` along the whole axis (x[:, 1::2] of an axis of even size);
+  // 0 otherwise. Such an axis keeps its sharding where each block holds whole periods.
+  std::vector<int64_t> stride;
+  std::vector<int64_t> start;
   // Per result axis: the dense axis it comes from, or -1 for a new (size-1) axis.
   std::vector<int> result_source;
   // Per entry of begin/end/strides: the dense axis it addresses, or -1 (ellipsis, new axis).
@@ -56,6 +62,8 @@ StatusOr<StridedSliceAxes> AnalyzeStridedSlice(const OpContext& ctx,
   const int rank = static_cast<int>(shape.size());
   StridedSliceAxes axes;
   axes.whole.assign(rank, true);
+  axes.stride.assign(rank, 0);
+  axes.start.assign(rank, 0);
   axes.entry_axis.assign(n, -1);
   int dense = 0;
   for (int i = 0; i < entries; ++i) {
@@ -84,8 +92,26 @@ StatusOr<StridedSliceAxes> AnalyzeStridedSlice(const OpContext& ctx,
     int64_t start = Bit(begin_mask, i) ? 0 : clamp(begin[i]);
     int64_t stop = Bit(end_mask, i) ? size : clamp(end[i]);
     axes.whole[d] = strides[i] == 1 && start == 0 && stop == size;
+    const int64_t s = strides[i];
+    if (s > 1 && size % s == 0 && start < s && stop > start &&
+        (stop - start + s - 1) / s == size / s) {
+      axes.stride[d] = s;
+      axes.start[d] = start;
+    }
   }
   return axes;
+}
+
+// Whether dense axis `d` (of `size`, split into `shards` blocks) keeps its sharding through
+// the slice: taken whole, or periodic with every block holding whole periods.
+bool KeepsSharding(const StridedSliceAxes& axes, int d, int64_t size, int shards) {
+  if (axes.whole[d] || shards <= 1) return true;
+  return axes.stride[d] > 0 && size % shards == 0 && (size / shards) % axes.stride[d] == 0;
+}
+
+// The size of result axis taken from dense axis `d`: whole, or one element per period.
+int64_t KeptSize(const StridedSliceAxes& axes, int d, int64_t size) {
+  return axes.whole[d] ? size : (axes.stride[d] > 0 ? size / axes.stride[d] : -1);
 }
 
 // Local begin/end for the entries that address whole, sharded axes: [0, local size).
@@ -96,7 +122,8 @@ void LocalizeEntries(const StridedSliceAxes& axes, const Layout& layout,
     int d = axes.entry_axis[i];
     if (d < 0 || !layout.spec(d).sharded()) continue;
     // The largest block; StridedSlice clamps `end`, so smaller (uneven) blocks are whole too.
-    (*begin)[i] = 0;
+    // A periodic axis starts at the same offset in every block.
+    (*begin)[i] = axes.whole[d] ? 0 : axes.start[d];
     (*end)[i] = Layout::Piece(shape[d], layout.NumShards(d), 0).first;
   }
 }
@@ -115,7 +142,7 @@ class StridedSliceRule : public Rule {
     const Layout& in = ctx.layout(0);
     std::vector<DimSpec> specs = in.specs();
     for (int d = 0; d < in.rank(); ++d) {
-      if (!axes.whole[d]) specs[d] = DimSpec::Replicated();
+      if (!KeepsSharding(axes, d, shape[d], in.NumShards(d))) specs[d] = DimSpec::Replicated();
     }
     std::vector<DimSpec> out;
     for (int source : axes.result_source) {
@@ -157,7 +184,8 @@ class StridedSliceGradRule : public Rule {
     for (int j = 0; j < dy.rank(); ++j) {
       int source = axes.result_source[j];
       // The gradient's shape is one host argument: only evenly divided axes stay sharded.
-      if (source >= 0 && axes.whole[source] && shape[source] % dy.NumShards(j) == 0) {
+      if (source >= 0 && shape[source] % dy.NumShards(j) == 0 &&
+          KeepsSharding(axes, source, shape[source], dy.NumShards(j))) {
         out[source] = dy_specs[j] = dy.spec(j);
       }
     }
@@ -205,12 +233,13 @@ class TensorStridedSliceUpdateRule : public Rule {
     const int shift = result_rank - value.rank();
     auto spans = [&](int j) {
       const int source = axes.result_source[j + shift];
-      return source >= 0 && axes.whole[source] && value_shape[j] == shape[source];
+      return source >= 0 && (axes.whole[source] || axes.stride[source] > 0) &&
+             value_shape[j] == KeptSize(axes, source, shape[source]);
     };
     std::vector<DimSpec> specs = in.specs();
     std::vector<bool> used(ctx.mesh.num_dims(), false);
     for (int d = 0; d < in.rank(); ++d) {
-      if (!axes.whole[d]) specs[d] = DimSpec::Replicated();
+      if (!KeepsSharding(axes, d, shape[d], in.NumShards(d))) specs[d] = DimSpec::Replicated();
       if (specs[d].sharded()) used[specs[d].mesh_dim] = true;
     }
     // A whole axis the input leaves unsharded takes the value's sharding.
@@ -218,7 +247,10 @@ class TensorStridedSliceUpdateRule : public Rule {
       const DimSpec& s = value.spec(j);
       if (!spans(j) || !s.sharded() || used[s.mesh_dim]) continue;
       const int source = axes.result_source[j + shift];
-      if (specs[source].sharded()) continue;
+      if (specs[source].sharded() ||
+          !KeepsSharding(axes, source, shape[source], value.NumShards(j))) {
+        continue;
+      }
       specs[source] = s;
       used[s.mesh_dim] = true;
     }

@@ -35,6 +35,11 @@ STRIDED_SLICES = {
     "[:,::-1]": ([0, 0], [0, 0], [1, -1], {"begin_mask": 3, "end_mask": 3}),
     "[0:4,0:8]": ([0, 0], [4, 8], [1, 1], {}),
     "[-100:100]": ([-100], [100], [1], {}),
+    # One element per period of the stride: a sharded axis whose blocks hold whole periods
+    # keeps its sharding.
+    "[:,1::2]": ([0, 1], [0, 0], [1, 2], {"begin_mask": 1, "end_mask": 2}),
+    "[:,0:7:2]": ([0, 0], [4, 7], [1, 2], {}),
+    "[:,1:8:4]": ([0, 1], [4, 8], [1, 4], {}),
 }
 
 
@@ -83,6 +88,20 @@ def test_strided_slice_grad(name, dy_layout):
     check_op(grad, "StridedSliceGrad", [random_array(tuple(dy_shape))], [dy_layout],
              host_inputs=[([2], list(SHAPE))] + _slice_hosts(name), attrs=_attrs(masks),
              host_first=True)
+
+
+@pytest.mark.parametrize("name", ["[:,1::2]", "[:,0:7:2]"])
+def test_strided_slice_of_whole_periods_keeps_the_sharding(name, mesh_2x2):
+    # Blocks of 4 along the sharded axis hold two periods of 2: each device slices its own
+    # block (TensorFlow's DTensor keeps these sharded too); a stride of 3 does not fit.
+    layout = layout_of("*,x", mesh_2x2)
+    value = random_array(SHAPE)
+    got = run_without_fallback(_strided_slice(name), to_dtensor(value, layout))
+    assert tf_dtensor.dtensor.fetch_layout(got) == layout
+    np.testing.assert_array_equal(reassemble(got), _strided_slice(name)(value).numpy())
+    odd = tf.strided_slice(to_dtensor(value, layout), [0, 0], [4, 8], [1, 3])
+    assert tf_dtensor.dtensor.fetch_layout(odd) == layout_of("*,*", mesh_2x2)
+    np.testing.assert_array_equal(reassemble(odd), value[:, 0:8:3])
 
 
 def test_python_slicing_keeps_the_batch_sharding(mesh_2x2):
