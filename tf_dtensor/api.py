@@ -22,7 +22,7 @@ from tensorflow.python.ops import resource_variable_ops
 from tf_dtensor import _core
 from tf_dtensor import _device
 from tf_dtensor._errors import LayoutError, PackError, RelayoutError
-from tf_dtensor.layout import Layout
+from tf_dtensor.layout import Layout, LayoutType
 from tf_dtensor.mesh import Mesh
 
 
@@ -380,7 +380,16 @@ def copy_to_mesh(tensor: Any, layout: Layout, source_layout: Optional[Layout] = 
     del source_layout  # The source of a regular tensor is its own device.
     if _is_dtensor(tensor):
         return relayout(tensor, layout)
-    return _relayout(tf.convert_to_tensor(tensor), layout)
+    tensor = tf.convert_to_tensor(tensor)
+    rank = tensor.shape.rank
+    if (isinstance(layout, Layout) and not layout.has_match and rank is not None and
+            layout.rank != rank and
+            layout.is_fully_replicated() and not layout.partial and
+            layout.type == LayoutType.STATIC):
+        # A replicated layout means "whole on every device" at any rank; TensorFlow's
+        # DTensor takes one of another rank here (a scalar layout for a matrix), so do we.
+        layout = Layout.replicated(layout.mesh, rank)
+    return _relayout(tensor, layout)
 
 
 def relayout(tensor: tf.Tensor, layout: Layout, name: Optional[str] = None) -> tf.Tensor:

@@ -306,3 +306,13 @@ def test_pack_sparse_components_live_on_their_devices(mesh_2x2):
         assert tf.DeviceSpec.from_string(got.values.device).device_index == \
             tf.DeviceSpec.from_string(device).device_index
         np.testing.assert_array_equal(tf.sparse.to_dense(got), [[0.0, 1.0], [2.0, 0.0]])
+
+
+def test_copy_to_mesh_takes_a_replicated_layout_of_any_rank(mesh_1d):
+    # TensorFlow's DTensor copies a matrix with a scalar replicated layout (its own tests do).
+    got = dtensor.copy_to_mesh(tf.constant([[0, 1], [2, 3]]), Layout.replicated(mesh_1d, 0))
+    assert dtensor.fetch_layout(got) == Layout.replicated(mesh_1d, 2)
+    np.testing.assert_array_equal(got.numpy(), [[0, 1], [2, 3]])
+    # A sharded layout of the wrong rank is still an error.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="rank"):
+        dtensor.copy_to_mesh(tf.ones([2, 2]), Layout(["x"], mesh_1d))
