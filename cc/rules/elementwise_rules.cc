@@ -119,9 +119,25 @@ class BiasAddRule : public Rule {
       return InvalidArgument("BiasAdd needs a value of rank 2 or more; got " + ctx.Describe(0) +
                              ".");
     }
+    // A channel axis the value leaves whole takes the bias's sharding where the bias has
+    // one the value does not use: each device slices its own channels of the value (no
+    // communication) rather than gathering the bias, as TensorFlow's DTensor does.
+    std::vector<DimSpec> specs = value.specs();
+    const Layout& bias = ctx.layout(1);
+    if (!specs[channel].sharded() && bias.rank() == 1 && bias.spec(0).sharded() &&
+        ctx.inputs[0].shape[channel] % bias.NumShards(0) == 0) {
+      bool used = false;
+      for (const DimSpec& s : specs) {
+        for (int m : s.mesh_dims()) {
+          for (int b : bias.spec(0).mesh_dims()) used = used || m == b;
+        }
+      }
+      if (!used) specs[channel] = bias.spec(0);
+    }
+    Layout runs = value.WithSpecs(specs);
     Plan plan;
-    plan.inputs = {value, value.WithSpecs({value.spec(channel)})};
-    plan.outputs = {value};
+    plan.inputs = {runs, runs.WithSpecs({specs[channel]})};
+    plan.outputs = {runs};
     return plan;
   }
 };

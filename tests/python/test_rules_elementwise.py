@@ -408,3 +408,26 @@ def test_audited_op_gradient(name, specs, in_function):
         if e is not None:
             assert tuple(a.shape) == tuple(e.shape)
             np.testing.assert_allclose(reassemble(a), e.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("layouts", layout_params((4, 4, 4), (4,), meshes=[MESH_2X2]))
+def test_bias_add(layouts, data_format):
+    check_op(lambda v, b: tf.nn.bias_add(v, b, data_format=data_format), "BiasAdd",
+             [random_array((4, 4, 4)), random_array((4,), seed=2)], layouts,
+             attrs={"data_format": data_format})
+
+
+def test_bias_add_keeps_the_bias_sharding_on_a_whole_channel_axis(mesh_2x2):
+    # The value's channels are whole and the bias is sharded over a mesh dimension the value
+    # does not use: each device slices its channels (as TensorFlow's DTensor does), no gather.
+    value, bias = random_array((2, 4, 4)), random_array((4,), seed=3)
+    got = tf.nn.bias_add(to_dtensor(value, layout_of("*,y,*", mesh_2x2)),
+                         to_dtensor(bias, layout_of("x", mesh_2x2)))
+    assert tf_dtensor.dtensor.fetch_layout(got) == layout_of("*,y,x", mesh_2x2)
+    np.testing.assert_allclose(reassemble(got), value + bias, rtol=1e-6)
+    # A bias sharded over a dimension the value uses elsewhere is gathered instead.
+    got = tf.nn.bias_add(to_dtensor(value, layout_of("*,y,*", mesh_2x2)),
+                         to_dtensor(bias, layout_of("y", mesh_2x2)))
+    assert tf_dtensor.dtensor.fetch_layout(got) == layout_of("*,y,*", mesh_2x2)
+    np.testing.assert_allclose(reassemble(got), value + bias, rtol=1e-6)
