@@ -380,7 +380,7 @@ def copy_to_mesh(tensor: Any, layout: Layout, source_layout: Optional[Layout] = 
     del source_layout  # The source of a regular tensor is its own device.
     if _is_dtensor(tensor):
         return relayout(tensor, layout)
-    tensor = tf.convert_to_tensor(tensor)
+    tensor = _host_tensor(tensor)
     rank = tensor.shape.rank
     if (isinstance(layout, Layout) and not layout.has_match and rank is not None and
             layout.rank != rank and
@@ -392,11 +392,23 @@ def copy_to_mesh(tensor: Any, layout: Layout, source_layout: Optional[Layout] = 
     return _relayout(tensor, layout)
 
 
+def _host_tensor(value) -> tf.Tensor:
+    """`value` as a tensor; a Python or NumPy value is made on the host, also under a device
+    scope that would place its constant on the DTensor device (as TensorFlow's relayout
+    and copy_to_mesh take them there, mesh or no mesh)."""
+    if tf.is_tensor(value) or not context.executing_eagerly():
+        return tf.convert_to_tensor(value)
+    with ops.device("/device:CPU:0"):
+        return tf.convert_to_tensor(value)
+
+
 def relayout(tensor: tf.Tensor, layout: Layout, name: Optional[str] = None) -> tf.Tensor:
     """Changes a DTensor's layout, inserting the needed all-gathers, slices or all-to-alls."""
     del name
-    if not _is_dtensor(tensor):
-        tensor = tf.convert_to_tensor(tensor)
+    if isinstance(tensor, tf.Variable):
+        tensor = tensor.read_value()  # TensorFlow's relayout reads a variable, too
+    elif not _is_dtensor(tensor):
+        tensor = _host_tensor(tensor)
     return _relayout(tensor, layout)
 
 

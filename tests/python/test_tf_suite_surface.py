@@ -316,3 +316,23 @@ def test_copy_to_mesh_takes_a_replicated_layout_of_any_rank(mesh_1d):
     # A sharded layout of the wrong rank is still an error.
     with pytest.raises(tf.errors.InvalidArgumentError, match="rank"):
         dtensor.copy_to_mesh(tf.ones([2, 2]), Layout(["x"], mesh_1d))
+
+
+def test_relayout_of_a_python_value_under_the_device_scope(mesh_1d):
+    # TensorFlow's tests relayout Python lists inside `tf.device(dtensor.device_name())`
+    # before any mesh is set: the value is made on the host and copied onto the layout.
+    layout = Layout(["x"], mesh_1d)
+    with tf.device(dtensor.device_name()):
+        got = dtensor.relayout([1.0, 2.0], layout)
+        copied = dtensor.copy_to_mesh(np.array([3, 4]), Layout.replicated(mesh_1d, 1))
+    assert dtensor.fetch_layout(got) == layout
+    np.testing.assert_array_equal(dtensor_testing.reassemble(got), [1.0, 2.0])
+    np.testing.assert_array_equal(copied.numpy(), [3, 4])
+
+
+def test_relayout_of_a_variable_relayouts_its_value(mesh_1d):
+    variable = dtensor.DVariable(dtensor.copy_to_mesh([1.0, 2.0], Layout.replicated(mesh_1d, 1)))
+    got = dtensor.relayout(variable, Layout(["x"], mesh_1d))
+    assert dtensor.fetch_layout(got) == Layout(["x"], mesh_1d)
+    assert dtensor.fetch_layout(variable) == Layout.replicated(mesh_1d, 1)
+    np.testing.assert_array_equal(dtensor_testing.reassemble(got), [1.0, 2.0])
