@@ -284,16 +284,23 @@ def unpack(tensor: Any) -> Sequence[Any]:
       [TensorShape([2]), TensorShape([2])]
 
     Raises:
-      TypeError: `tensor` is not a tensor.
+      TypeError: `tensor` is not a tensor, or is a variable (as in TensorFlow's DTensor:
+        unpack its `read_value()`).
       LayoutError: `tensor` is a regular tensor.
       RuntimeError: called while tracing a `tf.function`.
     """
     _refuse_while_tracing("unpack")
     if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
-        tensor = tensor.handle
+        raise TypeError(f"unpack takes a DTensor, not a variable (Expecting a Tensor); got a "
+                        f"`{type(tensor).__name__}`. Unpack its value: "
+                        f"`unpack(variable.read_value())`.")
     if not tf.is_tensor(tensor):
         raise TypeError(f"unpack expects a DTensor (Expecting a Tensor); got a "
                         f"`{type(tensor).__name__}`.")
+    if context.executing_eagerly() and not _is_dtensor(tensor):
+        raise LayoutError(f"unpack expects a DTensor (DTensorUnpack expects a tensor placed on "
+                          f"the DTensor device); got a regular tensor on `{tensor.device}`. "
+                          f"Make one with `pack`, `copy_to_mesh` or `call_with_layout`.")
     sparse = _SPARSE_COMPONENTS.get(id(tensor)) if _SPARSE_COMPONENTS else None
     if sparse is not None and sparse[0]() is tensor:
         return list(sparse[1])

@@ -336,3 +336,13 @@ def test_relayout_of_a_variable_relayouts_its_value(mesh_1d):
     assert dtensor.fetch_layout(got) == Layout(["x"], mesh_1d)
     assert dtensor.fetch_layout(variable) == Layout.replicated(mesh_1d, 1)
     np.testing.assert_array_equal(dtensor_testing.reassemble(got), [1.0, 2.0])
+
+
+def test_unpack_refuses_variables_and_regular_tensors(mesh_1d):
+    variable = dtensor.DVariable(dtensor.copy_to_mesh([1.0, 2.0], Layout.replicated(mesh_1d, 1)))
+    with pytest.raises(TypeError, match=r"Expecting a Tensor.*read_value"):
+        dtensor.unpack(variable)
+    assert [c.numpy().tolist() for c in dtensor.unpack(variable.read_value())] == [[1.0, 2.0]] * 2
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="DTensorUnpack expects a tensor placed on the DTensor device"):
+        dtensor.unpack(tf.ones([2]))
