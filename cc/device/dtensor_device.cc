@@ -218,15 +218,17 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   const EagerOp eager{op, context, op_name, attrs, handles, dtensors};
   Routed routed;
   routed.rule = RuleRegistry::Global().Find(op_name);
+  const bool any_dtensor =
+      std::any_of(dtensors.begin(), dtensors.end(), [](const auto* t) { return t != nullptr; });
+  // tf.data ops (no rule) with no DTensor input run on the host.
+  if (!routed.rule && !any_dtensor && IsHostDataOp(op_name)) {
+    return RunOnHost(op, context, op_name, handles, num_outputs, outputs);
+  }
   // A constant made from a Python value under a mesh scope (`tf.constant(...)` inside
   // `run_on`, `default_mesh` or `call_with_layout`) stays the regular tensor it is, as in
   // TensorFlow's DTensor: an op that takes it puts it on that op's mesh, and
   // call_with_layout relayouts a constant it returns. With no mesh set, ChooseMesh refuses
   // it below, as TensorFlow's DTensor does ("No default mesh has been registered").
-  if (IsHostDataOp(op_name) &&
-      std::none_of(dtensors.begin(), dtensors.end(), [](const auto* t) { return t != nullptr; })) {
-    return RunOnHost(op, context, op_name, handles, num_outputs, outputs);
-  }
   if (routed.rule && routed.rule->traits.python_constant && num_inputs == 1 && !dtensors[0] &&
       (default_layout() || mesh_for_unplaced())) {
     TF_Status* status = EagerBuilder::ThreadStatus();
@@ -254,7 +256,9 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
     choice_op.requested = user_requested->mesh();
     RegisterMesh(user_requested->mesh());
   }
-  choice_op.default_mesh = mesh_for_unplaced();
+  // The single-registered-mesh fallback matters only to ops without DTensor inputs (and
+  // costs a second lock): others keep the default mesh alone, as before.
+  choice_op.default_mesh = any_dtensor ? default_mesh() : mesh_for_unplaced();
   std::optional<Layout> target;  // a relayout's
   if (op_name == kRelayoutOp) {
     if (std::optional<std::string> text = attrs.GetString("layout")) {
