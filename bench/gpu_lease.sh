@@ -4,8 +4,9 @@
 # call carries .gpu/small, .gpu/setup.sh and the tf_dtensor wheel). Writes logs and
 # profiler traces under $OUT (or ./gpu_out). Each part has its own time limit, so a slow
 # or hung part still leaves the others' results.
-#   BENCH_S, TESTS_S, RULES_S: seconds for the bench (with variants and profiles), the
-#   `gpu` dtype and training tests, and the numerical checks + fuzzer on GPU meshes.
+#   BENCH_S, SUITE_S, TESTS_S, RULES_S: seconds for the bench (with variants and profiles),
+#   TensorFlow's own DTensor tests on both libraries (0: skip), the `gpu` dtype and training
+#   tests, and the numerical checks + fuzzer on GPU meshes.
 set -u
 out=${OUT:-gpu_out}
 mkdir -p "$out"
@@ -18,6 +19,15 @@ python3 -c "import tensorflow as tf, tf_dtensor; print('TF', tf.__version__, tf.
 timeout "${BENCH_S:-240}" python3 bench/run.py --device gpu --rounds "${ROUNDS:-5}" \
   ${BENCH_ARGS:---variants} --profile /tmp/prof 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/bench.log"
 (cd /tmp/prof 2>/dev/null && tar czf "$out/profiles.tgz" . 2>/dev/null)
+
+# TensorFlow's own DTensor test files that run on GPUs, on both libraries (the files are
+# TensorFlow's and not in this repository: carry them in .gpu/tfsuite, see tools/tf_suite.py).
+if [ -d .gpu/tfsuite ] && [ "${SUITE_S:-0}" != 0 ]; then
+  timeout "${SUITE_S}" python3 tools/tf_suite.py --tests .gpu/tfsuite --jobs "${SUITE_JOBS:-8}" \
+    --timeout "$((SUITE_S - 10))" --out "$out/suite.json" \
+    --files collective_test,layout_propagation_test,mnist_test,multi_mesh_test,numpy_util_test,save_restore_v2_test,variable_test \
+    2>&1 | tee "$out/suite.log" | tail -12
+fi
 
 timeout "${TESTS_S:-90}" python3 -m pytest -q -p no:cacheprovider -m gpu -rf \
   tests/python/test_gpu.py -k "not numerical" 2>&1 | tail -40 > "$out/gpu_tests.log"

@@ -21,8 +21,9 @@
 //      components run on every device of the mesh in one call.
 // Nested calls (PartitionedCall, direct calls) are expanded recursively with the layouts
 // of their arguments. Control edges keep their order: every op a node expands into waits
-// for every op its control inputs expanded into, so an assign followed by a read of the
-// same variable reads the new value.
+// for the ops its control inputs expanded into (on its own device where devices share no
+// buffers, on every device where they do), so an assign followed by a read of the same
+// variable reads the new value.
 //
 // FunctionExpander holds the expansions made (a bounded cache); one expansion of one body
 // is a FunctionExpansion (function_expansion.h).

@@ -41,7 +41,8 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   std::optional<std::vector<int64_t>> IntValue(ValueId value) override;
 
   // The node being expanded: its attributes are what `copy_attrs` copies, and every op
-  // created until the next BeginNode waits for `control_inputs`.
+  // created until the next BeginNode waits for `control_inputs` (those on its own device,
+  // where devices share no buffers: ControlsFor).
   void BeginNode(const std::string& name, const std::string& op, const RawAttrs* attrs,
                  std::vector<TF_Operation*> control_inputs);
   // The ops created since BeginNode.
@@ -111,6 +112,8 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   const RawAttrs* node_attrs_ = nullptr;
   std::optional<AttrMap> node_attr_map_;
   std::vector<TF_Operation*> control_inputs_;
+  // The control inputs of an op created on `device` (see the definition).
+  std::vector<TF_Operation*> ControlsFor(const std::string& device) const;
   std::vector<TF_Operation*> created_;
   int counter_ = 0;
   std::map<std::pair<TF_Operation*, std::string>, TF_Operation*> const_copies_;

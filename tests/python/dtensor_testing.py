@@ -172,9 +172,14 @@ def reassemble(actual) -> np.ndarray:
             f"needs {list(block_shape)} for block {index}")
         key = (index, tuple(int(coords[mesh.dim_names.index(d)]) for d in partial_dims))
         if key in terms:
-            np.testing.assert_array_equal(
-                value, terms[key],
-                err_msg=f"replicas of block {key} differ ({device}, layout {layout.short()})")
+            message = f"replicas of block {key} differ ({device}, layout {layout.short()})"
+            if TEST_DEVICE == "GPU" and value.dtype.kind in "fc":
+                # GPU reductions (BiasAddGrad, Sum) add in an order that varies from run to
+                # run: replicas computed on different GPUs may differ in the last bit.
+                np.testing.assert_allclose(value, terms[key], rtol=1e-6, atol=1e-6,
+                                           err_msg=message)
+            else:
+                np.testing.assert_array_equal(value, terms[key], err_msg=message)
             continue
         terms[key] = value
     # Combine the terms one partial dim at a time.
