@@ -22,8 +22,11 @@
 // all-reduces of [c]), in inference it takes the population statistics that TF's Python
 // gradient passes in their place. So it is right whichever kernel wrote the reserve spaces
 // and whatever layouts reach it. When the forward runs as the arithmetic below (always for
-// V3, for V1/V2 when it synchronises) it writes the CPU convention: mean, biased variance
-// and an empty reserve_space_3. V1/V2 without synchronisation run the device's own kernel.
+// V3, for V1/V2 when it synchronises) it writes the convention of the mesh's device type
+// in training (mean and biased variance on CPUs, mean and inverse deviation on GPUs, as
+// measured on an H200) and an empty reserve_space_3; in inference it passes the population
+// statistics through, as the CPU kernel does (the GPU kernel leaves outputs 1-4 unwritten:
+// on an H200 they held the previous op's values). V1/V2 without synchronisation run the device's own kernel.
 // V3 and the gradients never do: V3's reserve_space_3 and the gradients' unused outputs
 // have no static shape (or a different one eagerly) in TF, and tf.function expansion needs
 // static shapes; the gradients' reserve_space_4/5 come out empty [0], as TF's graphs say.
@@ -275,7 +278,13 @@ class BatchNormRule : public FactorRule {
         TFD_ASSIGN_OR_RETURN(batch_mean, blend(in[3], mean));
         TFD_ASSIGN_OR_RETURN(batch_variance, blend(in[4], batch_variance));
       }
-      out = {y, batch_mean, batch_variance, mean, variance};
+      // reserve_space_2 as one device of the mesh's type writes it: the biased variance
+      // on CPUs, 1/sqrt(variance + eps) on GPUs (cuDNN's saved inverse deviation).
+      ValueId reserve_2 = variance;
+      if (ctx.mesh.device_type() == "GPU") {
+        TFD_ASSIGN_OR_RETURN(reserve_2, math.Reshape(n.inverse, {-1}, n.vector));
+      }
+      out = {y, batch_mean, batch_variance, mean, reserve_2};
     }
     if (ctx.num_outputs > 5) {
       TFD_ASSIGN_OR_RETURN(ValueId empty, Empty(ctx, math, builder));

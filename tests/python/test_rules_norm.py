@@ -19,8 +19,8 @@ import pytest
 import tensorflow as tf
 
 import tf_dtensor
-from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal, check_op, layout_of,
-                             layout_params, layouts_for, random_array, reassemble,
+from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, TEST_DEVICE, assert_dtensor_equal, check_op,
+                             layout_of, layout_params, layouts_for, random_array, reassemble,
                              run_without_fallback, spec_params, to_dtensor)
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
@@ -93,6 +93,11 @@ def _check_bn(case, x_layout, with_grads=False, in_function=False):
     for i, (want, got, layout) in enumerate(zip(expected, actual, layouts)):
         assert dtensor.fetch_layout(got) == layout, (
             f"output {i}: {dtensor.fetch_layout(got).short()}, expected {layout.short()}")
+        if 1 <= i <= 4 and not case["training"] and TEST_DEVICE == "GPU":
+            # TF's GPU kernel leaves the statistics and reserve spaces unwritten in inference
+            # (on an H200 they held the previous op's values): nothing to compare with.
+            # tf_dtensor passes the population statistics through, as the CPU kernel does.
+            continue
         _close(want.numpy(), got, f"output {i} with x {x_layout.short()}")
 
 
