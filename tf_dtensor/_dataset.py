@@ -25,6 +25,7 @@ import dataclasses
 import functools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.autograph.operators import control_flow
 from tensorflow.python.data.ops import dataset_ops
@@ -241,6 +242,20 @@ class _DTensorIteratorSpec(iterator_ops.IteratorSpec):
     @classmethod
     def from_value(cls, value):
         return value._type_spec  # pylint: disable=protected-access
+
+
+def _shard_counts(layout: Layout, batch_dim: Optional[str] = None) -> List[int]:
+    """How many pieces each axis of an element in `layout` is cut into on one batch
+    replica: the mesh dimension's size for a sharded axis, 1 for an unsharded one and for
+    an axis sharded over `batch_dim` (the batch replicas, which each read their own rows).
+    The same helper as TensorFlow's `input_util._shard_counts`."""
+    counts = []
+    for spec in layout.sharding_specs:
+        if spec == UNSHARDED or spec == batch_dim:
+            counts.append(1)
+        else:
+            counts.append(int(np.prod([layout.mesh.dim_size(d) for d in spec.split("+")])))
+    return counts
 
 
 def _validate_elements(flat_layouts: List[Layout], flat_specs: List[Any],

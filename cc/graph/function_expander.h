@@ -67,7 +67,8 @@ struct ExpandedFunction {
   int num_nodes = 0;               // nodes of the expanded graph, for debugging
 };
 
-// What the caller asks of the results: call_with_layout's layout for a single result,
+// What the caller asks of the results: call_with_layout's (or `_default_layout`'s) layout
+// for the first result, as TensorFlow's DTensor gives it,
 // and/or an exact layout per result (loop bodies, branches).
 struct OutputRequest {
   std::optional<Layout> single;

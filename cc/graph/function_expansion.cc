@@ -151,7 +151,7 @@ void FunctionExpansion::Requests(const OutputRequest& request) {
     for (const auto& [out, tensor] : spec_.ret) {
       if (out != name) continue;
       if (i < request.each.size() && request.each[i]) ask(tensor, *request.each[i]);
-      if (request.single && spec_.signature.outputs.size() == 1) ask(tensor, *request.single);
+      if (request.single && i == 0) ask(tensor, *request.single);
     }
   }
   // A relayout asks its input's producer for its layout (also RelayoutRule::Backward;
@@ -521,7 +521,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
       TFD_ASSIGN_OR_RETURN(v, Settle(v, "result " + std::to_string(i) + " of '" + function + "'"));
     }
     if (i < request.each.size()) target = request.each[i];
-    if (!target && request.single && outs.size() == 1 && !builder_.resource(v) &&
+    if (!target && request.single && i == 0 && !builder_.resource(v) &&
         request.single->rank() == static_cast<int>(builder_.shape(v).size())) {
       target = request.single;
     }

@@ -346,3 +346,38 @@ def test_unpack_refuses_variables_and_regular_tensors(mesh_1d):
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="DTensorUnpack expects a tensor placed on the DTensor device"):
         dtensor.unpack(tf.ones([2]))
+
+
+@pytest.mark.parametrize("specs, batch_dim, counts", [
+    (["unsharded", "unsharded"], None, [1, 1]),
+    (["x", "unsharded"], None, [2, 1]),
+    (["x", "unsharded"], "x", [1, 1]),
+    (["x", "y"], "x", [1, 2]),
+    (["y", "x"], None, [2, 2]),
+])
+def test_dataset_shard_counts(specs, batch_dim, counts):
+    """`input_util._shard_counts`, which TensorFlow's tests and helpers call: the pieces each
+    axis is cut into on one batch replica (the batch dimension's axis is whole there)."""
+    from tf_dtensor import _dataset
+    layout = Layout(specs, dtensor_testing.MESH_2X2)
+    assert _dataset._shard_counts(layout, batch_dim) == counts
+
+
+def test_default_layout_gives_a_functions_first_result_its_layout():
+    """As TensorFlow's DTensor: `_default_layout` around a call of a tf.function with two
+    results lays out the first; the second keeps the layout the expansion gives it."""
+    mesh = dtensor_testing.MESH_1D
+    sharded = Layout.batch_sharded(mesh, "x", 1)
+
+    @tf.function
+    def two():
+        t = tf.constant([[1.0], [2.0]])
+        return tf.reshape(t, [-1]), tf.reshape(t, [-1]) * 2.0
+
+    with api._dtensor_device()._default_layout(sharded):
+        first, second = two()
+    assert dtensor.fetch_layout(first) == sharded
+    assert dtensor.fetch_layout(second) == Layout.replicated(mesh, 1)
+    np.testing.assert_array_equal(
+        np.concatenate([c.numpy() for c in dtensor.unpack(first)]), [1.0, 2.0])
+    np.testing.assert_array_equal(dtensor.unpack(second)[1].numpy(), [2.0, 4.0])
