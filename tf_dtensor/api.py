@@ -434,7 +434,8 @@ def relayout_like(tensor: tf.Tensor, layout_tensor: tf.Tensor,
 
 
 def call_with_layout(fn: Callable[..., Any], layout: Optional[Layout], *args, **kwargs) -> Any:
-    """Calls `fn` so that its (single) result is a DTensor with `layout`.
+    """Calls `fn` so that its result (the first of several from a tf.function) is a DTensor
+    with `layout`.
 
     Ops inside run on the DTensor device with `layout.mesh` as default mesh; creation ops
     produce their blocks directly in `layout`.

@@ -4,6 +4,8 @@
 //     device reads the ids in its block, the others are zeros; the table is never
 //     gathered. Chosen when the result (plus ids sharded over x, gathered first) is
 //     smaller than the params; else the params are gathered.)
+//   gather(params [V,D] [x,*], indices [B] [x]) -> [x,*]   (the same with the ids
+//     gathered, and the partial result reduce-scattered back to the ids' sharding)
 //   resource_gather(table [x,*] or [*,y], ids) -> the same, reading the DVariable's shards
 //   gather_nd(params [V,W,D] [*,*,y], indices [B,2] [x,*]) -> [x,y]  (indexed axes whole)
 //   one_hot(indices [x], depth) -> [x,*]                  (the new axis is unsharded)
@@ -17,6 +19,7 @@
 #include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "cc/rules/row_blocks.h"
+#include "cc/spmd/relayout.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
@@ -137,7 +140,10 @@ class GatherRule : public FactorRule {
     const int64_t result = batch > 0 ? row * (ids / batch) : 0;
     if (!resource_ && result + (ids_on_k ? ids : 0) > elements(params.shape)) return plan;
     plan.inputs[1] = UnshardedOver(*plan.inputs[1], k);
-    plan.outputs[0] = UnshardedOver(plan.outputs[0], k);
+    // Ids sharded over k leave the result sharded over k where the factors put it (their
+    // batch axis): the partial results are reduce-scattered to it, not all-reduced and
+    // gathered again, as TensorFlow's DTensor keeps the ids' sharding.
+    if (!ids_on_k) plan.outputs[0] = UnshardedOver(plan.outputs[0], k);
     if (!resource_) {
       std::vector<DimSpec> specs = plan.inputs[0]->specs();
       specs[axis] = DimSpec::Sharded(k);
@@ -172,7 +178,8 @@ class GatherRule : public FactorRule {
                                                    params.shape, static_cast<int>(axis), 0,
                                                    ctx.op_name, IdRange::kInRange));
     inputs[1] = ids.local;
-    const Layout whole = plan.outputs[0].WithoutPartial();
+    // The local lookups' layout: the result's without k (every device reads all the ids).
+    const Layout whole = UnshardedOver(plan.outputs[0].WithoutPartial(), k);
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> gathered,
                          builder.LocalOp(ctx.op_name, inputs,
                                          DistinctOver(k, plan.overrides, /*copy_attrs=*/true),
@@ -186,7 +193,12 @@ class GatherRule : public FactorRule {
     TFD_ASSIGN_OR_RETURN(Layout partial, whole.WithPartial({{k, ReduceOp::kSum}}));
     TFD_ASSIGN_OR_RETURN(ValueId out, Select(builder, mask, gathered[0], zeros, k, partial));
     if (plan.outputs[0].is_partial()) return std::vector<ValueId>{out};
-    TFD_ASSIGN_OR_RETURN(out, builder.AllReduce(out, {k}, ReduceOp::kSum));
+    if (plan.outputs[0] == whole) {
+      TFD_ASSIGN_OR_RETURN(out, builder.AllReduce(out, {k}, ReduceOp::kSum));
+    } else {  // a reduce-scatter to the ids' sharding
+      TFD_ASSIGN_OR_RETURN(out, Relayout(builder, out, plan.outputs[0],
+                                         "the row-block lookups of '" + ctx.op_name + "'"));
+    }
     return std::vector<ValueId>{out};
   }
 

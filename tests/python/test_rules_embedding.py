@@ -54,9 +54,17 @@ def test_resource_gather(table_layout, in_function):
         assert_values_equal(expected, reassemble(out))
         assert tuple(out.shape) == expected.shape
         specs = dtensor.fetch_layout(out).sharding_specs
-        # The table's column sharding reaches the output; its row sharding is summed away.
+        # The table's column sharding reaches the output; its row sharding is summed away:
+        # reduce-scattered back to an ids axis sharded over it (TensorFlow's DTensor keeps
+        # the ids' sharding too), all-reduced otherwise.
         assert specs[2] == table_layout.sharding_specs[1]
-        assert _row_dim(table_layout) not in specs[:2] or _row_dim(table_layout) == "unsharded"
+        row = _row_dim(table_layout)
+        for axis in range(2):
+            if row != "unsharded" and specs[axis] == row:
+                assert ids_layout.sharding_specs[axis] == row, (ids_layout.short(), specs)
+        for axis in range(2):
+            if row != "unsharded" and ids_layout.sharding_specs[axis] == row:
+                assert specs[axis] == row, (ids_layout.short(), specs)
 
 
 @pytest.mark.parametrize("table_layout", _table_layouts())

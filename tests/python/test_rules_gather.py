@@ -112,3 +112,16 @@ def test_unsorted_segment_sum_with_2d_ids(layouts):
     check_op(lambda d, i: tf.math.unsorted_segment_sum(d, i, num_segments=3),
              "UnsortedSegmentSum", [random_array((4, 2, 3)), ids], layouts,
              host_inputs=[([], [3])])
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_ids_sharded_like_the_table_rows_keep_their_sharding(in_function):
+    """gather(table [x,*], ids [x,*]) -> [x,*,*]: each device looks up the rows it holds for
+    all the ids, and the partial results are reduce-scattered back to the ids' sharding
+    (TensorFlow's DTensor keeps the ids' sharding too), not all-reduced to replicated."""
+    table = np.arange(64 * 3, dtype=np.float32).reshape(64, 3)
+    ids = np.array([[1, 63, 5], [40, 2, 33], [7, 7, 0], [62, 31, 32]], np.int32)
+    fn = tf.function(tf.gather) if in_function else tf.gather
+    got = fn(to_dtensor(table, layout_of("[x,*]", MESH_1D)),
+             to_dtensor(ids, layout_of("[x,*]", MESH_1D)))
+    assert_dtensor_equal(table[ids], layout_of("[x,*,*]", MESH_1D), got)
