@@ -161,8 +161,9 @@ Status RunWhole(const FunctionCall& call, const ExpandedFunction& expanded,
                                                      static_cast<TF_DataType>(m.dtype),
                                                      std::move(components));
     tensor->set_resource(m.resource);
-    tensor->set_parted(call.parts_out && !m.resource && call.requested &&
-                       *m.layout == *call.requested);
+    tensor->set_parted((call.parts_out && !m.resource && call.requested &&
+                        *m.layout == *call.requested) ||
+                       (k < expanded.parted_outputs.size() && expanded.parted_outputs[k]));
     outputs[k] = TensorWithLayout::MakeHandle(call.context, device_name, std::move(tensor),
                                               status.get());
     if (TF_GetCode(status.get()) != TF_OK) {

@@ -64,6 +64,8 @@ struct ExpandedFunction {
   std::vector<ValueMeta> inputs;
   std::vector<ValueMeta> outputs;  // DTensors, unless host outputs were requested
   std::vector<std::string> output_names;  // the original function's result names
+  // Per result: its components are parts (a relayout to `Layout.to_parted()` made it).
+  std::vector<bool> parted_outputs;
   int num_nodes = 0;               // nodes of the expanded graph, for debugging
 };
 

@@ -422,6 +422,8 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
     sources.push_back(source);
   }
   solver_nodes_[position_.at(node.name)].inputs = std::move(sources);
+  std::vector<bool> parted_in;
+  for (ValueId v : inputs) parted_in.push_back(parted_.count(v) > 0);
   builder_.BeginNode(node.name, node.op, &node.attrs, std::move(control));
   Status s = [&]() -> Status {
     TFD_RETURN_IF_ERROR(EnterNodeMesh(node, inputs));
@@ -467,6 +469,18 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
   if (s.ok()) s = ApplyDefaultLayout(node);
   if (!s.ok()) return s;
   ops_[node.name] = builder_.created();
+  // Parts (TensorFlow's `Layout.to_parted()`): a relayout to a parted layout makes them and
+  // Identity passes them on, so that a function returning one returns parts, as eagerly.
+  const std::vector<ValueId>& made = outputs_[node.name];
+  if (node.op == kRelayoutOp) {
+    std::optional<std::string> text = DecodeAttrs(node.attrs).GetString("layout");
+    StatusOr<Layout> target = text ? Layout::FromString(*text) : InvalidArgument("no layout");
+    if (target.ok() && target->is_parted()) parted_.insert(made.begin(), made.end());
+  } else if (node.op == "Identity" || node.op == "IdentityN") {
+    for (size_t i = 0; i < made.size() && i < parted_in.size(); ++i) {
+      if (parted_in[i]) parted_.insert(made[i]);
+    }
+  }
   solver_nodes_[position_.at(node.name)].num_outputs =
       static_cast<int>(outputs_[node.name].size());
   return Status::Ok();
@@ -516,6 +530,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
     }
     if (!tensor) return Internal("Function '" + function + "' does not return '" + outs[i].name + "'.");
     TFD_ASSIGN_OR_RETURN(ValueId v, Resolve(*tensor));
+    const ValueId resolved = v;
     std::optional<Layout> target;
     if (!(i < request.each.size() && request.each[i] && request.each[i]->is_partial())) {
       TFD_ASSIGN_OR_RETURN(v, Settle(v, "result " + std::to_string(i) + " of '" + function + "'"));
@@ -543,6 +558,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
       ValueMeta m = MetaOf(v);
       m.layout.reset();
       result->outputs.push_back(std::move(m));
+      result->parted_outputs.push_back(false);
       continue;
     }
     if (builder_.is_host(v)) {
@@ -554,6 +570,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
       flat_outputs.push_back(o);
     }
     result->outputs.push_back(MetaOf(v));
+    result->parted_outputs.push_back(v == resolved && parted_.count(v) > 0);
   }
   // The deferred all-reduces, combined where they can be; an output that is a stand-in
   // itself names its result instead.

@@ -173,6 +173,8 @@ class FunctionExpansion {
   // partial layout). If not, pending reductions the expansion deferred are done before a
   // result leaves the function or enters a call, so results have TF DTensor's layouts.
   bool user_partial_ = false;
+  // Values whose components are parts: relayouts to a parted layout, and Identity of one.
+  std::set<ValueId> parted_;
   StatusOr<ValueId> Settle(ValueId v, const std::string& what) {
     if (user_partial_ || builder_.is_host(v) || !builder_.layout(v)->is_partial()) return v;
     return Relayout(builder_, v, builder_.layout(v)->WithoutPartial(), what);

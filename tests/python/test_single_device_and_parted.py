@@ -204,6 +204,22 @@ def test_relayout_between_parted_and_static_keeps_the_parts(mesh_1d):
     np.testing.assert_array_equal(np.concatenate(components(back)), X)
 
 
+def test_relayout_to_parted_inside_a_function_returns_parts(mesh_1d):
+    """As eagerly (and as TensorFlow's DTensor): a tf.function returning a relayout to a
+    parted layout returns parts, also through the Identity tf.function puts on results."""
+    static_layout = Layout(["x", UNSHARDED], mesh_1d)
+    t = dtensor.copy_to_mesh(tf.constant(X), static_layout)
+
+    @tf.function
+    def to_parts(v):
+        return dtensor.relayout(v, parted_rows(mesh_1d)), tf.identity(v * 2.0)
+
+    parts, doubled = to_parts(t)
+    assert dtensor.fetch_layout(parts) == parted_rows(mesh_1d)
+    assert dtensor.fetch_layout(doubled) == static_layout  # not a relayout: static
+    np.testing.assert_array_equal(np.concatenate(components(parts)), X)
+
+
 def test_relayout_parted_to_replicated_gathers_the_parts(mesh_1d):
     # TensorFlow's DTensor returns device 0's part on every device (its relayout drops the
     # other parts); the parts are the shards of [x,*], so the gather is the whole value.
