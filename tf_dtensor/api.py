@@ -430,6 +430,12 @@ def relayout_like(tensor: tf.Tensor, layout_tensor: tf.Tensor,
     """
     if not context.executing_eagerly():
         return _relayout_like_op(tensor, layout_tensor)
+    if tf.is_tensor(layout_tensor) and not isinstance(layout_tensor, ops.EagerTensor):
+        # Eager code (an init_scope inside a tf.function) reaching for a traced tensor.
+        raise TypeError(f"relayout_like: `layout_tensor` {layout_tensor!r} is a tensor of the "
+                        f"tf.function being traced, and it is out of scope and cannot be used "
+                        f"here (eagerly, e.g. under `init_scope`). Pass a DTensor made eagerly, "
+                        f"or call relayout_like in the function's body.")
     return relayout(tensor, fetch_layout(layout_tensor), name)
 
 

@@ -381,3 +381,19 @@ def test_default_layout_gives_a_functions_first_result_its_layout():
     np.testing.assert_array_equal(
         np.concatenate([c.numpy() for c in dtensor.unpack(first)]), [1.0, 2.0])
     np.testing.assert_array_equal(dtensor.unpack(second)[1].numpy(), [2.0, 4.0])
+
+
+def test_relayout_like_refuses_a_traced_tensor_under_init_scope():
+    """Eager code inside a tf.function (init_scope) cannot read a traced tensor's layout:
+    a TypeError with TensorFlow's phrase, as TensorFlow's DTensor raises."""
+    mesh = dtensor_testing.MESH_1D
+    t = dtensor.copy_to_mesh(tf.constant([1.0, 2.0]), Layout.replicated(mesh, 1))
+    from tensorflow.python.framework import ops
+
+    @tf.function
+    def fn(x):
+        with ops.init_scope():
+            return api.relayout_like(t, x)
+
+    with pytest.raises(TypeError, match="is out of scope and cannot be used here"):
+        fn(dtensor.copy_to_mesh(tf.constant([1.0, 2.0]), Layout(["x"], mesh)))
