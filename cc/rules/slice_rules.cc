@@ -120,7 +120,8 @@ void LocalizeEntries(const StridedSliceAxes& axes, const Layout& layout,
                      std::vector<int64_t>* end) {
   for (size_t i = 0; i < axes.entry_axis.size(); ++i) {
     int d = axes.entry_axis[i];
-    if (d < 0 || !layout.spec(d).sharded()) continue;
+    // An axis in one block (sharded over a mesh dimension of size 1) is sliced as given.
+    if (d < 0 || !layout.spec(d).sharded() || layout.NumShards(d) <= 1) continue;
     // The largest block; StridedSlice clamps `end`, so smaller (uneven) blocks are whole too.
     // A periodic axis starts at the same offset in every block.
     (*begin)[i] = axes.whole[d] ? 0 : axes.start[d];

@@ -13,9 +13,10 @@ import pytest
 import tensorflow as tf
 
 import tf_dtensor
+from tf_dtensor import dtensor
 from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, check_op, layout_of,
                              layout_params, layouts_for, random_array, reassemble,
-                             run_without_fallback, spec_id, to_dtensor)
+                             cpus, run_without_fallback, spec_id, to_dtensor)
 
 SHAPE = (4, 8)
 MASKS = ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")
@@ -251,3 +252,64 @@ def test_tensor_strided_slice_update_gradient(specs, in_function, mesh_2x2):
                                   to_dtensor(v, layout_of(specs[1], mesh_2x2)))
     for e, a in zip(expected, actual):
         np.testing.assert_allclose(reassemble(a), e, rtol=1e-5, atol=1e-6)
+
+
+# An axis sharded over a mesh dimension of size 1 is in one block: its slice entries stay as
+# given (they were replaced by the whole block's range, so t[..., 1] read element 0 and the
+# fuzzer's cases below came out with the wrong values or shapes).
+_MESH_1X4 = dtensor.create_mesh([("x", 1), ("y", 4)], devices=cpus(4))
+_MESH_2X1X2 = dtensor.create_mesh([("x", 2), ("y", 1), ("z", 2)],
+                                  devices=cpus(4))
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_slices_of_an_axis_sharded_over_a_size_one_mesh_dimension(in_function):
+    wrap = tf.function if in_function else (lambda f: f)
+    image = random_array((2, 6, 5, 3), seed=3)
+    lay = layout_of("[z,x,*,y]", _MESH_2X1X2)
+    got = wrap(lambda t: t[..., 1])(to_dtensor(image, lay))
+    assert_dtensor_equal(image[..., 1], layout_of("[z,x,*]", _MESH_2X1X2), got)
+
+    values = np.arange(14, dtype=np.int64).reshape(1, 2, 7, 1)
+    sliced = wrap(lambda t: tf.raw_ops.StridedSlice(
+        input=t, begin=[0, -2, -5, 1], end=[1, 1, 3, 1], strides=[1, 3, 1, -1], begin_mask=4))(
+            to_dtensor(values, layout_of("[y,*,x,*]", _MESH_1X4)))
+    want = tf.raw_ops.StridedSlice(input=values, begin=[0, -2, -5, 1], end=[1, 1, 3, 1],
+                                   strides=[1, 3, 1, -1], begin_mask=4).numpy()
+    assert tuple(sliced.shape) == want.shape == (1, 1, 3, 0)
+
+    dy = random_array((1, 4), seed=4).astype(np.float32)
+    grad = wrap(lambda g: tf.raw_ops.StridedSliceGrad(
+        shape=[3, 5], begin=[-1, -4], end=[-1, 5], strides=[3, 1], dy=g, end_mask=1))(
+            to_dtensor(dy, layout_of("[y,x]", _MESH_1X4)))
+    want = tf.raw_ops.StridedSliceGrad(shape=[3, 5], begin=[-1, -4], end=[-1, 5], strides=[3, 1],
+                                       dy=dy, end_mask=1).numpy()
+    np.testing.assert_array_equal(reassemble(grad), want)
+
+
+def test_rgb_to_hsv_gradient_with_channels_over_a_size_one_mesh_dimension():
+    """The fuzzer's case: tf.image.rgb_to_hsv's gradient reads channels with t[..., k]."""
+    image = random_array((2, 6, 5, 3), seed=5)
+    up = random_array((2, 6, 5, 3), seed=6)
+    lay = layout_of("[z,x,*,y]", _MESH_2X1X2)
+
+    def gradient(t, u):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            loss = tf.reduce_sum(tf.image.rgb_to_hsv(t) * u)
+        return tape.gradient(loss, t)
+
+    want = gradient(tf.constant(image), tf.constant(up)).numpy()
+    got = gradient(to_dtensor(image, lay), to_dtensor(up, lay))
+    np.testing.assert_allclose(reassemble(got), want, rtol=1e-6, atol=1e-6)
+
+
+def test_strided_slice_update_with_an_axis_over_a_size_one_mesh_dimension():
+    base = random_array((7, 8, 7), seed=7)
+    value = np.zeros((7, 0, 1), base.dtype)
+    kw = dict(begin=[7, 7, -1], end=[0, -8, 3], strides=[1, 1, 3], begin_mask=1, end_mask=5)
+    want = tf.raw_ops.TensorStridedSliceUpdate(input=base, value=value, **kw).numpy()
+    got = tf.raw_ops.TensorStridedSliceUpdate(
+        input=to_dtensor(base, layout_of("[x,y,z]", _MESH_2X1X2)),
+        value=to_dtensor(value, layout_of("[x,z,*]", _MESH_2X1X2)), **kw)
+    np.testing.assert_array_equal(reassemble(got), want)
