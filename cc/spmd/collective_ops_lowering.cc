@@ -88,9 +88,12 @@ Wire ReduceWire(const Mesh& mesh, int dtype, ReduceOp op) {
       return {TF_INT32, false};
     case TF_UINT32: return {TF_INT64, false};
     case TF_BFLOAT16: return {TF_FLOAT, false};
-    // A sum of complex numbers is the sum of the real and of the imaginary parts.
-    case TF_COMPLEX64: return {TF_FLOAT, true, op == ReduceOp::kSum};
-    case TF_COMPLEX128: return {TF_DOUBLE, true, op == ReduceOp::kSum};
+    // A sum (or mean) of complex numbers is the sum (mean) of the real and of the
+    // imaginary parts.
+    case TF_COMPLEX64:
+      return {TF_FLOAT, true, op == ReduceOp::kSum || op == ReduceOp::kMean};
+    case TF_COMPLEX128:
+      return {TF_DOUBLE, true, op == ReduceOp::kSum || op == ReduceOp::kMean};
     default: return {dtype, false, false};
   }
 }
