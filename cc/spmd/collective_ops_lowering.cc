@@ -563,6 +563,13 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
     if (!trimmed.ok()) return cleanup(trimmed.status());
     current = std::move(trimmed).value();
   }
+  // Each device's block, uneven ones too (TF's gather leaves its first axis unknown, and
+  // an op's shape function may need it: MatrixSetDiagV2 refuses an unknown axis).
+  bool known = true;
+  for (int64_t s : global) known = known && s >= 0;
+  for (int d = 0; known && d < n; ++d) {
+    run.SetLocalShape(current[d], out_layout.GeometryOfDevice(global, d).shape);
+  }
   run.DiscardAll(temporaries);
   return run.AddValue(out_layout, global, dtype, current);
 }

@@ -438,3 +438,18 @@ def test_variable_made_under_one_lowering_is_refused_under_another(mesh_1d, made
         w.assign_add(dtensor.call_with_layout(tf.ones, sharded, shape=(2,)))
     np.testing.assert_array_equal([c.numpy() for c in dtensor.unpack(w.read_value())],
                                   [[1], [1]])
+
+
+def test_uneven_gather_in_a_function_knows_its_block_shapes(collective_ops):
+    # [y,*,x,*] of [5,4,4,4] gathered along x inside a tf.function: the blocks are uneven
+    # along y, and TF's gather leaves its first axis unknown; the result's blocks get their
+    # static shapes back, which MatrixSetDiagV2's shape function needs (the fuzzer's case).
+    rng = np.random.RandomState(0)
+    matrices, diagonals = rng.rand(5, 4, 4, 4), rng.rand(5, 4, 2, 3)
+
+    def set_band(a, b):
+        return tf.raw_ops.MatrixSetDiagV2(input=a, diagonal=b, k=[-2, -1])
+
+    got = tf.function(set_band)(to_dtensor(matrices, layout_of("y,*,x,*", MESH_2X2)),
+                                to_dtensor(diagonals, layout_of("y,x,*,*", MESH_2X2)))
+    np.testing.assert_allclose(reassemble(got), set_band(matrices, diagonals).numpy())
