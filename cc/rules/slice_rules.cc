@@ -7,8 +7,10 @@
 //   StridedSliceGrad (x[:, 1:3]'s gradient) with dy [x,*] -> [x,*]
 //   x[:, 1::2] with x [*,x] (each block holds whole periods of 2) -> [*,x], no communication
 #include <algorithm>
+#include <memory>
 
 #include "cc/core/strings.h"
+#include "cc/rules/expand.h"
 #include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
 
@@ -326,6 +328,33 @@ StatusOr<FactorSpec> PadFactors(const OpContext& ctx) {
   return spec;
 }
 
+// MirrorPad: TF's kernel refuses an axis of size 0 even where it pads nothing ("paddings
+// must be less than the dimension size"), and uneven shards leave some devices such
+// blocks: those devices make their (empty) output block as zeros instead.
+class MirrorPadRule : public FactorRule {
+ public:
+  MirrorPadRule() : FactorRule(PadFactors) {}
+
+  StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
+                                        Builder& builder) const override {
+    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
+    LocalOpOptions options;
+    options.overrides = plan.overrides;
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> paddings, ctx.IntValue(1, "paddings"));
+    std::vector<int64_t> shape = ctx.inputs[0].shape;
+    bool known = paddings.size() == 2 * shape.size();
+    for (size_t d = 0; known && d < shape.size(); ++d) {
+      known = shape[d] >= 0;
+      shape[d] += paddings[2 * d] + paddings[2 * d + 1];
+    }
+    if (known && plan.outputs.size() == 1) {
+      options.zeros_for_empty_blocks = true;
+      options.global_shapes = {shape};
+    }
+    return ExpandWithInputs(ctx, plan, inputs, options, builder);
+  }
+};
+
 // ReverseV2(tensor, axis): reversed axes need replication.
 StatusOr<FactorSpec> ReverseFactors(const OpContext& ctx) {
   TFD_ASSIGN_OR_RETURN(std::vector<int64_t> reversed, ctx.IntValue(1, "axis"));
@@ -345,7 +374,7 @@ StatusOr<FactorSpec> ReverseFactors(const OpContext& ctx) {
 }
 
 const bool kRegistered = RegisterRules({
-    {"MirrorPad", Factors(PadFactors), Traits().Host(1, HostValue::kPaddings)},
+    {"MirrorPad", std::make_shared<MirrorPadRule>(), Traits().Host(1, HostValue::kPaddings)},
     {"Pad", Factors(PadFactors), Traits().Host(1, HostValue::kPaddings)},
     {"PadV2", Factors(PadFactors), Traits().Host(1, HostValue::kPaddings)},
     {"ReverseV2", Factors(ReverseFactors), Traits().Host(1, HostValue::kAxis)},

@@ -313,3 +313,15 @@ def test_strided_slice_update_with_an_axis_over_a_size_one_mesh_dimension():
         input=to_dtensor(base, layout_of("[x,y,z]", _MESH_2X1X2)),
         value=to_dtensor(value, layout_of("[x,z,*]", _MESH_2X1X2)), **kw)
     np.testing.assert_array_equal(reassemble(got), want)
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("mode", ["REFLECT", "SYMMETRIC"])
+def test_mirror_pad_with_empty_blocks(mode, in_function):
+    """2 rows over x=8 leave six devices empty blocks, which TF's MirrorPad kernel refuses
+    even unpadded along that axis: they make their empty output blocks directly."""
+    mesh_8 = dtensor.create_mesh([("x", 8)], devices=cpus(8))
+    value = np.arange(12, dtype=np.int32).reshape(2, 6)
+    fn = lambda t: tf.raw_ops.MirrorPad(input=t, paddings=[[0, 0], [2, 1]], mode=mode)
+    got = (tf.function(fn) if in_function else fn)(to_dtensor(value, layout_of("[x,*]", mesh_8)))
+    assert_dtensor_equal(fn(value).numpy(), layout_of("[x,*]", mesh_8), got)
