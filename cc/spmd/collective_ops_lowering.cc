@@ -318,6 +318,64 @@ class CollectiveOps final : public CollectiveLowering {
                              int to_dim) const override;
 };
 
+// An all-reduce that CollectiveReduceV2 cannot do for this dtype (a product, maximum or
+// minimum of complex numbers: their parts do not reduce on their own): every device's
+// block is gathered on a new leading axis (CollectiveGatherV2, which takes complex numbers
+// as float pairs) and reduced over it by the op's own reduction kernel. `blocks` are
+// non-empty (padded by the caller); the results are new handles.
+StatusOr<Handles> ReduceByGather(CollectiveRunner& run, const Handles& blocks,
+                                 const CollectiveGroups& groups, int dtype, ReduceOp op) {
+  const Wire wire = GatherWire(dtype);
+  if (!wire.supported || op == ReduceOp::kSum || op == ReduceOp::kMean) {
+    return UnsupportedCollectiveType("all-reduce", dtype);
+  }
+  const int n = static_cast<int>(blocks.size());
+  Handles made;
+  auto fail = [&](const Status& status) {
+    run.DiscardAll(made);
+    return status;
+  };
+  StatusOr<LocalHandle> zero = run.Host({0}, {}, TF_INT32);
+  if (!zero.ok()) return zero.status();
+  LocalOpOptions expand;
+  expand.copy_attrs = false;
+  expand.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tdim", TF_INT32)};
+  std::vector<Handles> inputs(n);
+  for (int d = 0; d < n; ++d) inputs[d] = {blocks[d], *zero};
+  StatusOr<Handles> stacked = run.RunEach("ExpandDims", inputs, expand);
+  if (!stacked.ok()) return stacked.status();
+  Handles current = *stacked;
+  made.insert(made.end(), current.begin(), current.end());
+  if (wire.wire != dtype) {
+    StatusOr<Handles> converted = ConvertEach(run, current, dtype, wire.wire, wire.bitcast);
+    if (!converted.ok()) return fail(converted.status());
+    current = *converted;
+    made.insert(made.end(), current.begin(), current.end());
+  }
+  StatusOr<std::vector<Handles>> collective = CollectiveInputs(run, current, groups);
+  if (!collective.ok()) return fail(collective.status());
+  StatusOr<Handles> gathered = run.RunCollective("CollectiveGatherV2", *collective,
+                                                 CollectiveOptions(run.mesh(), wire.wire));
+  if (!gathered.ok()) return fail(gathered.status());
+  current = *gathered;
+  made.insert(made.end(), current.begin(), current.end());
+  if (wire.wire != dtype) {
+    StatusOr<Handles> back = ConvertEach(run, current, wire.wire, dtype, wire.bitcast);
+    if (!back.ok()) return fail(back.status());
+    current = *back;
+    made.insert(made.end(), current.begin(), current.end());
+  }
+  LocalOpOptions reduce;
+  reduce.copy_attrs = false;
+  reduce.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tidx", TF_INT32),
+                      AttrOverride::Bool("keep_dims", false)};
+  const char* kernel = op == ReduceOp::kProd ? "Prod" : op == ReduceOp::kMax ? "Max" : "Min";
+  for (int d = 0; d < n; ++d) inputs[d] = {current[d], *zero};
+  StatusOr<Handles> reduced = run.RunEach(kernel, inputs, reduce);
+  run.DiscardAll(made);
+  return reduced;
+}
+
 StatusOr<ValueId> CollectiveOps::AllReduce(CollectiveRunner& run, ValueId value,
                                            const std::vector<int>& mesh_dims, ReduceOp op) const {
   Builder& b = run.builder();
@@ -346,7 +404,6 @@ StatusOr<ValueId> CollectiveOps::AllReduce(CollectiveRunner& run, ValueId value,
     return run.AddValue(out_layout, b.shape(value), dtype, out);
   }
   const Wire wire = ReduceWire(run.mesh(), dtype, op);
-  if (!wire.supported) return UnsupportedCollectiveType("all-reduce", dtype);
   Handles sent(n);
   for (int d = 0; d < n; ++d) sent[d] = run.Local(value, d);
   const std::vector<int64_t> global = b.shape(value);
@@ -356,6 +413,16 @@ StatusOr<ValueId> CollectiveOps::AllReduce(CollectiveRunner& run, ValueId value,
   if (padded) {
     TFD_ASSIGN_OR_RETURN(sent, PadEach(run, sent, padding, dtype));
     made = sent;
+  }
+  if (!wire.supported) {
+    StatusOr<Handles> reduced = ReduceByGather(run, sent, groups, dtype, op);
+    if (padded && reduced.ok()) {
+      made.insert(made.end(), reduced->begin(), reduced->end());
+      reduced = TrimToBlocks(run, *reduced, out_layout, global, dtype, made);
+    }
+    run.DiscardAll(made);
+    if (!reduced.ok()) return reduced.status();
+    return run.AddValue(out_layout, global, dtype, *reduced);
   }
   if (wire.wire != dtype) {
     StatusOr<Handles> converted = ConvertEach(run, sent, dtype, wire.wire, wire.bitcast);

@@ -453,3 +453,21 @@ def test_uneven_gather_in_a_function_knows_its_block_shapes(collective_ops):
     got = tf.function(set_band)(to_dtensor(matrices, layout_of("y,*,x,*", MESH_2X2)),
                                 to_dtensor(diagonals, layout_of("y,x,*,*", MESH_2X2)))
     np.testing.assert_allclose(reassemble(got), set_band(matrices, diagonals).numpy())
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_product_of_complex_values(collective_ops, traced):
+    # CollectiveReduceV2 has no complex product, and a product does not split into real and
+    # imaginary parts: the blocks are gathered and multiplied where they land (the fuzzer's
+    # UnsortedSegmentProd case).
+    data = (np.arange(1, 9) + 1j * (np.arange(8) % 3)).astype(np.complex64)
+    ids = np.array([0, 1, 2, 0, 1, 2, 0, 1], np.int32)
+
+    def prod(d, i):
+        return tf.math.unsorted_segment_prod(d, i, num_segments=3)
+
+    run = tf.function(prod) if traced else prod
+    for ids_layout in ("x", "*"):
+        got = run(to_dtensor(data, layout_of("x", MESH_8)),
+                  to_dtensor(ids, layout_of(ids_layout, MESH_8)))
+        np.testing.assert_allclose(reassemble(got), prod(data, ids).numpy(), rtol=1e-5)
