@@ -189,6 +189,7 @@ def main(argv=None) -> int:
                         help="a results file from an earlier --out: take TensorFlow's "
                              "outcomes from it and run tf_dtensor only")
     args = parser.parse_args(argv)
+    args.tests = os.path.abspath(args.tests)  # each file runs with a temporary folder as cwd
     reused = {}
     if args.reuse_tf:
         with open(args.reuse_tf) as f:
