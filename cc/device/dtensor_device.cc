@@ -16,20 +16,12 @@
 #include "cc/spmd/parted_builder.h"
 #include "cc/spmd/relayout.h"
 #include "cc/tf/attrs.h"
+#include "cc/tf/handles.h"
 #include "cc/tf/op_registry.h"
 #include "cc/tf/ops.h"
 
 namespace tf_dtensor {
 namespace {
-
-struct StatusDeleter {
-  void operator()(TF_Status* s) const { TF_DeleteStatus(s); }
-};
-using StatusPtr = std::unique_ptr<TF_Status, StatusDeleter>;
-struct OpDeleter {
-  void operator()(TFE_Op* o) const { TFE_DeleteOp(o); }
-};
-using OpPtr = std::unique_ptr<TFE_Op, OpDeleter>;
 
 // The op's attributes, read when a rule first asks for one.
 AttrMap ReadAttrs(const TFE_Op* op) {

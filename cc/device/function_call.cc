@@ -7,16 +7,6 @@
 namespace tf_dtensor {
 namespace {
 
-struct StatusDeleter {
-  void operator()(TF_Status* s) const { TF_DeleteStatus(s); }
-};
-using StatusPtr = std::unique_ptr<TF_Status, StatusDeleter>;
-
-struct OpDeleter {
-  void operator()(TFE_Op* o) const { TFE_DeleteOp(o); }
-};
-using OpPtr = std::unique_ptr<TFE_Op, OpDeleter>;
-
 bool FullyKnown(const std::vector<int64_t>& shape) {
   for (int64_t d : shape) {
     if (d < 0) return false;

@@ -9,14 +9,6 @@
 #include "tensorflow/c/tf_tstring.h"
 
 namespace tf_dtensor {
-namespace {
-
-struct StatusDeleter {
-  void operator()(TF_Status* s) const { TF_DeleteStatus(s); }
-};
-using StatusPtr = std::unique_ptr<TF_Status, StatusDeleter>;
-
-}  // namespace
 
 StatusOr<TFE_TensorHandle*> Pack(TFE_Context* context, const std::string& device_name,
                                  const Layout& user_layout,

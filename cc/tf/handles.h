@@ -4,6 +4,7 @@
 #define TF_DTENSOR_CC_TF_HANDLES_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,16 @@
 #include "tensorflow/c/tf_status.h"
 
 namespace tf_dtensor {
+
+// Owning pointers for the TF C-API objects tf_dtensor creates.
+struct StatusDeleter {
+  void operator()(TF_Status* s) const { TF_DeleteStatus(s); }
+};
+using StatusPtr = std::unique_ptr<TF_Status, StatusDeleter>;
+struct OpDeleter {
+  void operator()(TFE_Op* o) const { TFE_DeleteOp(o); }
+};
+using OpPtr = std::unique_ptr<TFE_Op, OpDeleter>;
 
 // Converts a failed TF_Status into our Status, with context.
 Status FromTF(TF_Status* status, const std::string& context);

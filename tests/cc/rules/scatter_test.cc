@@ -75,10 +75,11 @@ TEST(ScatterRules, GatherFromRowBlocks) {
                             "local SelectV2 [*,*] [*,y] [*,y] -> [*,y] +partial(x:sum) T=float32",
                             "all-reduce(sum) [*,y] +partial(x:sum) over x"}}));
 
-  // Ids sharded over the rows' mesh dimension are gathered instead (they are smaller).
+  // Ids sharded over the rows' mesh dimension are gathered instead (they are smaller), and
+  // the result goes back to their sharding: a reduce-scatter of the partial lookups.
   OpCase sharded_ids("GatherV2", mesh);
   sharded_ids.In("[x,*]", {7, 4}).In("[x]", {4}, TF_INT32).HostScalar(0);
-  EXPECT_EQ(sharded_ids.PlanString(), "[x,*] [*] host -> [*,*]");
+  EXPECT_EQ(sharded_ids.PlanString(), "[x,*] [*] host -> [x,*]");
 
   // Inside tf.function the partial sum stays pending.
   OpCase deferred("GatherV2", mesh);
@@ -108,10 +109,10 @@ TEST(ScatterRules, ResourceGatherReadsRowBlocks) {
   EXPECT_EQ(rows.Steps().back(), "all-reduce(sum) [*,*,y] +partial(x:sum) over x");
 
   // Ids sharded over the rows' dimension are gathered (the table never is), even when
-  // they outnumber the rows.
+  // they outnumber the rows; the result keeps the ids' sharding (reduce-scattered).
   OpCase many("ResourceGather", mesh);
   many.Resource("[x,*]", {3, 4}).In("[x,y]", {8, 4}, TF_INT32);
-  EXPECT_EQ(many.PlanString(), "= [*,y] -> [*,y,*]");
+  EXPECT_EQ(many.PlanString(), "= [*,y] -> [x,y,*]");
   ExpectNoTableGather(many.Steps());
 
   OpCase columns("ResourceGather", mesh);
