@@ -6,7 +6,10 @@
 # or hung part still leaves the others' results.
 #   BENCH_S, SUITE_S, TESTS_S, RULES_S: seconds for the bench (with variants and profiles),
 #   TensorFlow's own DTensor tests on both libraries (0: skip), the `gpu` dtype and training
-#   tests, and the numerical checks + fuzzer on GPU meshes.
+#   tests, and the numerical checks + fuzzer on GPU meshes. FOCUS (a pytest -k expression)
+#   and FOCUS_S run chosen checks first, keeping their failure messages.
+# The last run's open GPU failures: FOCUS="Resize or CholeskyGrad or MatrixSquareRoot or
+#   ArgMax or ArgMin or BiasAdd or norm".
 set -u
 out=${OUT:-gpu_out}
 mkdir -p "$out"
@@ -32,6 +35,15 @@ fi
 timeout "${TESTS_S:-90}" python3 -m pytest -q -p no:cacheprovider -m gpu -rf \
   tests/python/test_gpu.py -k "not numerical" 2>&1 | tail -40 > "$out/gpu_tests.log"
 tail -8 "$out/gpu_tests.log"
+
+# The checks that failed on the last GPU run, with their messages (a run cut short by its
+# time limit prints none): FOCUS is a pytest -k expression, FOCUS_S its time.
+if [ -n "${FOCUS:-}" ]; then
+  TF_DTENSOR_TEST_DEVICE=GPU timeout "${FOCUS_S:-90}" python3 -m pytest -q -p no:cacheprovider \
+    -m "not gpu" --tb=short -k "$FOCUS" tests/python/test_rules_*.py tests/python/fuzz/test_fuzz.py \
+    2>&1 | grep -E "^E   |^____|passed|failed" | head -300 > "$out/focus.log"
+  tail -1 "$out/focus.log"
+fi
 
 # -v: one line per test, so that a run cut short by its time limit still names failures.
 TF_DTENSOR_TEST_DEVICE=GPU timeout "${RULES_S:-200}" python3 -m pytest -v -p no:cacheprovider \
