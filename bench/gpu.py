@@ -291,6 +291,8 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=8192, help="relayout tensor side (256 MiB)")
     parser.add_argument("--memory-mb", type=int, default=8000, help="per logical GPU")
     parser.add_argument("--variants", action="store_true")
+    parser.add_argument("--only", default="",
+                        help="comma-separated row name prefixes to run (default: every row)")
     parser.add_argument("--profile", default="")
     parser.add_argument("--device", default="gpu", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -312,7 +314,11 @@ def main() -> None:
     units: Dict[str, str] = {}
     problems: List[str] = []
 
+    only = [p.strip() for p in args.only.split(",") if p.strip()]
+
     def add_row(name, unit, make):
+        if only and not any(name.startswith(p) for p in only):
+            return
         rows[name], units[name] = {}, unit
         reference = None
         for col in columns:

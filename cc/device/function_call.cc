@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "cc/tf/attrs.h"
 #include "cc/tf/handles.h"
 
 namespace tf_dtensor {
@@ -98,6 +99,32 @@ Status RunOnParts(const FunctionCall& call, const ExpandedFunction& expanded,
   return Status::Ok();
 }
 
+// The call's run options carry over to the SPMD function: TF gives every tf.function call
+// a `config_proto` (soft placement among them) and an `executor_type`. Without soft
+// placement an op with no kernel for the mesh's device type (CholeskyGrad, ResizeBicubic,
+// int8 ArgMax on GPUs) fails to place, where the same function on one device runs it on
+// the host.
+Status CarryRunOptions(const TFE_OpAttrs* attrs, TFE_Op* op, const std::string& function) {
+  if (attrs == nullptr) return Status::Ok();
+  StatusPtr status(TF_NewStatus());
+  TF_Buffer* buffer = TF_NewBuffer();
+  TFE_OpAttrsSerialize(attrs, buffer, status.get());
+  std::string bytes;
+  if (TF_GetCode(status.get()) == TF_OK) {
+    bytes.assign(static_cast<const char*>(buffer->data), buffer->length);
+  }
+  TF_DeleteBuffer(buffer);
+  TFD_RETURN_IF_TF_ERROR(status.get(), "reading the attributes of the call to '" + function + "'");
+  StatusOr<AttrMap> parsed = AttrMap::Parse(bytes);
+  if (!parsed.ok()) return parsed.status();
+  for (const char* name : {"config_proto", "executor_type"}) {
+    std::optional<std::string> value = parsed.value().GetString(name);
+    if (!value) continue;
+    TFE_OpSetAttrString(op, name, value->data(), value->size());
+  }
+  return Status::Ok();
+}
+
 // The SPMD function, called once with every input's components (one per local device of
 // its mesh) and returning each result's components.
 Status RunWhole(const FunctionCall& call, const ExpandedFunction& expanded,
@@ -108,6 +135,7 @@ Status RunWhole(const FunctionCall& call, const ExpandedFunction& expanded,
   TFD_RETURN_IF_TF_ERROR(status.get(), "calling the SPMD function of '" + function + "'");
   TFE_OpSetDevice(op.get(), call.mesh.local_devices()[0].c_str(), status.get());
   TFD_RETURN_IF_TF_ERROR(status.get(), "placing the SPMD function of '" + function + "'");
+  TFD_RETURN_IF_ERROR(CarryRunOptions(call.attrs, op.get(), function));
   for (size_t i = 0; i < call.handles.size(); ++i) {
     if (!call.dtensors[i]) {
       TFE_OpAddInput(op.get(), call.handles[i], status.get());

@@ -4,6 +4,8 @@
 // results leave the function. Calls, If and While are in control_flow.cc.
 #include "cc/graph/function_expansion.h"
 
+#include <algorithm>
+
 #include <map>
 #include <unordered_map>
 
@@ -424,6 +426,14 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
   solver_nodes_[position_.at(node.name)].inputs = std::move(sources);
   std::vector<bool> parted_in;
   for (ValueId v : inputs) parted_in.push_back(parted_.count(v) > 0);
+  std::vector<std::string> control_devices;  // where the control inputs ran, in order
+  for (TF_Operation* c : control) {
+    std::string device = TF_OperationDevice(c);
+    if (std::find(control_devices.begin(), control_devices.end(), device) ==
+        control_devices.end()) {
+      control_devices.push_back(std::move(device));
+    }
+  }
   builder_.BeginNode(node.name, node.op, &node.attrs, std::move(control));
   Status s = [&]() -> Status {
     TFD_RETURN_IF_ERROR(EnterNodeMesh(node, inputs));
@@ -450,6 +460,20 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
     }
     if (IsIf(node.op)) return ExpandIf(node, inputs);
     if (IsWhile(node.op)) return ExpandWhile(node, inputs);
+    // A NoOp that gathers side effects (tf.function's automatic control dependencies make
+    // one wait for a step's assigns, and the return wait for it) runs on every device its
+    // control inputs ran on, each waiting for its own device's: one NoOp on the host
+    // waited for every device's assigns and every device's return waited for it (on 8
+    // GPUs, 96 _Send/_Recv pairs per step of the MLP). Where devices share buffers an
+    // op's wait is not per device (ControlsFor), so one NoOp serves.
+    if (node.op == "NoOp" && inputs.empty() && !control_devices.empty() &&
+        builder_.orders_per_device()) {
+      for (const std::string& device : control_devices) {
+        TFD_RETURN_IF_ERROR(builder_.Emit("NoOp", {}, LocalOpOptions{}, device).status());
+      }
+      outputs_[node.name];
+      return Status::Ok();
+    }
     // Ops on host values alone stay on the host, unless a layout was requested of an op
     // that can make its blocks directly (Fill, random ops: those have rules).
     bool any_dtensor = false;

@@ -111,7 +111,7 @@ std::vector<TF_Operation*> GraphBuilder::ControlsFor(const std::string& device) 
   // edge of the traced function). Shared buffers (one variable read by all devices), a
   // control input with nothing on this device (another mesh, the host) and an op on no
   // device keep every edge.
-  if (control_inputs_.empty() || device.empty() || lowering().shares_buffers()) {
+  if (control_inputs_.empty() || device.empty() || !orders_per_device()) {
     return control_inputs_;
   }
   std::vector<TF_Operation*> same;

@@ -45,6 +45,9 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   // where devices share no buffers: ControlsFor).
   void BeginNode(const std::string& name, const std::string& op, const RawAttrs* attrs,
                  std::vector<TF_Operation*> control_inputs);
+  // Whether an op waits only for its control inputs on its own device (devices share no
+  // buffers: each orders its own side effects; ControlsFor).
+  bool orders_per_device() const { return !lowering().shares_buffers(); }
   // The ops created since BeginNode.
   const std::vector<TF_Operation*>& created() const { return created_; }
 

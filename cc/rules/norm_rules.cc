@@ -258,9 +258,13 @@ class BatchNormRule : public FactorRule {
     } else {
       TFD_ASSIGN_OR_RETURN(ValueId mean, math.Reshape(n.mean, {-1}, n.vector));
       TFD_ASSIGN_OR_RETURN(ValueId variance, math.Reshape(n.variance, {-1}, n.vector));
-      // batch_variance: unbiased over the global count (n/(n-1); as TF, 1 for n = 1).
+      // batch_variance: unbiased over the global count (n/(n-1)). For n = 1 as one device
+      // of the mesh's type: TF's CPU kernel divides by 1, cuDNN by 0 (NaN, measured on an
+      // H200).
       const int64_t count = Count(ctx, n.f);
-      TFD_ASSIGN_OR_RETURN(ValueId bessel, math.Count(count > 1 ? count - 1 : 1));
+      const bool gpu = ctx.mesh.device_type() == "GPU";
+      TFD_ASSIGN_OR_RETURN(ValueId bessel,
+                           math.Count(count > 1 ? count - 1 : (gpu && count == 1 ? 0 : 1)));
       TFD_ASSIGN_OR_RETURN(ValueId sum_squares, math.Reshape(n.sum_squares, {-1}, n.vector));
       TFD_ASSIGN_OR_RETURN(ValueId batch_variance,
                            math.Apply("RealDiv", {sum_squares, bessel}, n.vector));
@@ -281,7 +285,7 @@ class BatchNormRule : public FactorRule {
       // reserve_space_2 as one device of the mesh's type writes it: the biased variance
       // on CPUs, 1/sqrt(variance + eps) on GPUs (cuDNN's saved inverse deviation).
       ValueId reserve_2 = variance;
-      if (ctx.mesh.device_type() == "GPU") {
+      if (gpu) {
         TFD_ASSIGN_OR_RETURN(reserve_2, math.Reshape(n.inverse, {-1}, n.vector));
       }
       out = {y, batch_mean, batch_variance, mean, reserve_2};
