@@ -11,8 +11,9 @@ asked and with the same defaults and errors:
 - `DTENSOR_GPU_USE_NCCL_COMMUNICATION`: non-zero asks for one logical GPU per physical GPU.
 
 `DTENSOR_NUM_CLIENTS` is not read (TensorFlow's DTensor no longer reads it either): the
-number of clients is the number of jobs. tf_dtensor runs one client per process; a
-`DTENSOR_JOBS` of several clients is refused by `initialize_accelerator_system`.
+number of clients is the number of jobs. With several, `initialize_accelerator_system`
+makes this process one client of the cluster on TensorFlow's distributed runtime
+(`_cluster.py`, which also says who can reach its server).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.framework import device as tf_device
 
-from tf_dtensor import _tpu
+from tf_dtensor import _cluster, _tpu
 from tf_dtensor._errors import MeshError
 from tf_dtensor._tpu import create_tpu_mesh  # noqa: F401  (re-exported by dtensor.py)
 from tf_dtensor.mesh import Mesh
@@ -46,6 +47,8 @@ _initialized_device_type: Optional[str] = None
 # keeps it (tensors and meshes made before stay usable) and resets it only when a later
 # `initialize_accelerator_system` needs a device configuration the running context lacks.
 _reset_owed = False
+# (job name, jobs, client id) of the cluster this process joined, if any.
+_cluster_jobs: Optional[tuple] = None
 
 
 def jobs() -> List[str]:
@@ -311,11 +314,46 @@ def create_distributed_mesh(mesh_dims: Union[List[Tuple[str, int]], Dict[str, in
                             local_devices: Optional[List[Union[tf_device.DeviceSpec, str]]] = None,  # pylint: disable=redefined-outer-name
                             device_type: Optional[str] = None,
                             use_xla_spmd: bool = False) -> Mesh:
-    """The multi-client form of `create_mesh`; with one client it equals `create_mesh`."""
-    if num_clients() != 1:
-        raise MeshError("create_distributed_mesh with several clients needs the multi-client "
-                        "runtime, which this build does not start; run one client per mesh.")
-    return create_mesh(mesh_dims, mesh_name, local_devices, device_type, use_xla_spmd)
+    """A mesh over the devices of every client; with one client it equals `create_mesh`.
+
+    Every client calls it with the same `mesh_dims`; `local_devices` (default: all of this
+    client's devices of `device_type`) are this client's share, the same number on each
+    client. Global device ids run client by client: client `c` holds ids
+    `c * n ... c * n + n - 1` for `n` local devices, as in TensorFlow's DTensor.
+
+    Example:
+      >>> mesh = create_distributed_mesh([("batch", num_global_devices("CPU"))])
+
+    Raises:
+      MeshError: sizes whose product is not the number of global devices.
+      ValueError: local devices of another client or of mixed types.
+    """
+    if num_clients() == 1:
+        return create_mesh(mesh_dims, mesh_name, local_devices, device_type, use_xla_spmd)
+    if isinstance(mesh_dims, dict):
+        mesh_dims = list(mesh_dims.items())
+    names = [name for name, _ in mesh_dims]
+    sizes = [_dim_size(name, size) for name, size in mesh_dims]
+    if local_devices is None:
+        device_type = (device_type or preferred_device_type()).upper()
+        local_devices = globals()["local_devices"](device_type)
+    local_names = [tf_device.DeviceSpec.from_string(d).to_string() if isinstance(d, str)
+                   else d.to_string() for d in local_devices]
+    mine = f"/job:{full_job_name()}/"
+    for name in local_names:
+        if not name.startswith(mine):
+            raise ValueError(f"create_distributed_mesh takes this client's devices only "
+                             f"(those of /job:{full_job_name()}); got {name}.")
+    total = int(np.prod(sizes)) if sizes else 1
+    if total != len(local_names) * num_clients():
+        raise MeshError(f"Mesh dims {list(mesh_dims)} hold {total} devices but the "
+                        f"{num_clients()} clients have {len(local_names) * num_clients()} "
+                        f"({len(local_names)} each); the product of the sizes must equal the "
+                        f"number of global devices.")
+    ids = np.arange(total).reshape(sizes)
+    first = client_id() * len(local_names)
+    return Mesh(names, ids, list(range(first, first + len(local_names))), local_names,
+                mesh_name, use_xla_spmd=use_xla_spmd)
 
 
 def initialize_accelerator_system(device_type: Optional[str] = None,
@@ -351,7 +389,8 @@ def initialize_accelerator_system(device_type: Optional[str] = None,
     Raises:
       ValueError: already initialized (call `shutdown_accelerator_system` first), an
         unknown `device_type`, or logical devices that can no longer be configured.
-      NotImplementedError: `DTENSOR_JOBS` names several clients.
+      ValueError: this process already joined another cluster (TensorFlow's server
+        cannot be stopped, so a process is a client of one cluster).
       tf.errors.NotFoundError: `device_type="TPU"` without TPUs.
     """
     global _initialized_device_type, _reset_owed
@@ -362,11 +401,6 @@ def initialize_accelerator_system(device_type: Optional[str] = None,
     if _initialized_device_type is not None:
         raise ValueError("Accelerator system has already been initialized. Call "
                          "`shutdown_accelerator_system()` first.")
-    if num_clients() > 1:
-        raise NotImplementedError(
-            f"DTENSOR_JOBS names {num_clients()} clients, and tf_dtensor does not support "
-            f"multi-client runs yet: run one client per process (unset DTENSOR_JOBS or give "
-            f"it one entry), or use `tf.experimental.dtensor` for multi-client meshes.")
     if experimental_reset_context and context.context()._initialized:  # pylint: disable=protected-access
         logging.warning("initialize_accelerator_system(experimental_reset_context=True) "
                         "resets TensorFlow's eager context: tensors and variables made before "
@@ -395,8 +429,27 @@ def initialize_accelerator_system(device_type: Optional[str] = None,
                              f"devices (={accelerators}).")
     if num_logical_cpu_devices is not None:
         _configure_logical_cpus(num_logical_cpu_devices)
+    if num_clients() > 1:
+        _join_cluster()
     _initialized_device_type = device_type
     return device_type
+
+
+def _join_cluster() -> None:
+    """Makes this process client `client_id()` of the `DTENSOR_JOBS` cluster (once per
+    process: TensorFlow's server cannot be stopped; a later initialization after a
+    shutdown reuses it when the jobs are the same)."""
+    global _cluster_jobs
+    wanted = (job_name(), tuple(jobs()), client_id())
+    if _cluster.started():
+        if _cluster_jobs != wanted:
+            raise ValueError(f"This process already joined the cluster {_cluster_jobs}; "
+                             f"TensorFlow's server cannot be stopped, so it cannot join "
+                             f"{wanted}. Start a new process.")
+        return
+    _cluster.start(job_name(), jobs(), client_id(), heartbeat_enabled(),
+                   _gpu_use_nccl_communication())
+    _cluster_jobs = wanted
 
 
 def _configure_logical_cpus(count: int) -> None:

@@ -477,6 +477,11 @@ PYBIND11_MODULE(_core, m) {
     if (!status.ok()) Raise(status, Subject::kOp);
   });
   m.def("collective_lowering", &CollectiveLoweringPolicy);
+  // On while this process is one client of several (initialize_accelerator_system with a
+  // DTENSOR_JOBS of several clients): collectives over other clients' devices are issued as
+  // TF's collective ops, which TF's distributed runtime completes.
+  m.def("set_multi_client", &SetMultiClientCollectives);
+  m.def("multi_client", &MultiClientCollectives);
   m.def("register_ops", &RegisterOps);
   m.attr("PACK_OP") = kPackOp;
   m.attr("UNPACK_OP") = kUnpackOp;

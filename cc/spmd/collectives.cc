@@ -46,6 +46,25 @@ std::tuple<std::string, int64_t, int64_t, int64_t> RankKey(const std::string& de
   return {job_name, number_after("/replica:"), number_after("/task:"), index};
 }
 
+// The name of another client's device in a distributed mesh, where global ids run task
+// by task with the same number of devices on each (create_distributed_mesh, as in TF's
+// DTensor): this client's first device with the task and index of `id`. TF ranks the
+// members of a collective group by these names, so every client must derive them alike.
+std::string DistributedDeviceName(const Mesh& mesh, int64_t id) {
+  const int64_t per_task = mesh.num_local_devices();
+  if (per_task <= 0 || mesh.local_devices().empty()) return std::string();
+  const std::string& local = mesh.local_devices()[0];
+  size_t task = local.find("/task:");
+  size_t device = local.find("/device:");
+  size_t index = local.rfind(':');
+  if (task == std::string::npos || device == std::string::npos || index == std::string::npos ||
+      index < device) {
+    return std::string();
+  }
+  return local.substr(0, task) + "/task:" + std::to_string(id / per_task) +
+         local.substr(device, index + 1 - device) + std::to_string(id % per_task);
+}
+
 }  // namespace
 
 namespace {
@@ -163,7 +182,8 @@ class CollectiveCache {
     auto name_of = [&](size_t position, int64_t id) -> std::string {
       if (position < mesh.global_devices().size()) return mesh.global_devices()[position];
       auto it = local_of.find(id);
-      return it == local_of.end() ? std::string() : mesh.local_devices()[it->second];
+      if (it != local_of.end()) return mesh.local_devices()[it->second];
+      return DistributedDeviceName(mesh, id);
     };
     std::map<std::vector<int64_t>, int> group_index;  // coords off the dims -> group
     std::vector<std::vector<std::string>> names;
