@@ -498,8 +498,10 @@ def barrier(mesh: Mesh, barrier_name: Optional[str] = None,
     """Waits until every device of `mesh` has finished the work queued before it.
 
     Sums one value per device with an all-reduce over the whole mesh and reads the result.
+    In a multi-client run every client then waits at the coordination service's barrier
+    `barrier_name` (default `"(barrier)"`) for up to `timeout_in_ms` (default: one day);
+    `tf.errors.DeadlineExceededError` if a client does not arrive in time.
     """
-    del barrier_name, timeout_in_ms
     # One element per device: [n] sharded over every mesh dimension, via a [d0, d1, ...]
     # tensor sharded axis by axis.
     ones = call_with_layout(tf.ones, Layout(mesh.dim_names, mesh), shape=mesh.shape())
@@ -507,6 +509,10 @@ def barrier(mesh: Mesh, barrier_name: Optional[str] = None,
     if int(total.numpy()) != mesh.size:
         raise RuntimeError(f"barrier on {mesh.short()} counted {int(total.numpy())} devices, "
                            f"expected {mesh.size}.")
+    from tf_dtensor import _cluster  # pylint: disable=import-outside-toplevel
+    if _cluster.started():
+        _cluster.barrier(barrier_name or "(barrier)",
+                         24 * 3600 * 1000 if timeout_in_ms is None else int(timeout_in_ms))
 
 
 # --- TensorFlow's `api._dtensor_device()` ---------------------------------------------------

@@ -34,13 +34,15 @@ CC_LAYERS = [
 # subpackage counts as one module).
 PY_LAYERS = [
     ("_errors", "_args", "_core", "_placement_types"),   # values and the C++ module
-    ("mesh", "layout", "_tpu", "_block_picture"),      # Mesh, Layout
+    ("mesh", "layout", "_tpu", "_block_picture",
+     "_cluster"),                                      # Mesh, Layout; the cluster
     ("_device",),                                      # the device, per context
     ("api", "config"),                                 # ops on DTensors; meshes, clients
     ("variable", "checkpoint", "_dataset", "debug", "_tape",
      "_tf_layout_args"),                               # built on api
     ("_save_restore", "_placement_api", "_module", "keras"),  # higher-level APIs
-    ("dtensor", "placements", "__init__"),             # facades: re-exports only
+    ("dtensor", "placements", "__init__",
+     "launch"),                                        # facades; the launcher (a command)
 ]
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"cc/([^/"]+)/', re.M)

@@ -1,0 +1,118 @@
+"""Several clients on loopback: each test starts its clients (tests/python/multi_client/*.py)
+through `tf_dtensor.launch`, as a user would, with a time limit so that a hang fails the
+test instead of CI. The client programs check every sharded result against numpy or plain
+TensorFlow on one device themselves and print `OK ...`; here the exit codes and those
+lines are checked.
+
+The ServerDef and launcher pieces that need no second process are tested directly.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import sys
+
+import pytest
+
+from tf_dtensor import _cluster, launch
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multi_client")
+
+
+def _run(script: str, nproc: int, timeout: float = 150, grace: float = 30, env=None):
+    out = io.StringIO()
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    # The clients import tf_dtensor as this process does (an installed package, or the
+    # checkout on PYTHONPATH).
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(launch.__file__))] +
+        [p for p in saved.get("PYTHONPATH", "").split(os.pathsep) if p])
+    try:
+        code = launch.run(nproc, [sys.executable, os.path.join(HERE, script)], timeout=timeout,
+                          grace=grace, out=out)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return code, out.getvalue()
+
+
+def _tail(text: str) -> str:
+    lines = [l for l in text.splitlines() if "W0000" not in l and "I0000" not in l]
+    return "\n".join(lines[-40:])
+
+
+@pytest.mark.multi_client
+@pytest.mark.parametrize("nproc,local", [(2, 2), (4, 1)])
+def test_overview_across_clients(nproc, local):
+    """pack/unpack of this client's components, elementwise ops, sums and contracted
+    matmuls (all-reduces across clients), every relayout transition on a 1-D mesh and
+    on a 2-D mesh (clients x local devices), eagerly and in tf.function, and barrier."""
+    code, out = _run("overview.py", nproc, env={"TFD_TEST_LOCAL_CPUS": str(local)})
+    assert code == 0, _tail(out)
+    for k in range(nproc):
+        assert f"[client {k}] OK overview {k}" in out, _tail(out)
+
+
+@pytest.mark.multi_client
+def test_training_step_across_clients_matches_one_device():
+    code, out = _run("train.py", 2)
+    assert code == 0, _tail(out)
+    losses = re.findall(r"OK train \d ([0-9.]+)", out)
+    assert len(losses) == 2 and losses[0] == losses[1], _tail(out)
+
+
+@pytest.mark.multi_client
+def test_a_lost_client_fails_the_others_naming_it():
+    """The last client exits abruptly after one all-reduce; the survivor's next collective
+    fails within the heartbeat timeout with an error naming the lost task."""
+    code, out = _run("lost_client.py", 2, timeout=120, grace=60)
+    assert code == 3, _tail(out)  # the lost client's own exit code comes first
+    lost = re.search(r"\[client 0\] LOST ([0-9.]+) (\w+): (.*)", out)
+    assert lost, _tail(out)
+    assert float(lost.group(1)) < _cluster.HEARTBEAT_TIMEOUT_S + 20, lost.group(0)
+    assert "task:1" in lost.group(3), lost.group(0)
+    assert "NOT LOST" not in out
+
+
+def test_server_def_names_every_client_and_the_leader():
+    definition = _cluster.server_def("worker", ["127.0.0.1:1234", "127.0.0.1:1235"], 1,
+                                     heartbeat=True, nccl=False)
+    assert definition.job_name == "worker" and definition.task_index == 1
+    assert definition.port == 1235
+    assert dict(definition.cluster.job[0].tasks) == {0: "127.0.0.1:1234", 1: "127.0.0.1:1235"}
+    experimental = definition.default_session_config.experimental
+    assert experimental.collective_group_leader == "/job:worker/replica:0/task:0"
+    assert experimental.coordination_config.service_leader == "/job:worker/replica:0/task:0"
+    assert (experimental.coordination_config.heartbeat_timeout_in_ms ==
+            _cluster.HEARTBEAT_TIMEOUT_S * 1000)
+    # The logical CPUs of this process (conftest: 8) travel with it.
+    assert definition.default_session_config.device_count["CPU"] == 8
+
+
+def test_server_def_refuses_a_job_without_port():
+    with pytest.raises(ValueError, match="entry 1 is 'somehost'"):
+        _cluster.server_def("worker", ["127.0.0.1:1234", "somehost"], 0, True, False)
+
+
+def test_launch_environment_and_ports():
+    ports = launch.free_ports(3)
+    assert len(set(ports)) == 3
+    env = launch.client_env(2, ports, base={})
+    assert env["DTENSOR_JOBS"] == ",".join(f"127.0.0.1:{p}" for p in ports)
+    assert env["DTENSOR_CLIENT_ID"] == "2" and env["DTENSOR_NUM_CLIENTS"] == "3"
+    assert env["DTENSOR_JOB_NAME"] == "worker"
+
+
+def test_launch_stops_the_others_when_one_fails(tmp_path):
+    script = tmp_path / "one_fails.py"
+    script.write_text("import os, time\n"
+                      "if os.environ['DTENSOR_CLIENT_ID'] == '1':\n"
+                      "    raise SystemExit(5)\n"
+                      "time.sleep(600)\n")
+    out = io.StringIO()
+    code = launch.run(2, [sys.executable, str(script)], timeout=120, grace=1, out=out)
+    assert code == 5
+    assert "client 1 exited with 5" in out.getvalue()
