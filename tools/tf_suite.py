@@ -131,12 +131,40 @@ def _install_support(folder: str) -> None:
         setattr(package, file[:-3], module)
 
 
+def _portpicker() -> None:
+    """TensorFlow's multi-client tests pick ports with `portpicker`, which its wheel does
+    not require: a stand-in when it is missing."""
+    try:
+        import portpicker  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+        import socket  # pylint: disable=import-outside-toplevel
+
+        def pick_unused_port() -> int:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return s.getsockname()[1]
+
+        sys.modules["portpicker"] = types.SimpleNamespace(pick_unused_port=pick_unused_port)
+
+
 def _run_file(path: str, backend: str, xml: str) -> None:
     """In a child process: run one test file as `tf.test.main()` would."""
+    import multiprocessing  # pylint: disable=import-outside-toplevel
+
+    support = os.path.join(os.path.dirname(path), "_support")
+    _portpicker()
     if backend == "ours":
         sys.path.insert(0, REPO)
         _install_ours()
-    _install_support(os.path.join(os.path.dirname(path), "_support"))
+    _install_support(support)
+    # The multi-client tests fork their clients from multiprocessing's forkserver, a fresh
+    # interpreter: it makes the same set-up before it imports the test file.
+    # (multiprocessing's forkserver ignores the parent's sys.path: PYTHONPATH carries it.)
+    os.environ["TF_SUITE_BACKEND"], os.environ["TF_SUITE_SUPPORT"] = backend, support
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.abspath(__file__)), REPO] +
+        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    multiprocessing.set_forkserver_preload(["_tf_suite_child"])
     sys.argv = [path, f"--xml_output_file={xml}"]
     runpy.run_path(path, run_name="__main__")
 

@@ -104,3 +104,16 @@ def test_script_runs_end_to_end(tmp_path):
         assert "matplotlib is not installed" in out
     else:
         assert plot.stat().st_size > 0
+
+
+@pytest.mark.multi_client
+def test_multi_client_example_matches_one_device(plain_history):
+    """examples/multi_client.py: the same model and steps as two client processes of two
+    devices each (launched by the example through tf_dtensor.launch); both clients see the
+    losses of one plain device."""
+    out = run_example("multi_client.py", "--nproc", "2", "--steps-per-epoch", str(STEPS))
+    for k in range(2):
+        line = next(l for l in out.splitlines() if f"client {k} step losses:" in l)
+        losses = [float(v) for v in line.split("step losses:")[1].split()]
+        np.testing.assert_allclose(losses, plain_history.step_loss, rtol=1e-4,
+                                   err_msg=f"client {k}")
