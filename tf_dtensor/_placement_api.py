@@ -29,7 +29,8 @@ _DEVICE_TYPES = {"cpu": "CPU", "gpu": "GPU", "cuda": "GPU", "tpu": "TPU"}
 def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
                      mesh_dim_names: Optional[Sequence[str]] = None) -> Mesh:
     """A mesh of `mesh_shape` over this client's devices of `device_type`, as PyTorch's
-    `init_device_mesh`.
+    `init_device_mesh`; in a multi-client run, over every client's devices
+    (`create_distributed_mesh`).
 
     Args:
       device_type: `"cpu"`, `"gpu"` (or `"cuda"`), `"tpu"`; any case.
@@ -58,8 +59,17 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
         raise MeshError(f"init_device_mesh: `mesh_dim_names` {names} has {len(names)} name(s) "
                         f"for the {len(shape)} dimension(s) of `mesh_shape` {shape}; give one "
                         f"name per dimension.")
-    devices = config.local_devices(kind)
     needed = int(np.prod(shape)) if shape else 1
+    if config.num_clients() > 1:
+        # Several clients (PyTorch's ranks): the mesh spans every client's devices, each
+        # client holding its own share, as `init_device_mesh` spans the world.
+        world = config.num_global_devices(kind)
+        if needed != world:
+            raise MeshError(f"init_device_mesh: `mesh_shape` {shape} holds {needed} devices "
+                            f"but the {config.num_clients()} clients have {world} {kind} "
+                            f"devices in all; a mesh over several clients takes them all.")
+        return config.create_distributed_mesh(list(zip(names, shape)), device_type=kind)
+    devices = config.local_devices(kind)
     if needed > len(devices):
         raise MeshError(f"init_device_mesh: `mesh_shape` {shape} needs {needed} {kind} "
                         f"devices but this client has {len(devices)}; use a smaller mesh or "

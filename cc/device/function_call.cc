@@ -1,7 +1,9 @@
 #include "cc/device/function_call.h"
 
 #include <memory>
+#include <string_view>
 
+#include "cc/core/wire.h"
 #include "cc/tf/attrs.h"
 #include "cc/tf/handles.h"
 
@@ -99,12 +101,33 @@ Status RunOnParts(const FunctionCall& call, const ExpandedFunction& expanded,
   return Status::Ok();
 }
 
-// The call's run options carry over to the SPMD function: TF gives every tf.function call
-// a `config_proto` (soft placement among them) and an `executor_type`. Without soft
-// placement an op with no kernel for the mesh's device type (CholeskyGrad, ResizeBicubic,
-// int8 ArgMax on GPUs) fails to place, where the same function on one device runs it on
-// the host.
-Status CarryRunOptions(const TFE_OpAttrs* attrs, TFE_Op* op, const std::string& function) {
+// Whether the serialized ConfigProto allows soft placement (field 7).
+bool AllowsSoftPlacement(std::string_view config) {
+  WireReader reader(config);
+  int field = 0, wire_type = 0;
+  bool soft = false;
+  while (!reader.done() && reader.ReadTag(&field, &wire_type)) {
+    if (field == 7 && wire_type == 0) {
+      uint64_t value = 0;
+      if (!reader.ReadVarint(&value)) break;
+      soft = value != 0;
+    } else if (!reader.Skip(wire_type)) {
+      break;
+    }
+  }
+  return soft;
+}
+
+// The call's placement and executor choices carry over to the SPMD function: TF gives
+// every tf.function call a `config_proto` (soft placement among it) and an
+// `executor_type`. Without soft placement an op with no kernel for the mesh's device type
+// (CholeskyGrad, ResizeBicubic, int8 ArgMax on GPUs) fails to place, where the same
+// function on one device runs it on the host. Only soft placement is taken from the
+// config, and only for meshes of accelerators: on CPUs every op has a kernel, and with
+// soft placement TF's placer changed how an AddN of complex values ran on some devices
+// (its replicas differed in the last bit, fuzz case AddN under the `ops` lowering).
+Status CarryRunOptions(const TFE_OpAttrs* attrs, TFE_Op* op, const std::string& function,
+                       const Mesh& mesh) {
   if (attrs == nullptr) return Status::Ok();
   StatusPtr status(TF_NewStatus());
   TF_Buffer* buffer = TF_NewBuffer();
@@ -117,11 +140,14 @@ Status CarryRunOptions(const TFE_OpAttrs* attrs, TFE_Op* op, const std::string& 
   TFD_RETURN_IF_TF_ERROR(status.get(), "reading the attributes of the call to '" + function + "'");
   StatusOr<AttrMap> parsed = AttrMap::Parse(bytes);
   if (!parsed.ok()) return parsed.status();
-  for (const char* name : {"config_proto", "executor_type"}) {
-    std::optional<std::string> value = parsed.value().GetString(name);
-    if (!value) continue;
-    TFE_OpSetAttrString(op, name, value->data(), value->size());
+  std::optional<std::string> config = parsed.value().GetString("config_proto");
+  if (config && mesh.device_type() != "CPU" && AllowsSoftPlacement(*config)) {
+    WireWriter soft;
+    soft.Varint(7, 1);  // ConfigProto.allow_soft_placement
+    TFE_OpSetAttrString(op, "config_proto", soft.str().data(), soft.str().size());
   }
+  std::optional<std::string> executor = parsed.value().GetString("executor_type");
+  if (executor) TFE_OpSetAttrString(op, "executor_type", executor->data(), executor->size());
   return Status::Ok();
 }
 
@@ -135,7 +161,7 @@ Status RunWhole(const FunctionCall& call, const ExpandedFunction& expanded,
   TFD_RETURN_IF_TF_ERROR(status.get(), "calling the SPMD function of '" + function + "'");
   TFE_OpSetDevice(op.get(), call.mesh.local_devices()[0].c_str(), status.get());
   TFD_RETURN_IF_TF_ERROR(status.get(), "placing the SPMD function of '" + function + "'");
-  TFD_RETURN_IF_ERROR(CarryRunOptions(call.attrs, op.get(), function));
+  TFD_RETURN_IF_ERROR(CarryRunOptions(call.attrs, op.get(), function, call.mesh));
   for (size_t i = 0; i < call.handles.size(); ++i) {
     if (!call.dtensors[i]) {
       TFE_OpAddInput(op.get(), call.handles[i], status.get());

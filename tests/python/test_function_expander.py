@@ -215,11 +215,12 @@ def test_plain_inputs_under_run_on_give_replicated_dtensors(mesh_2x2):
 
 def test_the_calls_run_options_reach_the_spmd_function():
     """TF gives every tf.function call its run options (`config_proto`, with soft placement,
-    and `executor_type`); the SPMD function runs with them. Without soft placement, an op
-    with no kernel for the mesh's devices (CholeskyGrad, ResizeBicubic on GPUs) failed to
-    place inside a function where one device runs it on the host. Soft placement cannot be
-    seen on CPUs, so this checks the executor type, which travels the same way: an unknown
-    one fails as it does on plain tensors."""
+    and `executor_type`); the SPMD function runs with the executor type, and on meshes of
+    accelerators with soft placement. Without it, an op with no kernel for the mesh's
+    devices (CholeskyGrad, ResizeBicubic on GPUs) failed to place inside a function where
+    one device runs it on the host. Soft placement cannot be seen on CPUs, so this checks
+    the executor type, which travels the same way: an unknown one fails as it does on
+    plain tensors."""
     from tensorflow.python.eager import context
     fn = lambda t: t * 3   # noqa: E731
     sharded = to_dtensor(_A, layout_of("[x,*]", MESH_1D))

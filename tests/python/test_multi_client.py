@@ -65,6 +65,16 @@ def test_training_step_across_clients_matches_one_device():
 
 
 @pytest.mark.multi_client
+def test_placements_seed_flow_across_clients():
+    """init_device_mesh spans the clients; to_local is this client's blocks; the all-gather
+    check; from_local of every rank's shard and full_tensor."""
+    code, out = _run("placements.py", 2)
+    assert code == 0, _tail(out)
+    for k in range(2):
+        assert f"[client {k}] Success!!! {k}" in out and f"[client {k}] OK placements {k}" in out
+
+
+@pytest.mark.multi_client
 def test_a_lost_client_fails_the_others_naming_it():
     """The last client exits abruptly after one all-reduce; the survivor's next collective
     fails within the heartbeat timeout with an error naming the lost task."""
