@@ -20,6 +20,7 @@ enum class Code {
   kCancelled = 1,
   kUnknown = 2,
   kInvalidArgument = 3,
+  kDeadlineExceeded = 4,
   kNotFound = 5,
   kAlreadyExists = 6,
   kFailedPrecondition = 9,
@@ -52,6 +53,9 @@ inline Status Unimplemented(std::string message) {
 inline Status Internal(std::string message) { return Status(Code::kInternal, std::move(message)); }
 inline Status FailedPrecondition(std::string message) {
   return Status(Code::kFailedPrecondition, std::move(message));
+}
+inline Status DeadlineExceeded(std::string message) {
+  return Status(Code::kDeadlineExceeded, std::move(message));
 }
 
 // Prefixes `context` to a failed status: "expanding MatMul: <message>".

@@ -1,9 +1,14 @@
 #include "cc/device/function_call.h"
 
+#include <cctype>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string_view>
 
+#include "cc/core/strings.h"
 #include "cc/core/wire.h"
+#include "cc/device/program_check.h"
 #include "cc/tf/attrs.h"
 #include "cc/tf/handles.h"
 
@@ -217,6 +222,36 @@ Status RunWhole(const FunctionCall& call, const ExpandedFunction& expanded,
   return Status::Ok();
 }
 
+// Before an SPMD function first runs on a mesh that spans processes, every client of it
+// checks that the others are about to run the same (ProgramCheck): the function's name
+// (without TF's numeric suffix) and its inputs' dtypes, shapes and layouts.
+Status CheckProgramOnce(const FunctionCall& call, const ExpandedFunction& expanded,
+                        const std::vector<ValueMeta>& metas) {
+  static std::mutex mutex;
+  static std::set<const ExpandedFunction*> checked;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!checked.insert(&expanded).second) return Status::Ok();
+  }
+  std::string name = call.function;
+  while (!name.empty() && std::isdigit(static_cast<unsigned char>(name.back()))) name.pop_back();
+  if (!name.empty() && name.back() == '_') name.pop_back();
+  std::string description = "tf.function '" + name + "' on (";
+  for (size_t i = 0; i < metas.size(); ++i) {
+    const ValueMeta& m = metas[i];
+    description += (i ? ", " : "") + std::string(m.resource ? "resource " : "") +
+                   DataTypeName(m.dtype) + ShapeString(m.shape) +
+                   (m.layout ? " " + m.layout->ShortString() : std::string(" host"));
+  }
+  description += ")";
+  Status s = CheckSameProgram(call.context, call.mesh, description);
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(mutex);
+    checked.erase(&expanded);
+  }
+  return s;
+}
+
 }  // namespace
 
 Status CallFunction(const FunctionCall& call, FunctionExpander& expander,
@@ -248,6 +283,9 @@ Status CallFunction(const FunctionCall& call, FunctionExpander& expander,
   if (num_results > *num_outputs) {
     return Internal("The SPMD function of '" + call.function +
                     "' returns more results than TensorFlow expects.");
+  }
+  if (SpansProcesses(call.mesh)) {
+    TFD_RETURN_IF_ERROR(CheckProgramOnce(call, *expanded, metas));
   }
   TFD_RETURN_IF_ERROR(call.parts_in ? RunOnParts(call, *expanded, device_name, outputs)
                                     : RunWhole(call, *expanded, device_name, outputs));

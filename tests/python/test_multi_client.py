@@ -87,6 +87,37 @@ def test_a_lost_client_fails_the_others_naming_it():
     assert "NOT LOST" not in out
 
 
+@pytest.mark.multi_client
+@pytest.mark.parametrize("mode", ["shapes", "functions"])
+def test_clients_running_different_programs_get_an_error_saying_how(mode):
+    """Before the first run of a tf.function on a mesh that spans clients, the clients
+    compare what they run (through the coordination service): a client that runs the
+    function on other shapes, or another function, makes every client fail with an
+    error naming both programs, instead of a hang in the function's all-reduce."""
+    code, out = _run("mismatch.py", 2, timeout=120, env={"TFD_TEST_MODE": mode})
+    assert code == 0, _tail(out)
+    for k in range(2):
+        found = re.search(rf"\[client {k}\] MISMATCH (\w+): (.*)", out)
+        assert found, _tail(out)
+        assert found.group(1) == "FailedPreconditionError", found.group(0)
+        message = found.group(2)
+        assert "run different programs" in message and f"client {1 - k}" in message, message
+        if mode == "shapes":
+            assert "[8, 4]" in message and "[4, 4]" in message, message
+        else:
+            assert "'__inference_total'" in message and "'__inference_largest'" in message, message
+
+
+@pytest.mark.multi_client
+def test_a_client_that_never_calls_the_function_times_out_with_a_message():
+    code, out = _run("mismatch.py", 2, timeout=120,
+                     env={"TFD_TEST_MODE": "missing", "TF_DTENSOR_PROGRAM_CHECK_TIMEOUT_S": "5"})
+    assert code == 0, _tail(out)
+    found = re.search(r"\[client 0\] MISMATCH (\w+): (.*)", out)
+    assert found and found.group(1) == "DeadlineExceededError", _tail(out)
+    assert "Client 1 did not reach" in found.group(2), found.group(0)
+
+
 def test_server_def_names_every_client_and_the_leader():
     definition = _cluster.server_def("worker", ["127.0.0.1:1234", "127.0.0.1:1235"], 1,
                                      heartbeat=True, nccl=False)

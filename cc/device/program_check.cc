@@ -1,0 +1,100 @@
+#include "cc/device/program_check.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "cc/tf/handles.h"
+#include "tensorflow/c/eager/c_api_experimental.h"
+
+namespace tf_dtensor {
+namespace {
+
+// The task of a full device name ("/job:worker/replica:0/task:3/device:CPU:0" -> 3).
+int TaskOf(const std::string& device) {
+  size_t pos = device.find("/task:");
+  return pos == std::string::npos ? -1 : std::atoi(device.c_str() + pos + 6);
+}
+
+// The tasks holding devices of `mesh`: global ids run task by task with the same number
+// of devices on each (create_distributed_mesh).
+std::set<int> TasksOf(const Mesh& mesh) {
+  std::set<int> tasks;
+  const int64_t per_task = mesh.num_local_devices();
+  if (per_task <= 0) return tasks;
+  for (int64_t id : mesh.global_device_ids()) tasks.insert(static_cast<int>(id / per_task));
+  return tasks;
+}
+
+int64_t TimeoutMs() {
+  const char* value = std::getenv("TF_DTENSOR_PROGRAM_CHECK_TIMEOUT_S");
+  const int64_t seconds = value ? std::atoll(value) : 300;
+  return (seconds > 0 ? seconds : 300) * 1000;
+}
+
+// Program steps per set of clients, in this process's order.
+std::mutex steps_mutex;
+std::map<std::set<int>, int64_t> steps;
+
+}  // namespace
+
+bool SpansProcesses(const Mesh& mesh) {
+  return !mesh.is_single_device() && mesh.num_local_devices() < mesh.size();
+}
+
+Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::string& description) {
+  if (!SpansProcesses(mesh) || mesh.local_devices().empty()) return Status::Ok();
+  const int me = TaskOf(mesh.local_devices()[0]);
+  const std::set<int> tasks = TasksOf(mesh);
+  int64_t step;
+  {
+    std::lock_guard<std::mutex> lock(steps_mutex);
+    step = steps[tasks]++;
+  }
+  std::string group;
+  for (int t : tasks) group += (group.empty() ? "" : "_") + std::to_string(t);
+  const std::string prefix = "tf_dtensor/program/" + group + "/" + std::to_string(step) + "/";
+  StatusPtr status(TF_NewStatus());
+  TFE_InsertConfigKeyValue(context, (prefix + std::to_string(me)).c_str(), description.c_str(),
+                           status.get());
+  TFD_RETURN_IF_TF_ERROR(status.get(), "publishing this client's program step " +
+                                           std::to_string(step + 1));
+  const int64_t timeout = TimeoutMs();
+  for (int other : tasks) {
+    if (other == me) continue;
+    TF_Buffer* buffer = TF_NewBuffer();
+    TFE_GetConfigKeyValue(context, (prefix + std::to_string(other)).c_str(), timeout, buffer,
+                          status.get());
+    std::string theirs;
+    if (TF_GetCode(status.get()) == TF_OK) {
+      theirs.assign(static_cast<const char*>(buffer->data), buffer->length);
+    }
+    TF_DeleteBuffer(buffer);
+    const std::string where = "multi-client function call " + std::to_string(step + 1) +
+                              " on " + mesh.ShortString();
+    if (TF_GetCode(status.get()) == TF_DEADLINE_EXCEEDED) {
+      return DeadlineExceeded(
+          "Client " + std::to_string(other) + " did not reach its " + where + " within " +
+          std::to_string(timeout / 1000) + " s, where this client (" + std::to_string(me) +
+          ") runs " + description + ". Every client must run the same program; client " +
+          std::to_string(other) + " runs another (fewer or other tf.function calls, or "
+          "eager collectives this one does not make) or is stuck. "
+          "TF_DTENSOR_PROGRAM_CHECK_TIMEOUT_S sets the wait.");
+    }
+    TFD_RETURN_IF_TF_ERROR(status.get(), "reading client " + std::to_string(other) +
+                                             "'s program step " + std::to_string(step + 1));
+    if (theirs != description) {
+      return FailedPrecondition(
+          "The clients run different programs at their " + where + ": this client (" +
+          std::to_string(me) + ") runs " + description + "; client " + std::to_string(other) +
+          " runs " + theirs + ". Every client must run the same tf.functions on the same "
+          "input shapes and layouts, in the same order (make data-dependent choices the "
+          "same on every client).");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace tf_dtensor

@@ -1,0 +1,51 @@
+"""One client of a multi-client run in which the clients run different programs
+(TFD_TEST_MODE): "shapes" (the same tf.function on other input shapes), "functions"
+(another tf.function) or "missing" (the last client calls none and waits). Each client
+must get an error saying how the programs differ, or that a client did not come, instead
+of hanging in a collective. Prints `MISMATCH <error class>: <message>`."""
+
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tf_dtensor import _cluster, dtensor
+
+mode = os.environ["TFD_TEST_MODE"]
+dtensor.initialize_accelerator_system("CPU", num_logical_cpu_devices=2)
+me, clients = dtensor.client_id(), dtensor.num_clients()
+mesh = dtensor.create_distributed_mesh([("x", 2 * clients)], device_type="CPU")
+layout = dtensor.Layout(["x", dtensor.UNSHARDED], mesh)
+last = me == clients - 1
+rows = 2 if (mode == "shapes" and last) else 1
+t = dtensor.pack([np.ones([rows, 4], np.float32)] * 2, layout)
+
+
+@tf.function
+def total(v):
+    return tf.reduce_sum(v, axis=0)
+
+
+@tf.function
+def largest(v):
+    return tf.reduce_max(v, axis=0)
+
+
+
+def leave():
+    # Task 0 leads the coordination service: everyone leaves together, so that no client
+    # loses it while still reading the others' programs.
+    _cluster.barrier("mismatch test done", 60_000)
+    os._exit(0)
+
+
+if mode == "missing" and last:
+    time.sleep(10)  # past the others' 5 s wait
+    leave()
+try:
+    (largest if (mode == "functions" and last) else total)(t)
+    print("NO MISMATCH", me, flush=True)
+except Exception as error:  # noqa: BLE001 -- the class and text are what is checked
+    print(f"MISMATCH {type(error).__name__}: {' '.join(str(error).split())[:600]}", flush=True)
+leave()
