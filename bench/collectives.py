@@ -30,6 +30,8 @@ def _client(lib: str, rounds: int, mib: int) -> None:
     import numpy as np
     import tensorflow as tf
 
+    from _mlp import sgd_step
+
     if lib == "tf":
         from tensorflow.experimental import dtensor as api
     else:
@@ -85,19 +87,7 @@ def _client(lib: str, rounds: int, mib: int) -> None:
     xs = api.pack([xb[per * i:per * (i + 1)] for i in ids], api.Layout.batch_sharded(mesh, "x", 2))
     ys = api.pack([yb[per * i:per * (i + 1)] for i in ids], api.Layout.batch_sharded(mesh, "x", 1))
 
-    @tf.function
-    def step(xv, yv):
-        with tf.GradientTape() as tape:
-            h = xv
-            for k in range(0, len(variables), 2):
-                h = tf.matmul(h, variables[k]) + variables[k + 1]
-                if k + 2 < len(variables):
-                    h = tf.nn.relu(h)
-            loss = tf.reduce_mean(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yv, logits=h))
-        for v, g in zip(variables, tape.gradient(loss, variables)):
-            v.assign_sub(0.1 * g)
-        return loss
+    step = sgd_step(variables)
 
     results["MLP step"] = timed(step, xs, ys)
     if hasattr(api, "barrier"):

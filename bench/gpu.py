@@ -37,6 +37,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from _mlp import sgd_step  # noqa: E402
+
 N = 8
 SIZES = (784, 700, 500, 10)
 BATCH = 128
@@ -140,20 +142,7 @@ def mlp_runner(col: Api, devices: List[str], steps: int):
         x = api.pack(np.split(x_value, n), api.Layout.batch_sharded(mesh, "batch", 2))
         y = api.pack(np.split(y_value, n), api.Layout.batch_sharded(mesh, "batch", 1))
 
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            h = x
-            for i in range(0, len(variables), 2):
-                h = tf.matmul(h, variables[i]) + variables[i + 1]
-                if i + 2 < len(variables):
-                    h = tf.nn.relu(h)
-            loss = tf.reduce_mean(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=h))
-        grads = tape.gradient(loss, variables)
-        for v, g in zip(variables, grads):
-            v.assign_sub(0.1 * g)
-        return loss
+    step = sgd_step(variables)
 
     col.enter()
     losses = [float(col.read(step(x, y))[0]) for _ in range(3)]

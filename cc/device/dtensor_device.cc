@@ -28,14 +28,7 @@ AttrMap ReadAttrs(const TFE_Op* op) {
   const TFE_OpAttrs* attrs = TFE_OpGetAttrs(op);
   return AttrMap::Lazy([attrs] {
     StatusPtr status(TF_NewStatus());
-    TF_Buffer* buffer = TF_NewBuffer();
-    TFE_OpAttrsSerialize(attrs, buffer, status.get());
-    std::string bytes;
-    if (TF_GetCode(status.get()) == TF_OK) {
-      bytes.assign(static_cast<const char*>(buffer->data), buffer->length);
-    }
-    TF_DeleteBuffer(buffer);
-    return bytes;
+    return SerializedAttrs(attrs, status.get());
   });
 }
 

@@ -135,13 +135,7 @@ Status CarryRunOptions(const TFE_OpAttrs* attrs, TFE_Op* op, const std::string& 
                        const Mesh& mesh) {
   if (attrs == nullptr) return Status::Ok();
   StatusPtr status(TF_NewStatus());
-  TF_Buffer* buffer = TF_NewBuffer();
-  TFE_OpAttrsSerialize(attrs, buffer, status.get());
-  std::string bytes;
-  if (TF_GetCode(status.get()) == TF_OK) {
-    bytes.assign(static_cast<const char*>(buffer->data), buffer->length);
-  }
-  TF_DeleteBuffer(buffer);
+  const std::string bytes = SerializedAttrs(attrs, status.get());
   TFD_RETURN_IF_TF_ERROR(status.get(), "reading the attributes of the call to '" + function + "'");
   StatusOr<AttrMap> parsed = AttrMap::Parse(bytes);
   if (!parsed.ok()) return parsed.status();

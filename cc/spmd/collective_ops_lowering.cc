@@ -125,6 +125,16 @@ StatusOr<Handles> ConvertEach(CollectiveRunner& run, const Handles& handles, int
   return run.RunEach(bitcast ? "Bitcast" : "Cast", inputs, options);
 }
 
+// Runs `op_type` on every device with inputs {handles[d], extra}, `extra` a host argument
+// every device reads (an axis, a permutation); the inputs stay the caller's.
+StatusOr<Handles> RunEachWith(CollectiveRunner& run, const std::string& op_type,
+                              const Handles& handles, LocalHandle extra,
+                              const LocalOpOptions& options) {
+  std::vector<Handles> inputs(handles.size());
+  for (size_t d = 0; d < handles.size(); ++d) inputs[d] = {handles[d], extra};
+  return run.RunEach(op_type, inputs, options);
+}
+
 // Per device: {value, group size, group key, instance key}, the inputs of TF's collective
 // ops, with one fresh instance key for the step.
 StatusOr<std::vector<Handles>> CollectiveInputs(CollectiveRunner& run, const Handles& values,
@@ -329,7 +339,6 @@ StatusOr<Handles> ReduceByGather(CollectiveRunner& run, const Handles& blocks,
   if (!wire.supported || op == ReduceOp::kSum || op == ReduceOp::kMean) {
     return UnsupportedCollectiveType("all-reduce", dtype);
   }
-  const int n = static_cast<int>(blocks.size());
   Handles made;
   auto fail = [&](const Status& status) {
     run.DiscardAll(made);
@@ -340,9 +349,7 @@ StatusOr<Handles> ReduceByGather(CollectiveRunner& run, const Handles& blocks,
   LocalOpOptions expand;
   expand.copy_attrs = false;
   expand.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tdim", TF_INT32)};
-  std::vector<Handles> inputs(n);
-  for (int d = 0; d < n; ++d) inputs[d] = {blocks[d], *zero};
-  StatusOr<Handles> stacked = run.RunEach("ExpandDims", inputs, expand);
+  StatusOr<Handles> stacked = RunEachWith(run, "ExpandDims", blocks, *zero, expand);
   if (!stacked.ok()) return stacked.status();
   Handles current = *stacked;
   made.insert(made.end(), current.begin(), current.end());
@@ -370,8 +377,7 @@ StatusOr<Handles> ReduceByGather(CollectiveRunner& run, const Handles& blocks,
   reduce.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tidx", TF_INT32),
                       AttrOverride::Bool("keep_dims", false)};
   const char* kernel = op == ReduceOp::kProd ? "Prod" : op == ReduceOp::kMax ? "Max" : "Min";
-  for (int d = 0; d < n; ++d) inputs[d] = {current[d], *zero};
-  StatusOr<Handles> reduced = run.RunEach(kernel, inputs, reduce);
+  StatusOr<Handles> reduced = RunEachWith(run, kernel, current, *zero, reduce);
   run.DiscardAll(made);
   return reduced;
 }
@@ -524,9 +530,7 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
     LocalOpOptions options;
     options.copy_attrs = false;
     options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tperm", TF_INT32)};
-    std::vector<Handles> inputs(n);
-    for (int d = 0; d < n; ++d) inputs[d] = {current[d], *perm_value};
-    StatusOr<Handles> r = run.RunEach("Transpose", inputs, options);
+    StatusOr<Handles> r = RunEachWith(run, "Transpose", current, *perm_value, options);
     if (!r.ok()) return r.status();
     current = std::move(r).value();
     temporaries.insert(temporaries.end(), current.begin(), current.end());
@@ -683,9 +687,7 @@ StatusOr<ValueId> CollectiveOps::AllToAll(CollectiveRunner& run, ValueId value, 
   // Runs one local op on every device: inputs = {current[d], extra}.
   auto each = [&](const std::string& op_type, LocalHandle extra,
                   const LocalOpOptions& options) -> Status {
-    std::vector<Handles> inputs(n);
-    for (int d = 0; d < n; ++d) inputs[d] = {current[d], extra};
-    StatusOr<Handles> r = run.RunEach(op_type, inputs, options);
+    StatusOr<Handles> r = RunEachWith(run, op_type, current, extra, options);
     if (!r.ok()) return r.status();
     current = std::move(r).value();
     made.insert(made.end(), current.begin(), current.end());

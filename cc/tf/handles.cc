@@ -12,6 +12,17 @@ Status FromTF(TF_Status* status, const std::string& context) {
   return Status(static_cast<Code>(code), context + ": " + TF_Message(status));
 }
 
+std::string SerializedAttrs(const TFE_OpAttrs* attrs, TF_Status* status) {
+  TF_Buffer* buffer = TF_NewBuffer();
+  TFE_OpAttrsSerialize(attrs, buffer, status);
+  std::string bytes;
+  if (TF_GetCode(status) == TF_OK) {
+    bytes.assign(static_cast<const char*>(buffer->data), buffer->length);
+  }
+  TF_DeleteBuffer(buffer);
+  return bytes;
+}
+
 std::vector<int64_t> HandleShape(TFE_TensorHandle* handle, TF_Status* status) {
   std::vector<int64_t> shape;
   int rank = TFE_TensorHandleNumDims(handle, status);

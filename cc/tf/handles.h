@@ -29,6 +29,10 @@ using OpPtr = std::unique_ptr<TFE_Op, OpDeleter>;
 // Converts a failed TF_Status into our Status, with context.
 Status FromTF(TF_Status* status, const std::string& context);
 
+// An op's attributes as the C API serializes them (a NameAttrList); `status` says whether
+// they could be read (empty when not).
+std::string SerializedAttrs(const TFE_OpAttrs* attrs, TF_Status* status);
+
 // The shape of a local tensor; `status` says whether it could be read.
 std::vector<int64_t> HandleShape(TFE_TensorHandle* handle, TF_Status* status);
 

@@ -128,10 +128,14 @@ def test_initialize_twice():
     assert dtensor.initialize_accelerator_system("cpu") == "CPU"
 
 
-def test_initialize_multi_client_with_several_clients_is_refused(monkeypatch):
-    monkeypatch.setenv("DTENSOR_JOBS", "localhost:1000,localhost:1001")
-    with pytest.raises(NotImplementedError, match=r"2 clients.*multi-client"):
+def test_initialize_with_several_clients_checks_the_jobs_before_joining(monkeypatch):
+    """With several clients, initialization joins the cluster (tests/python/
+    test_multi_client.py starts real ones); a malformed job is refused before any server
+    starts, and the system stays uninitialized."""
+    monkeypatch.setenv("DTENSOR_JOBS", "localhost:1000,somehost")
+    with pytest.raises(ValueError, match="entry 1 is 'somehost'; each entry is host:port"):
         dtensor.initialize_multi_client("CPU")
+    assert not config.is_initialized()
 
 
 def test_initialize_multi_client_with_one_job_is_local(monkeypatch):
