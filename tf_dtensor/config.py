@@ -214,6 +214,10 @@ def local_devices(device_type: str,
             for i in range(num_local_devices(device_type))]
 
 
+# For functions whose `local_devices` parameter (TensorFlow's name) hides the function.
+_client_devices = local_devices
+
+
 def num_local_devices(device_type: str) -> int:
     """How many devices of `device_type` this client has (logical CPUs and GPUs count).
 
@@ -336,7 +340,7 @@ def create_distributed_mesh(mesh_dims: Union[List[Tuple[str, int]], Dict[str, in
     sizes = [_dim_size(name, size) for name, size in mesh_dims]
     if local_devices is None:
         device_type = (device_type or preferred_device_type()).upper()
-        local_devices = globals()["local_devices"](device_type)
+        local_devices = _client_devices(device_type)
     local_names = [tf_device.DeviceSpec.from_string(d).to_string() if isinstance(d, str)
                    else d.to_string() for d in local_devices]
     mine = f"/job:{full_job_name()}/"

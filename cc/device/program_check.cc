@@ -1,30 +1,23 @@
 #include "cc/device/program_check.h"
 
-#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
 
+#include "cc/spmd/collectives.h"
 #include "cc/tf/handles.h"
 #include "tensorflow/c/eager/c_api_experimental.h"
 
 namespace tf_dtensor {
 namespace {
 
-// The task of a full device name ("/job:worker/replica:0/task:3/device:CPU:0" -> 3).
-int TaskOf(const std::string& device) {
-  size_t pos = device.find("/task:");
-  return pos == std::string::npos ? -1 : std::atoi(device.c_str() + pos + 6);
-}
-
-// The tasks holding devices of `mesh`: global ids run task by task with the same number
-// of devices on each (create_distributed_mesh).
+// The tasks holding devices of `mesh`.
 std::set<int> TasksOf(const Mesh& mesh) {
   std::set<int> tasks;
-  const int64_t per_task = mesh.num_local_devices();
-  if (per_task <= 0) return tasks;
-  for (int64_t id : mesh.global_device_ids()) tasks.insert(static_cast<int>(id / per_task));
+  for (int64_t id : mesh.global_device_ids()) {
+    tasks.insert(static_cast<int>(DistributedTaskOf(mesh, id)));
+  }
   return tasks;
 }
 
@@ -45,8 +38,8 @@ bool SpansProcesses(const Mesh& mesh) {
 }
 
 Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::string& description) {
-  if (!SpansProcesses(mesh) || mesh.local_devices().empty()) return Status::Ok();
-  const int me = TaskOf(mesh.local_devices()[0]);
+  if (!SpansProcesses(mesh) || mesh.local_device_ids().empty()) return Status::Ok();
+  const int me = static_cast<int>(DistributedTaskOf(mesh, mesh.local_device_ids()[0]));
   const std::set<int> tasks = TasksOf(mesh);
   int64_t step;
   {

@@ -460,18 +460,19 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
     }
     if (IsIf(node.op)) return ExpandIf(node, inputs);
     if (IsWhile(node.op)) return ExpandWhile(node, inputs);
-    // A NoOp that gathers side effects (tf.function's automatic control dependencies make
+    // A control-only op that gathers side effects (tf.function's automatic control dependencies make
     // one wait for a step's assigns, and the return wait for it) runs on every device its
     // control inputs ran on, each waiting for its own device's: one NoOp on the host
     // waited for every device's assigns and every device's return waited for it (on 8
     // GPUs, 96 _Send/_Recv pairs per step of the MLP). Where devices share buffers an
     // op's wait is not per device (ControlsFor), so one NoOp serves.
-    if (node.op == "NoOp" && inputs.empty() && !control_devices.empty() &&
-        builder_.orders_per_device()) {
+    // (Any op with neither inputs nor outputs and no state: NoOp, ControlTrigger.)
+    const OpSpec* spec = builder_.FindOp(node.op);
+    if (spec && spec->inputs.empty() && spec->outputs.empty() && !spec->is_stateful &&
+        !control_devices.empty() && builder_.orders_per_device()) {
       for (const std::string& device : control_devices) {
-        TFD_RETURN_IF_ERROR(builder_.Emit("NoOp", {}, LocalOpOptions{}, device).status());
+        TFD_RETURN_IF_ERROR(builder_.Emit(node.op, {}, LocalOpOptions{}, device).status());
       }
-      outputs_[node.name];
       return Status::Ok();
     }
     // Ops on host values alone stay on the host, unless a layout was requested of an op

@@ -61,7 +61,7 @@ std::string DistributedDeviceName(const Mesh& mesh, int64_t id) {
       index < device) {
     return std::string();
   }
-  return local.substr(0, task) + "/task:" + std::to_string(id / per_task) +
+  return local.substr(0, task) + "/task:" + std::to_string(DistributedTaskOf(mesh, id)) +
          local.substr(device, index + 1 - device) + std::to_string(id % per_task);
 }
 
@@ -72,6 +72,11 @@ namespace {
 constexpr int32_t kFirstInstanceKey = 1 << 24;
 std::atomic<int32_t> next_instance_key{kFirstInstanceKey};
 }  // namespace
+
+int64_t DistributedTaskOf(const Mesh& mesh, int64_t id) {
+  const int64_t per_task = mesh.num_local_devices();
+  return per_task > 0 ? id / per_task : 0;
+}
 
 int32_t NextInstanceKey() { return next_instance_key.fetch_add(1); }
 
