@@ -5,6 +5,7 @@ must get an error saying how the programs differ, or that a client did not come,
 of hanging in a collective. Prints `MISMATCH <error class>: <message>`."""
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -34,10 +35,12 @@ def largest(v):
 
 
 def leave():
-    # Task 0 leads the coordination service: everyone leaves together, so that no client
-    # loses it while still reading the others' programs.
+    # Task 0 leads the coordination service: everyone meets before leaving, so that no
+    # client loses it while still reading the others' programs; then the interpreter exits
+    # normally, through the coordination service's shutdown barrier (os._exit here let the
+    # leader's service go while another client's barrier answer was still on its way).
     _cluster.barrier("mismatch test done", 60_000)
-    os._exit(0)
+    sys.exit(0)
 
 
 if mode == "missing" and last:
