@@ -72,11 +72,11 @@ def sharded_save(mesh: Mesh, file_prefix, tensor_names, shape_and_slices, tensor
     A sharded DTensor (or DVariable) is written as one slice per distinct block, so no device
     gathers the global value; a replicated one is written once, in full. On a multi-client
     mesh each client writes the blocks whose lowest device id it holds, then client 0 merges
-    the parts (with a barrier on `mesh` before and after). The result is an ordinary
+    the parts (the clients meet at a barrier before and after the merge). The result is an ordinary
     checkpoint: `tf.train.load_checkpoint(file_prefix).get_tensor(name)` reads global values.
 
     Args:
-      mesh: the mesh of the tensors (used for the multi-client barriers).
+      mesh: the mesh of the tensors (each tensor's own layout says what to write).
       file_prefix: the checkpoint prefix (a string or a scalar string tensor).
       tensor_names: one name per tensor (a list of strings or a string tensor).
       shape_and_slices: one spec per tensor; `""` for a DTensor (its layout gives the
@@ -127,9 +127,10 @@ def sharded_save(mesh: Mesh, file_prefix, tensor_names, shape_and_slices, tensor
         components = None
         for slice_spec, block in slices.items():
             if block is None:
+                # Every client asks: blocks on other clients are gathered collectively.
+                value = checkpoint.global_value(tensor)
                 if client != 0:
                     continue
-                value = checkpoint.global_value(tensor)
             elif block not in owned:
                 continue
             else:
@@ -139,18 +140,7 @@ def sharded_save(mesh: Mesh, file_prefix, tensor_names, shape_and_slices, tensor
             save_names.append(name)
             save_specs.append(slice_spec)
             save_tensors.append(value)
-    part = f"{prefix}_temp/part-{client:05d}-of-{clients:05d}"
-    tf.io.gfile.makedirs(f"{prefix}_temp")  # Removed by the merge.
-    with ops.device(checkpoint.HOST_DEVICE):
-        io_ops.save_v2(part, save_names, save_specs, save_tensors)
-    if clients > 1:
-        api.barrier(mesh, "SaveV2")
-    if client == 0:
-        parts = [f"{prefix}_temp/part-{i:05d}-of-{clients:05d}" for i in range(clients)]
-        with ops.device(checkpoint.HOST_DEVICE):
-            gen_io_ops.merge_v2_checkpoints(parts, prefix, delete_old_dirs=True)
-    if clients > 1:
-        api.barrier(mesh, "MergeV2Checkpoints")
+    checkpoint.write_parts(prefix, save_names, save_specs, save_tensors)
     return None
 
 
@@ -223,7 +213,7 @@ def name_based_restore(mesh: Mesh, checkpoint_prefix,
         specs.extend(slices)
         dtypes.extend([tensor.dtype] * len(slices))
     prefix = _host_strings(checkpoint_prefix, "checkpoint_prefix")[0]
-    with ops.device(checkpoint.HOST_DEVICE):
+    with ops.device(checkpoint.host_device()):
         restored = io_ops.restore_v2(prefix, names, specs, dtypes) if names else []
     result = collections.OrderedDict()
     for name, layout, shape, slices, start in plans:

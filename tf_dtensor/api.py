@@ -195,6 +195,15 @@ def pack(tensors: Sequence[Any], layout: Layout, *, run_check: bool = False) -> 
                           f"got none.")
     if run_check:
         _check_replicas(components, layout)
+    if _spans_clients(layout.mesh) and components[0].shape.rank == layout.rank:
+        # Even blocks across clients: every local block has one shape.
+        for i, component in enumerate(components[1:], 1):
+            if component.shape != components[0].shape:
+                raise PackError(
+                    f"pack component {i} has shape {component.shape.as_list()} but component "
+                    f"0 has {components[0].shape.as_list()}; on {layout.mesh.short()}, which "
+                    f"spans several clients, every block of {layout.short()} has one shape "
+                    f"(uneven blocks work on meshes within one client only).")
     dtype = components[0].dtype
     attrs = ("T", dtype.as_datatype_enum, "N", len(components), "layout", layout.to_string())
     try:
@@ -325,8 +334,33 @@ def unpack(tensor: Any) -> Sequence[Any]:
 _unpack_capacity = 8
 
 
+def _spans_clients(mesh: Mesh) -> bool:
+    return mesh.num_local_devices() < mesh.size
+
+
+def _refuse_uneven_across_clients(op: str, shape, layout: Layout) -> None:
+    """Uneven blocks on a mesh spanning clients are refused: a client sees only its own
+    blocks, so the sizes of the others' (and the global shape of what ops make from them)
+    would be guesses."""
+    dims = tf.TensorShape(shape).as_list() if tf.TensorShape(shape).rank is not None else None
+    if (dims is None or None in dims or layout.rank != len(dims)
+            or not _spans_clients(layout.mesh) or layout.is_even(dims)):
+        return
+    uneven = [axis for axis in range(len(dims))
+              if dims[axis] % layout.num_shards(axis) != 0]
+    axis = uneven[0]
+    raise LayoutError(
+        f"{op}: shape {dims} does not divide evenly into {layout.short()} (axis {axis}: "
+        f"{dims[axis]} over {layout.num_shards(axis)} shards), and the mesh spans several "
+        f"clients. Uneven blocks work on meshes within one client only: a client holds only "
+        f"its own blocks, so it cannot know the sizes of the others'. Pad axis {axis} to a "
+        f"multiple of {layout.num_shards(axis)}, or leave it unsharded.")
+
+
 def _relayout(tensor, layout: Layout):
     _layout_arg(layout, "relayout")
+    if isinstance(layout, Layout) and not layout.has_match:
+        _refuse_uneven_across_clients("relayout", tensor.shape, layout)
     if layout.has_match and context.executing_eagerly():
         if not _is_dtensor(tensor):
             raise LayoutError(f"relayout to {layout.short()}: MATCH keeps the input's "

@@ -13,6 +13,12 @@ The checkpoint does not depend on the layout or the mesh: a plain `tf.Variable` 
 (the reader assembles the slices), TensorFlow's DTensor reads it, and a DVariable restores
 from a plain variable's or TensorFlow's DTensor's checkpoint into its own layout.
 
+On a mesh that spans several clients (processes), each client writes the blocks whose
+lowest device id it holds (client 0 also the full values, plain variables and the object
+graph) to its own part, and client 0 merges the parts into one ordinary checkpoint
+(`write_parts`); each client restores its own devices' slices. Checkpoints written by N
+clients restore on M clients or on one process, in any layout.
+
 Save and restore run eagerly (as `tf.train.Checkpoint` does by default). When TensorFlow
 runs them inside a `tf.function` (an asynchronous checkpoint copying values to the host,
 a `write` inside a function), the host-side work runs in a `tf.py_function`, eagerly, each
@@ -25,27 +31,36 @@ import functools
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
+from tensorflow.python.checkpoint import checkpoint as tf_checkpoint
 from tensorflow.python.checkpoint import tensor_callable
-from tensorflow.python.framework import device as device_lib
+from tensorflow.python.eager import context
 from tensorflow.python.framework import dtypes
 from tensorflow.python.framework import errors
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import array_ops
+from tensorflow.python.ops import gen_io_ops
+from tensorflow.python.ops import io_ops
 from tensorflow.python.ops import math_ops
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.trackable import base as trackable
 from tensorflow.python.training.saving import saveable_object
 
+from tf_dtensor import _cluster
 from tf_dtensor import _device
 from tf_dtensor import api
+from tf_dtensor import config
 from tf_dtensor.layout import UNSHARDED, Layout
 
 __all__ = ["DTensorCheckpoint"]
 
-# The CPU of this host: checkpoint values are written and read here, and the saver groups
-# them with the object graph and `save_counter`, so a save needs no cross-task function.
-HOST_DEVICE = device_lib.DeviceSpec.from_string(_device.DEVICE_NAME).replace(
-    device_type="CPU", device_index=0).to_string()
+
+
+def host_device() -> str:
+    """The CPU of this client's host (`/job:localhost/replica:0/task:0/device:CPU:0` with
+    one client, `/job:worker/replica:0/task:<k>/device:CPU:0` for client k of several):
+    checkpoint values are written and read here, and the saver groups them with the object
+    graph and `save_counter`, so a save needs no cross-task function."""
+    return f"/job:{config.full_job_name()}/device:CPU:0"
 
 Block = Tuple[int, ...]
 
@@ -122,9 +137,11 @@ def global_value(tensor) -> tf.Tensor:
     Returns:
       A `tf.Tensor` on the host CPU with the global shape and the same dtype.
 
+    When other clients hold some blocks (a mesh spanning clients), the value is gathered
+    across the clients: every client of the mesh must then call this, in the same order.
+
     Raises:
       LayoutError: `tensor` is not a DTensor.
-      ValueError: this client's devices do not hold every block (a multi-client mesh).
 
     Example:
       >>> mesh = create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
@@ -137,7 +154,7 @@ def global_value(tensor) -> tf.Tensor:
     else:
         layout = api.fetch_layout(tensor)
     components = components_of(tensor)
-    with ops.device(HOST_DEVICE):
+    with ops.device(host_device()):
         if layout.is_fully_replicated():
             return array_ops.identity(components[0])
         blocks = {block: components[position]
@@ -146,12 +163,16 @@ def global_value(tensor) -> tf.Tensor:
         expected = 1
         for count in pieces:
             expected *= count
-        if len(blocks) != expected:
-            raise ValueError(
-                f"Cannot assemble the global value of a {layout.short()} tensor: this "
-                f"client's devices hold {len(blocks)} of its {expected} blocks. Save from a "
-                f"mesh whose devices are all local, or relayout to replicated first.")
-        return _concat_blocks(blocks, pieces, ())
+        if len(blocks) == expected:
+            return _concat_blocks(blocks, pieces, ())
+    # Some blocks live on other clients: gather them (an all-gather across the clients, so
+    # every client of the mesh must ask for the value, in the same order).
+    if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
+        with ops.device(_device.DEVICE_NAME):
+            tensor = tensor.read_value()
+    whole = api.relayout(tensor, Layout.replicated(layout.mesh, layout.rank))
+    with ops.device(host_device()):
+        return array_ops.identity(api.unpack(whole)[0])
 
 
 def _concat_blocks(blocks, pieces, prefix):
@@ -203,12 +224,12 @@ def _saved_value(variable, block: Optional[Block]) -> tf.Tensor:
             value = global_value(variable)
         else:
             value = components_of(variable)[distinct_blocks(layout)[block]]
-        with ops.device(HOST_DEVICE):
+        with ops.device(host_device()):
             return math_ops.cast(value, dtypes.bfloat16) if saves_as_bf16(variable) else value
 
     if not ops.inside_function():
         return read()
-    with ops.device(HOST_DEVICE):
+    with ops.device(host_device()):
         value = tf.py_function(read, [], saved_dtype(variable))
     value.set_shape(variable.shape if block is None else layout.local_shape(variable.shape))
     return value
@@ -227,7 +248,7 @@ class DVariableSaveable(saveable_object.SaveableObject):
         self._variable = variable
         specs = [saveable_object.SaveSpec(
             tensor=functools.partial(_saved_value, variable, block), slice_spec=spec,
-            name=name, dtype=saved_dtype(variable), device=HOST_DEVICE)
+            name=name, dtype=saved_dtype(variable), device=host_device())
             for spec, block in saved_slices(variable.layout, variable.shape,
                                             saved_dtype(variable)).items()]
         super().__init__(variable, specs, name)
@@ -243,7 +264,7 @@ class DVariableSaveable(saveable_object.SaveableObject):
 
 def _from_saved(variable, value: tf.Tensor) -> tf.Tensor:
     if saves_as_bf16(variable):
-        with ops.device(HOST_DEVICE):
+        with ops.device(host_device()):
             return math_ops.cast(value, variable.dtype)
     return value
 
@@ -320,7 +341,7 @@ class _HostCopy(trackable.Trackable):
         self.blocks: Dict[str, Optional[Block]] = saved_slices(
             layout, variable.shape, saved_dtype(variable))
         self.copies: Dict[str, tf.Variable] = {}
-        with ops.init_scope(), ops.device(HOST_DEVICE):
+        with ops.init_scope(), ops.device(host_device()):
             for spec, block in self.blocks.items():
                 self.copies[spec] = resource_variable_ops.UninitializedVariable(
                     trainable=False, dtype=saved_dtype(variable),
@@ -329,7 +350,7 @@ class _HostCopy(trackable.Trackable):
 
     def _serialize_to_tensors(self):
         slices = {spec: tensor_callable.Callable(copy.read_value, dtype=copy.dtype,
-                                                 device=HOST_DEVICE)
+                                                 device=host_device())
                   for spec, copy in self.copies.items()}
         return {trackable.VARIABLE_VALUE_KEY: slices[""] if list(slices) == [""] else slices}
 
@@ -340,9 +361,98 @@ def copy_trackable_to_cpu(variable, object_map) -> None:
     if variable not in object_map:
         object_map[variable] = _HostCopy(variable)
     host_copy = object_map[variable]
-    with ops.device(HOST_DEVICE):
+    with ops.device(host_device()):
         for spec, block in host_copy.blocks.items():
             host_copy.copies[spec].assign(_saved_value(variable, block))
+
+
+# --- saves by several clients ------------------------------------------------------------------
+
+def write_parts(prefix: str, names: List[str], specs: List[str], tensors: List) -> None:
+    """Writes this client's entries as one part of checkpoint `prefix` and, on client 0,
+    merges every client's part into `prefix` (the parts directory is then removed). With
+    several clients, everyone meets at a coordination-service barrier after writing and
+    after the merge, so no client reads or overwrites `prefix` half-written."""
+    client, clients = config.client_id(), config.num_clients()
+    part = f"{prefix}_temp/part-{client:05d}-of-{clients:05d}"
+    tf.io.gfile.makedirs(f"{prefix}_temp")  # Removed by the merge.
+    with ops.device(host_device()):
+        io_ops.save_v2(part, names, specs, tensors)
+    if clients > 1:
+        _cluster.barrier(f"tf_dtensor save {prefix}: parts written", _BARRIER_MS)
+    if client == 0:
+        parts = [f"{prefix}_temp/part-{i:05d}-of-{clients:05d}" for i in range(clients)]
+        with ops.device(host_device()):
+            gen_io_ops.merge_v2_checkpoints(parts, prefix, delete_old_dirs=True)
+    if clients > 1:
+        _cluster.barrier(f"tf_dtensor save {prefix}: merged", _BARRIER_MS)
+
+
+# How long a client waits for the others at a save's barriers.
+_BARRIER_MS = 3600 * 1000
+
+
+def _saved_entries(serialized_tensors) -> Tuple[List[str], List[str], List]:
+    """This client's share of what `tf.train.Checkpoint` saves: the blocks of DVariables
+    whose lowest device id is local; on client 0 also full values and everything else."""
+    client = config.client_id()
+    names: List[str] = []
+    specs: List[str] = []
+    tensors: List = []
+    for owner, entries in serialized_tensors.items():
+        variable = getattr(owner, "obj", owner)  # SaveableCompatibilityConverter wraps it
+        layout = getattr(variable, "layout", None) if isinstance(
+            variable, resource_variable_ops.BaseResourceVariable) else None
+        owned = saved = None
+        if isinstance(layout, Layout):
+            saved = saved_slices(layout, variable.shape, saved_dtype(variable))
+            owned = distinct_blocks(layout, owned_only=True)
+        for key, value in entries.items():
+            for spec, tensor in (value.items() if isinstance(value, dict) else [("", value)]):
+                block = saved.get(spec) if saved is not None else None
+                mine = client == 0 if block is None else block in owned
+                # A DVariable's full value may need every client (an all-gather).
+                if not mine and not (saved is not None and block is None):
+                    continue
+                if isinstance(tensor, saveable_object.SaveSpec):
+                    tensor = tensor.tensor
+                elif isinstance(tensor, tensor_callable.Callable):
+                    tensor = tensor.get_tensor()
+                if not mine:
+                    continue
+                names.append(key)
+                specs.append(spec)
+                tensors.append(tensor)
+    return names, specs, tensors
+
+
+_single_client_save = tf_checkpoint.TrackableSaver._save_cached_when_graph_building
+
+
+def _save_cached_when_graph_building(self, file_prefix, object_graph_tensor, options):
+    """`TrackableSaver`'s save, when this process is one client of several: every client
+    runs the same save, each writing its own part (`write_parts`). TensorFlow's own saver
+    would have every client write, and merge, the whole checkpoint at the same path."""
+    if not _cluster.started() or not context.executing_eagerly() or ops.inside_function():
+        return _single_client_save(self, file_prefix, object_graph_tensor, options)
+    if options is not None and options.experimental_io_device:
+        raise ValueError(
+            "tf.train.Checkpoint on several clients writes each client's part on its own "
+            "host CPU; `CheckpointOptions(experimental_io_device=...)` is not supported. "
+            "Drop the option.")
+    serialized, feed_additions, registered, _ = self._gather_serialized_tensors(
+        object_graph_tensor)
+    if registered:
+        raise ValueError(
+            f"tf.train.Checkpoint on several clients cannot run registered savers "
+            f"({sorted(registered)}); save those objects from a single-client program.")
+    prefix = file_prefix.numpy().decode() if hasattr(file_prefix, "numpy") else str(file_prefix)
+    write_parts(prefix, *_saved_entries(serialized))
+    with ops.device("/cpu:0"):
+        return array_ops.identity(file_prefix), feed_additions
+
+
+tf_checkpoint.TrackableSaver._save_cached_when_graph_building = _save_cached_when_graph_building
 
 
 class DTensorCheckpoint(tf.train.Checkpoint):

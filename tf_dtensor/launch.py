@@ -46,7 +46,10 @@ def client_env(client: int, ports: List[int], base: Optional[dict] = None) -> di
     env["DTENSOR_JOBS"] = ",".join(f"127.0.0.1:{p}" for p in ports)
     env["DTENSOR_CLIENT_ID"] = str(client)
     env["DTENSOR_NUM_CLIENTS"] = str(len(ports))
-    env.setdefault("DTENSOR_JOB_NAME", "worker")
+    if len(ports) > 1:
+        env.setdefault("DTENSOR_JOB_NAME", "worker")
+    # One client starts no server: its devices stay `/job:localhost`, the job name that
+    # config gives one client when DTENSOR_JOB_NAME is unset.
     return env
 
 

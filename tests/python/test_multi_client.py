@@ -145,6 +145,8 @@ def test_launch_environment_and_ports():
     assert env["DTENSOR_JOBS"] == ",".join(f"127.0.0.1:{p}" for p in ports)
     assert env["DTENSOR_CLIENT_ID"] == "2" and env["DTENSOR_NUM_CLIENTS"] == "3"
     assert env["DTENSOR_JOB_NAME"] == "worker"
+    # One client starts no server and keeps TensorFlow's one-client job name.
+    assert "DTENSOR_JOB_NAME" not in launch.client_env(0, ports[:1], base={})
 
 
 def test_launch_stops_the_others_when_one_fails(tmp_path):
@@ -157,3 +159,19 @@ def test_launch_stops_the_others_when_one_fails(tmp_path):
     code = launch.run(2, [sys.executable, str(script)], timeout=120, grace=1, out=out)
     assert code == 5
     assert "client 1 exited with 5" in out.getvalue()
+
+
+@pytest.mark.multi_client
+@pytest.mark.parametrize("writers,readers", [(2, 4), (2, 1), (4, 2)])
+def test_checkpoints_written_by_n_clients_restore_on_m(writers, readers, tmp_path):
+    """N clients write DVariables of several layouts (one 2-D mesh, an uneven one) through
+    tf.train.Checkpoint and sharded_save, each client its own blocks, client 0 merging;
+    M clients (or one process) read them into other layouts. The values are checked
+    against numpy on every client, and the files hold the global values."""
+    for phase, clients in (("save", writers), ("restore", readers)):
+        code, out = _run("checkpoint.py", clients, env={
+            "TFD_TEST_PHASE": phase, "TFD_TEST_DIR": str(tmp_path),
+            "TFD_TEST_LOCAL_CPUS": str(4 // clients)})
+        assert code == 0, _tail(out)
+        for k in range(clients):
+            assert f"[client {k}] OK checkpoint {phase} {k}" in out, _tail(out)
