@@ -70,6 +70,20 @@ class _Share:
         p = self.per_replica
         return tf.concat([element[r * p:(r + 1) * p] for r in self.replicas], axis=0)
 
+    def globalize(self, share: tf.Tensor) -> tf.Tensor:
+        """A global-batch tensor with this client's share at its replicas' rows and zeros
+        at the other clients' rows (which no local device reads)."""
+        if self.whole:
+            return share
+        p = self.per_replica
+        rest = share.shape[1:]
+        rest = rest.as_list() if rest.is_fully_defined() else tf.shape(share)[1:]
+        filler = tf.zeros(tf.concat([[p], rest], 0) if tf.is_tensor(rest) else [p] + rest,
+                          share.dtype)
+        pieces = [share[self.replicas.index(r) * p:(self.replicas.index(r) + 1) * p]
+                  if r in self.replicas else filler for r in range(self.num_replicas)]
+        return tf.concat(pieces, axis=0)
+
     def block(self, location: Dict[str, int], layout: Layout,
               share_shape: Sequence[int]) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
         """(begin, size) of the block of a share-shaped component that one device holds."""
@@ -103,13 +117,11 @@ def _device_blocks(share: _Share, layout: Layout, share_shape: Tuple[int, ...]):
 def _to_dtensors(host_element: Any, layouts: Any, share: _Share) -> Any:
     """DTensors with `layouts` from one host element (this client's share)."""
     if not context.executing_eagerly():
-        if not share.whole:
-            raise NotImplementedError(
-                "Reading a DTensorDataset inside a tf.function needs the whole global batch "
-                "on this client, but this client of the multi-client mesh holds only batch "
-                f"replicas {list(share.replicas)} of {share.num_replicas}. Iterate eagerly "
-                "(`for batch in dataset:` outside the function) and pass the batches in.")
-        return nest.map_structure(api.relayout, host_element, layouts)
+        # A relayout of a host batch: each device slices its block. On a client that reads
+        # only some batch replicas, the share is first placed at its rows of a global-batch
+        # host tensor (`share.globalize`); every local block lies in those rows.
+        return nest.map_structure(lambda c, l: api.relayout(share.globalize(c), l),
+                                  host_element, layouts)
 
     def pack(component: tf.Tensor, layout: Layout) -> tf.Tensor:
         shape = tuple(component.shape.as_list())
@@ -307,8 +319,9 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
     `tf.data.Dataset` methods are not meant for it.
 
     Each client reads only the rows of the batch replicas that have a device on it; with one
-    client that is the whole global batch. Inside a `tf.function` the client must hold
-    whole global batches (one client).
+    client that is the whole global batch. Eagerly each device's block is sliced from that
+    share and packed; inside a `tf.function` the share is relaid out from the host (a
+    client of several places it in a global-batch host tensor first, zeros elsewhere).
 
     Args:
       dataset: a `tf.data.Dataset` of unbatched elements, or of per-replica batches when
@@ -453,6 +466,16 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
 
 def _for_stmt(dataset, extra_test, body, get_state, set_state, symbol_names, opts):
     """`for batch in dataset:` inside tf.function: iterate a fresh iterator of it."""
+    share = dataset._share  # pylint: disable=protected-access
+    if not share.whole:
+        # The loop's iterator, a host resource, is carried through a while loop whose
+        # per-device copies TensorFlow cannot colocate across a client's devices.
+        raise NotImplementedError(
+            f"`for batch in dataset:` inside a tf.function reads a DTensorDataset whose "
+            f"batch replicas span several clients (this client reads replicas "
+            f"{list(share.replicas)} of {share.num_replicas}); loop outside the function "
+            f"instead: make `iterator = iter(dataset)` eagerly and call `next(iterator)` in a "
+            f"function that runs one step (or iterate eagerly and pass each batch in).")
     control_flow._tf_iterator_for_stmt(  # pylint: disable=protected-access
         iter(dataset), extra_test, body, get_state, set_state, symbol_names, opts)
 

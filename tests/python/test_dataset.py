@@ -348,14 +348,10 @@ _CLIENT_PROGRAM = textwrap.dedent("""
     dataset = dtensor.DTensorDataset(
         tf.data.Dataset.from_tensor_slices(x), mesh=mesh, global_batch_size=8,
         batch_dim="batch", layouts=Layout(["batch", "model"], mesh))
-    out = {"shapes": [], "components": [], "in_function": None}
+    out = {"shapes": [], "components": []}
     for batch in dataset:
         out["shapes"].append(batch.shape.as_list())
         out["components"].append([c.numpy().tolist() for c in dtensor.unpack(batch)])
-    try:
-        tf.function(lambda it: next(it))(iter(dataset))
-    except NotImplementedError as e:
-        out["in_function"] = type(e).__name__
     print(json.dumps(out))
 """)
 
@@ -382,4 +378,5 @@ def test_each_client_reads_its_own_replicas(client):
                           2 * (d % 2):2 * (d % 2) + 2] for d in range(4)]
         for got, want in zip(components, expected):
             np.testing.assert_array_equal(np.asarray(got), want)
-    assert out["in_function"] == "NotImplementedError"
+    # Inside tf.function across clients: test_multi_client.py's dataset test (a real
+    # cluster; these clients connect to nothing).
