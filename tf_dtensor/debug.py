@@ -1,4 +1,5 @@
-"""Seeing layouts: which device holds which block, and what an op will do."""
+"""Seeing layouts: which device holds which block, what an op will do, and which
+collectives a program issued (`collectives()`, the ledger)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from tf_dtensor import _block_picture, _core
+from tf_dtensor._ledger import Collective, Ledger, collectives  # noqa: F401 -- the API
 from tf_dtensor import api
 from tf_dtensor._errors import LayoutError
 from tf_dtensor.layout import UNSHARDED, Layout

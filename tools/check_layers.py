@@ -35,7 +35,7 @@ CC_LAYERS = [
 PY_LAYERS = [
     ("_errors", "_args", "_core", "_placement_types"),   # values and the C++ module
     ("mesh", "layout", "_tpu", "_block_picture",
-     "_cluster"),                                      # Mesh, Layout; the cluster
+     "_cluster", "_ledger"),                           # Mesh, Layout; the cluster; ledger
     ("_device",),                                      # the device, per context
     ("api", "config"),                                 # ops on DTensors; meshes, clients
     ("variable", "checkpoint", "_dataset", "debug", "_tape",

@@ -9,6 +9,7 @@
 #include "cc/core/strings.h"
 #include "cc/core/wire.h"
 #include "cc/device/program_check.h"
+#include "cc/spmd/ledger.h"
 #include "cc/tf/attrs.h"
 #include "cc/tf/handles.h"
 
@@ -283,6 +284,12 @@ Status CallFunction(const FunctionCall& call, FunctionExpander& expander,
   }
   TFD_RETURN_IF_ERROR(call.parts_in ? RunOnParts(call, *expanded, device_name, outputs)
                                     : RunWhole(call, *expanded, device_name, outputs));
+  if (ledger::Active()) {
+    for (CollectiveRecord record : expanded->collectives) {
+      record.where = call.function;
+      ledger::Record(std::move(record));
+    }
+  }
   *num_outputs = num_results;
   return Status::Ok();
 }

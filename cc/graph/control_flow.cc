@@ -86,6 +86,7 @@ Status FunctionExpansion::ExpandCall(const NodeSpec& node, const std::string& ca
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
                        Callee(callee, inputs, OutputRequest()));
   callees_[node.name] = expanded;
+  builder_.AddCollectives(expanded->collectives, false);
   return EmitFunctional(node, "StatefulPartitionedCall", {}, inputs,
                         {{"f", FunctionAttr(expanded->name)}}, expanded->outputs, false);
 }
@@ -153,6 +154,9 @@ Status FunctionExpansion::ExpandIf(const NodeSpec& node, const std::vector<Value
   }
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> else_fn,
                        Callee(*else_name, args, same));
+  // Both branches' collectives are listed; one branch runs per call.
+  builder_.AddCollectives(then_fn->collectives, false);
+  builder_.AddCollectives(else_fn->collectives, false);
   return EmitFunctional(node, node.op, {predicate}, args,
                         {{"then_branch", FunctionAttr(then_fn->name)},
                          {"else_branch", FunctionAttr(else_fn->name)}},
@@ -222,6 +226,8 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
                        Callee(*cond_name, inputs, predicate));
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> body_fn,
                        Callee(*body_name, inputs, keep));
+  builder_.AddCollectives(cond_fn->collectives, true);
+  builder_.AddCollectives(body_fn->collectives, true);
   return EmitFunctional(node, node.op, {}, inputs,
                         {{"cond", FunctionAttr(cond_fn->name)},
                          {"body", FunctionAttr(body_fn->name)}},

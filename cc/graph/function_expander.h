@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/spmd/ledger.h"
 #include "cc/core/layout.h"
 #include "cc/core/lru_cache.h"
 #include "cc/core/status.h"
@@ -67,6 +68,8 @@ struct ExpandedFunction {
   // Per result: its components are parts (a relayout to `Layout.to_parted()` made it).
   std::vector<bool> parted_outputs;
   int num_nodes = 0;               // nodes of the expanded graph, for debugging
+  // The collectives one call issues (ledger.h), in the order emitted.
+  std::vector<CollectiveRecord> collectives;
 };
 
 // What the caller asks of the results: call_with_layout's (or `_default_layout`'s) layout

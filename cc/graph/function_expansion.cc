@@ -648,6 +648,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
   int count = 0;
   while (TF_GraphNextOperation(graph_.get(), &pos)) ++count;
   result->num_nodes = count;
+  result->collectives = builder_.collectives();
   return std::shared_ptr<const ExpandedFunction>(std::move(result));
 }
 

@@ -417,7 +417,10 @@ StatusOr<ValueId> GraphBuilder::AllReduce(ValueId value, const std::vector<int>&
   TFD_RETURN_IF_ERROR(CheckParticipants(
       mesh_dims, std::string("all-reduce (") + ReduceOpName(op) + ") a " + layout.ShortString() +
                      " value"));
-  PendingAllReduce pending{layout, v.shape, v.dtype, mesh_dims, op, v.handles, {}};
+  const size_t noted = collectives_.size();
+  Note("all-reduce", op, true, value, mesh_dims, layout.specs(), {});
+  PendingAllReduce pending{layout, v.shape, v.dtype, mesh_dims, op, v.handles, {},
+                           collectives_.size() > noted ? static_cast<int>(noted) : -1};
   LocalOpOptions options;
   options.copy_attrs = false;
   Value out{layout.WithoutPartial(), v.shape, v.dtype};
@@ -431,6 +434,26 @@ StatusOr<ValueId> GraphBuilder::AllReduce(ValueId value, const std::vector<int>&
   }
   pending_.push_back(std::move(pending));
   return Add(std::move(out));
+}
+
+std::optional<ValueId> GraphBuilder::ReusableRelayout(ValueId value, const Layout& target) {
+  auto it = relayouts_.find(value);
+  if (it == relayouts_.end()) return std::nullopt;
+  for (const auto& [layout, result] : it->second) {
+    if (layout == target) return result;
+  }
+  return std::nullopt;
+}
+
+void GraphBuilder::NoteRelayout(ValueId value, const Layout& target, ValueId result) {
+  if (control_inputs_.empty()) relayouts_[value].emplace_back(target, result);
+}
+
+void GraphBuilder::AddCollectives(const std::vector<CollectiveRecord>& records, bool in_loop) {
+  for (CollectiveRecord r : records) {
+    r.in_loop = r.in_loop || in_loop;
+    collectives_.push_back(std::move(r));
+  }
 }
 
 StatusOr<std::map<TF_Operation*, TF_Output>> GraphBuilder::CombineAllReduces() {
@@ -574,6 +597,11 @@ StatusOr<std::map<TF_Operation*, TF_Output>> GraphBuilder::CombineAllReduces() {
       joined.handles.push_back(c[0]);
     }
     const ValueId joined_id = Add(std::move(joined));
+    for (size_t p : group) {
+      if (pending_[p].record >= 0) collectives_[pending_[p].record].combined = group.size() > 1;
+    }
+    // Each part was noted when it was deferred; the joined all-reduce is theirs.
+    NestedCollectives parts_noted(collective_depth_);
     TFD_ASSIGN_OR_RETURN(ValueId reduced,
                          ComponentBuilder::AllReduce(joined_id, first.mesh_dims, first.op));
     const int size_type = total <= INT32_MAX ? TF_INT32 : TF_INT64;

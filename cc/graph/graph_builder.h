@@ -80,7 +80,25 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   // stand-in directly. Call once, when the graph is complete.
   StatusOr<std::map<TF_Operation*, TF_Output>> CombineAllReduces();
 
+  // The collectives this graph issues per run, in the order emitted (ledger.h); a loop
+  // body's or branch's are added by the caller (AddCollectives).
+  const std::vector<CollectiveRecord>& collectives() const { return collectives_; }
+
+  // Relayouts made while expanding a node without control inputs are handed out again
+  // (Builder::ReusableRelayout); one made under control inputs waits for them, and a
+  // later reader need not.
+  std::optional<ValueId> ReusableRelayout(ValueId value, const Layout& target) override;
+  void NoteRelayout(ValueId value, const Layout& target, ValueId result) override;
+  void AddCollectives(const std::vector<CollectiveRecord>& records, bool in_loop);
+
  protected:
+  bool keeps_collectives() const override { return true; }
+  void NoteCollective(CollectiveRecord record) override {
+    // Outside an op's rule (a pending reduction done where a value leaves the function):
+    // the node being expanded names it, "(output)" for the function's results.
+    if (record.op.empty()) record.op = node_op_.empty() ? "(" + node_name_ + ")" : node_op_;
+    collectives_.push_back(std::move(record));
+  }
   StatusOr<std::vector<TF_Output>> RunOn(const std::string& op_type,
                                          const std::vector<TF_Output>& inputs,
                                          const LocalOpOptions& options, int device,
@@ -129,7 +147,10 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
     ReduceOp op;
     std::vector<TF_Output> inputs;
     std::vector<TF_Operation*> stand_ins;
+    int record = -1;  // its entry in collectives_, marked `combined` when joined
   };
+  std::vector<CollectiveRecord> collectives_;
+  std::map<ValueId, std::vector<std::pair<Layout, ValueId>>> relayouts_;  // value -> (layout, result)
   std::vector<PendingAllReduce> pending_;
   int64_t combine_limit_bytes_;
 };

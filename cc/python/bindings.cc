@@ -15,6 +15,7 @@
 #include "cc/rules/dispatch.h"
 #include "cc/rules/plan.h"
 #include "cc/rules/registry.h"
+#include "cc/spmd/ledger.h"
 #include "cc/spmd/lowering.h"
 
 namespace py = pybind11;
@@ -483,6 +484,34 @@ PYBIND11_MODULE(_core, m) {
   m.def("set_multi_client", &SetMultiClientCollectives);
   m.def("multi_client", &MultiClientCollectives);
   m.def("register_ops", &RegisterOps);
+  // The collective ledger (cc/spmd/ledger.h): ledger_begin opens one and returns where its
+  // records start; ledger_end(start) closes it and returns them, as dicts (dtype as a
+  // TF_DataType number).
+  m.def("ledger_begin", &ledger::Begin);
+  m.def("ledger_end", [](int64_t start) {
+    py::list out;
+    for (const CollectiveRecord& r : ledger::End(start)) {
+      py::dict d;
+      d["kind"] = r.kind;
+      d["reduction"] = r.reduction;
+      d["mesh"] = r.mesh;
+      d["mesh_dims"] = r.mesh_dims;
+      d["group_size"] = r.group_size;
+      d["layout_in"] = r.layout_in;
+      d["layout_out"] = r.layout_out;
+      d["shape"] = r.shape;
+      d["dtype"] = r.dtype;
+      d["block_bytes"] = r.block_bytes;
+      d["bytes_per_device"] = r.bytes_per_device;
+      d["op"] = r.op;
+      d["requested"] = r.requested;
+      d["combined"] = r.combined;
+      d["in_loop"] = r.in_loop;
+      d["where"] = r.where.empty() ? std::string("eager") : r.where;
+      out.append(std::move(d));
+    }
+    return out;
+  });
   m.attr("PACK_OP") = kPackOp;
   m.attr("UNPACK_OP") = kUnpackOp;
   m.attr("RELAYOUT_OP") = kRelayoutOp;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cc/rules/plan.h"
+#include "cc/spmd/ledger.h"
 #include "cc/spmd/lowering.h"
 #include "cc/spmd/relayout.h"
 #include "tensorflow/c/tf_datatype.h"
@@ -110,6 +111,7 @@ StatusOr<std::vector<ValueId>> Dispatch(const RegisteredRule* entry, OpContext& 
                                         const DispatchOptions& options) {
   // No rule: run replicated (the documented policy, checked below); a stateful op once.
   const bool has_rule = entry != nullptr;
+  const ledger::OpScope op_scope(ctx.op_name);  // names the op in the collective ledger
   if (!entry) entry = &FallbackRule(options.stateful);
   const Rule* rule = entry->rule.get();
   const int n = static_cast<int>(inputs.size());

@@ -158,6 +158,15 @@ class Builder {
   // `from_dim` to unsharded, in one exchange: [x,*] -> [*,x]. Default: gather + slice.
   virtual StatusOr<ValueId> AllToAll(ValueId value, int from_dim, int to_dim);
 
+  // A relayout of `value` to `target` that this builder already emitted and may hand out
+  // again: in a graph values never change, so a second consumer that needs the same
+  // layout (two ops reading one pending sum) reads the first relayout's result instead of
+  // running the collective twice. nullopt eagerly (each op's relayout runs at once).
+  virtual std::optional<ValueId> ReusableRelayout(ValueId value, const Layout& target) {
+    return std::nullopt;
+  }
+  virtual void NoteRelayout(ValueId value, const Layout& target, ValueId result) {}
+
   // A host constant (int32 or int64), e.g. a local shape for Reshape.
   virtual StatusOr<ValueId> HostConstant(const std::vector<int64_t>& values,
                                          const std::vector<int64_t>& shape, int dtype) = 0;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/spmd/ledger.h"
 #include "cc/spmd/builder.h"
 #include "cc/spmd/collectives.h"
 #include "cc/spmd/lowering.h"
@@ -107,6 +108,42 @@ class ComponentBuilder : public Builder {
   // Tells a graph builder the local shape of a collective's result, which TF's shape
   // inference leaves partly unknown (CollectiveGatherV2's first axis).
   virtual void SetLocalShape(Handle handle, const std::vector<int64_t>& shape) {}
+  // The collective ledger (ledger.h). Eagerly a collective goes to the open ledger, if
+  // any; a graph builder keeps every one with its function (`keeps_collectives`), since
+  // the function may be called later under a ledger.
+  virtual bool keeps_collectives() const { return false; }
+  virtual void NoteCollective(CollectiveRecord record) { ledger::Record(std::move(record)); }
+  // Notes the collective `kind` on `value` (to `out_specs`, partial `out_partial`) unless
+  // it is part of another (a lowering's gather inside an all-to-all): while the returned
+  // guard lives, nested collectives are not noted.
+  struct NestedCollectives {
+    explicit NestedCollectives(int& depth) : depth_(depth) { ++depth_; }
+    ~NestedCollectives() { --depth_; }
+    int& depth_;
+  };
+  void Note(const std::string& kind, ReduceOp op, bool reduces, ValueId value,
+            const std::vector<int>& mesh_dims, std::vector<DimSpec> out_specs,
+            std::vector<PartialSpec> out_partial) {
+    if (collective_depth_ > 0 || !(keeps_collectives() || ledger::Active())) return;
+    const Layout& layout = *values_[value].layout;
+    StatusOr<Layout> out = Layout::FromSpecs(std::move(out_specs), layout.mesh(), layout.type(),
+                                             std::move(out_partial));
+    NoteCollective(MakeCollectiveRecord(kind, reduces ? ReduceOpName(op) : "", layout,
+                                        values_[value].shape, values_[value].dtype, mesh_dims,
+                                        out.ok() ? *out : layout));
+  }
+  // The pending reductions of `layout` that are not over `mesh_dims`.
+  static std::vector<PartialSpec> PartialsBesides(const Layout& layout,
+                                                  const std::vector<int>& mesh_dims) {
+    std::vector<PartialSpec> kept;
+    for (const PartialSpec& p : layout.partial()) {
+      if (std::find(mesh_dims.begin(), mesh_dims.end(), p.mesh_dim) == mesh_dims.end()) {
+        kept.push_back(p);
+      }
+    }
+    return kept;
+  }
+  int collective_depth_ = 0;
   // Runs `op_type` of one output on every local device with its own inputs; discards what
   // it made on failure.
   StatusOr<std::vector<Handle>> RunEach(const std::string& op_type,
@@ -442,6 +479,9 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllReduce(ValueId value,
   TFD_RETURN_IF_ERROR(CheckParticipants(
       mesh_dims, std::string("all-reduce (") + ReduceOpName(op) + ") a " + layout.ShortString() +
                      " value"));
+  Note("all-reduce", op, true, value, mesh_dims, layout.specs(),
+       PartialsBesides(layout, mesh_dims));
+  NestedCollectives nested(collective_depth_);
   Runner runner(*this);
   return lowering().AllReduce(runner, value, mesh_dims, op);
 }
@@ -454,6 +494,11 @@ StatusOr<ValueId> ComponentBuilder<Handle>::ReduceScatter(ValueId value, int dim
   TFD_RETURN_IF_ERROR(CheckParticipants(
       {mesh_dim}, std::string("reduce-scatter (") + ReduceOpName(op) + ") axis " +
                       std::to_string(dim) + " of a " + layout.ShortString() + " value"));
+  std::vector<DimSpec> scattered = layout.specs();
+  scattered[dim] = DimSpec::Sharded(mesh_dim);
+  Note("reduce-scatter", op, true, value, {mesh_dim}, scattered,
+       PartialsBesides(layout, {mesh_dim}));
+  NestedCollectives nested(collective_depth_);
   Runner runner(*this);
   return lowering().ReduceScatter(runner, value, dim, mesh_dim, op);
 }
@@ -474,6 +519,11 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGather(ValueId value, int dim) {
   TFD_RETURN_IF_ERROR(CheckParticipants(
       layout.spec(dim).mesh_dims(),
       "all-gather axis " + std::to_string(dim) + " of a " + layout.ShortString() + " value"));
+  std::vector<DimSpec> gathered = layout.specs();
+  gathered[dim] = DimSpec::Replicated();
+  Note("all-gather", ReduceOp::kSum, false, value, layout.spec(dim).mesh_dims(), gathered,
+       layout.partial());
+  NestedCollectives nested(collective_depth_);
   Runner runner(*this);
   return lowering().AllGather(runner, value, dim);
 }
@@ -485,6 +535,12 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllToAll(ValueId value, int from_dim
   TFD_RETURN_IF_ERROR(CheckParticipants(
       layout.spec(from_dim).mesh_dims(),
       "all-to-all axis " + std::to_string(from_dim) + " of a " + layout.ShortString() + " value"));
+  std::vector<DimSpec> moved = layout.specs();
+  moved[to_dim] = moved[from_dim];
+  moved[from_dim] = DimSpec::Replicated();
+  Note("all-to-all", ReduceOp::kSum, false, value, layout.spec(from_dim).mesh_dims(), moved,
+       layout.partial());
+  NestedCollectives nested(collective_depth_);
   Runner runner(*this);
   return lowering().AllToAll(runner, value, from_dim, to_dim);
 }

@@ -311,10 +311,13 @@ StatusOr<ValueId> Relayout(Builder& builder, ValueId value, const Layout& target
                            const std::string& what) {
   const std::optional<Layout>& source = builder.layout(value);
   if (!source) return Internal("Relayout of a host value.");
+  if (std::optional<ValueId> done = builder.ReusableRelayout(value, target)) return *done;
   TFD_ASSIGN_OR_RETURN(std::vector<RelayoutStep> steps,
                        PlanRelayout(*source, target, builder.shape(value), what,
                                     builder.resource(value).has_value()));
-  return EmitRelayout(builder, value, steps);
+  TFD_ASSIGN_OR_RETURN(ValueId result, EmitRelayout(builder, value, steps));
+  if (!steps.empty()) builder.NoteRelayout(value, target, result);
+  return result;
 }
 
 }  // namespace tf_dtensor

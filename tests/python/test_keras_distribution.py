@@ -397,3 +397,28 @@ def test_keras_hub_backbones_shard_with_their_own_layout_maps():
         plans = tf_dtensor.keras.explain(model, print_fn=None)
         assert sum("model" in (p.layout or "") for p in plans) >= 10, cls.__name__
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=cls.__name__)
+
+
+def test_collective_ledger_of_a_model_parallel_train_step():
+    """`debug.collectives()` around a Keras train step lists what one step issues: d2's
+    row-parallel matmul reduces over `model`, the gradients over `batch`; the step's loss
+    matches the same step on one device."""
+    plain = mlp(optimizer="sgd")()
+    plain.train_on_batch(X[:16], Y_REG[:16])
+    with kt.model_parallel(MLP_RULES).scope():
+        model = mlp(optimizer="sgd")()
+        model.train_on_batch(X[:16], Y_REG[:16])  # traces the step
+        with tf_dtensor.debug.collectives() as ledger:
+            got = model.train_on_batch(X[16:32], Y_REG[16:32], return_dict=True)
+    want = plain.train_on_batch(X[16:32], Y_REG[16:32], return_dict=True)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4)
+    assert len(ledger) > 0 and all(r.where != "eager" for r in ledger), ledger.table()
+    assert ledger.count(kind="all-reduce", mesh_dim="model") >= 1, ledger.table()
+    assert ledger.count(kind="all-reduce", mesh_dim="batch") >= 1, ledger.table()
+    # d2's kernel gradient ([32,4], rows over model) is reduced over batch: each device
+    # receives 2*(2-1)/2 of its [8,4] float32 block.
+    grads = [r for r in ledger.select(kind="all-reduce", mesh_dim="batch") if r.shape == (32, 4)]
+    assert len(grads) == 1 and grads[0].bytes_per_device == 8 * 4 * 4, ledger.table()
+    # One all-reduce per gradient (each was reduced twice, once per reader, before).
+    for shape in [(16, 32), (32,), (32, 4), (4,)]:
+        assert len([r for r in ledger.select(mesh_dim="batch") if r.shape == shape]) == 1, shape

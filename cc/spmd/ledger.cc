@@ -1,0 +1,93 @@
+#include "cc/spmd/ledger.h"
+
+#include <atomic>
+#include <mutex>
+
+#include "cc/tf/ops.h"
+#include "tensorflow/c/tf_datatype.h"
+
+namespace tf_dtensor {
+
+CollectiveRecord MakeCollectiveRecord(const std::string& kind, const std::string& reduction,
+                                      const Layout& layout, const std::vector<int64_t>& shape,
+                                      int dtype, const std::vector<int>& mesh_dims,
+                                      const Layout& out) {
+  CollectiveRecord r;
+  r.kind = kind;
+  r.reduction = reduction;
+  r.mesh = layout.mesh().ShortString();
+  for (int d : mesh_dims) {
+    r.mesh_dims.push_back(layout.mesh().dims()[d].name);
+    r.group_size *= static_cast<int>(layout.mesh().DimSize(d));
+  }
+  r.layout_in = layout.SpecString();
+  r.layout_out = out.SpecString();
+  r.shape = shape;
+  r.dtype = dtype;
+  // The input block: the first (largest) block of the layout; unknown sizes count 0.
+  int64_t elements = 1;
+  StatusOr<std::vector<int64_t>> local = layout.LocalShape(shape, "a collective's value");
+  for (int64_t d : local.ok() ? *local : shape) elements *= d < 0 ? 0 : d;
+  r.block_bytes = elements * static_cast<int64_t>(TF_DataTypeSize(static_cast<TF_DataType>(dtype)));
+  const int64_t g = r.group_size;
+  if (kind == "all-gather") {
+    r.bytes_per_device = (g - 1) * r.block_bytes;
+  } else if (kind == "all-reduce") {
+    r.bytes_per_device = 2 * (g - 1) * r.block_bytes / g;
+  } else {  // reduce-scatter, all-to-all
+    r.bytes_per_device = (g - 1) * r.block_bytes / g;
+  }
+  r.op = ledger::CurrentOp();
+  r.requested = r.op == kRelayoutOp || r.op == kRelayoutLikeOp;
+  return r;
+}
+
+namespace ledger {
+namespace {
+
+std::atomic<int> open_ledgers{0};
+std::mutex mu;
+std::vector<CollectiveRecord>& Records() {
+  static auto* records = new std::vector<CollectiveRecord>();
+  return *records;
+}
+const std::string& Empty() {
+  static const auto* empty = new std::string();
+  return *empty;
+}
+thread_local const std::string* current_op = nullptr;
+
+}  // namespace
+
+bool Active() { return open_ledgers.load(std::memory_order_relaxed) > 0; }
+
+int64_t Begin() {
+  std::lock_guard<std::mutex> lock(mu);
+  open_ledgers.fetch_add(1);
+  return static_cast<int64_t>(Records().size());
+}
+
+std::vector<CollectiveRecord> End(int64_t start) {
+  std::lock_guard<std::mutex> lock(mu);
+  std::vector<CollectiveRecord>& all = Records();
+  std::vector<CollectiveRecord> mine;
+  if (start >= 0 && start <= static_cast<int64_t>(all.size())) {
+    mine.assign(all.begin() + start, all.end());
+  }
+  if (open_ledgers.fetch_sub(1) == 1) all.clear();
+  return mine;
+}
+
+void Record(CollectiveRecord record) {
+  if (!Active()) return;
+  std::lock_guard<std::mutex> lock(mu);
+  if (open_ledgers.load() > 0) Records().push_back(std::move(record));
+}
+
+OpScope::OpScope(const std::string& op) : saved_(current_op) { current_op = &op; }
+OpScope::~OpScope() { current_op = saved_; }
+
+const std::string& CurrentOp() { return current_op ? *current_op : Empty(); }
+
+}  // namespace ledger
+}  // namespace tf_dtensor

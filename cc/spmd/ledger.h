@@ -1,0 +1,81 @@
+// The collective ledger: every collective the builders issue, as the user's
+// `tf_dtensor.debug.collectives()` reports it.
+//
+// A collective is noted where a builder hands it to the lowering (ComponentBuilder's
+// AllReduce, ReduceScatter, AllGather, AllToAll), with the op being expanded (Dispatch
+// sets it, per thread) and whether the user asked for it (a relayout op) or a rule implied
+// it. Eagerly the note goes to the ledger at once, while one is open. A function's
+// expansion keeps its notes with the expanded function, and each call of it adds them to
+// the open ledger (once per call; a loop body's once, marked `in_loop`).
+//
+// Bytes are per device, in the ring model of each collective over a group of g devices
+// and an input block of B bytes on each (what each device receives, whatever the
+// lowering): all-gather (g-1)*B, all-reduce 2*(g-1)/g*B, reduce-scatter and all-to-all
+// (g-1)/g*B.
+#ifndef TF_DTENSOR_CC_SPMD_LEDGER_H_
+#define TF_DTENSOR_CC_SPMD_LEDGER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc/core/layout.h"
+
+namespace tf_dtensor {
+
+struct CollectiveRecord {
+  std::string kind;       // "all-reduce", "all-gather", "all-to-all", "reduce-scatter"
+  std::string reduction;  // "sum", "max", ... for reductions; "" otherwise
+  std::string mesh;       // the mesh, short: "mesh(x=2,y=2)"
+  std::vector<std::string> mesh_dims;  // the dimensions the collective runs over
+  int group_size = 1;                  // devices per group (product of their sizes)
+  std::string layout_in;               // the value's layout, short: "[x,*]"
+  std::string layout_out;              // after the collective
+  std::vector<int64_t> shape;          // the value's global shape
+  int dtype = 0;                       // TF_DataType
+  int64_t block_bytes = 0;             // one device's input block
+  int64_t bytes_per_device = 0;        // what each device receives (ring model)
+  std::string op;                      // the op being expanded ("" outside one)
+  bool requested = false;              // the user's relayout asked for it
+  bool combined = false;               // joined with other all-reduces into one (graphs)
+  bool in_loop = false;                // in a loop body: issued once per iteration
+  std::string where;                   // "eager" or the tf.function's name
+};
+
+// A record of `kind` on `layout` (global `shape`, `dtype`) over `mesh_dims`, its output
+// layout `out`; the op and requested flag come from the current OpScope.
+CollectiveRecord MakeCollectiveRecord(const std::string& kind, const std::string& reduction,
+                                      const Layout& layout, const std::vector<int64_t>& shape,
+                                      int dtype, const std::vector<int>& mesh_dims,
+                                      const Layout& out);
+
+namespace ledger {
+
+// Whether a ledger is open (cheap: one atomic load).
+bool Active();
+// Opens a ledger: returns the position its records start at.
+int64_t Begin();
+// Closes the ledger opened at `start`: its records (those noted since). The last one to
+// close drops the records.
+std::vector<CollectiveRecord> End(int64_t start);
+// Adds a record while a ledger is open.
+void Record(CollectiveRecord record);
+
+// The op being expanded on this thread, for the records noted meanwhile.
+class OpScope {
+ public:
+  explicit OpScope(const std::string& op);
+  ~OpScope();
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  const std::string* saved_;
+};
+// The current op's name ("" outside any).
+const std::string& CurrentOp();
+
+}  // namespace ledger
+}  // namespace tf_dtensor
+
+#endif  // TF_DTENSOR_CC_SPMD_LEDGER_H_

@@ -1,0 +1,215 @@
+"""The collective ledger (`debug.collectives()`): every collective issued, eagerly and per
+tf.function call, with its kind, mesh dimensions, bytes per device, op and cause. Each
+test also checks the sharded result against numpy, so a ledger that lists the right
+collectives for a wrong computation fails; and the ledger's collectives are compared with
+what `debug.explain` plans for the same op, under both collective lowerings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dtensor_testing import MESH_2X2, collective_lowering, layout_of, reassemble, to_dtensor
+from tf_dtensor import debug, dtensor
+from tf_dtensor.dtensor import UNSHARDED, Layout
+
+U = UNSHARDED
+RNG = np.random.RandomState(7)
+A = RNG.rand(8, 16).astype(np.float32)
+W = RNG.rand(16, 4).astype(np.float32)
+
+
+def _row_parallel():
+    """x [*,y] @ w [y,*]: each device multiplies its columns of x by its rows of w; the
+    partial products need one all-reduce over y."""
+    return (to_dtensor(A, layout_of("[*,y]", MESH_2X2)),
+            to_dtensor(W, layout_of("[y,*]", MESH_2X2)))
+
+
+@pytest.mark.parametrize("policy", ["shared", "ops"])
+def test_row_parallel_matmul_costs_exactly_one_all_reduce_over_y(policy):
+    a, w = _row_parallel()
+    with collective_lowering(policy), debug.collectives() as ledger:
+        out = tf.matmul(a, w)
+    np.testing.assert_allclose(reassemble(out), A @ W, rtol=1e-5)
+    assert len(ledger) == 1, ledger.table()
+    (r,) = ledger
+    assert (r.kind, r.reduction, r.mesh_dims, r.group_size) == ("all-reduce", "sum", ("y",), 2)
+    assert (r.op, r.requested, r.where) == ("MatMul", False, "eager")
+    assert r.shape == (8, 4) and r.dtype == tf.float32 and r.mesh == "mesh(x=2,y=2)"
+    # The [8,4] float32 result is whole on every device before the reduction: 128 bytes,
+    # of which each of the 2 devices of a group receives 2 * (2-1)/2 in a ring.
+    assert r.block_bytes == 8 * 4 * 4 and r.bytes_per_device == 128
+    assert ledger.total_bytes() == 128 and ledger.count(kind="all-reduce", mesh_dim="y") == 1
+    # What explain plans for the op is what ran.
+    plan = debug.explain("MatMul", [a_layout for a_layout in
+                                    (layout_of("[*,y]", MESH_2X2), layout_of("[y,*]", MESH_2X2))],
+                         [[8, 16], [16, 4]])
+    assert [c for c in plan["collectives"] if "all-reduce" in c] and \
+        all("over y" in c for c in plan["collectives"]), plan["collectives"]
+
+
+@pytest.mark.parametrize("policy", ["shared", "ops"])
+@pytest.mark.parametrize("source,target,kind,dims,factor", [
+    ("[x,*]", "[*,*]", "all-gather", ("x",), 1.0),        # (g-1) * block
+    ("[x,y]", "[*,*]", "all-gather", ("x",), 1.0),        # axis 0 first, then axis 1
+    ("[x,*]", "[*,x]", "all-to-all", ("x",), 0.5),        # (g-1)/g * block
+])
+def test_relayouts_are_listed_as_asked_with_their_bytes(policy, source, target, kind, dims,
+                                                        factor):
+    t = to_dtensor(A, layout_of(source, MESH_2X2))
+    with collective_lowering(policy), debug.collectives() as ledger:
+        out = dtensor.relayout(t, layout_of(target, MESH_2X2))
+    np.testing.assert_array_equal(reassemble(out), A)
+    assert dtensor.fetch_layout(out) == layout_of(target, MESH_2X2)
+    first = ledger[0]
+    assert (first.kind, first.mesh_dims, first.op, first.requested) == (kind, dims, "TfDTensorRelayout", True)
+    block = A.nbytes // layout_of(source, MESH_2X2).num_shards(0) // \
+        layout_of(source, MESH_2X2).num_shards(1)
+    assert first.block_bytes == block and first.bytes_per_device == int(factor * block)
+    assert first.layout_in == source
+    if source == "[x,y]":  # then axis 1 over y: its block is twice as large now
+        assert [(r.kind, r.mesh_dims) for r in ledger] == [("all-gather", ("x",)),
+                                                           ("all-gather", ("y",))]
+        assert ledger[1].block_bytes == 2 * block and ledger[1].layout_in == "[*,y]"
+    else:
+        assert len(ledger) == 1, ledger.table()
+
+
+def test_a_tf_function_lists_its_collectives_once_per_call():
+    a, w = _row_parallel()
+
+    @tf.function
+    def step(a, w):
+        return tf.nn.relu(tf.matmul(a, w))
+
+    want = np.maximum(A @ W, 0)
+    np.testing.assert_allclose(reassemble(step(a, w)), want, rtol=1e-5)  # traced outside
+    with debug.collectives() as ledger:
+        for _ in range(3):
+            np.testing.assert_allclose(reassemble(step(a, w)), want, rtol=1e-5)
+    assert len(ledger) == 3, ledger.table()
+    assert {r.where for r in ledger} == {ledger[0].where} and "step" in ledger[0].where
+    assert all(r.kind == "all-reduce" and r.mesh_dims == ("y",) for r in ledger)
+    # The pending all-reduce is done where Relu first needs the whole sum.
+    assert ledger[0].op == "Relu", ledger.table()
+    assert ledger.count(where="step") == 3 and ledger.total_bytes() == 3 * 128
+    assert "step" in ledger.table() and "all-reduce(sum) over y" in ledger.table()
+
+
+def test_a_pending_sum_read_by_two_ops_is_reduced_once():
+    """Two ops that need the whole sum of one partial value share its all-reduce (the
+    ledger found each reading its own: a Keras step reduced every gradient twice)."""
+    a, w = _row_parallel()
+
+    @tf.function
+    def two_readers(a, w):
+        p = tf.matmul(a, w)
+        q, r = tf.identity_n([p, p])
+        return tf.nn.relu(q), tf.exp(r), tf.nn.relu(p) + tf.exp(p)
+
+    two_readers(a, w)
+    with debug.collectives() as ledger:
+        relu, exp, both = two_readers(a, w)
+    product = A @ W
+    np.testing.assert_allclose(reassemble(relu), np.maximum(product, 0), rtol=1e-5)
+    np.testing.assert_allclose(reassemble(exp), np.exp(product), rtol=1e-5)
+    np.testing.assert_allclose(reassemble(both), np.maximum(product, 0) + np.exp(product),
+                               rtol=1e-5)
+    assert len(ledger) == 1 and ledger[0].mesh_dims == ("y",), ledger.table()
+
+
+def test_a_loop_body_collective_is_marked_per_iteration():
+    a, w = _row_parallel()
+
+    @tf.function
+    def repeated(a, w, n):
+        total = tf.zeros([8, 4])
+        for _ in tf.range(n):
+            total += tf.nn.relu(tf.matmul(a, w))
+        return total
+
+    with debug.collectives() as ledger:
+        out = repeated(a, w, tf.constant(3))
+    np.testing.assert_allclose(reassemble(out), 3 * np.maximum(A @ W, 0), rtol=1e-5)
+    looped = [r for r in ledger if r.in_loop]
+    assert looped and all(r.mesh_dims == ("y",) for r in looped), ledger.table()
+    assert "per iteration" in ledger.table()
+
+
+def test_nothing_is_recorded_outside_and_ledgers_nest():
+    a, w = _row_parallel()
+    tf.matmul(a, w)  # before any ledger
+    with debug.collectives() as outer:
+        tf.matmul(a, w)
+        with debug.collectives() as inner:
+            dtensor.relayout(to_dtensor(A, layout_of("[x,*]", MESH_2X2)),
+                             layout_of("[*,*]", MESH_2X2))
+        assert repr(outer).startswith("<Ledger open")
+    tf.matmul(a, w)  # after
+    assert [r.kind for r in inner] == ["all-gather"]
+    assert [r.kind for r in outer] == ["all-reduce", "all-gather"]
+    assert outer.count(requested=True) == 1 and outer.count(requested=False) == 1
+    with debug.collectives() as later:
+        pass
+    assert len(later) == 0 and later.total_bytes() == 0
+
+
+def test_local_ops_issue_no_collectives():
+    t = to_dtensor(A, layout_of("[x,y]", MESH_2X2))
+    with debug.collectives() as ledger:
+        out = tf.exp(t) * 2 + t
+    np.testing.assert_allclose(reassemble(out), np.exp(A) * 2 + A, rtol=1e-5)
+    assert len(ledger) == 0, ledger.table()
+
+
+def test_training_step_ledger_matches_the_data_parallel_plan():
+    """The training guide's step, data parallel over x: each call all-reduces the
+    gradients over x (combined into few collective ops), nothing else."""
+    mesh = dtensor.create_mesh([("x", 4)], devices=[f"CPU:{i}" for i in range(4)])
+    rng = np.random.RandomState(3)
+    w0, b0 = rng.rand(6, 3).astype(np.float32), np.zeros([3], np.float32)
+    x, y = rng.rand(8, 6).astype(np.float32), rng.rand(8, 3).astype(np.float32)
+    w = dtensor.DVariable(dtensor.copy_to_mesh(tf.constant(w0), Layout.replicated(mesh, 2)))
+    b = dtensor.DVariable(dtensor.copy_to_mesh(tf.constant(b0), Layout.replicated(mesh, 1)))
+    xs = dtensor.copy_to_mesh(tf.constant(x), Layout.batch_sharded(mesh, "x", 2))
+    ys = dtensor.copy_to_mesh(tf.constant(y), Layout.batch_sharded(mesh, "x", 2))
+
+    @tf.function
+    def train(xs, ys):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((tf.matmul(xs, w) + b - ys) ** 2)
+        gw, gb = tape.gradient(loss, [w, b])
+        w.assign_sub(0.1 * gw)
+        b.assign_sub(0.1 * gb)
+        return loss
+
+    with debug.collectives() as ledger:
+        loss = train(xs, ys)
+    # Against plain TensorFlow on one device.
+    pw, pb = tf.Variable(w0), tf.Variable(b0)
+    with tf.GradientTape() as tape:
+        want = tf.reduce_mean((tf.matmul(x, pw) + pb - y) ** 2)
+    gw, gb = tape.gradient(want, [pw, pb])
+    np.testing.assert_allclose(dtensor.unpack(loss)[0].numpy(), want.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(dtensor.unpack(w.read_value())[0].numpy(),
+                               w0 - 0.1 * gw.numpy(), rtol=1e-5)
+    assert len(ledger) == 3, ledger.table()  # the loss and both gradients
+    assert all(r.kind == "all-reduce" and r.mesh_dims == ("x",) for r in ledger), ledger.table()
+    # Each gradient's reduction moves its whole value: 2 * (4-1)/4 of its bytes.
+    by_shape = {r.shape: r for r in ledger}
+    assert by_shape[(6, 3)].bytes_per_device == 2 * 3 * (6 * 3 * 4) // 4
+    assert by_shape[(3,)].bytes_per_device == 2 * 3 * (3 * 4) // 4
+
+
+def test_ledger_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    a, w = _row_parallel()
+    with debug.collectives() as ledger:
+        tf.matmul(a, w)
+        dtensor.relayout(to_dtensor(A, layout_of("[x,y]", MESH_2X2)), layout_of("[*,*]", MESH_2X2))
+    path = tmp_path / "ledger.png"
+    ledger.plot(str(path))
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
