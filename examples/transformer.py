@@ -249,11 +249,13 @@ def make_placement(api=None, mesh_shape=(2, 4)) -> Placement:
 
 def train(steps: int = 5, plain: bool = False, mesh_shape=(2, 4), config: Config = Config(),
           api=None, weight_specs: Optional[Dict[str, Sequence[str]]] = None,
-          log=print) -> List[float]:
+          log=print, on_ledger=None) -> List[float]:
     """Trains for `steps` and returns the loss of every step.
 
     `weight_specs` overrides entries of WEIGHT_SPECS (TensorFlow's DTensor, for one,
-    cannot look up rows of a row-sharded table).
+    cannot look up rows of a row-sharded table). With `on_ledger` (tf_dtensor only), the
+    second step runs inside `tf_dtensor.debug.collectives()` and the ledger is passed to
+    `on_ledger`.
     """
     if api is None and not plain:
         from tf_dtensor import dtensor as api
@@ -264,8 +266,14 @@ def train(steps: int = 5, plain: bool = False, mesh_shape=(2, 4), config: Config
     losses = []
     for step, (tokens, targets) in enumerate(batches(config, steps)):
         start = time.perf_counter()
-        loss = train_step(placement.tensor(tokens, ("batch", U)),
-                          placement.tensor(targets, ("batch", U)))
+        inputs = (placement.tensor(tokens, ("batch", U)), placement.tensor(targets, ("batch", U)))
+        if on_ledger is not None and step == 1:  # traced at step 0: one call's collectives
+            from tf_dtensor import debug  # pylint: disable=import-outside-toplevel
+            with debug.collectives() as ledger:
+                loss = train_step(*inputs)
+            on_ledger(ledger)
+        else:
+            loss = train_step(*inputs)
         losses.append(float(loss.numpy()))
         log(f"step {step + 1}: loss {losses[-1]:.5f} ({time.perf_counter() - start:.3f} s)")
     return losses
@@ -278,13 +286,22 @@ def main() -> None:
     parser.add_argument("--mesh", default="2x4", help="batch x model, e.g. 2x4 or 1x8")
     parser.add_argument("--strict", action="store_true",
                         help="raise if any op has no sharding rule")
+    parser.add_argument("--collectives", metavar="PNG", nargs="?", const="",
+                        help="print the collectives of one training step (and draw them "
+                             "to PNG, if given)")
     args = parser.parse_args()
     mesh_shape = tuple(int(n) for n in args.mesh.split("x"))
     configure_virtual_cpus(mesh_shape[0] * mesh_shape[1])
     from tf_dtensor import dtensor
     if args.strict:
         dtensor.set_strict_mode(True)
-    losses = train(args.steps, plain=args.plain, mesh_shape=mesh_shape, api=dtensor)
+    def show(ledger):
+        print(ledger.table())
+        if args.collectives:
+            ledger.plot(args.collectives, title="transformer training step: collectives")
+
+    losses = train(args.steps, plain=args.plain, mesh_shape=mesh_shape, api=dtensor,
+                   on_ledger=show if args.collectives is not None and not args.plain else None)
     print(f"first loss {losses[0]:.4f}, last loss {losses[-1]:.4f}")
 
 

@@ -165,7 +165,8 @@ class Ledger:
         from tf_dtensor import _block_picture  # pylint: disable=import-outside-toplevel
         colormaps, FigureCanvasAgg, Figure, _ = _block_picture._matplotlib()  # pylint: disable=protected-access
         groups = self.by_op()
-        names = [op if where == "eager" else f"{op}\n({where})" for where, op in groups]
+        places = {where for where, _ in groups}
+        names = [op if len(places) == 1 else f"{op}\n({where})" for where, op in groups]
         dims = sorted({"+".join(r.mesh_dims) for r in self._records})
         figure = Figure(figsize=(max(4.0, 1.2 * len(names) + 2), 3.6))
         FigureCanvasAgg(figure)
@@ -182,9 +183,10 @@ class Ledger:
             axes.annotate(f"{len(records)}x", (i, bottoms[i]), ha="center", va="bottom",
                           fontsize=8)
         axes.set_xticks(range(len(names)))
-        axes.set_xticklabels(names, fontsize=8)
+        axes.set_xticklabels(names, fontsize=8, rotation=30, ha="right")
         axes.set_ylabel("bytes received per device")
-        axes.set_title(title or f"{len(self._records)} collectives, "
+        where = f" in {next(iter(places))}" if len(places) == 1 else ""
+        axes.set_title(title or f"{len(self._records)} collectives{where}, "
                        f"{_bytes(self.total_bytes())} per device")
         if dims:
             axes.legend(fontsize=8)
