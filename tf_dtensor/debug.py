@@ -1,5 +1,6 @@
 """Seeing layouts: which device holds which block, what an op will do, and which
-collectives a program issued (`collectives()`, the ledger)."""
+collectives a program issued (`collectives()`, the ledger), and the first op whose sharded
+result differs from one device (`check`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from tf_dtensor import _block_picture, _core
+from tf_dtensor._check import CheckedOp, CheckReport, check  # noqa: F401 -- the API
 from tf_dtensor._ledger import Collective, Ledger, collectives  # noqa: F401 -- the API
 from tf_dtensor import api
 from tf_dtensor._errors import LayoutError

@@ -488,6 +488,7 @@ PYBIND11_MODULE(_core, m) {
   // records start; ledger_end(start) closes it and returns them, as dicts (dtype as a
   // TF_DataType number).
   m.def("ledger_begin", &ledger::Begin);
+  m.def("drop_all_reduce_for_testing", &ledger::SetDroppedAllReduceForTesting);
   m.def("ledger_end", [](int64_t start) {
     py::list out;
     for (const CollectiveRecord& r : ledger::End(start)) {

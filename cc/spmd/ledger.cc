@@ -89,5 +89,26 @@ OpScope::~OpScope() { current_op = saved_; }
 
 const std::string& CurrentOp() { return current_op ? *current_op : Empty(); }
 
+namespace {
+std::mutex testing_mu;
+std::string& DroppedOp() {
+  static auto* op = new std::string();
+  return *op;
+}
+std::atomic<bool> dropping{false};
+}  // namespace
+
+void SetDroppedAllReduceForTesting(const std::string& op) {
+  std::lock_guard<std::mutex> lock(testing_mu);
+  DroppedOp() = op;
+  dropping.store(!op.empty());
+}
+
+bool DropsAllReduceForTesting(const std::string& op) {
+  if (!dropping.load(std::memory_order_relaxed)) return false;
+  std::lock_guard<std::mutex> lock(testing_mu);
+  return op == DroppedOp();
+}
+
 }  // namespace ledger
 }  // namespace tf_dtensor

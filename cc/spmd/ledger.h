@@ -75,6 +75,12 @@ class OpScope {
 // The current op's name ("" outside any).
 const std::string& CurrentOp();
 
+// Fault injection for tests of `debug.check`: while set, the all-reduces that op `op`'s
+// expansion asks for are dropped (its result keeps each device's partial value as if it
+// were the sum: a wrong answer, as a broken rule would give). "" turns it off.
+void SetDroppedAllReduceForTesting(const std::string& op);
+bool DropsAllReduceForTesting(const std::string& op);
+
 }  // namespace ledger
 }  // namespace tf_dtensor
 

@@ -1,0 +1,128 @@
+"""`debug.check`: runs a function op by op sharded and on one device and names the first
+op whose sharded result differs. A test-only fault (`_core.drop_all_reduce_for_testing`:
+the all-reduces one op's rule asks for are dropped, as a broken rule would) must be found
+at that op, with its layouts; and a correct program must check clean, without changing
+the variables it writes."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dtensor_testing import MESH_2X2, layout_of, reassemble, to_dtensor
+from tf_dtensor import _core, debug, dtensor
+from tf_dtensor.dtensor import UNSHARDED, Layout
+
+U = UNSHARDED
+RNG = np.random.RandomState(11)
+X = RNG.rand(8, 6).astype(np.float32)
+W0 = RNG.rand(6, 4).astype(np.float32)
+
+
+@contextlib.contextmanager
+def broken(op: str):
+    _core.drop_all_reduce_for_testing(op)
+    try:
+        yield
+    finally:
+        _core.drop_all_reduce_for_testing("")
+
+
+def _model():
+    x = to_dtensor(X, layout_of("[x,y]", MESH_2X2))
+    w = dtensor.DVariable(dtensor.copy_to_mesh(tf.constant(W0), layout_of("[y,*]", MESH_2X2)))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = tf.nn.relu(tf.matmul(x, w))
+            loss = tf.reduce_mean(tf.reduce_sum(h, axis=0) ** 2)
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+        return loss, tf.reduce_sum(h, axis=0)
+
+    return x, w, step
+
+
+def test_a_training_step_checks_clean_and_changes_no_variable():
+    x, w, step = _model()
+    report = debug.check(step, x)
+    assert report.ok, str(report)
+    assert "all" in str(report) and "agree with one device" in str(report)
+    types = [o.type for o in report.ops]
+    assert "MatMul" in types and "AssignSubVariableOp" in types and len(types) > 10, types
+    matmul = next(o for o in report.ops if o.type == "MatMul")
+    assert matmul.input_layouts[0] == "[x,y] @ mesh(x=2,y=2)"
+    assert [c.label for c in matmul.collectives] == ["all-reduce(sum) over y"]
+    np.testing.assert_array_equal(reassemble(w.read_value()), W0)
+
+
+def test_a_dropped_reduction_is_found_at_its_op():
+    x, w, step = _model()
+    with broken("Sum"):
+        report = debug.check(step, x)
+        # The fault really breaks the op when it runs eagerly (inside the function the
+        # expansion defers the sum's reduction to its reader).
+        wrong = tf.reduce_sum(tf.nn.relu(tf.matmul(x, w)), axis=0)
+    assert not np.allclose(dtensor.unpack(wrong)[0].numpy(), np.maximum(X @ W0, 0).sum(axis=0),
+                           rtol=1e-4)
+    assert not report.ok
+    bad = report.first_mismatch
+    assert bad.type == "Sum" and bad is report.ops[-1], str(report)
+    assert bad.input_layouts[0] == "[x,*] @ mesh(x=2,y=2)" and "values differ" in bad.problem
+    assert bad.collectives == []  # the all-reduce it needed was not issued
+    assert "'" + bad.name + "' (Sum), differs from one device" in str(report)
+    # Every op before it agreed.
+    assert all(not o.problem for o in report.ops[:-1])
+    # Without the fault the same program checks clean again.
+    assert debug.check(step, x).ok
+
+
+def test_a_python_function_is_traced_and_checked():
+    t = to_dtensor(X, layout_of("[x,*]", MESH_2X2))
+
+    def f(v):
+        return tf.nn.softmax(v, axis=0) * tf.reduce_max(v)
+
+    report = debug.check(f, t)
+    assert report.ok, str(report)
+    with broken("Max"):
+        report = debug.check(f, t)
+    assert not report.ok and report.first_mismatch.type == "Max", str(report)
+
+
+def test_tolerances_apply_to_floating_point_outputs():
+    t = to_dtensor(X.astype(np.float64), layout_of("[x,y]", MESH_2X2))
+    report = debug.check(lambda v: tf.reduce_sum(tf.sin(v)), t, rtol=0.0, atol=0.0)
+    # A sum in another order may differ in the last bits: with no tolerance at all, the
+    # report says so, naming the sum; the default tolerance accepts it.
+    assert report.ok or report.first_mismatch.type == "Sum", str(report)
+    assert debug.check(lambda v: tf.reduce_sum(tf.sin(v)), t).ok
+
+
+def test_the_transformer_training_step_checks_clean_and_a_broken_softmax_is_found():
+    """examples/transformer.py's whole training step (forward, backward, Adam: some 900
+    ops on mesh(batch=2, model=4)); then with the cross-entropy's reductions over the
+    vocabulary dropped, check names that op."""
+    from test_model_examples import transformer as example
+    from tf_dtensor import dtensor as api
+
+    placement = example.make_placement(api, (2, 4))
+    config = example.Config()
+    model = example.Transformer(config, placement)
+    optimizer = example.Adam(list(model.weights.values()), placement, config.learning_rate)
+    step = example.make_train_step(model, optimizer)
+    tokens, targets = next(example.batches(config, 1))
+    args = (placement.tensor(tokens, ("batch", U)), placement.tensor(targets, ("batch", U)))
+    report = debug.check(step, *args)
+    assert report.ok and len(report.ops) > 500, str(report)
+    assert sum(len(o.collectives) for o in report.ops) > 20
+    with broken("SparseSoftmaxCrossEntropyWithLogits"):
+        report = debug.check(step, *args)
+    bad = report.first_mismatch
+    assert bad is not None and bad.type == "SparseSoftmaxCrossEntropyWithLogits", str(report)
+    # The logits are sharded over `model` (the vocabulary): the softmax needs a max and a
+    # sum over it, which the fault dropped.
+    assert "model" in bad.input_layouts[0] and bad.collectives == [], str(report)

@@ -1,0 +1,236 @@
+"""`debug.check(fn, *args)`: the first op whose sharded result differs from one device.
+
+`fn` (a `tf.function`, or a Python function, traced into one) is traced for `args`; then
+its graph is run op by op twice: each op eagerly on the DTensor device with the sharded
+values (its rule plans and expands it, as any eager op), and on the host CPU with the
+plain global values. After each op, every output's global value (a DTensor's relaid out
+to replicated, pending reductions done) is compared with the plain one: shape, dtype and
+values within `rtol`/`atol`. The first op that differs is reported with its input and
+output layouts and the collectives its sharded run issued.
+
+Variables the function reads or writes are copied first on both sides (a DVariable into
+a DVariable of its layout, and into a plain variable), so checking changes no state.
+Ops that call other functions (control flow, nested `tf.function`s) are not entered: they
+run whole on both sides and are compared like any op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context
+from tensorflow.python.eager import execute
+from tensorflow.python.framework import dtypes
+from tensorflow.python.framework import ops
+from tensorflow.python.framework import tensor_shape
+from tensorflow.python.framework import tensor_util
+from tensorflow.python.ops import resource_variable_ops
+
+from tf_dtensor import _ledger
+from tf_dtensor import api
+from tf_dtensor.layout import Layout
+from tf_dtensor.variable import DVariable
+
+_SKIPPED_TYPES = frozenset(["Placeholder", "NoOp"])
+
+
+@dataclasses.dataclass
+class CheckedOp:
+    """One op of the checked function as both runs saw it."""
+    name: str
+    type: str
+    input_layouts: List[Optional[str]]   # None: a plain (host) input
+    output_layouts: List[Optional[str]]
+    collectives: List[_ledger.Collective]
+    max_error: float = 0.0               # the largest |sharded - plain| over its outputs
+    problem: str = ""                    # why it differs ("" when it agrees)
+
+
+@dataclasses.dataclass
+class CheckReport:
+    """What `debug.check` found: `ok`, the ops it compared in order, and `first_mismatch`
+    (None when every op agreed)."""
+    function: str
+    ops: List[CheckedOp]
+    first_mismatch: Optional[CheckedOp]
+
+    @property
+    def ok(self) -> bool:
+        return self.first_mismatch is None
+
+    def __str__(self) -> str:
+        if self.ok:
+            return (f"check {self.function}: all {len(self.ops)} ops agree with one device")
+        bad = self.first_mismatch
+        lines = [f"check {self.function}: op {len(self.ops)} of the graph, '{bad.name}' "
+                 f"({bad.type}), differs from one device: {bad.problem}",
+                 f"  inputs:  {', '.join(l or 'host' for l in bad.input_layouts)}",
+                 f"  outputs: {', '.join(l or 'host' for l in bad.output_layouts)}"]
+        if bad.collectives:
+            lines.append("  collectives: " + "; ".join(c.label for c in bad.collectives))
+        else:
+            lines.append("  collectives: none")
+        return "\n".join(lines)
+
+
+def _attrs(op) -> tuple:
+    """The op's attributes as `execute.execute` takes them (name, value, ...)."""
+    out = []
+    for name in op.node_def.attr:
+        if name.startswith("_"):
+            continue
+        value = op.get_attr(name)
+        if isinstance(value, dtypes.DType):
+            value = value.as_datatype_enum
+        elif isinstance(value, list) and value and isinstance(value[0], dtypes.DType):
+            value = [v.as_datatype_enum for v in value]
+        elif isinstance(value, tensor_shape.TensorShape):
+            value = value.as_list() if value.rank is not None else None
+        elif isinstance(value, list) and value and isinstance(value[0], tensor_shape.TensorShape):
+            value = [v.as_list() if v.rank is not None else None for v in value]
+        out.extend([name, value])
+    return tuple(out)
+
+
+def _global(value) -> Optional[np.ndarray]:
+    """A DTensor's (or plain tensor's) global value as numpy; None for resources and
+    variants, which are not compared."""
+    if not isinstance(value, tf.Tensor) or value.dtype in (tf.resource, tf.variant):
+        return None
+    if api._is_dtensor(value):
+        layout = api.fetch_layout(value)
+        if not layout.is_fully_replicated() or layout.partial:
+            value = api.relayout(value, Layout.replicated(layout.mesh, layout.rank))
+        value = api.unpack(value)[0]
+    return value.numpy()
+
+
+def _layout_text(value) -> Optional[str]:
+    if isinstance(value, tf.Tensor) and api._is_dtensor(value):
+        return api.fetch_layout(value).short()
+    return None
+
+
+def _compare(sharded, plain, rtol: float, atol: float) -> tuple:
+    """(max error, problem or "") between one output's two runs."""
+    a, b = _global(sharded), _global(plain)
+    if a is None or b is None:
+        return 0.0, ""
+    if a.shape != b.shape:
+        return float("inf"), f"shape {list(a.shape)} against {list(b.shape)} on one device"
+    if a.dtype != b.dtype:
+        return float("inf"), f"dtype {a.dtype} against {b.dtype} on one device"
+    if a.dtype.kind in "biu?" or a.dtype.kind in "SOU":
+        same = np.array_equal(a, b)
+        return (0.0 if same else float("inf")), ("" if same else "values differ")
+    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    error = float(np.nanmax(diff)) if diff.size else 0.0
+    if not np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
+        return error, (f"values differ by up to {error:.3g} (rtol={rtol}, atol={atol})")
+    return error, ""
+
+
+def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6, **kwargs) -> CheckReport:
+    """Runs `fn(*args, **kwargs)` op by op sharded and on one device; reports the first op
+    whose sharded result differs. See the module docstring.
+
+    Args:
+      fn: a `tf.function` or a Python function (traced into one).
+      *args, **kwargs: its arguments: DTensors, regular tensors or Python values.
+      rtol, atol: the tolerance of the value comparison (floating-point outputs).
+
+    Returns:
+      A `CheckReport`: `ok`, `ops` (each `CheckedOp` with layouts and collectives) and
+      `first_mismatch`; `str(report)` says which op differs and how.
+    """
+    function = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
+    concrete = function.get_concrete_function(*args, **kwargs)
+    graph = concrete.graph
+    name = concrete.name.decode() if isinstance(concrete.name, bytes) else str(concrete.name)
+    flat_args = [a for a in tf.nest.flatten((args, kwargs), expand_composites=True)
+                 if isinstance(a, (tf.Tensor, tf.Variable, np.ndarray))]
+    captured = list(concrete.captured_inputs)
+    externals = flat_args + captured
+    inputs = list(graph.inputs)
+    if len(inputs) != len(externals):
+        raise ValueError(f"debug.check could not match the {len(inputs)} inputs of "
+                         f"'{name}' with its {len(externals)} arguments and "
+                         f"captures; pass tensors (not nested Python structures).")
+    variables = {id(v.handle): v for v in concrete.variables}
+    sharded: Dict[Any, Any] = {}   # graph tensor -> its sharded value
+    pairs: Dict[Any, tuple] = {}   # graph resource tensor -> (sharded copy, plain copy)
+    host = "/job:localhost/replica:0/task:0/device:CPU:0"
+    for placeholder, value in zip(inputs, externals):
+        if isinstance(value, tf.Variable):
+            value = value.handle
+        variable = variables.get(id(value))
+        if variable is not None:
+            whole = _global(variable.read_value())
+            with ops.device(host):
+                plain_copy = tf.Variable(whole)
+            if isinstance(variable, DVariable):
+                sharded_copy = DVariable(api.copy_to_mesh(tf.constant(whole), variable.layout))
+            else:
+                with ops.device(variable.device):
+                    sharded_copy = tf.Variable(whole)
+            pairs[placeholder.ref()] = (sharded_copy, plain_copy)
+            sharded[placeholder.ref()] = sharded_copy.handle
+            continue
+        sharded[placeholder.ref()] = value if isinstance(value, tf.Tensor) else \
+            tf.convert_to_tensor(value)
+
+    def plain_input(t):
+        # Each op gets on one device exactly what its sharded run got (the global values),
+        # so a difference is that op's alone and errors do not pile up along the graph.
+        if t.ref() in pairs:
+            return pairs[t.ref()][1].handle
+        whole = _global(sharded[t.ref()])
+        if whole is None:
+            return sharded[t.ref()]
+        with ops.device(host):
+            return tf.constant(whole)
+
+    checked: List[CheckedOp] = []
+    ctx = context.context()
+    for op in graph.get_operations():
+        if op.type in _SKIPPED_TYPES:
+            continue
+        if op.type == "Const":  # the same host constant on both sides
+            with ops.device(host):
+                sharded[op.outputs[0].ref()] = tf.constant(
+                    tensor_util.MakeNdarray(op.get_attr("value")), dtype=op.outputs[0].dtype)
+            continue
+        attrs = _attrs(op)
+        sharded_in = [sharded[t.ref()] for t in op.inputs]
+        plain_in = [plain_input(t) for t in op.inputs]
+        with _ledger.collectives() as ledger:
+            sharded_out = execute.execute(op.type, len(op.outputs), sharded_in, attrs, ctx)
+        with ops.device(host):
+            plain_out = execute.execute(op.type, len(op.outputs), plain_in, attrs, ctx)
+        record = CheckedOp(op.name, op.type, [_layout_text(v) for v in sharded_in],
+                           [_layout_text(v) for v in sharded_out], ledger.records)
+        checked.append(record)
+        for i, (a, b) in enumerate(zip(sharded_out, plain_out)):
+            error, problem = _compare(a, b, rtol, atol)
+            record.max_error = max(record.max_error, error)
+            if problem:
+                record.problem = f"output {i}: {problem}"
+                return CheckReport(name, checked, record)
+        for t, a in zip(op.outputs, sharded_out):
+            sharded[t.ref()] = a
+        # A resource passed on (Identity of a handle) keeps its pair; a written variable's
+        # plain copy takes the sharded one's value again (the write was compared, if the
+        # op returned it; else the next read compares it).
+        for t in op.inputs:
+            if t.ref() in pairs and op.type not in ("ReadVariableOp",):
+                sharded_copy, plain_copy = pairs[t.ref()]
+                whole = _global(sharded_copy.read_value())
+                with ops.device(host):
+                    plain_copy.assign(whole)
+        for t in op.outputs:
+            if t.dtype == tf.resource and op.inputs and op.inputs[0].ref() in pairs:
+                pairs[t.ref()] = pairs[op.inputs[0].ref()]
+    return CheckReport(name, checked, None)
