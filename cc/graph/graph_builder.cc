@@ -377,17 +377,6 @@ std::vector<TF_Input> Consumers(TF_Output output) {
   return consumers;
 }
 
-size_t DTypeBytes(int dtype) {
-  switch (dtype) {
-    case TF_BOOL: case TF_INT8: case TF_UINT8: return 1;
-    case TF_HALF: case TF_BFLOAT16: case TF_INT16: case TF_UINT16: return 2;
-    case TF_FLOAT: case TF_INT32: case TF_UINT32: return 4;
-    case TF_DOUBLE: case TF_INT64: case TF_UINT64: case TF_COMPLEX64: return 8;
-    case TF_COMPLEX128: return 16;
-    default: return 0;
-  }
-}
-
 }  // namespace
 
 StatusOr<ValueId> GraphBuilder::AllReduce(ValueId value, const std::vector<int>& mesh_dims,

@@ -8,6 +8,17 @@
 
 namespace tf_dtensor {
 
+size_t DTypeBytes(int dtype) {
+  switch (dtype) {
+    case TF_BOOL: case TF_INT8: case TF_UINT8: case TF_QINT8: case TF_QUINT8: return 1;
+    case TF_HALF: case TF_BFLOAT16: case TF_INT16: case TF_UINT16: return 2;
+    case TF_FLOAT: case TF_INT32: case TF_UINT32: case TF_QINT32: return 4;
+    case TF_DOUBLE: case TF_INT64: case TF_UINT64: case TF_COMPLEX64: return 8;
+    case TF_COMPLEX128: return 16;
+    default: return 0;
+  }
+}
+
 CollectiveRecord MakeCollectiveRecord(const std::string& kind, const std::string& reduction,
                                       const Layout& layout, const std::vector<int64_t>& shape,
                                       int dtype, const std::vector<int>& mesh_dims,
@@ -28,7 +39,7 @@ CollectiveRecord MakeCollectiveRecord(const std::string& kind, const std::string
   int64_t elements = 1;
   StatusOr<std::vector<int64_t>> local = layout.LocalShape(shape, "a collective's value");
   for (int64_t d : local.ok() ? *local : shape) elements *= d < 0 ? 0 : d;
-  r.block_bytes = elements * static_cast<int64_t>(TF_DataTypeSize(static_cast<TF_DataType>(dtype)));
+  r.block_bytes = elements * static_cast<int64_t>(DTypeBytes(dtype));
   const int64_t g = r.group_size;
   if (kind == "all-gather") {
     r.bytes_per_device = (g - 1) * r.block_bytes;

@@ -42,6 +42,10 @@ struct CollectiveRecord {
   std::string where;                   // "eager" or the tf.function's name
 };
 
+// Bytes per element of a fixed-size TF_DataType; 0 for others (strings, variants,
+// resources).
+size_t DTypeBytes(int dtype);
+
 // A record of `kind` on `layout` (global `shape`, `dtype`) over `mesh_dims`, its output
 // layout `out`; the op and requested flag come from the current OpScope.
 CollectiveRecord MakeCollectiveRecord(const std::string& kind, const std::string& reduction,
