@@ -10,13 +10,16 @@ output layouts and the collectives its sharded run issued.
 
 Variables the function reads or writes are copied first on both sides (a DVariable into
 a DVariable of its layout, and into a plain variable), so checking changes no state.
-Ops that call other functions (control flow, nested `tf.function`s) are not entered: they
-run whole on both sides and are compared like any op.
+Ops that call other functions are not entered: a nested `tf.function` is called whole
+(the device expands it, as from Python) and compared like any op; control flow (`If`,
+`While`, `Case`) runs eagerly on the DTensor device, which takes it replicated, so it
+is compared whole, not as its expanded sharded form.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -31,10 +34,16 @@ from tensorflow.python.ops import resource_variable_ops
 
 from tf_dtensor import _ledger
 from tf_dtensor import api
+from tf_dtensor._device import UnsupportedOpWarning
 from tf_dtensor.layout import Layout
 from tf_dtensor.variable import DVariable
 
 _SKIPPED_TYPES = frozenset(["Placeholder", "NoOp"])
+_CALLS = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
+# Run eagerly on the DTensor device, these take the fallback (replicated inputs, the
+# op on every device): compared whole, not sharded as inside an expanded function.
+_CONTROL_FLOW = frozenset(["If", "StatelessIf", "While", "StatelessWhile", "Case",
+                           "StatelessCase"])
 
 
 @dataclasses.dataclass
@@ -91,6 +100,12 @@ def _attrs(op) -> tuple:
             value = value.as_list() if value.rank is not None else None
         elif isinstance(value, list) and value and isinstance(value[0], tensor_shape.TensorShape):
             value = [v.as_list() if v.rank is not None else None for v in value]
+        elif isinstance(value, list) and value and hasattr(value[0], "unknown_rank"):
+            value = [None if v.unknown_rank else [d.size for d in v.dim] for v in value]
+        elif hasattr(value, "unknown_rank") and hasattr(value, "dim"):
+            value = None if value.unknown_rank else [d.size for d in value.dim]
+        elif hasattr(value, "name") and hasattr(value, "attr") and not isinstance(value, str):
+            value = value.name  # a function: by name (registered with the context)
         out.extend([name, value])
     return tuple(out)
 
@@ -148,6 +163,7 @@ def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6, **kwargs) -> CheckR
     """
     function = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
     concrete = function.get_concrete_function(*args, **kwargs)
+    concrete.add_to_graph()  # the functions its ops call (branches, bodies), by name
     graph = concrete.graph
     name = concrete.name.decode() if isinstance(concrete.name, bytes) else str(concrete.name)
     flat_args = [a for a in tf.nest.flatten((args, kwargs), expand_composites=True)
@@ -203,13 +219,19 @@ def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6, **kwargs) -> CheckR
                 sharded[op.outputs[0].ref()] = tf.constant(
                     tensor_util.MakeNdarray(op.get_attr("value")), dtype=op.outputs[0].dtype)
             continue
-        attrs = _attrs(op)
+        op_type, attrs = op.type, _attrs(op)
+        if op.type in _CALLS:
+            # A nested tf.function: called by name, as a call from Python is, so that the
+            # device expands it (a PartitionedCall op would run replicated).
+            op_type, attrs = op.get_attr("f").name, ()
         sharded_in = [sharded[t.ref()] for t in op.inputs]
         plain_in = [plain_input(t) for t in op.inputs]
-        with _ledger.collectives() as ledger:
-            sharded_out = execute.execute(op.type, len(op.outputs), sharded_in, attrs, ctx)
+        with _ledger.collectives() as ledger, warnings.catch_warnings():
+            if op.type in _CONTROL_FLOW:
+                warnings.simplefilter("ignore", UnsupportedOpWarning)
+            sharded_out = execute.execute(op_type, len(op.outputs), sharded_in, attrs, ctx)
         with ops.device(host):
-            plain_out = execute.execute(op.type, len(op.outputs), plain_in, attrs, ctx)
+            plain_out = execute.execute(op_type, len(op.outputs), plain_in, attrs, ctx)
         record = CheckedOp(op.name, op.type, [_layout_text(v) for v in sharded_in],
                            [_layout_text(v) for v in sharded_out], ledger.records)
         checked.append(record)

@@ -126,3 +126,29 @@ def test_the_transformer_training_step_checks_clean_and_a_broken_softmax_is_foun
     # The logits are sharded over `model` (the vocabulary): the softmax needs a max and a
     # sum over it, which the fault dropped.
     assert "model" in bad.input_layouts[0] and bad.collectives == [], str(report)
+
+
+def test_nested_functions_and_control_flow_are_compared_whole():
+    t = to_dtensor(X, layout_of("[x,*]", MESH_2X2))
+
+    @tf.function
+    def inner(v):
+        return tf.reduce_sum(v, axis=0)
+
+    @tf.function
+    def outer(v):
+        s = inner(v)
+        picked = tf.cond(tf.reduce_sum(s) > 0, lambda: s * 2.0, lambda: s)
+        total = tf.constant(0.0)
+        for _ in tf.range(3):
+            total += tf.reduce_max(v)
+        return picked, total
+
+    report = debug.check(outer, t)
+    assert report.ok, str(report)
+    types = {o.type for o in report.ops}
+    assert types & {"PartitionedCall", "StatefulPartitionedCall"}, types
+    assert types & {"If", "StatelessIf"} and types & {"While", "StatelessWhile"}, types
+    call = next(o for o in report.ops if o.type.endswith("PartitionedCall"))
+    # The nested function was expanded sharded: its sum over x all-reduced.
+    assert [c.label for c in call.collectives] == ["all-reduce(sum) over x"], call
