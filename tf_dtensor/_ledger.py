@@ -19,6 +19,7 @@ and why:
     combined        inside a function, joined with other all-reduces into one collective
                     (the bytes are the same; the count of collective ops is lower)
     in_loop         in a loop body: issued once per iteration, listed once per call
+    in_branch       in a branch of a conditional: both branches are listed, one runs
     where           "eager" or the tf.function's name
 """
 
@@ -53,6 +54,7 @@ class Collective:
     requested: bool
     combined: bool
     in_loop: bool
+    in_branch: bool
     where: str
 
     @property
@@ -137,14 +139,16 @@ class Ledger:
         for (where, op), records in self.by_op().items():
             kinds: "collections.OrderedDict[Tuple, List[Collective]]" = collections.OrderedDict()
             for r in records:
-                kinds.setdefault((r.label, r.layout_in, r.requested, r.in_loop, r.combined),
-                                 []).append(r)
-            for (label, layout, asked, in_loop, combined), same in kinds.items():
+                kinds.setdefault((r.label, r.layout_in, r.requested, r.in_loop, r.in_branch,
+                                  r.combined), []).append(r)
+            for (label, layout, asked, in_loop, in_branch, combined), same in kinds.items():
                 why = "asked" if asked else "rule"
                 if combined:
                     why += ", combined"
                 if in_loop:
                     why += ", per iteration"
+                if in_branch:
+                    why += ", if its branch runs"
                 rows.append((where, op, label, str(len(same)),
                              _bytes(sum(r.bytes_per_device for r in same)),
                              f"{layout} -> {same[0].layout_out}", why))

@@ -155,8 +155,8 @@ Status FunctionExpansion::ExpandIf(const NodeSpec& node, const std::vector<Value
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> else_fn,
                        Callee(*else_name, args, same));
   // Both branches' collectives are listed; one branch runs per call.
-  builder_.AddCollectives(then_fn->collectives, false);
-  builder_.AddCollectives(else_fn->collectives, false);
+  builder_.AddCollectives(then_fn->collectives, false, true);
+  builder_.AddCollectives(else_fn->collectives, false, true);
   return EmitFunctional(node, node.op, {predicate}, args,
                         {{"then_branch", FunctionAttr(then_fn->name)},
                          {"else_branch", FunctionAttr(else_fn->name)}},

@@ -438,9 +438,11 @@ void GraphBuilder::NoteRelayout(ValueId value, const Layout& target, ValueId res
   if (control_inputs_.empty()) relayouts_[value].emplace_back(target, result);
 }
 
-void GraphBuilder::AddCollectives(const std::vector<CollectiveRecord>& records, bool in_loop) {
+void GraphBuilder::AddCollectives(const std::vector<CollectiveRecord>& records, bool in_loop,
+                                  bool in_branch) {
   for (CollectiveRecord r : records) {
     r.in_loop = r.in_loop || in_loop;
+    r.in_branch = r.in_branch || in_branch;
     collectives_.push_back(std::move(r));
   }
 }

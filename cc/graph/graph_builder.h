@@ -89,7 +89,8 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   // later reader need not.
   std::optional<ValueId> ReusableRelayout(ValueId value, const Layout& target) override;
   void NoteRelayout(ValueId value, const Layout& target, ValueId result) override;
-  void AddCollectives(const std::vector<CollectiveRecord>& records, bool in_loop);
+  void AddCollectives(const std::vector<CollectiveRecord>& records, bool in_loop,
+                      bool in_branch = false);
 
  protected:
   bool keeps_collectives() const override { return true; }

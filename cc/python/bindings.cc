@@ -508,6 +508,7 @@ PYBIND11_MODULE(_core, m) {
       d["requested"] = r.requested;
       d["combined"] = r.combined;
       d["in_loop"] = r.in_loop;
+      d["in_branch"] = r.in_branch;
       d["where"] = r.where.empty() ? std::string("eager") : r.where;
       out.append(std::move(d));
     }

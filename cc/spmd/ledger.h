@@ -6,7 +6,8 @@
 // sets it, per thread) and whether the user asked for it (a relayout op) or a rule implied
 // it. Eagerly the note goes to the ledger at once, while one is open. A function's
 // expansion keeps its notes with the expanded function, and each call of it adds them to
-// the open ledger (once per call; a loop body's once, marked `in_loop`).
+// the open ledger (once per call; a loop body's once, marked `in_loop`; both branches of
+// a conditional, marked `in_branch`).
 //
 // Bytes are per device, in the ring model of each collective over a group of g devices
 // and an input block of B bytes on each (what each device receives, whatever the
@@ -39,6 +40,7 @@ struct CollectiveRecord {
   bool requested = false;              // the user's relayout asked for it
   bool combined = false;               // joined with other all-reduces into one (graphs)
   bool in_loop = false;                // in a loop body: issued once per iteration
+  bool in_branch = false;              // in one branch of a conditional: maybe not issued
   std::string where;                   // "eager" or the tf.function's name
 };
 

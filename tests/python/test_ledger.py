@@ -138,6 +138,22 @@ def test_a_loop_body_collective_is_marked_per_iteration():
     assert "per iteration" in ledger.table()
 
 
+def test_both_branches_of_a_conditional_are_listed_and_marked():
+    a, w = _row_parallel()
+
+    @tf.function
+    def pick(a, w, flag):
+        return tf.cond(flag, lambda: tf.nn.relu(tf.matmul(a, w)),
+                       lambda: tf.nn.relu(dtensor.relayout(a, layout_of("[*,*]", MESH_2X2))))
+
+    with debug.collectives() as ledger:
+        out = pick(a, w, tf.constant(True))
+    np.testing.assert_allclose(reassemble(out), np.maximum(A @ W, 0), rtol=1e-5)
+    branch = [r for r in ledger if r.in_branch]
+    assert {r.kind for r in branch} == {"all-reduce", "all-gather"}, ledger.table()
+    assert "if its branch runs" in ledger.table()
+
+
 def test_nothing_is_recorded_outside_and_ledgers_nest():
     a, w = _row_parallel()
     tf.matmul(a, w)  # before any ledger
