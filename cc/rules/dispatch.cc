@@ -7,6 +7,7 @@
 #include "cc/spmd/ledger.h"
 #include "cc/spmd/lowering.h"
 #include "cc/spmd/relayout.h"
+#include "cc/tf/ops.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
@@ -111,7 +112,9 @@ StatusOr<std::vector<ValueId>> Dispatch(const RegisteredRule* entry, OpContext& 
                                         const DispatchOptions& options) {
   // No rule: run replicated (the documented policy, checked below); a stateful op once.
   const bool has_rule = entry != nullptr;
-  const ledger::OpScope op_scope(ctx.op_name);  // names the op in the collective ledger
+  // Names the op in the collective ledger.
+  const ledger::OpScope op_scope(ctx.op_name,
+                                 ctx.op_name == kRelayoutOp || ctx.op_name == kRelayoutLikeOp);
   if (!entry) entry = &FallbackRule(options.stateful);
   const Rule* rule = entry->rule.get();
   const int n = static_cast<int>(inputs.size());

@@ -3,7 +3,6 @@
 #include <atomic>
 #include <mutex>
 
-#include "cc/tf/ops.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
@@ -49,7 +48,7 @@ CollectiveRecord MakeCollectiveRecord(const std::string& kind, const std::string
     r.bytes_per_device = (g - 1) * r.block_bytes / g;
   }
   r.op = ledger::CurrentOp();
-  r.requested = r.op == kRelayoutOp || r.op == kRelayoutLikeOp;
+  r.requested = ledger::CurrentOpIsRelayout();
   return r;
 }
 
@@ -67,6 +66,7 @@ const std::string& Empty() {
   return *empty;
 }
 thread_local const std::string* current_op = nullptr;
+thread_local bool current_is_relayout = false;
 
 }  // namespace
 
@@ -95,8 +95,17 @@ void Record(CollectiveRecord record) {
   if (open_ledgers.load() > 0) Records().push_back(std::move(record));
 }
 
-OpScope::OpScope(const std::string& op) : saved_(current_op) { current_op = &op; }
-OpScope::~OpScope() { current_op = saved_; }
+OpScope::OpScope(const std::string& op, bool relayout)
+    : saved_(current_op), saved_relayout_(current_is_relayout) {
+  current_op = &op;
+  current_is_relayout = relayout;
+}
+OpScope::~OpScope() {
+  current_op = saved_;
+  current_is_relayout = saved_relayout_;
+}
+
+bool CurrentOpIsRelayout() { return current_is_relayout; }
 
 const std::string& CurrentOp() { return current_op ? *current_op : Empty(); }
 

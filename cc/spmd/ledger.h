@@ -67,19 +67,22 @@ std::vector<CollectiveRecord> End(int64_t start);
 // Adds a record while a ledger is open.
 void Record(CollectiveRecord record);
 
-// The op being expanded on this thread, for the records noted meanwhile.
+// The op being expanded on this thread, for the records noted meanwhile; `relayout`: it
+// is the user's relayout (its collectives were asked for).
 class OpScope {
  public:
-  explicit OpScope(const std::string& op);
+  OpScope(const std::string& op, bool relayout);
   ~OpScope();
   OpScope(const OpScope&) = delete;
   OpScope& operator=(const OpScope&) = delete;
 
  private:
   const std::string* saved_;
+  bool saved_relayout_;
 };
-// The current op's name ("" outside any).
+// The current op's name ("" outside any), and whether it is the user's relayout.
 const std::string& CurrentOp();
+bool CurrentOpIsRelayout();
 
 // Fault injection for tests of `debug.check`: while set, the all-reduces that op `op`'s
 // expansion asks for are dropped (its result keeps each device's partial value as if it
