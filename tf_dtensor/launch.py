@@ -5,7 +5,8 @@ processes of `script.py` with TensorFlow's DTensor variables set (`DTENSOR_JOBS`
 `127.0.0.1:<port>` entries, `DTENSOR_CLIENT_ID`, `DTENSOR_NUM_CLIENTS`, `DTENSOR_JOB_NAME`),
 prefixes each line they print with `[client k]`, and exits with the first non-zero exit
 code. When one client fails, the others are stopped after `--grace` seconds (they would
-otherwise wait for it in their next collective); `--timeout` stops them all.
+otherwise wait for it in their next collective); `--timeout` stops them all, after each
+client still running has printed its Python stacks (faulthandler, on SIGABRT).
 
 The script calls `dtensor.initialize_accelerator_system(...)` and
 `dtensor.create_distributed_mesh(...)` as it would on a real cluster. Every client's
@@ -71,6 +72,8 @@ def run(nproc: int, command: List[str], timeout: Optional[float] = None,
         env = client_env(k, ports)
         if quiet_tf:
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # A client stopped by `timeout` prints where its threads were (SIGABRT, below).
+        env.setdefault("PYTHONFAULTHANDLER", "1")
         p = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              start_new_session=True)
         procs.append(p)
@@ -92,6 +95,7 @@ def run(nproc: int, command: List[str], timeout: Optional[float] = None,
         if stop:
             if first_failure is None:
                 code = 124
+                _show_stacks(procs)
             _kill_all(procs)
             break
         time.sleep(0.1)
@@ -106,6 +110,20 @@ def run(nproc: int, command: List[str], timeout: Optional[float] = None,
     elif code == 124:
         out.write(f"[launch] stopped after {timeout} s\n")
     return code
+
+
+def _show_stacks(procs, wait: float = 3.0) -> None:
+    """Asks each client still running for its Python stacks (faulthandler dumps them on
+    SIGABRT, even while the client is blocked in a collective) before it is killed."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        try:
+            os.kill(p.pid, signal.SIGABRT)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and any(p.poll() is None for p in running):
+        time.sleep(0.1)
 
 
 def _kill_all(procs) -> None:
