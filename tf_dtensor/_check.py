@@ -34,8 +34,8 @@ from tensorflow.python.ops import resource_variable_ops
 
 from tf_dtensor import _ledger
 from tf_dtensor import api
+from tf_dtensor import checkpoint
 from tf_dtensor._device import UnsupportedOpWarning
-from tf_dtensor.layout import Layout
 from tf_dtensor.variable import DVariable
 
 _SKIPPED_TYPES = frozenset(["Placeholder", "NoOp"])
@@ -116,10 +116,7 @@ def _global(value) -> Optional[np.ndarray]:
     if not isinstance(value, tf.Tensor) or value.dtype in (tf.resource, tf.variant):
         return None
     if api._is_dtensor(value):
-        layout = api.fetch_layout(value)
-        if not layout.is_fully_replicated() or layout.partial:
-            value = api.relayout(value, Layout.replicated(layout.mesh, layout.rank))
-        value = api.unpack(value)[0]
+        value = checkpoint.global_value(value)
     return value.numpy()
 
 
@@ -198,16 +195,21 @@ def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6, **kwargs) -> CheckR
         sharded[placeholder.ref()] = value if isinstance(value, tf.Tensor) else \
             tf.convert_to_tensor(value)
 
+    plain_values = {}  # tensor ref -> its global value on the host, made once per tensor
+
     def plain_input(t):
         # Each op gets on one device exactly what its sharded run got (the global values),
         # so a difference is that op's alone and errors do not pile up along the graph.
         if t.ref() in pairs:
             return pairs[t.ref()][1].handle
-        whole = _global(sharded[t.ref()])
-        if whole is None:
-            return sharded[t.ref()]
-        with ops.device(host):
-            return tf.constant(whole)
+        if t.ref() not in plain_values:
+            whole = _global(sharded[t.ref()])
+            if whole is None:
+                plain_values[t.ref()] = sharded[t.ref()]
+            else:
+                with ops.device(host):
+                    plain_values[t.ref()] = tf.constant(whole)
+        return plain_values[t.ref()]
 
     checked: List[CheckedOp] = []
     ctx = context.context()

@@ -76,7 +76,8 @@ def sharded_save(mesh: Mesh, file_prefix, tensor_names, shape_and_slices, tensor
     checkpoint: `tf.train.load_checkpoint(file_prefix).get_tensor(name)` reads global values.
 
     Args:
-      mesh: the mesh of the tensors (each tensor's own layout says what to write).
+      mesh: kept for TensorFlow's signature; each tensor's own layout (and mesh) says
+        what to write, so tensors on several meshes may be saved together.
       file_prefix: the checkpoint prefix (a string or a scalar string tensor).
       tensor_names: one name per tensor (a list of strings or a string tensor).
       shape_and_slices: one spec per tensor; `""` for a DTensor (its layout gives the

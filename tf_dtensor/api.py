@@ -342,9 +342,11 @@ def _refuse_uneven_across_clients(op: str, shape, layout: Layout) -> None:
     """Uneven blocks on a mesh spanning clients are refused: a client sees only its own
     blocks, so the sizes of the others' (and the global shape of what ops make from them)
     would be guesses."""
-    dims = tf.TensorShape(shape).as_list() if tf.TensorShape(shape).rank is not None else None
-    if (dims is None or None in dims or layout.rank != len(dims)
-            or not _spans_clients(layout.mesh) or layout.is_even(dims)):
+    if not _spans_clients(layout.mesh):  # the common case, checked first: no shape built
+        return
+    shape = tf.TensorShape(shape)
+    dims = shape.as_list() if shape.rank is not None else None
+    if dims is None or None in dims or layout.rank != len(dims) or layout.is_even(dims):
         return
     uneven = [axis for axis in range(len(dims))
               if dims[axis] % layout.num_shards(axis) != 0]

@@ -153,6 +153,9 @@ def global_value(tensor) -> tf.Tensor:
         layout = tensor.layout
     else:
         layout = api.fetch_layout(tensor)
+        if layout.partial:  # components are partial sums: reduce them first
+            layout = Layout.replicated(layout.mesh, layout.rank)
+            tensor = api.relayout(tensor, layout)
     components = components_of(tensor)
     with ops.device(host_device()):
         if layout.is_fully_replicated():

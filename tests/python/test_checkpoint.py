@@ -93,6 +93,19 @@ def test_global_value_of_a_dtensor():
     assert value.numpy().tobytes() == x.tobytes()
 
 
+@pytest.mark.parametrize("specs", [[None, None], ["x", None]], ids=["[*,*]", "[x,*]"])
+def test_global_value_of_a_partial_dtensor_is_the_reduced_value(specs):
+    # Components are terms of a sum over y (a on y=0, b on y=1): component 0 alone is a.
+    a, b = random_value((4, 6), seed=1), random_value((4, 6), seed=2)
+    layout = Layout([s or dtensor.UNSHARDED for s in specs], MESH_2X2, partial={"y": "sum"})
+    rows = 2 if specs[0] == "x" else 4
+    terms = [(a if y == 0 else b)[x * rows % 4:x * rows % 4 + rows]
+             for x in range(2) for y in range(2)]  # MESH_2X2's devices run y fastest
+    t = dtensor.pack(terms, layout)
+    assert dtensor.fetch_layout(t).partial == {"y": "sum"}
+    np.testing.assert_allclose(checkpoint.global_value(t).numpy(), a + b, rtol=1e-6)
+
+
 @pytest.mark.parametrize("layout", [Layout([], MESH_2X2), Layout([], MESH_8)],
                          ids=lambda l: l.short())
 def test_scalar_round_trip(layout, tmp_path):
