@@ -3,7 +3,6 @@
 #include <cctype>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string_view>
 
 #include "cc/core/strings.h"
@@ -222,12 +221,11 @@ Status RunWhole(const FunctionCall& call, const ExpandedFunction& expanded,
 // (without TF's numeric suffix) and its inputs' dtypes, shapes and layouts.
 Status CheckProgramOnce(const FunctionCall& call, const ExpandedFunction& expanded,
                         const std::vector<ValueMeta>& metas) {
-  static std::mutex mutex;
-  static std::set<const ExpandedFunction*> checked;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!checked.insert(&expanded).second) return Status::Ok();
-  }
+  // Keyed by the expansion itself, not its address: an address is reused once a deleted
+  // function's expansion is freed, at moments that differ between clients (garbage
+  // collection), and a client that skipped a check would leave the others waiting for it.
+  bool expected = false;
+  if (!expanded.program_checked.compare_exchange_strong(expected, true)) return Status::Ok();
   std::string name = call.function;
   while (!name.empty() && std::isdigit(static_cast<unsigned char>(name.back()))) name.pop_back();
   if (!name.empty() && name.back() == '_') name.pop_back();
@@ -240,10 +238,7 @@ Status CheckProgramOnce(const FunctionCall& call, const ExpandedFunction& expand
   }
   description += ")";
   Status s = CheckSameProgram(call.context, call.mesh, description);
-  if (!s.ok()) {
-    std::lock_guard<std::mutex> lock(mutex);
-    checked.erase(&expanded);
-  }
+  if (!s.ok()) expanded.program_checked = false;
   return s;
 }
 

@@ -30,6 +30,7 @@
 #ifndef TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANDER_H_
 #define TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANDER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -70,6 +71,10 @@ struct ExpandedFunction {
   int num_nodes = 0;               // nodes of the expanded graph, for debugging
   // The collectives one call issues (ledger.h), in the order emitted.
   std::vector<CollectiveRecord> collectives;
+  // On a mesh spanning clients: whether the clients have compared this expansion before
+  // its first run (cc/device/program_check.h). It lives with the expansion: a new one, even
+  // at a freed one's address, is compared anew, as on every other client.
+  mutable std::atomic<bool> program_checked{false};
 };
 
 // What the caller asks of the results: call_with_layout's (or `_default_layout`'s) layout
