@@ -21,6 +21,9 @@ and why:
     in_loop         in a loop body: issued once per iteration, listed once per call
     in_branch       in a branch of a conditional: both branches are listed, one runs
     where           "eager" or the tf.function's name
+    line            the user's source line ("train.py:42") of the eager op that issued it,
+                    or of the tf.function call; the first caller's frame outside
+                    TensorFlow, Keras, tf_dtensor and the standard library ("" if none)
 """
 
 from __future__ import annotations
@@ -28,7 +31,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import importlib.util
+import os
 import re
+import sys
+import sysconfig
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from tensorflow.python.framework import dtypes
@@ -56,6 +63,7 @@ class Collective:
     in_loop: bool
     in_branch: bool
     where: str
+    line: str = ""
 
     @property
     def label(self) -> str:
@@ -99,16 +107,18 @@ class Ledger:
 
     def select(self, kind: Optional[str] = None, mesh_dim: Optional[str] = None,
                op: Optional[str] = None, requested: Optional[bool] = None,
-               where: Optional[str] = None) -> List[Collective]:
+               where: Optional[str] = None, line: Optional[str] = None) -> List[Collective]:
         """The records of `kind` ("all-reduce", ...), over `mesh_dim` (among others), issued
         for `op`, asked for by the user (`requested=True`) or implied by a rule (`False`),
-        eagerly (`where="eager"`) or in a tf.function (its name); None matches all."""
+        eagerly (`where="eager"`) or in a tf.function (its name), from a source `line`
+        ("train.py:42", matched at the end of the path); None matches all."""
         return [r for r in self._records
                 if (kind is None or r.kind == kind)
                 and (mesh_dim is None or mesh_dim in r.mesh_dims)
                 and (op is None or r.op == op)
                 and (requested is None or r.requested == requested)
-                and (where is None or where in (r.where, _function_name(r.where)))]
+                and (where is None or where in (r.where, _function_name(r.where)))
+                and (line is None or _same_line(r.line, line))]
 
     def count(self, **filters) -> int:
         """How many collectives match `filters` (as `select`)."""
@@ -130,18 +140,19 @@ class Ledger:
     def table(self) -> str:
         """The ledger as text, one line per op and kind of collective:
 
-            where          op          collective               n  bytes/device  why
-            eager          MatMul      all-reduce(sum) over y   1        32 KiB  rule
-            train_step     Relayout    all-gather over x        2        64 KiB  asked
-            total                                               3        96 KiB
+            where       op        collective              n  bytes/device  layout ...  why    line
+            eager       MatMul    all-reduce(sum) over y  1        32 KiB  ...         rule   mlp.py:12
+            train_step  relayout  all-gather over x       2        64 KiB  ...         asked  mlp.py:30
+            total                                         3        96 KiB
         """
-        rows = [("where", "op", "collective", "n", "bytes/device", "layout", "why")]
+        rows = [("where", "op", "collective", "n", "bytes/device", "layout", "why", "line")]
         for (where, op), records in self.by_op().items():
             kinds: "collections.OrderedDict[Tuple, List[Collective]]" = collections.OrderedDict()
             for r in records:
                 kinds.setdefault((r.label, r.layout_in, r.requested, r.in_loop, r.in_branch,
-                                  r.combined), []).append(r)
-            for (label, layout, asked, in_loop, in_branch, combined), same in kinds.items():
+                                  r.combined, os.path.basename(r.line)), []).append(r)
+            for (label, layout, asked, in_loop, in_branch, combined, line), same in \
+                    kinds.items():
                 why = "asked" if asked else "rule"
                 if combined:
                     why += ", combined"
@@ -151,9 +162,9 @@ class Ledger:
                     why += ", if its branch runs"
                 rows.append((where, op, label, str(len(same)),
                              _bytes(sum(r.bytes_per_device for r in same)),
-                             f"{layout} -> {same[0].layout_out}", why))
+                             f"{layout} -> {same[0].layout_out}", why, line))
         rows.append(("total", "", "", str(len(self._records)), _bytes(self.total_bytes()),
-                     "", ""))
+                     "", "", ""))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         lines = []
         for row in rows:
@@ -200,6 +211,44 @@ class Ledger:
     def __repr__(self) -> str:
         state = "open" if self._open else f"{len(self._records)} collectives"
         return f"<Ledger {state}, {_bytes(self.total_bytes())} per device>"
+
+
+def _library_dirs() -> Tuple[str, ...]:
+    """The folders whose frames are not the user's: TensorFlow, Keras, tf_dtensor and the
+    standard library (found without importing them)."""
+    dirs = [os.path.dirname(os.path.abspath(__file__))]
+    for name in ("tensorflow", "keras", "tf_keras"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            dirs.append(os.path.abspath(location))
+    for key in ("stdlib", "platstdlib"):
+        dirs.append(os.path.abspath(sysconfig.get_paths()[key]))
+    return tuple(sorted({d.rstrip(os.sep) + os.sep for d in dirs}))
+
+
+_LIBRARY_DIRS = _library_dirs()
+
+
+def _user_line() -> str:
+    """"file.py:42": the innermost frame of the calling thread outside `_LIBRARY_DIRS`
+    (the C++ ledger asks while it records a collective)."""
+    frame = sys._getframe(1)  # pylint: disable=protected-access
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith("<") and not os.path.abspath(name).startswith(_LIBRARY_DIRS):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+_core.set_ledger_line_source(_user_line)
+
+
+def _same_line(recorded: str, wanted: str) -> bool:
+    return bool(recorded) and (recorded == wanted or recorded.endswith(os.sep + wanted))
 
 
 def _op_name(op: str) -> str:

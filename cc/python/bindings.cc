@@ -488,6 +488,21 @@ PYBIND11_MODULE(_core, m) {
   // records start; ledger_end(start) closes it and returns them, as dicts (dtype as a
   // TF_DataType number).
   m.def("ledger_begin", &ledger::Begin);
+  // `source()` names the user's line of a collective being recorded. It is called on the
+  // thread that issues the op, with the GIL taken again (TFE_Py_Execute releases it);
+  // threads that never ran Python (TF's executors) get "".
+  m.def("set_ledger_line_source", [](py::function source) {
+    auto* held = new py::function(std::move(source));  // kept past interpreter teardown
+    ledger::SetLineSource([held]() -> std::string {
+      if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return "";
+      py::gil_scoped_acquire gil;
+      try {
+        return (*held)().cast<std::string>();
+      } catch (const py::error_already_set&) {
+        return "";
+      }
+    });
+  });
   m.def("drop_all_reduce_for_testing", &ledger::SetDroppedAllReduceForTesting);
   m.def("ledger_end", [](int64_t start) {
     py::list out;
@@ -510,6 +525,7 @@ PYBIND11_MODULE(_core, m) {
       d["in_loop"] = r.in_loop;
       d["in_branch"] = r.in_branch;
       d["where"] = r.where.empty() ? std::string("eager") : r.where;
+      d["line"] = r.line;
       out.append(std::move(d));
     }
     return out;

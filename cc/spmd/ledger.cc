@@ -1,6 +1,7 @@
 #include "cc/spmd/ledger.h"
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 
 #include "tensorflow/c/tf_datatype.h"
@@ -89,8 +90,27 @@ std::vector<CollectiveRecord> End(int64_t start) {
   return mine;
 }
 
+namespace {
+std::mutex line_source_mu;
+std::shared_ptr<const std::function<std::string()>> line_source;
+}  // namespace
+
+void SetLineSource(std::function<std::string()> source) {
+  std::lock_guard<std::mutex> lock(line_source_mu);
+  line_source = source ? std::make_shared<const std::function<std::string()>>(std::move(source))
+                       : nullptr;
+}
+
 void Record(CollectiveRecord record) {
   if (!Active()) return;
+  if (record.line.empty()) {
+    std::shared_ptr<const std::function<std::string()>> source;
+    {
+      std::lock_guard<std::mutex> lock(line_source_mu);
+      source = line_source;
+    }
+    if (source) record.line = (*source)();  // outside `mu`: the source may take the GIL
+  }
   std::lock_guard<std::mutex> lock(mu);
   if (open_ledgers.load() > 0) Records().push_back(std::move(record));
 }

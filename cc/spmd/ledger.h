@@ -17,6 +17,7 @@
 #define TF_DTENSOR_CC_SPMD_LEDGER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,9 @@ struct CollectiveRecord {
   bool in_loop = false;                // in a loop body: issued once per iteration
   bool in_branch = false;              // in one branch of a conditional: maybe not issued
   std::string where;                   // "eager" or the tf.function's name
+  // The user's source line that issued it ("train.py:42"): the line of the eager op, or
+  // of the tf.function call; "" where unknown (no line source, or not a Python thread).
+  std::string line;
 };
 
 // Bytes per element of a fixed-size TF_DataType; 0 for others (strings, variants,
@@ -64,8 +68,13 @@ int64_t Begin();
 // Closes the ledger opened at `start`: its records (those noted since). The last one to
 // close drops the records.
 std::vector<CollectiveRecord> End(int64_t start);
-// Adds a record while a ledger is open.
+// Adds a record while a ledger is open; an empty `line` is filled from the line source.
 void Record(CollectiveRecord record);
+
+// Names the user's source line of what is being recorded (the Python bindings set one
+// that reads the calling Python frames). Called by Record only while a ledger is open,
+// and never with the ledger's lock held.
+void SetLineSource(std::function<std::string()> source);
 
 // The op being expanded on this thread, for the records noted meanwhile; `relayout`: it
 // is the user's relayout (its collectives were asked for).

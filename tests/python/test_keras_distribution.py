@@ -409,8 +409,12 @@ def test_collective_ledger_of_a_model_parallel_train_step():
         model = mlp(optimizer="sgd")()
         model.train_on_batch(X[:16], Y_REG[:16])  # traces the step
         with tf_dtensor.debug.collectives() as ledger:
-            got = model.train_on_batch(X[16:32], Y_REG[16:32], return_dict=True)
+            got = model.train_on_batch(X[16:32], Y_REG[16:32], return_dict=True)  # the step
     want = plain.train_on_batch(X[16:32], Y_REG[16:32], return_dict=True)
+    # Every collective names this test's train_on_batch line (Keras' own frames skipped).
+    with open(__file__) as f:
+        (n,) = [i for i, text in enumerate(f, 1) if text.rstrip().endswith("# the step")]
+    assert {r.line for r in ledger} == {f"{__file__}:{n}"}, ledger.table()
     np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4)
     assert len(ledger) > 0 and all(r.where != "eager" for r in ledger), ledger.table()
     assert ledger.count(kind="all-reduce", mesh_dim="model") >= 1, ledger.table()

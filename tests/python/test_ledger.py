@@ -6,6 +6,8 @@ what `debug.explain` plans for the same op, under both collective lowerings."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -96,6 +98,40 @@ def test_a_tf_function_lists_its_collectives_once_per_call():
     assert ledger[0].op == "Relu", ledger.table()
     assert ledger.count(where="step") == 3 and ledger.total_bytes() == 3 * 128
     assert "step" in ledger.table() and "all-reduce(sum) over y" in ledger.table()
+
+
+def _line_of(marker: str) -> str:
+    """"test_ledger.py:N", N the line of this file that holds `marker`."""
+    with open(__file__) as f:
+        (n,) = [i for i, text in enumerate(f, 1) if marker in text and "_line_of" not in text]
+    return f"{os.path.basename(__file__)}:{n}"
+
+
+def test_each_collective_names_the_users_line():
+    a, w = _row_parallel()
+
+    @tf.function
+    def step(a, w):
+        return tf.matmul(a, w)
+
+    def helper(t):  # the line inside the user's own helper, not the call of helper
+        return dtensor.relayout(t, layout_of("[*,*]", MESH_2X2))  # line: helper relayout
+
+    with debug.collectives() as ledger:
+        eager = tf.matmul(a, w)  # line: eager matmul
+        gathered = helper(a)
+        called = step(a, w)  # line: function call
+    np.testing.assert_allclose(reassemble(eager), A @ W, rtol=1e-5)
+    np.testing.assert_allclose(reassemble(called), A @ W, rtol=1e-5)
+    np.testing.assert_allclose(reassemble(gathered), A, rtol=1e-6)
+    lines = [r.line for r in ledger]
+    assert all(os.path.isabs(l.rsplit(":", 1)[0]) for l in lines), lines
+    assert [os.path.basename(l) for l in lines] == [
+        _line_of("# line: eager matmul"), _line_of("# line: helper relayout"),
+        _line_of("# line: function call")], ledger.table()
+    assert ledger.count(line=_line_of("# line: eager matmul")) == 1
+    assert ledger.select(line=_line_of("# line: function call"))[0].where != "eager"
+    assert _line_of("# line: helper relayout") in ledger.table()
 
 
 def test_a_pending_sum_read_by_two_ops_is_reduced_once():
