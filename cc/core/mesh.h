@@ -83,6 +83,8 @@ class Mesh {
   const std::vector<std::string>& global_devices() const { return rep_->global_devices; }
   bool use_xla_spmd() const { return rep_->use_xla_spmd; }
   int num_local_devices() const { return static_cast<int>(rep_->local_devices.size()); }
+  // Whether other processes (clients) hold some of its devices: a multi-client mesh.
+  bool spans_processes() const { return !is_single_device() && num_local_devices() < size(); }
   // "CPU", "GPU" or "TPU": the type of the local devices.
   const std::string& device_type() const { return rep_->device_type; }
   // Coordinates of the device with the given global id (row-major, first dim outermost).

@@ -274,7 +274,7 @@ Status CallFunction(const FunctionCall& call, FunctionExpander& expander,
     return Internal("The SPMD function of '" + call.function +
                     "' returns more results than TensorFlow expects.");
   }
-  if (SpansProcesses(call.mesh)) {
+  if (call.mesh.spans_processes()) {
     TFD_RETURN_IF_ERROR(CheckProgramOnce(call, *expanded, metas));
   }
   TFD_RETURN_IF_ERROR(call.parts_in ? RunOnParts(call, *expanded, device_name, outputs)

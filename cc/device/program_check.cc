@@ -33,12 +33,8 @@ std::map<std::set<int>, int64_t> steps;
 
 }  // namespace
 
-bool SpansProcesses(const Mesh& mesh) {
-  return !mesh.is_single_device() && mesh.num_local_devices() < mesh.size();
-}
-
 Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::string& description) {
-  if (!SpansProcesses(mesh) || mesh.local_device_ids().empty()) return Status::Ok();
+  if (!mesh.spans_processes() || mesh.local_device_ids().empty()) return Status::Ok();
   const int me = static_cast<int>(DistributedTaskOf(mesh, mesh.local_device_ids()[0]));
   const std::set<int> tasks = TasksOf(mesh);
   int64_t step;

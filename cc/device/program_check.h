@@ -15,9 +15,6 @@
 
 namespace tf_dtensor {
 
-// Whether `mesh` has devices of other processes (a multi-client mesh).
-bool SpansProcesses(const Mesh& mesh);
-
 // Publishes `description` (what this client is about to run) as its next program step and
 // compares it with every other client of `mesh`: FailedPrecondition naming both programs
 // when one differs, DeadlineExceeded when a client does not reach that step within

@@ -73,7 +73,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
   std::string name;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (const std::shared_ptr<const ExpandedFunction>* cached = cache_.Find(key)) {
+    if (const std::shared_ptr<const ExpandedFunction>* cached = FindLocked(key)) {
       ++num_hits_;
       return *cached;
     }
@@ -92,8 +92,12 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
   // calls in one step must not share instance keys.
   if (depth > 0 && InstanceKeysIssued() != keys_before) return expanded;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!cache_.Find(key)) ++num_cached_;
-  cache_.Insert(key, expanded);
+  if (!FindLocked(key)) ++num_cached_;
+  if (mesh.spans_processes()) {
+    across_clients_[key] = expanded;
+  } else {
+    cache_.Insert(key, expanded);
+  }
   return expanded;
 }
 
@@ -120,10 +124,21 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncach
   return expansion->Finish(inputs, request, name);
 }
 
+const std::shared_ptr<const ExpandedFunction>* FunctionExpander::FindLocked(
+    const FunctionKey& key) {
+  if (!key.mesh.spans_processes()) return cache_.Find(key);
+  auto it = across_clients_.find(key);
+  return it == across_clients_.end() ? nullptr : &it->second;
+}
+
 void FunctionExpander::DropDeletedLocked(TFE_Context* context) {
-  cache_.EraseIf([context](const FunctionKey& key) {
+  auto deleted = [context](const FunctionKey& key) {
     return !TFE_ContextHasFunction(context, key.function.c_str());
-  });
+  };
+  cache_.EraseIf(deleted);
+  for (auto it = across_clients_.begin(); it != across_clients_.end();) {
+    it = deleted(it->first) ? across_clients_.erase(it) : std::next(it);
+  }
 }
 
 void FunctionExpander::DropDeleted(TFE_Context* context) {
@@ -138,12 +153,12 @@ int64_t FunctionExpander::num_cached() const {
 
 FunctionExpander::Stats FunctionExpander::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return Stats{num_hits_, num_misses_, cache_.size()};
+  return Stats{num_hits_, num_misses_, cache_.size() + across_clients_.size()};
 }
 
 size_t FunctionExpander::cache_size() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return cache_.size();
+  return cache_.size() + across_clients_.size();
 }
 
 }  // namespace tf_dtensor

@@ -36,6 +36,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cc/spmd/ledger.h"
@@ -114,6 +115,11 @@ class FunctionExpander {
   // Expansions the cache keeps; the least recently used goes first. A training loop calls
   // a handful of functions with fixed signatures; a program that traces anew (new shapes,
   // new functions) would otherwise hold every expansion it ever made.
+  // Expansions on a mesh that spans clients are kept apart and never dropped for room,
+  // only once their function is deleted: an expansion takes the collectives' instance keys
+  // in program order, so a client that dropped one and expanded it again would take new
+  // keys its peers do not (whether the room ran out can differ between clients, with
+  // garbage collection).
   static constexpr size_t kMaxCachedFunctions = 256;
 
   // The SPMD function of `function` called with `inputs` on `mesh`: the cached one for
@@ -151,11 +157,15 @@ class FunctionExpander {
       const std::vector<ValueMeta>& inputs, const OutputRequest& request,
       const FallbackPolicy& policy, const std::string& name, int depth);
 
+  // The cached expansion of `key`, from the cache its mesh goes to; null when none.
+  const std::shared_ptr<const ExpandedFunction>* FindLocked(const FunctionKey& key);
   void DropDeletedLocked(TFE_Context* context);
 
   mutable std::mutex mutex_;
   LruCache<FunctionKey, std::shared_ptr<const ExpandedFunction>, FunctionKey::Hash> cache_{
       kMaxCachedFunctions};
+  std::unordered_map<FunctionKey, std::shared_ptr<const ExpandedFunction>, FunctionKey::Hash>
+      across_clients_;  // meshes spanning clients (above)
   int64_t num_cached_ = 0;
   int64_t num_hits_ = 0;
   int64_t num_misses_ = 0;

@@ -4,7 +4,9 @@ while the others keep them. Before each function's first run the clients compare
 they are about to run; that comparison once remembered the expansions it had made by
 their address, so client 0, whose freed expansion's address came back, skipped a
 comparison the others waited for (a hang in tests/python/multi_client/overview.py's
-relayout loop, one run in twenty under load). Every result is checked against numpy.
+relayout loop, one run in twenty under load). Then more live functions than the
+single-process cache holds, which must all stay cached. Every result is checked against
+numpy.
 Prints `OK short-lived` at the end."""
 
 import gc
@@ -12,7 +14,7 @@ import gc
 import numpy as np
 import tensorflow as tf
 
-from tf_dtensor import dtensor
+from tf_dtensor import _device, dtensor
 
 dtensor.initialize_accelerator_system("CPU", num_logical_cpu_devices=2)
 me, clients = dtensor.client_id(), dtensor.num_clients()
@@ -33,6 +35,18 @@ for step in range(16):
         gc.collect()
     else:
         kept.append(f)
+
+# More live functions than the single-process cache keeps (256): each client keeps every
+# expansion on a mesh spanning the clients, so calling the first one again is a cache hit
+# on each (an expansion made again would take instance keys the others do not).
+mine = a[mesh.local_device_ids()[0] * rows:][:rows]  # this client's first block
+many = [tf.function(lambda v, k=k: v * float(k)) for k in range(260)]
+for k, g in enumerate(many):
+    np.testing.assert_allclose(dtensor.unpack(g(t))[0].numpy(), mine * k, rtol=1e-6)
+before = _device.get().function_cache_stats()
+np.testing.assert_allclose(dtensor.unpack(many[0](t))[0].numpy(), 0 * mine)
+after = _device.get().function_cache_stats()
+assert (after["hit"] - before["hit"], after["miss"] - before["miss"]) == (1, 0), (before, after)
 
 dtensor.barrier(mesh, "short-lived-done", 60_000)
 print("OK short-lived", me, flush=True)
