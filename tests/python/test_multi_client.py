@@ -40,7 +40,8 @@ def _run(script: str, nproc: int, timeout: float = 150, grace: float = 30, env=N
 
 
 def _tail(text: str) -> str:
-    lines = [l for l in text.splitlines() if "W0000" not in l and "I0000" not in l]
+    lines = [l for l in text.splitlines()
+             if "W0000" not in l and "I0000" not in l and "Extension modules:" not in l]
     return "\n".join(lines[-40:])
 
 
