@@ -459,9 +459,15 @@ def _join_cluster() -> None:
 def _configure_logical_cpus(count: int) -> None:
     global _reset_owed
     if context.context()._initialized:  # pylint: disable=protected-access
-        running = len(tf.config.list_logical_devices("CPU"))
+        running = num_local_devices("CPU")  # this client's (a cluster lists the others' too)
         if running == count:
             return
+        if _cluster.started():
+            raise ValueError(
+                f"This process joined a multi-client cluster with {running} logical CPUs; "
+                f"`num_logical_cpu_devices={count}` would need a new eager context, which "
+                f"would start TensorFlow's server again (it cannot be stopped). Keep "
+                f"{running}, or start a new process.")
         if not _reset_owed:
             raise ValueError(
                 f"TensorFlow has already been initialized with {running} logical CPUs; "

@@ -60,7 +60,8 @@ def test_overview_across_clients(nproc, local):
 @pytest.mark.multi_client
 def test_functions_freed_by_one_client_only_keep_the_clients_in_step():
     """Client 0 frees each tf.function after its call, the other keeps them: the clients'
-    comparison before each first run must not depend on where an expansion lives."""
+    comparison before each first run must not depend on where an expansion lives. Then
+    more live functions than one process caches, and a shutdown and a new start."""
     code, out = _run("short_lived.py", 2, timeout=120,
                      env={"TF_DTENSOR_PROGRAM_CHECK_TIMEOUT_S": "30"})
     assert code == 0, _tail(out)

@@ -5,8 +5,8 @@ they are about to run; that comparison once remembered the expansions it had mad
 their address, so client 0, whose freed expansion's address came back, skipped a
 comparison the others waited for (a hang in tests/python/multi_client/overview.py's
 relayout loop, one run in twenty under load). Then more live functions than the
-single-process cache holds, which must all stay cached. Every result is checked against
-numpy.
+single-process cache holds, which must all stay cached; then the system shut down and
+started again. Every result is checked against numpy.
 Prints `OK short-lived` at the end."""
 
 import gc
@@ -47,6 +47,22 @@ before = _device.get().function_cache_stats()
 np.testing.assert_allclose(dtensor.unpack(many[0](t))[0].numpy(), 0 * mine)
 after = _device.get().function_cache_stats()
 assert (after["hit"] - before["hit"], after["miss"] - before["miss"]) == (1, 0), (before, after)
+
+# The system shut down and started again in the same process: the cluster (whose server
+# cannot be stopped) is kept, so the same configuration works again; another count of
+# logical CPUs would need a new eager context and a second server, and is refused.
+dtensor.shutdown_accelerator_system()
+try:
+    dtensor.initialize_accelerator_system("CPU", num_logical_cpu_devices=3)
+    raise AssertionError("another logical CPU count was accepted")
+except ValueError as error:
+    assert "start a new process" in str(error), error
+dtensor.initialize_accelerator_system("CPU", num_logical_cpu_devices=2)
+mesh = dtensor.create_distributed_mesh([("x", n)], device_type="CPU")
+layout = dtensor.Layout(["x", dtensor.UNSHARDED], mesh)
+t = dtensor.pack([a[d * rows:(d + 1) * rows] for d in mesh.local_device_ids()], layout)
+total = dtensor.unpack(tf.reduce_sum(t, axis=0))[0].numpy()
+np.testing.assert_allclose(total, a.sum(axis=0), rtol=1e-6)
 
 dtensor.barrier(mesh, "short-lived-done", 60_000)
 print("OK short-lived", me, flush=True)
