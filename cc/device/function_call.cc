@@ -8,7 +8,6 @@
 #include "cc/core/strings.h"
 #include "cc/core/wire.h"
 #include "cc/device/program_check.h"
-#include "cc/spmd/collectives.h"
 #include "cc/spmd/ledger.h"
 #include "cc/tf/attrs.h"
 #include "cc/tf/handles.h"
@@ -178,10 +177,8 @@ Status RunWhole(const FunctionCall& call, const ExpandedFunction& expanded,
   for (const ValueMeta& m : expanded.outputs) flat += m.num_flat();
   std::vector<TFE_TensorHandle*> raw(flat, nullptr);
   TFE_Execute(op.get(), raw.data(), &flat, status.get());
-  if (TF_GetCode(status.get()) != TF_OK) {
-    return ExplainCollectiveTimeout(FromTF(status.get(), "running tf.function '" + function +
-                                                             "' on " + call.mesh.ShortString()));
-  }
+  TFD_RETURN_IF_TF_ERROR(status.get(), "running tf.function '" + function + "' on " +
+                                           call.mesh.ShortString());
   std::vector<HandlePtr> results;
   for (int r = 0; r < flat; ++r) results.emplace_back(raw[r]);
   int next = 0;

@@ -272,9 +272,6 @@ Status EagerBuilder::RunLocal(TFE_Op* op, const std::string& op_name,
       case AttrOverride::Kind::kIntList:
         TFE_OpSetAttrIntList(op, a.name.c_str(), a.ints.data(), static_cast<int>(a.ints.size()));
         break;
-      case AttrOverride::Kind::kFloat:
-        TFE_OpSetAttrFloat(op, a.name.c_str(), a.number);
-        break;
     }
     TFD_RETURN_IF_TF_ERROR(status, "setting attribute '" + a.name + "' of '" + op_name + "'");
   }

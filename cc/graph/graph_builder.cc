@@ -192,9 +192,6 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
       case AttrOverride::Kind::kIntList:
         TF_SetAttrIntList(desc, a.name.c_str(), a.ints.data(), static_cast<int>(a.ints.size()));
         break;
-      case AttrOverride::Kind::kFloat:
-        TF_SetAttrFloat(desc, a.name.c_str(), a.number);
-        break;
     }
   }
 

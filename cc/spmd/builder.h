@@ -23,13 +23,12 @@ using ValueId = int;
 
 // One attribute of a local op that differs from the original op's.
 struct AttrOverride {
-  enum class Kind { kShape, kType, kInt, kBool, kString, kIntList, kFloat };
+  enum class Kind { kShape, kType, kInt, kBool, kString, kIntList };
   std::string name;
   Kind kind;
   std::vector<int64_t> ints;  // kShape dims, kIntList values, or the single kInt value
   int type = 0;               // kType (a TF_DataType)
   bool boolean = false;
-  float number = 0;  // kFloat
   std::string text;
   static AttrOverride Shape(std::string name, std::vector<int64_t> dims) {
     return {std::move(name), Kind::kShape, std::move(dims)};
@@ -48,11 +47,6 @@ struct AttrOverride {
   static AttrOverride Bool(std::string name, bool value) {
     AttrOverride a{std::move(name), Kind::kBool, {}};
     a.boolean = value;
-    return a;
-  }
-  static AttrOverride Float(std::string name, float value) {
-    AttrOverride a{std::move(name), Kind::kFloat, {}};
-    a.number = value;
     return a;
   }
   static AttrOverride String(std::string name, std::string value) {

@@ -34,15 +34,6 @@ bool UseNccl(const Mesh& mesh) {
   return nccl && mesh.device_type() == "GPU";
 }
 
-// run.RunCollective, its error saying what a timeout means.
-StatusOr<Handles> RunCollectiveOp(CollectiveRunner& run, const std::string& op_type,
-                                  const std::vector<Handles>& inputs,
-                                  const LocalOpOptions& options) {
-  StatusOr<Handles> out = run.RunCollective(op_type, inputs, options);
-  if (!out.ok()) return ExplainCollectiveTimeout(out.status());
-  return out;
-}
-
 // The attributes every V2 collective op takes besides its own.
 LocalOpOptions CollectiveOptions(const Mesh& mesh, int dtype) {
   LocalOpOptions options;
@@ -50,10 +41,6 @@ LocalOpOptions CollectiveOptions(const Mesh& mesh, int dtype) {
   options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Int("Nordering_token", 0),
                        AttrOverride::String("communication_hint",
                                             UseNccl(mesh) ? "nccl" : "auto")};
-  if (CollectiveTimeoutSeconds() > 0) {
-    options.overrides.push_back(
-        AttrOverride::Float("timeout_seconds", CollectiveTimeoutSeconds()));
-  }
   return options;
 }
 
@@ -374,7 +361,7 @@ StatusOr<Handles> ReduceByGather(CollectiveRunner& run, const Handles& blocks,
   }
   StatusOr<std::vector<Handles>> collective = CollectiveInputs(run, current, groups);
   if (!collective.ok()) return fail(collective.status());
-  StatusOr<Handles> gathered = RunCollectiveOp(run, "CollectiveGatherV2", *collective,
+  StatusOr<Handles> gathered = run.RunCollective("CollectiveGatherV2", *collective,
                                                  CollectiveOptions(run.mesh(), wire.wire));
   if (!gathered.ok()) return fail(gathered.status());
   current = *gathered;
@@ -460,7 +447,7 @@ StatusOr<ValueId> CollectiveOps::AllReduce(CollectiveRunner& run, ValueId value,
   options.overrides.push_back(AttrOverride::String("merge_op", CollectiveMergeOp(op)));
   options.overrides.push_back(
       AttrOverride::String("final_op", op == ReduceOp::kMean ? "Div" : "Id"));
-  StatusOr<Handles> reduced = RunCollectiveOp(run, "CollectiveReduceV2", *inputs, options);
+  StatusOr<Handles> reduced = run.RunCollective("CollectiveReduceV2", *inputs, options);
   if (wire.wire != dtype) run.DiscardAll(sent);
   if (!reduced.ok()) {
     run.DiscardAll(made);
@@ -585,7 +572,7 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
   StatusOr<std::vector<Handles>> inputs = CollectiveInputs(run, current, groups);
   if (!inputs.ok()) return cleanup(inputs.status());
   StatusOr<Handles> gathered =
-      RunCollectiveOp(run, "CollectiveGatherV2", *inputs, CollectiveOptions(run.mesh(), wire.wire));
+      run.RunCollective("CollectiveGatherV2", *inputs, CollectiveOptions(run.mesh(), wire.wire));
   if (!gathered.ok()) return cleanup(gathered.status());
   current = std::move(gathered).value();
   if (wire.wire != dtype) {
@@ -750,7 +737,7 @@ StatusOr<ValueId> CollectiveOps::AllToAll(CollectiveRunner& run, ValueId value, 
   StatusOr<std::vector<Handles>> inputs = CollectiveInputs(run, current, groups);
   if (!inputs.ok()) return cleanup(inputs.status());
   StatusOr<Handles> exchanged =
-      RunCollectiveOp(run, "CollectiveAllToAllV2", *inputs, CollectiveOptions(run.mesh(), dtype));
+      run.RunCollective("CollectiveAllToAllV2", *inputs, CollectiveOptions(run.mesh(), dtype));
   if (!exchanged.ok()) return cleanup(exchanged.status());
   current = std::move(exchanged).value();
   made.insert(made.end(), current.begin(), current.end());

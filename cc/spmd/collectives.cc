@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -82,28 +81,6 @@ int64_t DistributedTaskOf(const Mesh& mesh, int64_t id) {
 int32_t NextInstanceKey() { return next_instance_key.fetch_add(1); }
 
 int64_t InstanceKeysIssued() { return next_instance_key.load() - kFirstInstanceKey; }
-
-float CollectiveTimeoutSeconds() {
-  static const float seconds = [] {
-    const char* env = std::getenv("TF_DTENSOR_COLLECTIVE_TIMEOUT_S");
-    const float value = env && *env ? std::strtof(env, nullptr) : 0.0f;
-    return value > 0 ? value : 0.0f;
-  }();
-  return seconds;
-}
-
-Status ExplainCollectiveTimeout(const Status& status) {
-  if (status.code() != Code::kDeadlineExceeded || CollectiveTimeoutSeconds() <= 0) {
-    return status;
-  }
-  return Status(status.code(),
-                status.message() + " (TF_DTENSOR_COLLECTIVE_TIMEOUT_S=" +
-                    std::to_string(static_cast<int>(CollectiveTimeoutSeconds())) +
-                    ": some device of the collective's group did not join it in time. On a "
-                    "mesh spanning clients, another client runs a different program, such as "
-                    "other eager ops, or is stuck; every client must run the same ops in the "
-                    "same order.)");
-}
 
 const char* CollectiveMergeOp(ReduceOp op) {
   switch (op) {

@@ -92,15 +92,6 @@ int64_t DistributedTaskOf(const Mesh& mesh, int64_t id);
 // How many instance keys NextInstanceKey has handed out so far.
 int64_t InstanceKeysIssued();
 
-// TF_DTENSOR_COLLECTIVE_TIMEOUT_S: a collective op not done within this many seconds
-// fails (DeadlineExceededError) instead of waiting forever for a peer that runs another
-// program or is stuck; 0 or unset waits, as TensorFlow's DTensor does (a slow client,
-// loading data, is no error). Read once.
-float CollectiveTimeoutSeconds();
-// A DeadlineExceeded `status` while that timeout is set, with what it most likely means;
-// any other status as it is.
-Status ExplainCollectiveTimeout(const Status& status);
-
 // Refuses a collective on a mesh some of whose devices belong to other processes when
 // they cannot take part: names the mesh, the local and global device counts and the fix.
 Status CheckCollectiveParticipants(const Mesh& mesh, const CollectiveGroups& groups,

@@ -73,7 +73,6 @@ StatusOr<std::vector<ValueId>> RecordingBuilder::LocalOp(const std::string& op_n
       case AttrOverride::Kind::kBool: line += a.boolean ? "true" : "false"; break;
       case AttrOverride::Kind::kString: line += a.text; break;
       case AttrOverride::Kind::kIntList: line += ShapeString(a.ints); break;
-      case AttrOverride::Kind::kFloat: line += std::to_string(a.number); break;
     }
   }
   if (options.run_once) line += " (once)";

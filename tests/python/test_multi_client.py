@@ -131,21 +131,6 @@ def test_a_client_that_never_calls_the_function_times_out_with_a_message():
     assert "Client 1 did not reach" in found.group(2), found.group(0)
 
 
-@pytest.mark.multi_client
-def test_an_eager_collective_no_other_client_makes_times_out_when_asked():
-    """Eager collectives are not compared beforehand; TF_DTENSOR_COLLECTIVE_TIMEOUT_S
-    makes one that no other client joins fail, naming the op, instead of waiting forever."""
-    code, out = _run("mismatch.py", 2, timeout=120,
-                     env={"TFD_TEST_MODE": "eager", "TF_DTENSOR_COLLECTIVE_TIMEOUT_S": "5"})
-    assert code == 0, _tail(out)
-    assert "[client 0] NO MISMATCH 0" in out, _tail(out)
-    found = re.search(r"\[client 1\] MISMATCH (\w+): (.*)", out)
-    assert found and found.group(1) == "DeadlineExceededError", _tail(out)
-    message = found.group(2)
-    assert "'Sum'" in message and "timed out" in message, found.group(0)
-    assert "TF_DTENSOR_COLLECTIVE_TIMEOUT_S=5" in message and "different program" in message
-
-
 def test_server_def_names_every_client_and_the_leader():
     definition = _cluster.server_def("worker", ["127.0.0.1:1234", "127.0.0.1:1235"], 1,
                                      heartbeat=True, nccl=False)
