@@ -92,6 +92,14 @@ class Ledger:
         self._records: List[Collective] = []
         self._open = True
 
+    @classmethod
+    def _of(cls, records: List[Collective]) -> "Ledger":
+        """A closed ledger of `records` (what `debug.estimate` planned)."""
+        ledger = cls()
+        ledger._records = list(records)
+        ledger._open = False
+        return ledger
+
     @property
     def records(self) -> List[Collective]:
         return list(self._records)

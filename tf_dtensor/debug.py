@@ -1,6 +1,7 @@
-"""Seeing layouts: which device holds which block, what an op will do, and which
-collectives a program issued (`collectives()`, the ledger), and the first op whose sharded
-result differs from one device (`check`)."""
+"""Seeing layouts: which device holds which block, what an op will do, which
+collectives a program issued (`collectives()`, the ledger), what a call will cost before
+it runs (`estimate`), and the first op whose sharded result differs from one device
+(`check`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import numpy as np
 
 from tf_dtensor import _block_picture, _core
 from tf_dtensor._check import CheckedOp, CheckReport, check  # noqa: F401 -- the API
+from tf_dtensor._estimate import (DeviceEstimate, Estimate, Spec, compare,  # noqa: F401 -- the API
+                                  estimate, spec)
 from tf_dtensor._ledger import Collective, Ledger, collectives  # noqa: F401 -- the API
 from tf_dtensor import api
 from tf_dtensor._errors import LayoutError

@@ -39,7 +39,7 @@ PY_LAYERS = [
     ("_device",),                                      # the device, per context
     ("api", "config"),                                 # ops on DTensors; meshes, clients
     ("variable", "checkpoint", "_dataset", "debug", "_tape",
-     "_tf_layout_args", "_check"),                     # built on api
+     "_tf_layout_args", "_check", "_estimate"),        # built on api
     ("_save_restore", "_placement_api", "_module", "keras"),  # higher-level APIs
     ("dtensor", "placements", "__init__",
      "launch"),                                        # facades; the launcher (a command)

@@ -57,6 +57,14 @@ class DTensorDevice {
     expander_.DropDeleted(context);
     return expander_.stats();
   }
+  // The expansion a call of `function` with `inputs` from `mesh` runs (the cached one, or
+  // made and cached now), without running it: its collectives and cost
+  // (`debug.estimate`). A later call with the same inputs reuses it.
+  StatusOr<std::shared_ptr<const ExpandedFunction>> PlanFunction(
+      TFE_Context* context, const std::string& function, const Mesh& mesh,
+      const std::vector<ValueMeta>& inputs) {
+    return expander_.Expand(context, function, mesh, inputs, OutputRequest(), policy());
+  }
   size_t num_cached_plans() const { return plan_cache_.size(); }
   // Eager ops run by their plan's local-only run (LocalOnlyReplays), for tests.
   int64_t num_local_only_runs() const { return local_only_.num_runs(); }

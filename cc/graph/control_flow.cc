@@ -12,6 +12,7 @@ namespace tf_dtensor {
 
 using expansion_internal::EmptyListAttr;
 using expansion_internal::IsCall;
+using expansion_internal::IsIf;
 using expansion_internal::IsWhile;
 
 StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Callee(
@@ -24,7 +25,8 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Callee(
 Status FunctionExpansion::EmitFunctional(const NodeSpec& node, const std::string& op_type,
                                          const std::vector<TF_Output>& prefix,
                                          const std::vector<ValueId>& inputs, RawAttrs attrs,
-                                         const std::vector<ValueMeta>& results, bool copy_attrs) {
+                                         const std::vector<ValueMeta>& results, bool copy_attrs,
+                                         std::vector<std::shared_ptr<const ExpandedFunction>> bodies) {
   std::vector<TF_Output> flat;
   for (ValueId v : inputs) {
     if (builder_.is_host(v)) {
@@ -56,6 +58,19 @@ Status FunctionExpansion::EmitFunctional(const NodeSpec& node, const std::string
   options.copy_attrs = copy_attrs;
   TFD_ASSIGN_OR_RETURN(TF_Operation * op,
                        builder_.Emit(op_type, all, options, builder_.host_device(), attrs));
+  FunctionalCost& cost = functional_[op];
+  cost.alternatives = IsIf(op_type);
+  cost.loop = IsWhile(op_type);
+  for (const ValueMeta& m : results) {
+    for (int k = 0; k < m.num_flat(); ++k) {
+      cost.output_devices.push_back(m.layout ? m.layout->mesh().local_devices()[k]
+                                             : builder_.host_device());
+    }
+  }
+  for (std::shared_ptr<const ExpandedFunction>& body : bodies) {
+    cost.bodies.push_back(&body->cost);
+    bodies_.push_back(std::move(body));
+  }
   std::vector<ValueId>& outs = outputs_[node.name];
   int next = 0;
   for (const ValueMeta& m : results) {
@@ -88,7 +103,8 @@ Status FunctionExpansion::ExpandCall(const NodeSpec& node, const std::string& ca
   callees_[node.name] = expanded;
   builder_.AddCollectives(expanded->collectives, false);
   return EmitFunctional(node, "StatefulPartitionedCall", {}, inputs,
-                        {{"f", FunctionAttr(expanded->name)}}, expanded->outputs, false);
+                        {{"f", FunctionAttr(expanded->name)}}, expanded->outputs, false,
+                        {expanded});
 }
 
 StatusOr<TF_Output> FunctionExpansion::Predicate(const NodeSpec& node, ValueId value) {
@@ -160,7 +176,7 @@ Status FunctionExpansion::ExpandIf(const NodeSpec& node, const std::vector<Value
   return EmitFunctional(node, node.op, {predicate}, args,
                         {{"then_branch", FunctionAttr(then_fn->name)},
                          {"else_branch", FunctionAttr(else_fn->name)}},
-                        then_fn->outputs, true);
+                        then_fn->outputs, true, {then_fn, else_fn});
 }
 
 Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId> inputs) {
@@ -231,7 +247,7 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
   return EmitFunctional(node, node.op, {}, inputs,
                         {{"cond", FunctionAttr(cond_fn->name)},
                          {"body", FunctionAttr(body_fn->name)}},
-                        body_fn->outputs, true);
+                        body_fn->outputs, true, {cond_fn, body_fn});
 }
 
 }  // namespace tf_dtensor

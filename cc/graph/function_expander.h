@@ -39,13 +39,14 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cc/spmd/ledger.h"
 #include "cc/core/layout.h"
 #include "cc/core/lru_cache.h"
 #include "cc/core/status.h"
+#include "cc/graph/cost.h"
 #include "cc/rules/dispatch.h"
 #include "cc/rules/rule.h"
 #include "cc/spmd/builder.h"
+#include "cc/spmd/ledger.h"
 #include "tensorflow/c/eager/c_api.h"
 
 namespace tf_dtensor {
@@ -72,6 +73,8 @@ struct ExpandedFunction {
   int num_nodes = 0;               // nodes of the expanded graph, for debugging
   // The collectives one call issues (ledger.h), in the order emitted.
   std::vector<CollectiveRecord> collectives;
+  // What one call costs each device: memory, FLOPs (cost.h; `debug.estimate`).
+  FunctionCost cost;
   // On a mesh spanning clients: whether the clients have compared this expansion before
   // its first run (cc/device/program_check.h). It lives with the expansion: a new one, even
   // at a freed one's address, is compared anew, as on every other client.

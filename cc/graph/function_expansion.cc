@@ -71,9 +71,11 @@ Status FunctionExpansion::AddInputs(const std::vector<ValueMeta>& inputs) {
       TF_Output out{op, 0};
       // A TensorList's handle data would need TensorFlow's full type (TFT_ARRAY), which
       // this C API cannot set; list ops get the local element shape as an argument instead.
+      std::vector<int64_t> local_value;
       if (m.resource && m.dtype != TF_VARIANT) {
         // This device's block of the variable (blocks differ when shards are uneven).
-        std::vector<int64_t> local = m.resource->value_shape;
+        std::vector<int64_t>& local = local_value;
+        local = m.resource->value_shape;
         if (d >= 0 && m.resource->value_layout.LocalShape(m.resource->value_shape, "a DVariable").ok()) {
           local = m.resource->value_layout.GeometryOfDevice(m.resource->value_shape, d).shape;
         }
@@ -85,6 +87,27 @@ Status FunctionExpansion::AddInputs(const std::vector<ValueMeta>& inputs) {
         TFD_RETURN_IF_ERROR(FromTF(status_, "describing a DVariable input"));
       }
       flat_inputs_.push_back(out);
+      // What it holds on its device, for the cost: a variable's block, or a tensor.
+      InputCharge charge{device, 0, m.resource && m.dtype != TF_VARIANT};
+      const std::vector<int64_t>& held = charge.variable ? local_value : shape;
+      const int held_dtype = charge.variable ? m.resource->value_dtype : m.dtype;
+      int64_t elements = 1;
+      for (int64_t dim : held) elements *= std::max<int64_t>(dim, 0);
+      charge.bytes = elements * static_cast<int64_t>(DTypeBytes(held_dtype));
+      // Replicas that share one buffer (virtual CPUs) hold it once, on the first of them.
+      const bool shared = charge.variable ? m.resource->shared_storage.value_or(false)
+                                          : !builder_.orders_per_device();
+      const std::optional<Layout>& held_layout =
+          charge.variable ? std::optional<Layout>(m.resource->value_layout) : m.layout;
+      const std::vector<int64_t>& global = charge.variable ? m.resource->value_shape : m.shape;
+      if (shared && d > 0 && held_layout && !held_layout->is_partial() &&
+          held_layout->LocalShape(global, "a block").ok()) {
+        const std::vector<int64_t> offset = held_layout->GeometryOfDevice(global, d).offset;
+        for (int other = 0; other < d; ++other) {
+          if (held_layout->GeometryOfDevice(global, other).offset == offset) charge.bytes = 0;
+        }
+      }
+      input_charges_.push_back(std::move(charge));
       return out;
     };
     user_partial_ = user_partial_ || (m.layout && m.layout->is_partial());
@@ -644,6 +667,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
   TFE_ContextAddFunction(context_, fn, status_);
   TF_DeleteFunction(fn);
   TFD_RETURN_IF_ERROR(FromTF(status_, "registering the SPMD function for '" + function + "'"));
+  result->cost = AnalyzeCost(graph_.get(), flat_inputs_, input_charges_, flat_outputs, functional_);
   size_t pos = 0;
   int count = 0;
   while (TF_GraphNextOperation(graph_.get(), &pos)) ++count;

@@ -5,6 +5,7 @@
 #ifndef TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANSION_H_
 #define TF_DTENSOR_CC_GRAPH_FUNCTION_EXPANSION_H_
 
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -138,11 +139,13 @@ class FunctionExpansion {
   Status ExpandIf(const NodeSpec& node, const std::vector<ValueId>& inputs);
   Status ExpandWhile(const NodeSpec& node, std::vector<ValueId> inputs);
   // Emits a functional op (a call, If, While) over the flat components of `inputs`
-  // after `prefix` (e.g. If's predicate); its results are `results`' values.
+  // after `prefix` (e.g. If's predicate); its results are `results`' values. `bodies`:
+  // the expanded functions it runs (the callee, both branches, cond and body), for its cost.
   Status EmitFunctional(const NodeSpec& node, const std::string& op_type,
                         const std::vector<TF_Output>& prefix, const std::vector<ValueId>& inputs,
                         RawAttrs attrs, const std::vector<ValueMeta>& results,
-                        bool copy_attrs);
+                        bool copy_attrs,
+                        std::vector<std::shared_ptr<const ExpandedFunction>> bodies);
   StatusOr<std::shared_ptr<const ExpandedFunction>> Callee(const std::string& name,
                                                          const std::vector<ValueId>& inputs,
                                                          const OutputRequest& request);
@@ -197,6 +200,11 @@ class FunctionExpansion {
   std::unordered_map<std::string, int> position_;
   std::unordered_map<std::string, std::shared_ptr<const ExpandedFunction>> callees_;
   std::vector<TF_Output> flat_inputs_;
+  // For the cost (cost.h): what each flat input holds, and the functional ops' bodies
+  // (kept alive until Finish).
+  std::vector<InputCharge> input_charges_;
+  std::map<TF_Operation*, FunctionalCost> functional_;
+  std::vector<std::shared_ptr<const ExpandedFunction>> bodies_;
 };
 
 }  // namespace tf_dtensor

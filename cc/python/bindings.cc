@@ -177,6 +177,83 @@ class DeviceRef {
   TFE_Context* context_;
 };
 
+// A collective record as the ledger's Python side reads it (dtype as a TF_DataType number).
+py::dict RecordDict(const CollectiveRecord& r) {
+  py::dict d;
+  d["kind"] = r.kind;
+  d["reduction"] = r.reduction;
+  d["mesh"] = r.mesh;
+  d["mesh_dims"] = r.mesh_dims;
+  d["group_size"] = r.group_size;
+  d["layout_in"] = r.layout_in;
+  d["layout_out"] = r.layout_out;
+  d["shape"] = r.shape;
+  d["dtype"] = r.dtype;
+  d["block_bytes"] = r.block_bytes;
+  d["bytes_per_device"] = r.bytes_per_device;
+  d["op"] = r.op;
+  d["requested"] = r.requested;
+  d["combined"] = r.combined;
+  d["in_loop"] = r.in_loop;
+  d["in_branch"] = r.in_branch;
+  d["where"] = r.where.empty() ? std::string("eager") : r.where;
+  d["line"] = r.line;
+  return d;
+}
+
+// An input of `debug.estimate`: (layout or None, global shape, dtype, resource or None),
+// the resource (value layout, value shape, value dtype) of a DVariable's handle.
+using PlanInput = std::tuple<std::optional<Layout>, std::vector<int64_t>, int,
+                             std::optional<std::tuple<Layout, std::vector<int64_t>, int>>>;
+
+// The expansion of `function` for `inputs` on `mesh` (DTensorDevice::PlanFunction): its
+// collectives and per-device cost, as dicts.
+py::dict PlanFunction(const DeviceRef& ref, const std::string& function, const Mesh& mesh,
+                      const std::vector<PlanInput>& inputs) {
+  std::vector<ValueMeta> metas;
+  for (const auto& [layout, shape, dtype, resource] : inputs) {
+    ValueMeta m;
+    m.layout = layout;
+    m.shape = shape;
+    m.dtype = dtype;
+    if (resource) {
+      const auto& [value_layout, value_shape, value_dtype] = *resource;
+      // Made under the lowering in force now, as a variable created now would be.
+      m.resource = ResourceInfo{value_layout, value_shape, value_dtype,
+                                CollectiveLowering::For(value_layout.mesh()).shares_buffers()};
+    }
+    metas.push_back(std::move(m));
+  }
+  DTensorDevice& device = ref.get();
+  StatusOr<std::shared_ptr<const ExpandedFunction>> planned = Internal("not planned");
+  {
+    py::gil_scoped_release release;
+    planned = device.PlanFunction(ref.context(), function, mesh, metas);
+  }
+  std::shared_ptr<const ExpandedFunction> expanded = ValueOrRaise(std::move(planned), Subject::kOp);
+  py::dict devices;
+  for (const auto& [device, c] : expanded->cost.devices) {
+    py::dict d;
+    d["argument_bytes"] = c.argument_bytes;
+    d["variable_bytes"] = c.variable_bytes;
+    d["intermediate_bytes"] = c.intermediate_bytes;
+    d["flops"] = c.flops;
+    devices[py::str(device)] = std::move(d);
+  }
+  py::list collectives;
+  for (CollectiveRecord r : expanded->collectives) {
+    r.where = function;
+    collectives.append(RecordDict(r));
+  }
+  py::dict result;
+  result["devices"] = std::move(devices);
+  result["collectives"] = std::move(collectives);
+  result["unknown_sizes"] = expanded->cost.unknown_sizes;
+  result["has_loops"] = expanded->cost.has_loops;
+  result["num_nodes"] = expanded->num_nodes;
+  return result;
+}
+
 }  // namespace
 }  // namespace tf_dtensor
 
@@ -422,6 +499,8 @@ PYBIND11_MODULE(_core, m) {
              result["size"] = stats.size;
              return result;
            })
+      .def("plan_function", &PlanFunction, py::arg("function"), py::arg("mesh"),
+           py::arg("inputs"))
       .def_property_readonly("num_cached_plans",
                              [](const DeviceRef& ref) { return ref.get().num_cached_plans(); })
       .def_property_readonly("num_local_only_runs",
@@ -507,26 +586,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("ledger_end", [](int64_t start) {
     py::list out;
     for (const CollectiveRecord& r : ledger::End(start)) {
-      py::dict d;
-      d["kind"] = r.kind;
-      d["reduction"] = r.reduction;
-      d["mesh"] = r.mesh;
-      d["mesh_dims"] = r.mesh_dims;
-      d["group_size"] = r.group_size;
-      d["layout_in"] = r.layout_in;
-      d["layout_out"] = r.layout_out;
-      d["shape"] = r.shape;
-      d["dtype"] = r.dtype;
-      d["block_bytes"] = r.block_bytes;
-      d["bytes_per_device"] = r.bytes_per_device;
-      d["op"] = r.op;
-      d["requested"] = r.requested;
-      d["combined"] = r.combined;
-      d["in_loop"] = r.in_loop;
-      d["in_branch"] = r.in_branch;
-      d["where"] = r.where.empty() ? std::string("eager") : r.where;
-      d["line"] = r.line;
-      out.append(std::move(d));
+      out.append(RecordDict(r));
     }
     return out;
   });

@@ -128,9 +128,12 @@ class ComponentBuilder : public Builder {
     const Layout& layout = *values_[value].layout;
     StatusOr<Layout> out = Layout::FromSpecs(std::move(out_specs), layout.mesh(), layout.type(),
                                              std::move(out_partial));
-    NoteCollective(MakeCollectiveRecord(kind, reduces ? ReduceOpName(op) : "", layout,
-                                        values_[value].shape, values_[value].dtype, mesh_dims,
-                                        out.ok() ? *out : layout));
+    CollectiveRecord record =
+        MakeCollectiveRecord(kind, reduces ? ReduceOpName(op) : "", layout,
+                             values_[value].shape, values_[value].dtype, mesh_dims,
+                             out.ok() ? *out : layout);
+    // Over mesh dimensions of size 1 nothing moves between devices: not a collective.
+    if (record.group_size > 1) NoteCollective(std::move(record));
   }
   // The pending reductions of `layout` that are not over `mesh_dims`.
   static std::vector<PartialSpec> PartialsBesides(const Layout& layout,

@@ -1,0 +1,252 @@
+"""`debug.estimate(fn, *args)`: per-device memory, FLOPs and collectives of a call, planned
+without running it. The figures are checked by hand where they can be (a matmul's blocks),
+against the ledger of a real run (the collectives: exactly), against TensorFlow's
+allocator during a real run (memory: within 20%) and against one device (FLOPs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dtensor_testing import MESH_2X2, collective_lowering, layout_of, reassemble, to_dtensor
+from tf_dtensor import _device, debug, dtensor
+from tf_dtensor.dtensor import UNSHARDED, Layout
+
+U = UNSHARDED
+RNG = np.random.RandomState(3)
+MESH_4 = dtensor.create_mesh([("x", 4)], devices=[f"CPU:{i}" for i in range(4)])
+F32 = 4
+
+
+def _matmul_setup():
+    x = to_dtensor(RNG.rand(64, 32).astype(np.float32), layout_of("[x,*]", MESH_4))
+    w = dtensor.DVariable(to_dtensor(RNG.rand(32, 16).astype(np.float32),
+                                     layout_of("[*,*]", MESH_4)))
+
+    @tf.function
+    def f(x):
+        return tf.matmul(x, w)
+
+    return f, x, w
+
+
+@pytest.mark.parametrize("policy", ["shared", "ops"])
+def test_a_batch_sharded_matmul_costs_what_its_blocks_say(policy):
+    with collective_lowering(policy):
+        f, x, w = _matmul_setup()
+        e = debug.estimate(f, debug.spec([64, 32], tf.float32, layout_of("[x,*]", MESH_4)))
+        np.testing.assert_allclose(reassemble(f(x)), reassemble(x) @ reassemble(w.read_value()),
+                                   rtol=1e-5)
+    assert sorted(e.devices) == ["CPU:0", "CPU:1", "CPU:2", "CPU:3"], e.table()
+    for name, d in e.devices.items():
+        # Each device: its 16 rows of x, its [16,16] result, 2*16*16*32 multiply-adds.
+        assert d.argument_bytes == 16 * 32 * F32, e.table()
+        assert d.intermediate_bytes == 16 * 16 * F32, e.table()
+        assert d.flops == 2 * 16 * 16 * 32, e.table()
+        # The replicated weight: one block per device; where devices share buffers
+        # (virtual CPUs under "shared") the replicas are one buffer, held once.
+        held = 32 * 16 * F32 if policy == "ops" or name == "CPU:0" else 0
+        assert d.variable_bytes == held, (name, e.table())
+        assert d.peak_bytes == d.argument_bytes + d.variable_bytes + d.intermediate_bytes
+    assert e.collectives == [] and e.collective_bytes() == 0
+
+
+def test_estimate_plans_the_expansion_a_call_runs_and_runs_nothing():
+    f, x, w = _matmul_setup()
+    before = reassemble(w.read_value())
+    stats = _device.get().function_cache_stats()
+    with debug.collectives() as ledger:
+        e = debug.estimate(f, x)
+    assert len(ledger) == 0  # nothing ran
+    planned = _device.get().function_cache_stats()
+    assert planned["miss"] == stats["miss"] + 1
+    f(x)  # the call finds the expansion estimate made
+    after = _device.get().function_cache_stats()
+    assert (after["hit"], after["miss"]) == (planned["hit"] + 1, planned["miss"])
+    np.testing.assert_array_equal(reassemble(w.read_value()), before)
+    assert e.function.startswith("__inference_f")
+
+
+@pytest.mark.parametrize("policy", ["shared", "ops"])
+def test_row_parallel_step_collectives_are_the_ledger_of_a_run(policy):
+    """x [*,y] @ w [y,*] then a sum: the estimate lists the all-reduce over y the run
+    issues, with the same bytes; and an update of a variable through its gradient."""
+    a = RNG.rand(8, 16).astype(np.float32)
+    with collective_lowering(policy):
+        x = to_dtensor(a, layout_of("[*,y]", MESH_2X2))
+        w = dtensor.DVariable(to_dtensor(RNG.rand(16, 4).astype(np.float32),
+                                         layout_of("[y,*]", MESH_2X2)))
+        start = reassemble(w.read_value())
+
+        @tf.function
+        def step(x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.matmul(x, w) ** 2)
+            w.assign_sub(0.01 * tape.gradient(loss, w))
+            return loss
+
+        e = debug.estimate(step, debug.spec([8, 16], tf.float32, layout_of("[*,y]", MESH_2X2)))
+        with debug.collectives() as ledger:
+            loss = step(x)
+    expected = np.sum((a @ start) ** 2)
+    np.testing.assert_allclose(reassemble(loss), expected, rtol=1e-5)
+    np.testing.assert_allclose(reassemble(w.read_value()), start - 0.01 * 2 * a.T @ (a @ start), rtol=1e-4)
+    assert _without_line(e.collectives) == _without_line(ledger.records), \
+        e.table() + "\n" + ledger.table()
+    assert e.collective_bytes() == ledger.total_bytes() > 0
+    assert e.ledger().count(kind="all-reduce", mesh_dim="y") >= 1
+
+
+def _without_line(records):
+    return [(r.kind, r.reduction, r.mesh_dims, r.layout_in, r.layout_out, r.shape, r.dtype,
+             r.bytes_per_device, r.op, r.requested, r.combined) for r in records]
+
+
+def _transformer_step(mesh_shape, config):
+    from test_model_examples import transformer as example
+    placement = example.make_placement(dtensor, mesh_shape)
+    model = example.Transformer(config, placement)
+    optimizer = example.Adam(list(model.weights.values()), placement, config.learning_rate)
+    step = example.make_train_step(model, optimizer)
+    step.model = model
+    tokens, targets = next(example.batches(config, 1))
+    return step, (placement.tensor(tokens, ("batch", U)), placement.tensor(targets, ("batch", U)))
+
+
+def _measured_intermediates(step, args) -> int:
+    """The most the step's own buffers held at once, over all devices (virtual CPUs share
+    TensorFlow's one CPU allocator, which tracks buffers of 256 KiB and more)."""
+    step(*args)  # first call: builds kernels and constants
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    step(*args)
+    return tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+
+
+@pytest.mark.parametrize("policy,mesh_shape", [("shared", (1, 1)), ("shared", (2, 4)),
+                                               ("ops", (2, 4)), ("ops", (8, 1))],
+                         ids=lambda v: v if isinstance(v, str) else f"{v[0]}x{v[1]}")
+def test_transformer_step_memory_within_20_percent_of_a_run(policy, mesh_shape):
+    """examples/transformer.py at a size whose buffers TensorFlow's allocator tracks: the
+    estimate's intermediates, summed over the devices (the virtual CPUs share one
+    allocator), against the peak a run reaches. Collectives: exactly the run's."""
+    from test_model_examples import transformer as example
+    config = example.Config(vocab=2048, seq=128, d_model=256, heads=4, d_head=64, d_ff=1024,
+                            blocks=1, batch=32)
+    with collective_lowering(policy):
+        step, args = _transformer_step(mesh_shape, config)
+        e = debug.estimate(step, *args)
+        measured = _measured_intermediates(step, args)
+        with debug.collectives() as ledger:
+            step(*args)
+    estimated = sum(d.intermediate_bytes for d in e.devices.values())
+    assert 0.8 <= estimated / measured <= 1.2, (estimated, measured, e.table())
+    assert _without_line(e.collectives) == _without_line(ledger.records)
+    if mesh_shape == (1, 1):
+        # The variables: every weight and Adam's two slots for it (and its step count).
+        weights = sum(int(np.prod(v.shape)) * F32 for v in step.model.weights.values())
+        assert 3 * weights <= e.devices["CPU:0"].variable_bytes <= 3 * weights + 64, e.table()
+
+
+def test_flops_split_with_the_work_and_sum_to_one_device():
+    """A model-parallel matmul: each device does 1/4 of the multiply-adds; summed over the
+    devices, a data-parallel transformer step does the work of one device (within 5%:
+    small ops a layout repeats on every device)."""
+    x = debug.spec([64, 128], tf.float32, layout_of("[*,x]", MESH_4))
+    w = debug.spec([128, 32], tf.float32, layout_of("[x,*]", MESH_4))
+    e = debug.estimate(tf.function(lambda x, w: tf.matmul(x, w)), x, w)
+    assert e.ledger().count(kind="all-reduce") == 1
+    # Each device's quarter of the product; the sum that reduces the partial results
+    # (64*32 elements, 3 additions each at most) goes to the devices that compute it.
+    matmul = 2 * 64 * 32 * 128 // 4
+    assert all(matmul <= d.flops <= matmul + 3 * 64 * 32 for d in e.devices.values()), e.table()
+    from test_model_examples import transformer as example
+    config = example.Config()
+    one = debug.estimate(*_flat(_transformer_step((1, 1), config)))
+    sharded = debug.estimate(*_flat(_transformer_step((8, 1), config)))
+    assert one.total_flops > 0
+    assert abs(sharded.total_flops - one.total_flops) / one.total_flops < 0.05, \
+        (sharded.total_flops, one.total_flops)
+    assert sharded.flops < one.flops / 4  # the most any one device does
+
+
+def _flat(step_and_args):
+    step, args = step_and_args
+    return (step,) + tuple(args)
+
+
+@pytest.mark.parametrize("op,args,flops", [
+    ("einsum", ("bqd,dk->bqk", [4, 8, 16], [16, 32]), 2 * 4 * 8 * 16 * 32),
+    ("conv2d", ([2, 10, 10, 3], [3, 3, 3, 8]), 2 * (2 * 8 * 8 * 8) * (3 * 3 * 3)),
+    ("batch_matmul", ([4, 8, 16], [4, 16, 2]), 2 * 4 * 8 * 2 * 16),
+])
+def test_flops_of_contractions_on_one_device(op, args, flops):
+    mesh = dtensor.create_mesh([("x", 1)], devices=["CPU:0"])
+    if op == "einsum":
+        equation, a, b = args
+        fn = tf.function(lambda a, b: tf.einsum(equation, a, b))
+    elif op == "conv2d":
+        a, b = args
+        fn = tf.function(lambda a, b: tf.nn.conv2d(a, b, strides=1, padding="VALID"))
+    else:
+        a, b = args
+        fn = tf.function(lambda a, b: tf.matmul(a, b))
+    e = debug.estimate(fn, debug.spec(a, tf.float32, Layout.replicated(mesh, len(a))),
+                       debug.spec(b, tf.float32, Layout.replicated(mesh, len(b))))
+    assert e.devices["CPU:0"].flops == flops, e.table()
+
+
+def test_a_loop_body_counts_once_and_a_conditional_its_larger_branch():
+    x = debug.spec([64, 64], tf.float32, layout_of("[x,*]", MESH_4))
+
+    @tf.function
+    def loop(x):
+        return tf.while_loop(lambda i, v: i < 10, lambda i, v: (i + 1, tf.matmul(v, v)),
+                             (tf.constant(0), x))[1]
+
+    e = debug.estimate(loop, x)
+    assert e.has_loops and "one iteration" in e.table()
+    matmul = 2 * 64 * 64 * 64  # one iteration's product, all-gathered v on each device
+    assert all(d.flops >= matmul // 4 for d in e.devices.values()), e.table()
+    assert all(c.in_loop for c in e.collectives)
+
+    @tf.function
+    def branch(x, big):
+        return tf.cond(big, lambda: tf.matmul(x, x, transpose_b=True), lambda: x * 2.0)
+
+    e = debug.estimate(branch, x, tf.TensorSpec([], tf.bool))
+    # The larger branch (16x64 @ 64x64 per device, after a gather of x) is counted.
+    assert all(d.flops >= 2 * 16 * 64 * 64 for d in e.devices.values()), e.table()
+    assert not e.has_loops
+
+
+def test_table_and_compare_set_layouts_side_by_side():
+    w_data = debug.spec([256, 256], tf.float32, layout_of("[*,*]", MESH_2X2))
+    w_model = debug.spec([256, 256], tf.float32, layout_of("[*,y]", MESH_2X2))
+    x = debug.spec([128, 256], tf.float32, layout_of("[x,*]", MESH_2X2))
+
+    @tf.function
+    def layer(x, w):
+        return tf.nn.relu(tf.matmul(x, w))
+
+    data = debug.estimate(layer, x, w_data)
+    model = debug.estimate(layer, x, w_model)
+    assert model.devices["CPU:0"].argument_bytes < data.devices["CPU:0"].argument_bytes
+    text = data.table()
+    assert "CPU:3" in text and "intermediates" in text and "no collectives" in text
+    side = debug.compare({"data": data, "model": model})
+    lines = side.splitlines()
+    assert lines[0].split() == ["data", "model"]
+    assert any(line.startswith("peak memory / device") for line in lines)
+    assert any(line.startswith("FLOPs / device") for line in lines)
+    assert "peak" in str(data)
+
+
+def test_bad_arguments_say_what_to_pass():
+    with pytest.raises(ValueError, match="no argument .* is a DTensor"):
+        debug.estimate(tf.function(lambda a: a * 2), tf.TensorSpec([4], tf.float32))
+    with pytest.raises(ValueError, match="rank"):
+        debug.spec([4, 4], tf.float32, layout_of("[x]", MESH_4))
+    with pytest.raises(ValueError, match="fully known"):
+        debug.spec([-1, 4], tf.float32, layout_of("[x,*]", MESH_4))
