@@ -279,6 +279,22 @@ def train(steps: int = 5, plain: bool = False, mesh_shape=(2, 4), config: Config
     return losses
 
 
+def estimate(mesh_shapes: Sequence[Sequence[int]], config: Config = Config(), api=None) -> str:
+    """What one training step costs per device on each mesh shape (batch x model), side by
+    side: `debug.estimate` plans the step for abstract token batches, nothing runs."""
+    from tf_dtensor import debug
+    estimates = {}
+    for shape in mesh_shapes:
+        placement = make_placement(api, shape)
+        model = Transformer(config, placement)
+        optimizer = Adam(list(model.weights.values()), placement, config.learning_rate)
+        step = make_train_step(model, optimizer)
+        tokens = debug.spec([config.batch, config.seq], tf.int32,
+                            api.Layout(["batch", U], placement.mesh))
+        estimates[f"batch={shape[0]},model={shape[1]}"] = debug.estimate(step, tokens, tokens)
+    return debug.compare(estimates)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=10)
@@ -289,12 +305,19 @@ def main() -> None:
     parser.add_argument("--collectives", metavar="PNG", nargs="?", const="",
                         help="print the collectives of one training step (and draw them "
                              "to PNG, if given)")
+    parser.add_argument("--estimate", action="store_true",
+                        help="print what one step costs per device on every batch x model "
+                             "mesh of as many devices as --mesh, side by side, and stop")
     args = parser.parse_args()
     mesh_shape = tuple(int(n) for n in args.mesh.split("x"))
     configure_virtual_cpus(mesh_shape[0] * mesh_shape[1])
     from tf_dtensor import dtensor
     if args.strict:
         dtensor.set_strict_mode(True)
+    if args.estimate:
+        n = mesh_shape[0] * mesh_shape[1]
+        print(estimate([(b, n // b) for b in range(n, 0, -1) if n % b == 0], api=dtensor))
+        return
     def show(ledger):
         print(ledger.table())
         if args.collectives:

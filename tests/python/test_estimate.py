@@ -149,6 +149,50 @@ def test_transformer_step_memory_within_20_percent_of_a_run(policy, mesh_shape):
         assert 3 * weights <= e.devices["CPU:0"].variable_bytes <= 3 * weights + 64, e.table()
 
 
+@pytest.mark.parametrize("policy,mesh_shape", [("shared", (8,)), ("ops", (4, 2))],
+                         ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v)))
+def test_cnn_step_memory_within_20_percent_of_a_run(policy, mesh_shape):
+    """examples/cnn.py on 4096 16x16 images: batch-parallel, and batch x space (spatially
+    sharded convolutions with halo exchanges)."""
+    from test_model_examples import cnn
+    images = RNG.rand(4096, cnn.IMAGE, cnn.IMAGE, 1).astype(np.float32)
+    labels = RNG.randint(0, 10, size=4096).astype(np.int32)
+    with collective_lowering(policy):
+        placement = cnn.make_placement(dtensor, mesh_shape, spatial=len(mesh_shape) > 1)
+        step, _ = cnn.make_train_step(cnn.CNN(placement))
+        args = (placement.tensor(images, placement.image_specs),
+                placement.tensor(labels, ("batch",)))
+        e = debug.estimate(step, *args)
+        measured = _measured_intermediates(step, args)
+        with debug.collectives() as ledger:
+            step(*args)
+    estimated = sum(d.intermediate_bytes for d in e.devices.values())
+    assert 0.8 <= estimated / measured <= 1.2, (estimated, measured, e.table())
+    assert _without_line(e.collectives) == _without_line(ledger.records)
+
+
+def test_the_training_guides_step_plans_the_collectives_it_runs():
+    """examples/train_mlp.py (the "Distributed training with Core APIs and DTensor" guide):
+    its train_step takes the model, loss, metric and optimizer as Python objects."""
+    from test_train_example import train_mlp
+    mesh, weight_layout = train_mlp.setup(8, plain=False)
+    model = train_mlp.build_model(weight_layout)
+    optimizer = train_mlp.Adam(model.trainable_variables)
+    x, y = train_mlp.repack_batch(RNG.rand(128, 784).astype(np.float32),
+                                  RNG.randint(0, 10, size=128).astype(np.int64), mesh)
+    args = (model, x, y, train_mlp.cross_entropy_loss, train_mlp.accuracy, optimizer)
+    e = debug.estimate(train_mlp.train_step, *args)
+    with debug.collectives() as ledger:
+        train_mlp.train_step(*args)
+    assert _without_line(e.collectives) == _without_line(ledger.records), e.table()
+    # Data parallelism: the gradients (and the loss, the accuracy) are summed over batch.
+    assert e.ledger().count(kind="all-reduce", mesh_dim="batch") >= 1
+    weights = sum(int(np.prod(v.shape)) * F32 for v in model.trainable_variables)
+    # Each device holds every weight and Adam's two slots for it (one buffer for all the
+    # virtual CPUs' replicas, on the first).
+    assert e.devices["CPU:0"].variable_bytes >= 3 * weights, e.table()
+
+
 def test_flops_split_with_the_work_and_sum_to_one_device():
     """A model-parallel matmul: each device does 1/4 of the multiply-adds; summed over the
     devices, a data-parallel transformer step does the work of one device (within 5%:
@@ -250,3 +294,15 @@ def test_bad_arguments_say_what_to_pass():
         debug.spec([4, 4], tf.float32, layout_of("[x]", MESH_4))
     with pytest.raises(ValueError, match="fully known"):
         debug.spec([-1, 4], tf.float32, layout_of("[x,*]", MESH_4))
+
+
+def test_the_transformer_example_compares_its_meshes():
+    """`examples/transformer.py --estimate`: one column per mesh, and the layouts differ
+    where they should (pure data parallelism holds every weight whole)."""
+    from test_model_examples import transformer as example
+    text = example.estimate([(8, 1), (2, 4)], api=dtensor)
+    header, peak, arguments, variables = text.splitlines()[:4]
+    assert header.split() == ["batch=8,model=1", "batch=2,model=4"], text
+    assert variables.split()[0] == "variables"
+    data, mixed = [float(v) for v in variables.split()[1::2]]
+    assert data > 2 * mixed, text  # KiB: [*,*] weights against weights split over model
