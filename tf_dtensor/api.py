@@ -335,7 +335,7 @@ _unpack_capacity = 8
 
 
 def _spans_clients(mesh: Mesh) -> bool:
-    return mesh.num_local_devices() < mesh.size
+    return mesh._mesh.spans_processes()  # pylint: disable=protected-access
 
 
 def _refuse_uneven_across_clients(op: str, shape, layout: Layout) -> None:

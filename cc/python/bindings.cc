@@ -298,6 +298,7 @@ PYBIND11_MODULE(_core, m) {
                     return ValueOrRaise(Mesh::FromProto(std::string(serialized)), Subject::kMesh);
                   })
       .def("to_proto", [](const Mesh& mesh) { return py::bytes(mesh.ToProto()); })
+      .def("spans_processes", &Mesh::spans_processes)
       .def("to_string", &Mesh::ToString)
       .def("short_string", &Mesh::ShortString)
       .def_property_readonly("name", &Mesh::name)

@@ -112,9 +112,9 @@ StatusOr<std::vector<ValueId>> Dispatch(const RegisteredRule* entry, OpContext& 
                                         const DispatchOptions& options) {
   // No rule: run replicated (the documented policy, checked below); a stateful op once.
   const bool has_rule = entry != nullptr;
-  // Names the op in the collective ledger.
-  const ledger::OpScope op_scope(ctx.op_name,
-                                 ctx.op_name == kRelayoutOp || ctx.op_name == kRelayoutLikeOp);
+  // Names the op in the collective ledger (its registration row says whether it is the
+  // user's relayout, whose collectives were asked for).
+  const ledger::OpScope op_scope(ctx.op_name, has_rule && entry->traits.user_relayout);
   if (!entry) entry = &FallbackRule(options.stateful);
   const Rule* rule = entry->rule.get();
   const int n = static_cast<int>(inputs.size());

@@ -136,8 +136,10 @@ class RelayoutLikeRule : public Rule {
 };
 
 const bool kRegistered = RegisterRules({
-    {"TfDTensorRelayout", std::make_shared<RelayoutRule>(), Traits().MultiDimAxes()},
-    {"TfDTensorRelayoutLike", std::make_shared<RelayoutLikeRule>(), Traits().MultiDimAxes()},
+    {"TfDTensorRelayout", std::make_shared<RelayoutRule>(),
+     Traits().MultiDimAxes().UserRelayout()},
+    {"TfDTensorRelayoutLike", std::make_shared<RelayoutLikeRule>(),
+     Traits().MultiDimAxes().UserRelayout()},
 });
 
 }  // namespace

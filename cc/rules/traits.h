@@ -70,6 +70,9 @@ struct RuleTraits {
   // The op makes a constant from a Python value (_EagerConst): mostly arguments (shapes,
   // seeds), so call_with_layout leaves it replicated rather than relaying it out.
   bool python_constant = false;
+  // The op is the user's relayout (relayout, relayout_like, copy_to_mesh): the collective
+  // ledger marks the collectives it issues as asked for, not implied by a rule.
+  bool user_relayout = false;
 
   // Chained setters for registration rows: Traits().Linear(kOneInput).Host(1, kAxis).
   RuleTraits& Linear(Linearity how) {
@@ -97,6 +100,10 @@ struct RuleTraits {
   }
   RuleTraits& PythonConstant() {
     python_constant = true;
+    return *this;
+  }
+  RuleTraits& UserRelayout() {
+    user_relayout = true;
     return *this;
   }
 
