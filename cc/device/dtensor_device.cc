@@ -1,11 +1,14 @@
 #include "cc/device/dtensor_device.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <set>
 
+#include "cc/core/strings.h"
 #include "cc/device/function_call.h"
+#include "cc/device/program_check.h"
 #include "cc/eager/executor.h"
 #include "cc/eager/kernel_cache.h"
 #include "cc/eager/pack.h"
@@ -33,6 +36,18 @@ AttrMap ReadAttrs(const TFE_Op* op) {
 }
 
 std::atomic<int> live_devices{0};
+
+// TF_DTENSOR_CHECK_EAGER_COLLECTIVES=1: on meshes spanning clients, every eager collective
+// is compared across the clients before it runs (a round trip through the coordination
+// service each; tf.functions are compared once per expansion regardless).
+bool ChecksEagerCollectives() {
+  static const bool on = [] {
+    const char* value = std::getenv("TF_DTENSOR_CHECK_EAGER_COLLECTIVES");
+    return value != nullptr && *value != '\0' && std::string(value) != "0" &&
+           std::string(value) != "false";
+  }();
+  return on;
+}
 
 // The runtime form of a requested (call_with_layout / default) layout. A single-device
 // request only names the mesh: every tensor there is whole, so nothing is left to ask.
@@ -287,6 +302,21 @@ Status DTensorDevice::DispatchOp(const EagerOp& op, const Routed& routed, int* n
   ctx.num_outputs = *num_outputs;
   EagerBuilder builder(op.context, ctx.mesh, TFE_OpGetAttrs(op.op), *num_outputs, op_pool_,
                        kernels_);
+  if (ctx.mesh.spans_processes() && ChecksEagerCollectives()) {
+    // Each eager collective is compared with every other client's before it runs: a
+    // client whose eager program went another way gets an error naming both, not a hang.
+    TFE_Context* context = op.context;
+    const Mesh mesh = ctx.mesh;
+    builder.set_collective_check([context, mesh](const CollectiveRecord& r) {
+      std::string kind = r.reduction.empty() ? r.kind : r.kind + "(" + r.reduction + ")";
+      std::string dims;
+      for (const std::string& d : r.mesh_dims) dims += (dims.empty() ? "" : "+") + d;
+      return CheckSameProgram(context, mesh,
+                              "eager " + kind + " over " + dims + " of " +
+                                  DataTypeName(r.dtype) + ShapeString(r.shape) + " " +
+                                  r.layout_in + " (op '" + r.op + "')");
+    });
+  }
   const int num_inputs = static_cast<int>(op.handles.size());
   std::vector<ValueId> inputs;
   inputs.reserve(num_inputs);

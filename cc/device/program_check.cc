@@ -61,8 +61,8 @@ Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::strin
       theirs.assign(static_cast<const char*>(buffer->data), buffer->length);
     }
     TF_DeleteBuffer(buffer);
-    const std::string where = "multi-client function call " + std::to_string(step + 1) +
-                              " on " + mesh.ShortString();
+    const std::string where = "checked program step " + std::to_string(step + 1) + " on " +
+                              mesh.ShortString();
     if (TF_GetCode(status.get()) == TF_DEADLINE_EXCEEDED) {
       return DeadlineExceeded(
           "Client " + std::to_string(other) + " did not reach its " + where + " within " +
@@ -78,9 +78,9 @@ Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::strin
       return FailedPrecondition(
           "The clients run different programs at their " + where + ": this client (" +
           std::to_string(me) + ") runs " + description + "; client " + std::to_string(other) +
-          " runs " + theirs + ". Every client must run the same tf.functions on the same "
-          "input shapes and layouts, in the same order (make data-dependent choices the "
-          "same on every client).");
+          " runs " + theirs + ". Every client must run the same tf.functions (and eager "
+          "collectives) on the same input shapes and layouts, in the same order (make "
+          "data-dependent choices the same on every client).");
     }
   }
   return Status::Ok();

@@ -1,7 +1,8 @@
 // Every client of a multi-client mesh must run the same program: the same tf.functions,
 // on the same input shapes and layouts, in the same order. A client that runs another
 // would wait in a collective its peers never issue. Before the first run of each SPMD
-// function on a mesh that spans processes, the clients compare what they are about to run
+// function on a mesh that spans processes (and, with TF_DTENSOR_CHECK_EAGER_COLLECTIVES,
+// before each eager collective there), the clients compare what they are about to run
 // through the coordination service's key-value store, and a difference is an error that
 // says how the programs differ instead of a hang.
 #ifndef TF_DTENSOR_CC_DEVICE_PROGRAM_CHECK_H_

@@ -10,6 +10,7 @@
 #ifndef TF_DTENSOR_CC_EAGER_EXECUTOR_H_
 #define TF_DTENSOR_CC_EAGER_EXECUTOR_H_
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -90,6 +91,12 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
   // After the expansion, given its results: the run when it was local-only, else nullopt.
   std::optional<LocalOnlyRun> LocalOnly(const std::vector<ValueId>& outputs) const;
 
+  // `check` is asked before each collective the expansion issues; its error stops the op
+  // before the collective runs (clients comparing their eager collectives).
+  void set_collective_check(std::function<Status(const CollectiveRecord&)> check) {
+    collective_check_ = std::move(check);
+  }
+
  protected:
   StatusOr<std::vector<TFE_TensorHandle*>> RunOn(const std::string& op_name,
                                                  const std::vector<TFE_TensorHandle*>& inputs,
@@ -102,6 +109,10 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
     if (handle) TFE_DeleteTensorHandle(handle);
   }
   int default_num_outputs() const override { return max_outputs_; }
+  bool checks_collectives() const override { return static_cast<bool>(collective_check_); }
+  Status BeforeCollective(const CollectiveRecord& record) override {
+    return collective_check_(record);
+  }
   // TF collective ops: every device's op on its own thread (device_threads.h), since
   // the participants wait for each other.
   StatusOr<std::vector<TFE_TensorHandle*>> RunCollective(
@@ -125,6 +136,7 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
     std::vector<std::vector<TFE_TensorHandle*>> outputs;
   };
   std::optional<Watch> watch_;
+  std::function<Status(const CollectiveRecord&)> collective_check_;
 };
 
 }  // namespace tf_dtensor

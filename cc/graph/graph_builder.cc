@@ -407,7 +407,7 @@ StatusOr<ValueId> GraphBuilder::AllReduce(ValueId value, const std::vector<int>&
       mesh_dims, std::string("all-reduce (") + ReduceOpName(op) + ") a " + layout.ShortString() +
                      " value"));
   const size_t noted = collectives_.size();
-  Note("all-reduce", op, true, value, mesh_dims, layout.specs(), {});
+  TFD_RETURN_IF_ERROR(Note("all-reduce", op, true, value, mesh_dims, layout.specs(), {}));
   PendingAllReduce pending{layout, v.shape, v.dtype, mesh_dims, op, v.handles, {},
                            collectives_.size() > noted ? static_cast<int>(noted) : -1};
   LocalOpOptions options;

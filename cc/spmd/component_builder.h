@@ -121,20 +121,30 @@ class ComponentBuilder : public Builder {
     ~NestedCollectives() { --depth_; }
     int& depth_;
   };
-  void Note(const std::string& kind, ReduceOp op, bool reduces, ValueId value,
-            const std::vector<int>& mesh_dims, std::vector<DimSpec> out_specs,
-            std::vector<PartialSpec> out_partial) {
-    if (collective_depth_ > 0 || !(keeps_collectives() || ledger::Active())) return;
+  // Notes a collective about to be issued (not one nested in another): to the ledger, and
+  // to BeforeCollective where the builder checks collectives, whose error stops it.
+  Status Note(const std::string& kind, ReduceOp op, bool reduces, ValueId value,
+              const std::vector<int>& mesh_dims, std::vector<DimSpec> out_specs,
+              std::vector<PartialSpec> out_partial) {
+    const bool record = keeps_collectives() || ledger::Active();
+    if (collective_depth_ > 0 || !(record || checks_collectives())) return Status::Ok();
     const Layout& layout = *values_[value].layout;
     StatusOr<Layout> out = Layout::FromSpecs(std::move(out_specs), layout.mesh(), layout.type(),
                                              std::move(out_partial));
-    CollectiveRecord record =
+    CollectiveRecord note =
         MakeCollectiveRecord(kind, reduces ? ReduceOpName(op) : "", layout,
                              values_[value].shape, values_[value].dtype, mesh_dims,
                              out.ok() ? *out : layout);
     // Over mesh dimensions of size 1 nothing moves between devices: not a collective.
-    if (record.group_size > 1) NoteCollective(std::move(record));
+    if (note.group_size <= 1) return Status::Ok();
+    if (checks_collectives()) TFD_RETURN_IF_ERROR(BeforeCollective(note));
+    if (record) NoteCollective(std::move(note));
+    return Status::Ok();
   }
+  // Whether BeforeCollective is called before each collective issued (the eager builder
+  // where clients compare their collectives: TF_DTENSOR_CHECK_EAGER_COLLECTIVES).
+  virtual bool checks_collectives() const { return false; }
+  virtual Status BeforeCollective(const CollectiveRecord&) { return Status::Ok(); }
   // The pending reductions of `layout` that are not over `mesh_dims`.
   static std::vector<PartialSpec> PartialsBesides(const Layout& layout,
                                                   const std::vector<int>& mesh_dims) {
@@ -488,8 +498,8 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllReduce(ValueId value,
     dropped.owned = false;
     return Add(std::move(dropped));
   }
-  Note("all-reduce", op, true, value, mesh_dims, layout.specs(),
-       PartialsBesides(layout, mesh_dims));
+  TFD_RETURN_IF_ERROR(Note("all-reduce", op, true, value, mesh_dims, layout.specs(),
+                           PartialsBesides(layout, mesh_dims)));
   NestedCollectives nested(collective_depth_);
   Runner runner(*this);
   return lowering().AllReduce(runner, value, mesh_dims, op);
@@ -505,8 +515,8 @@ StatusOr<ValueId> ComponentBuilder<Handle>::ReduceScatter(ValueId value, int dim
                       std::to_string(dim) + " of a " + layout.ShortString() + " value"));
   std::vector<DimSpec> scattered = layout.specs();
   scattered[dim] = DimSpec::Sharded(mesh_dim);
-  Note("reduce-scatter", op, true, value, {mesh_dim}, scattered,
-       PartialsBesides(layout, {mesh_dim}));
+  TFD_RETURN_IF_ERROR(Note("reduce-scatter", op, true, value, {mesh_dim}, scattered,
+                           PartialsBesides(layout, {mesh_dim})));
   NestedCollectives nested(collective_depth_);
   Runner runner(*this);
   return lowering().ReduceScatter(runner, value, dim, mesh_dim, op);
@@ -530,8 +540,8 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllGather(ValueId value, int dim) {
       "all-gather axis " + std::to_string(dim) + " of a " + layout.ShortString() + " value"));
   std::vector<DimSpec> gathered = layout.specs();
   gathered[dim] = DimSpec::Replicated();
-  Note("all-gather", ReduceOp::kSum, false, value, layout.spec(dim).mesh_dims(), gathered,
-       layout.partial());
+  TFD_RETURN_IF_ERROR(Note("all-gather", ReduceOp::kSum, false, value,
+                           layout.spec(dim).mesh_dims(), gathered, layout.partial()));
   NestedCollectives nested(collective_depth_);
   Runner runner(*this);
   return lowering().AllGather(runner, value, dim);
@@ -547,8 +557,8 @@ StatusOr<ValueId> ComponentBuilder<Handle>::AllToAll(ValueId value, int from_dim
   std::vector<DimSpec> moved = layout.specs();
   moved[to_dim] = moved[from_dim];
   moved[from_dim] = DimSpec::Replicated();
-  Note("all-to-all", ReduceOp::kSum, false, value, layout.spec(from_dim).mesh_dims(), moved,
-       layout.partial());
+  TFD_RETURN_IF_ERROR(Note("all-to-all", ReduceOp::kSum, false, value,
+                           layout.spec(from_dim).mesh_dims(), moved, layout.partial()));
   NestedCollectives nested(collective_depth_);
   Runner runner(*this);
   return lowering().AllToAll(runner, value, from_dim, to_dim);

@@ -131,6 +131,24 @@ def test_a_client_that_never_calls_the_function_times_out_with_a_message():
     assert "Client 1 did not reach" in found.group(2), found.group(0)
 
 
+@pytest.mark.multi_client
+def test_eager_collectives_are_compared_when_asked():
+    """With TF_DTENSOR_CHECK_EAGER_COLLECTIVES, every eager collective on a mesh spanning
+    clients is compared first: a client that takes a maximum where the other takes a sum
+    makes both fail naming both collectives (unchecked, each would wait in its own
+    all-reduce forever)."""
+    code, out = _run("mismatch.py", 2, timeout=120,
+                     env={"TFD_TEST_MODE": "eager", "TF_DTENSOR_CHECK_EAGER_COLLECTIVES": "1"})
+    assert code == 0, _tail(out)
+    for k in range(2):
+        found = re.search(rf"\[client {k}\] MISMATCH (\w+): (.*)", out)
+        assert found and found.group(1) == "FailedPreconditionError", _tail(out)
+        message = found.group(2)
+        assert "run different programs" in message, message
+        assert "eager all-reduce(sum) over x" in message and "'Sum'" in message, message
+        assert "eager all-reduce(max) over x" in message and "'Max'" in message, message
+
+
 def test_server_def_names_every_client_and_the_leader():
     definition = _cluster.server_def("worker", ["127.0.0.1:1234", "127.0.0.1:1235"], 1,
                                      heartbeat=True, nccl=False)

@@ -1,8 +1,10 @@
 """One client of a multi-client run in which the clients run different programs
 (TFD_TEST_MODE): "shapes" (the same tf.function on other input shapes), "functions"
-(another tf.function) or "missing" (the last client calls none, waits past the others' timeout and leaves). Each client
-must get an error saying how the programs differ, or that a client did not come, instead
-of hanging in a collective. Prints `MISMATCH <error class>: <message>`."""
+(another tf.function), "missing" (the last client calls none, waits past the others'
+timeout and leaves) or "eager" (eagerly, after a sum every client makes, the last client
+takes a maximum where the others take a sum; run with TF_DTENSOR_CHECK_EAGER_COLLECTIVES).
+Each client must get an error saying how the programs differ, or that a client did not
+come, instead of hanging in a collective. Prints `MISMATCH <error class>: <message>`."""
 
 import os
 import sys
@@ -47,7 +49,12 @@ if mode == "missing" and last:
     time.sleep(10)  # past the others' 5 s wait; then leave without meeting them
     os._exit(0)
 try:
-    (largest if (mode == "functions" and last) else total)(t)
+    if mode == "eager":
+        np.testing.assert_allclose(dtensor.unpack(tf.reduce_sum(t, axis=0))[0].numpy(),
+                                   np.full([4], 2.0 * clients))
+        (tf.reduce_max if last else tf.reduce_sum)(t * 2.0, axis=0)
+    else:
+        (largest if (mode == "functions" and last) else total)(t)
     print("NO MISMATCH", me, flush=True)
 except Exception as error:  # noqa: BLE001 -- the class and text are what is checked
     print(f"MISMATCH {type(error).__name__}: {' '.join(str(error).split())[:600]}", flush=True)
