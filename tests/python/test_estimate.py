@@ -308,3 +308,40 @@ def test_the_transformer_example_compares_its_meshes():
     assert variables.split()[0] == "variables"
     data, mixed = [float(v) for v in variables.split()[1::2]]
     assert data > 2 * mixed, text  # KiB: [*,*] weights against weights split over model
+
+
+def test_a_keras_model_parallel_train_step():
+    """A Keras model under `ModelParallel`: its `train_step` estimated for abstract batches.
+    Planned under the "copies" lowering (devices that share no buffers, as GPUs), each
+    device holds its blocks of the weights and of Adam's two slots for each; the
+    collectives are those a call of the same step records."""
+    keras = pytest.importorskip("keras")
+    import tf_dtensor.keras  # noqa: F401 -- installs the backend
+    from keras_testing import model_parallel
+    from tf_dtensor.keras import _backend
+    distribution = model_parallel({".*d1/kernel": (None, "model"), ".*d1/bias": ("model",),
+                                   ".*d2/kernel": ("model", None)})
+    with collective_lowering("copies"), distribution.scope():
+        model = keras.Sequential([keras.Input((64,)),
+                                  keras.layers.Dense(256, activation="relu", name="d1"),
+                                  keras.layers.Dense(10, name="d2")])
+        model.compile(optimizer="adam",
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.optimizer.build(model.trainable_variables)
+        mesh = _backend._to_backend_mesh(distribution.device_mesh)  # pylint: disable=protected-access
+        specs = (debug.spec([32, 64], tf.float32, Layout(["batch", U], mesh)),
+                 debug.spec([32], tf.int32, Layout(["batch"], mesh)))
+        step = tf.function(model.train_step, autograph=False)
+        e = debug.estimate(step, specs)
+        data = (RNG.rand(32, 64).astype(np.float32), RNG.randint(0, 10, 32).astype(np.int32))
+        with debug.collectives() as ledger:
+            step(_backend.lay_out_batch(data, mesh))
+    assert _without_line(e.collectives) == _without_line(ledger.records), e.table()
+    blocks = sum(_backend.bytes_per_device(tuple(v.shape), v.dtype, v._value.layout)  # pylint: disable=protected-access
+                 for v in model.trainable_variables)
+    whole = sum(int(np.prod(v.shape)) * F32 for v in model.trainable_variables)
+    assert 0 < blocks < whole / 2  # d1 and d2's kernels are split over model (4)
+    for name, d in e.devices.items():
+        # The weights and Adam's two slots for each, plus the optimizer's scalars.
+        assert 3 * blocks <= d.variable_bytes <= 3 * blocks + 64, (name, e.table())
+    assert e.ledger().count(mesh_dim="batch") >= 1  # the gradients are summed over batch
