@@ -1,14 +1,16 @@
 """One client of a multi-client run: the training guide's data-parallel MLP step over a mesh
 spanning every client (DVariables replicated, the batch sharded across clients), three
 steps inside tf.function, the weights checked after each against the same steps on one
-device with plain TensorFlow. Prints `OK train`."""
+device with plain TensorFlow. Before the steps, every client estimates the step
+(`debug.estimate`, in the same program order as a call): the estimate covers this client's
+devices and plans exactly the collectives the first step then records. Prints `OK train`."""
 
 import os
 
 import numpy as np
 import tensorflow as tf
 
-from tf_dtensor import dtensor
+from tf_dtensor import debug, dtensor
 
 LOCAL = int(os.environ.get("TFD_TEST_LOCAL_CPUS", "2"))
 dtensor.initialize_accelerator_system("CPU", num_logical_cpu_devices=LOCAL)
@@ -49,9 +51,23 @@ def step(xs, ys):
     return loss
 
 
+def without_line(records):
+    return [(r.kind, r.reduction, r.mesh_dims, r.layout_in, r.shape, r.bytes_per_device, r.op)
+            for r in records]
+
+
+planned = debug.estimate(step, x, y)
+local = sorted(d.rsplit("device:", 1)[-1] for d in mesh.local_devices())
+assert sorted(planned.devices) == local, (planned.devices, local)
+assert all(d.flops > 0 and d.argument_bytes > 0 for d in planned.devices.values()), planned
 plain = [tf.Variable(v) for v in inits]
 for k in range(3):
-    loss = step(x, y)
+    with debug.collectives() as ledger:
+        loss = step(x, y)
+    if k == 0:
+        assert without_line(planned.collectives) == without_line(ledger.records), (
+            planned.table(), ledger.table())
+        assert planned.ledger().count(kind="all-reduce", mesh_dim="batch") >= 1
     with tf.GradientTape() as tape:
         want = loss_of(plain, tf.constant(x_all), tf.constant(y_all))
     for v, g in zip(plain, tape.gradient(want, plain)):
