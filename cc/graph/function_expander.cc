@@ -1,6 +1,7 @@
 #include "cc/graph/function_expander.h"
 
 #include <atomic>
+#include <set>
 
 #include "cc/graph/function_expansion.h"
 #include "cc/spmd/collectives.h"
@@ -111,15 +112,24 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncach
   }
   // Expand, solve the layout requests backward over what the expansion saw, and expand
   // again while the solution changes how some op expands (propagate.h).
+  // Partial values a reader reduced are reduced where they are made in the next round,
+  // once for all readers (FunctionExpansion::ReducedByReaders).
   std::unique_ptr<FunctionExpansion> expansion;
   std::optional<RequestMap> requests;
+  std::set<std::pair<std::string, int>> reduce_at_source;
   for (int round = 0;; ++round) {
     expansion = std::make_unique<FunctionExpansion>(this, context, mesh, policy, depth);
+    expansion->ReduceAtSource(reduce_at_source);
     TFD_RETURN_IF_ERROR(
         expansion->Build(function, inputs, request, requests ? &*requests : nullptr));
     RequestMap solved = expansion->Solve();
-    if (round + 1 >= kMaxRounds || !expansion->Changes(solved)) break;
-    requests = std::move(solved);
+    const bool changes = expansion->Changes(solved);
+    bool more = false;
+    for (const auto& output : expansion->ReducedByReaders()) {
+      more = reduce_at_source.insert(output).second || more;
+    }
+    if (round + 1 >= kMaxRounds || (!changes && !more)) break;
+    if (changes) requests = std::move(solved);
   }
   return expansion->Finish(inputs, request, name);
 }

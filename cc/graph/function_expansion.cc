@@ -516,6 +516,19 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
   }();
   if (s.ok()) s = ApplyDefaultLayout(node);
   if (!s.ok()) return s;
+  // Outputs a previous round saw reduced by some reader are reduced here, once.
+  std::vector<ValueId>& outs = outputs_[node.name];
+  for (size_t k = 0; k < outs.size() && !reduce_at_source_.empty(); ++k) {
+    const ValueId v = outs[k];
+    if (!reduce_at_source_.count({node.name, static_cast<int>(k)}) || user_partial_ ||
+        builder_.is_host(v) || builder_.resource(v) || !builder_.layout(v)->is_partial() ||
+        parted_.count(v)) {
+      continue;
+    }
+    TFD_ASSIGN_OR_RETURN(outs[k], Relayout(builder_, v, builder_.layout(v)->WithoutPartial(),
+                                           "output " + std::to_string(k) + " of '" +
+                                               node.name + "' (reduced once for its readers)"));
+  }
   ops_[node.name] = builder_.created();
   // Parts (TensorFlow's `Layout.to_parted()`): a relayout to a parted layout makes them and
   // Identity passes them on, so that a function returning one returns parts, as eagerly.
@@ -557,6 +570,18 @@ Status FunctionExpansion::Build(const std::string& function, const std::vector<V
   requests_ = requests ? *requests : seeds_;
   for (const NodeSpec* node : order_) TFD_RETURN_IF_ERROR(ExpandNode(*node));
   return Status::Ok();
+}
+
+std::set<std::pair<std::string, int>> FunctionExpansion::ReducedByReaders() const {
+  std::set<std::pair<std::string, int>> reduced;
+  if (user_partial_) return reduced;  // the user's partial values stay as they are asked
+  const std::set<ValueId>& by_readers = builder_.reduced_by_readers();
+  for (const auto& [node, values] : outputs_) {
+    for (size_t k = 0; k < values.size(); ++k) {
+      if (by_readers.count(values[k])) reduced.insert({node, static_cast<int>(k)});
+    }
+  }
+  return reduced;
 }
 
 StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(

@@ -114,6 +114,15 @@ class FunctionExpansion {
                const OutputRequest& request, const RequestMap* requests);
   // The requests of every node (output 0) solved backward over this round's graph.
   RequestMap Solve() const;
+  // Node outputs (node, output index) that are partial where they are made and that some
+  // reader had reduced in this round: the next round reduces each once, where it is made,
+  // for all its readers (an Adam step reads a gradient in (1-b1)·g and in g², which
+  // reduced it, or sums built from it, three times).
+  std::set<std::pair<std::string, int>> ReducedByReaders() const;
+  // Outputs to reduce where they are made (the previous rounds' ReducedByReaders).
+  void ReduceAtSource(std::set<std::pair<std::string, int>> outputs) {
+    reduce_at_source_ = std::move(outputs);
+  }
   // Whether `solved` differs from this round's requests at a node where a request
   // changes the expansion (a node without DTensor inputs, or whose rule reads it).
   bool Changes(const RequestMap& solved) const;
@@ -193,6 +202,7 @@ class FunctionExpansion {
   std::unordered_map<std::string, std::vector<ValueId>> outputs_;
   std::unordered_map<std::string, std::vector<TF_Operation*>> ops_;
   RequestMap requests_;  // the requests this round expands with
+  std::set<std::pair<std::string, int>> reduce_at_source_;
   RequestMap seeds_;     // those made by the caller and by relayouts
   // Per node of order_ (same index): what the solver knows of it.
   std::vector<SolverNode> solver_nodes_;

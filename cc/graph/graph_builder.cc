@@ -436,6 +436,10 @@ std::optional<ValueId> GraphBuilder::ReusableRelayout(ValueId value, const Layou
 
 void GraphBuilder::NoteRelayout(ValueId value, const Layout& target, ValueId result) {
   if (control_inputs_.empty()) relayouts_[value].emplace_back(target, result);
+  const std::optional<Layout>& source = layout(value);
+  if (source && source->is_partial() && target == source->WithoutPartial()) {
+    reduced_by_readers_.insert(value);
+  }
 }
 
 void GraphBuilder::AddCollectives(const std::vector<CollectiveRecord>& records, bool in_loop,

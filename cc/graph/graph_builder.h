@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,9 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   // later reader need not.
   std::optional<ValueId> ReusableRelayout(ValueId value, const Layout& target) override;
   void NoteRelayout(ValueId value, const Layout& target, ValueId result) override;
+  // Partial values some reader had reduced (relayouted to their layout without the
+  // pending reductions): FunctionExpansion reduces them once where they are made instead.
+  const std::set<ValueId>& reduced_by_readers() const { return reduced_by_readers_; }
   void AddCollectives(const std::vector<CollectiveRecord>& records, bool in_loop,
                       bool in_branch = false);
 
@@ -152,6 +156,7 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   };
   std::vector<CollectiveRecord> collectives_;
   std::map<ValueId, std::vector<std::pair<Layout, ValueId>>> relayouts_;  // value -> (layout, result)
+  std::set<ValueId> reduced_by_readers_;
   std::vector<PendingAllReduce> pending_;
   int64_t combine_limit_bytes_;
 };

@@ -221,8 +221,12 @@ StatusOr<std::vector<RelayoutStep>> PlanRelayout(const Layout& source, const Lay
     return Status::Ok();
   };
   // Pending reductions the target does not keep are done first, where the target shards
-  // an axis over the same mesh dimension as a reduce-scatter:
+  // an axis over the same mesh dimension as a reduce-scatter (first: the all-reduces then
+  // move the smaller blocks), the others as one all-reduce per reduction over all their
+  // mesh dimensions (one collective over x+y moves 2(g-1)/g of a block, where one per
+  // dimension moves 2(gx-1)/gx + 2(gy-1)/gy of it):
   //   [*] +partial(x:sum) -> [x]: reduce-scatter     [*] +partial(x:sum) -> [*]: all-reduce
+  std::vector<std::pair<ReduceOp, std::vector<int>>> all_reduces;
   for (const PartialSpec& p : source.partial()) {
     if (Contains(target.partial(), p)) continue;
     int scatter_axis = -1;
@@ -231,9 +235,21 @@ StatusOr<std::vector<RelayoutStep>> PlanRelayout(const Layout& source, const Lay
         scatter_axis = i;
       }
     }
-    TFD_RETURN_IF_ERROR(add(scatter_axis >= 0
-                                ? ReduceScatterStep(current, scatter_axis, p.mesh_dim, p.op)
-                                : AllReduceStep(current, {p.mesh_dim}, p.op)));
+    if (scatter_axis >= 0) {
+      TFD_RETURN_IF_ERROR(add(ReduceScatterStep(current, scatter_axis, p.mesh_dim, p.op)));
+      continue;
+    }
+    auto same = std::find_if(all_reduces.begin(), all_reduces.end(),
+                             [&](const auto& group) { return group.first == p.op; });
+    if (same == all_reduces.end()) {
+      all_reduces.push_back({p.op, {p.mesh_dim}});
+    } else {
+      same->second.push_back(p.mesh_dim);
+    }
+  }
+  for (auto& [op, mesh_dims] : all_reduces) {
+    std::sort(mesh_dims.begin(), mesh_dims.end());
+    TFD_RETURN_IF_ERROR(add(AllReduceStep(current, mesh_dims, op)));
   }
   // Pairs [a at i] -> [a at j]: the mesh dimension moves between axes: one all-to-all.
   for (int i = 0; i < source.rank(); ++i) {

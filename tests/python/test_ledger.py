@@ -94,8 +94,9 @@ def test_a_tf_function_lists_its_collectives_once_per_call():
     assert len(ledger) == 3, ledger.table()
     assert {r.where for r in ledger} == {ledger[0].where} and "step" in ledger[0].where
     assert all(r.kind == "all-reduce" and r.mesh_dims == ("y",) for r in ledger)
-    # The pending all-reduce is done where Relu first needs the whole sum.
-    assert ledger[0].op == "Relu", ledger.table()
+    # Relu needs the whole sum: the pending all-reduce is done where MatMul makes it,
+    # once for all its readers.
+    assert ledger[0].op == "MatMul", ledger.table()
     assert ledger.count(where="step") == 3 and ledger.total_bytes() == 3 * 128
     assert "step" in ledger.table() and "all-reduce(sum) over y" in ledger.table()
 
@@ -265,3 +266,55 @@ def test_ledger_png(tmp_path):
     ledger.plot(str(path))
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+
+
+@pytest.mark.parametrize("policy", ["shared", "ops"])
+def test_an_adam_step_reduces_each_gradient_once(policy):
+    """Adam reads the gradient (pending over batch) in b1·m + (1-b1)·g and in g²: the
+    expansion reduces it once, where it is made, for all its readers (it used to reduce
+    the sum for m, and both factors of g², three all-reduces)."""
+    mesh = dtensor.create_mesh([("batch", 4)], devices=[f"CPU:{i}" for i in range(4)])
+    xs = RNG.rand(16, 8).astype(np.float32)
+    w0 = RNG.rand(8, 4).astype(np.float32)
+    with collective_lowering(policy):
+        x = to_dtensor(xs, layout_of("[batch,*]", mesh))
+        w, m, v = (dtensor.DVariable(to_dtensor(a, Layout.replicated(mesh, 2)))
+                   for a in (w0, np.zeros_like(w0), np.zeros_like(w0)))
+
+        @tf.function
+        def step(x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.matmul(x, w) ** 2)
+            g = tape.gradient(loss, w)
+            m.assign(0.9 * m + 0.1 * g)
+            v.assign(0.999 * v + 0.001 * g * g)
+            w.assign_sub(0.01 * m / (tf.sqrt(v) + 1e-7))
+            return loss
+
+        with debug.collectives() as ledger:
+            loss = step(x)
+    g = 2 * xs.T @ (xs @ w0)
+    m_want, v_want = 0.1 * g, 0.001 * g * g
+    np.testing.assert_allclose(reassemble(loss), np.sum((xs @ w0) ** 2), rtol=1e-5)
+    np.testing.assert_allclose(reassemble(m.read_value()), m_want, rtol=1e-5)
+    np.testing.assert_allclose(reassemble(v.read_value()), v_want, rtol=1e-4)
+    np.testing.assert_allclose(reassemble(w.read_value()),
+                               w0 - 0.01 * m_want / (np.sqrt(v_want) + 1e-7), rtol=1e-4)
+    gradients = ledger.select(kind="all-reduce", mesh_dim="batch")
+    assert [r.shape for r in gradients if r.shape] == [(8, 4)], ledger.table()
+    assert ledger.total_bytes() == 2 * 3 * 8 * 4 * 4 // 4 + 2 * 3 * 4 // 4, ledger.table()
+
+
+def test_a_sum_pending_over_two_mesh_dimensions_is_one_all_reduce():
+    """[*,*] +partial(x:sum,y:sum) -> [*,*]: one all-reduce over x+y (group of 4), not one
+    per dimension."""
+    parts = RNG.rand(4, 8, 4).astype(np.float32)
+    partial = Layout([U, U], MESH_2X2, partial={"x": "sum", "y": "sum"})
+    t = dtensor.pack([tf.constant(p) for p in parts], partial)
+    with debug.collectives() as ledger:
+        whole = dtensor.relayout(t, Layout.replicated(MESH_2X2, 2))
+    np.testing.assert_allclose(reassemble(whole), parts.sum(axis=0), rtol=1e-5)
+    assert len(ledger) == 1, ledger.table()
+    (r,) = ledger
+    assert (r.kind, r.mesh_dims, r.group_size) == ("all-reduce", ("x", "y"), 4)
+    assert r.bytes_per_device == 2 * 3 * 8 * 4 * 4 // 4
