@@ -174,12 +174,13 @@ def _meta(value, variables: Mapping[int, tf.Variable]):
         if not value.shape.is_fully_defined():
             raise ValueError(f"debug.estimate needs fully known shapes; got {value}.")
         return (None, value.shape.as_list(), value.dtype.as_datatype_enum, None)
-    if isinstance(value, tf.Variable):
-        value = value.handle
+    variable = None
+    if isinstance(value, tf.Variable):  # passed in: its handle is the input
+        variable, value = value, value.handle
     if isinstance(value, np.ndarray):
         return (None, list(value.shape), dtypes.as_dtype(value.dtype).as_datatype_enum, None)
     if value.dtype == tf.resource:
-        variable = variables.get(id(value))
+        variable = variable if variable is not None else variables.get(id(value))
         if variable is None or not api.is_dtensor(value):
             return (None, [], tf.resource.as_datatype_enum, None)
         layout = variable.layout

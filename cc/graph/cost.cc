@@ -341,11 +341,9 @@ FunctionCost AnalyzeCost(TF_Graph* graph, const std::vector<TF_Output>& inputs,
     if (pending[i] == 0) ready.push(i);
   }
   std::vector<int> order;  // creation index by step
-  std::vector<int> step_of(n, -1);
   while (!ready.empty()) {
     const int i = ready.top();
     ready.pop();
-    step_of[i] = static_cast<int>(order.size());
     order.push_back(i);
     for (int u : users[i]) {
       if (--pending[u] == 0) ready.push(u);

@@ -345,3 +345,22 @@ def test_a_keras_model_parallel_train_step():
         # The weights and Adam's two slots for each, plus the optimizer's scalars.
         assert 3 * blocks <= d.variable_bytes <= 3 * blocks + 64, (name, e.table())
     assert e.ledger().count(mesh_dim="batch") >= 1  # the gradients are summed over batch
+
+
+def test_a_dvariable_passed_in_is_planned_as_the_call_passes_it():
+    v = dtensor.DVariable(to_dtensor(np.ones((8, 4), np.float32), layout_of("[x,*]", MESH_2X2)))
+    x = to_dtensor(np.full((8, 4), 2.0, np.float32), layout_of("[x,*]", MESH_2X2))
+
+    @tf.function(autograph=False)
+    def f(var, x):
+        var.assign_add(x)
+        return tf.reduce_sum(var)
+
+    e = debug.estimate(f, v, x)
+    planned = _device.get().function_cache_stats()
+    assert reassemble(f(v, x)) == pytest.approx(8 * 4 * 3.0)
+    after = _device.get().function_cache_stats()
+    assert (after["hit"], after["miss"]) == (planned["hit"] + 1, planned["miss"])
+    # Rows of v and x over x (2 blocks of 4 rows); replicas over y share one buffer.
+    assert e.devices["CPU:0"].variable_bytes == 4 * 4 * F32
+    assert e.devices["CPU:0"].argument_bytes == 4 * 4 * F32
