@@ -364,3 +364,37 @@ def test_a_dvariable_passed_in_is_planned_as_the_call_passes_it():
     # Rows of v and x over x (2 blocks of 4 rows); replicas over y share one buffer.
     assert e.devices["CPU:0"].variable_bytes == 4 * 4 * F32
     assert e.devices["CPU:0"].argument_bytes == 4 * 4 * F32
+
+
+def test_keras_estimate_plans_the_step_fit_runs():
+    """`tf_dtensor.keras.estimate(model, x, y)`: the model's train step for a batch laid out
+    as the distribution lays data out, planned from shapes alone; its collectives are
+    exactly those `train_on_batch` then records (metrics compiled too)."""
+    keras = pytest.importorskip("keras")
+    import tf_dtensor.keras
+    from keras_testing import model_parallel
+    distribution = model_parallel({".*d1/kernel": (None, "model"),
+                                   ".*d2/kernel": ("model", None)})
+
+    def build():
+        model = keras.Sequential([keras.Input((64,)),
+                                  keras.layers.Dense(256, activation="relu", name="d1"),
+                                  keras.layers.Dense(10, name="d2")])
+        model.compile(optimizer="adam", metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    with pytest.raises(ValueError, match="keras.distribution"):
+        tf_dtensor.keras.estimate(build(), tf.TensorSpec([32, 64]))
+    with distribution.scope():
+        model = build()
+        e = tf_dtensor.keras.estimate(model, tf.TensorSpec([32, 64]),
+                                      tf.TensorSpec([32], tf.int32))
+        with debug.collectives() as ledger:
+            model.train_on_batch(RNG.rand(32, 64).astype(np.float32),
+                                 RNG.randint(0, 10, 32).astype(np.int32))
+    assert _without_line(e.collectives) == _without_line(ledger.records), \
+        e.table() + "\n" + ledger.table()
+    assert e.ledger().count(kind="all-reduce", mesh_dim="model") >= 1  # row-parallel d2
+    # The batch is split over `batch` (2): x's rows on the first device of each half.
+    assert e.devices["CPU:0"].argument_bytes == 16 * 64 * F32 + 16 * 4

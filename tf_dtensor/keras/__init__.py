@@ -9,6 +9,8 @@ shards models on tf_dtensor: `DeviceMesh`, `LayoutMap`, `DataParallel`, `ModelPa
 This package adds:
 - `explain(model)`: per variable, the rule that laid it out, its layout, bytes per device
   and whether its shape divides.
+- `estimate(model, x, y)`: what one training step costs each device (memory, FLOPs,
+  collectives), planned without running it (`debug.estimate` of its `train_step`).
 - `layers`: Keras layers with layout arguments (`Dense(kernel_layout=...)`), as TensorFlow's
   Keras-2 DTensor integration had.
 - `set_replicated_warning_bytes(n)`: the size from which a variable that no LayoutMap rule
@@ -28,7 +30,7 @@ _hooks.install()
 from tf_dtensor.keras import layers  # noqa: E402
 from tf_dtensor.keras._backend import (ReplicatedVariableWarning,  # noqa: E402
                                        set_replicated_warning_bytes)
-from tf_dtensor.keras._explain import VariablePlan, explain  # noqa: E402
+from tf_dtensor.keras._explain import VariablePlan, estimate, explain  # noqa: E402
 
-__all__ = ["ReplicatedVariableWarning", "VariablePlan", "explain", "layers",
+__all__ = ["ReplicatedVariableWarning", "VariablePlan", "estimate", "explain", "layers",
            "set_replicated_warning_bytes"]

@@ -62,6 +62,57 @@ def explain(model, print_fn: Optional[Callable[[str], None]] = print) -> List[Va
     return plans
 
 
+def estimate(model, x, y=None, sample_weight=None):
+    """What one training step of `model` costs each device, planned without running it.
+
+    `debug.estimate` of the model's `train_step` (what `fit` runs per batch) for a batch
+    laid out as the active distribution lays out data: per device the bytes of the batch,
+    of the variables (weights, optimizer slots, metrics), the most its intermediates hold
+    at once, FLOPs, and every collective. Needs a built, compiled model under a
+    `keras.distribution`; the optimizer is built if it is not.
+
+    Args:
+      model: a built, compiled Keras model.
+      x, y, sample_weight: the global batch: arrays, tensors or `tf.TensorSpec`s (shapes
+        and dtypes are all that is read).
+
+    Returns:
+      A `debug.Estimate` (`table()`; `debug.compare` sets several side by side).
+
+    Raises:
+      ValueError: no distribution is active, or the model is not built or compiled.
+
+    On virtual CPUs the default lowering holds a value the same on several devices once
+    (replicated weights show on one device); plan under `TF_DTENSOR_COLLECTIVES=copies`
+    to see what devices with memory of their own (GPUs) would each hold.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tf_dtensor import debug  # pylint: disable=import-outside-toplevel
+    from tf_dtensor.layout import Layout  # pylint: disable=import-outside-toplevel
+    distribution = _backend.active_distribution()
+    if distribution is None:
+        raise ValueError("tf_dtensor.keras.estimate plans a step on the active "
+                         "keras.distribution; none is set. Call it inside "
+                         "`distribution.scope()` or after `keras.distribution.set_distribution`.")
+    if not model.built or getattr(model, "optimizer", None) is None:
+        raise ValueError(f"tf_dtensor.keras.estimate needs a built, compiled model; "
+                         f"'{model.name}' is {'not built' if not model.built else 'not compiled'}"
+                         f" (give it an Input or call it once, and compile it).")
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    mesh = _backend._to_backend_mesh(distribution.device_mesh)  # pylint: disable=protected-access
+
+    def spec(value):
+        shape = [int(d) for d in value.shape]
+        layout = (_backend.to_layout(distribution.get_data_layout(shape), len(shape))
+                  if shape else Layout.replicated(mesh, 0))
+        return debug.spec(shape, tf.as_dtype(value.dtype), layout)
+
+    data = tuple(spec(v) for v in (x, y, sample_weight) if v is not None)
+    step = tf.function(model.train_step, autograph=False)
+    return debug.estimate(step, data if len(data) > 1 else data[0])
+
+
 def format_plans(plans: List[VariablePlan]) -> str:
     header = ("path", "shape", "dtype", "layout", "per device", "divides", "rule")
     rows = [header] + [(p.path, str(p.shape), p.dtype, p.layout or "-", _backend.human_bytes(p.bytes_per_device),
