@@ -14,15 +14,12 @@ from tf_dtensor import _block_picture, _core
 from tf_dtensor._check import CheckedOp, CheckReport, check  # noqa: F401 -- the API
 from tf_dtensor._estimate import (DeviceEstimate, Estimate, Spec, compare,  # noqa: F401 -- the API
                                   estimate, spec)
+from tf_dtensor._estimate import _short as _short_device  # "CPU:0"
 from tf_dtensor._ledger import Collective, Ledger, collectives  # noqa: F401 -- the API
 from tf_dtensor import api
 from tf_dtensor._errors import LayoutError
 from tf_dtensor.layout import UNSHARDED, Layout
 from tf_dtensor.layout import format_placements as _format_placements
-
-
-def _short_device(device: str) -> str:
-    return device.rsplit("device:", 1)[-1]
 
 
 class _Block:

@@ -308,11 +308,10 @@ Status DTensorDevice::DispatchOp(const EagerOp& op, const Routed& routed, int* n
     TFE_Context* context = op.context;
     const Mesh mesh = ctx.mesh;
     builder.set_collective_check([context, mesh](const CollectiveRecord& r) {
-      std::string kind = r.reduction.empty() ? r.kind : r.kind + "(" + r.reduction + ")";
-      std::string dims;
-      for (const std::string& d : r.mesh_dims) dims += (dims.empty() ? "" : "+") + d;
+      const std::string kind =
+          r.reduction.empty() ? r.kind : r.kind + "(" + r.reduction + ")";
       return CheckSameProgram(context, mesh,
-                              "eager " + kind + " over " + dims + " of " +
+                              "eager " + kind + " over " + Join(r.mesh_dims, "+") + " of " +
                                   DataTypeName(r.dtype) + ShapeString(r.shape) + " " +
                                   r.layout_in + " (op '" + r.op + "')");
     });

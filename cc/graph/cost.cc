@@ -36,6 +36,16 @@ bool ForwardsInput(const std::string& op) {
   return kOps.count(op) > 0;
 }
 
+// The inferred shape of `o` (-1 for unknown dims; {-1} when even the rank is unknown).
+std::vector<int64_t> ShapeOf(TF_Graph* graph, TF_Output o, TF_Status* status) {
+  const int rank = TF_GraphGetTensorNumDims(graph, o, status);
+  if (TF_GetCode(status) != TF_OK || rank < 0) return {-1};
+  std::vector<int64_t> dims(rank);
+  TF_GraphGetTensorShape(graph, o, dims.data(), rank, status);
+  if (TF_GetCode(status) != TF_OK) return {-1};
+  return dims;
+}
+
 // The int value of a host constant (a Split's axis), if `o` is one.
 std::optional<int64_t> ConstantInt(TF_Output o, TF_Status* status) {
   if (std::string(TF_OperationOpType(o.oper)) != "Const") return std::nullopt;
@@ -56,13 +66,7 @@ std::optional<int64_t> ConstantInt(TF_Output o, TF_Status* status) {
 // Slice share it when they cut only along the outermost axis that is not 1).
 bool SlicesInput(TF_Graph* graph, TF_Operation* op, const std::string& type, int* from,
                  TF_Status* status) {
-  auto shape_of = [&](TF_Output o) {
-    const int rank = TF_GraphGetTensorNumDims(graph, o, status);
-    std::vector<int64_t> dims(std::max(rank, 0));
-    if (rank > 0) TF_GraphGetTensorShape(graph, o, dims.data(), rank, status);
-    if (TF_GetCode(status) != TF_OK || rank < 0) dims.assign(1, -1);
-    return dims;
-  };
+  auto shape_of = [&](TF_Output o) { return ShapeOf(graph, o, status); };
   auto outer = [](const std::vector<int64_t>& shape, int64_t axis) {
     if (axis < 0) axis += static_cast<int64_t>(shape.size());
     if (axis < 0 || axis >= static_cast<int64_t>(shape.size())) return false;
@@ -253,15 +257,6 @@ int64_t OpFlops(const std::string& op, const OpShapes& s,
 }
 
 namespace {
-
-std::vector<int64_t> ShapeOf(TF_Graph* graph, TF_Output o, TF_Status* status) {
-  const int rank = TF_GraphGetTensorNumDims(graph, o, status);
-  if (TF_GetCode(status) != TF_OK || rank < 0) return {-1};
-  std::vector<int64_t> dims(rank);
-  TF_GraphGetTensorShape(graph, o, dims.data(), rank, status);
-  if (TF_GetCode(status) != TF_OK) return {-1};
-  return dims;
-}
 
 std::map<std::string, std::string> FlopAttrs(TF_Operation* op, const std::string& type,
                                              TF_Status* status) {
