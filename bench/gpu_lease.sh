@@ -23,6 +23,7 @@ python3 -c "import tensorflow as tf, tf_dtensor; print('TF', tf.__version__, tf.
 timeout "${BENCH_S:-240}" python3 bench/run.py --device gpu --rounds "${ROUNDS:-5}" \
   ${BENCH_ARGS:---variants} --profile /tmp/prof 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/bench.log"
 (cd /tmp/prof 2>/dev/null && tar czf "$out/profiles.tgz" . 2>/dev/null)
+python3 tools/xspace_summary.py /tmp/prof --steps 5 > "$out/prof_summary.txt" 2>&1
 
 # TensorFlow's own DTensor test files that run on GPUs, on both libraries (the files are
 # TensorFlow's and not in this repository: carry them in .gpu/tfsuite, see tools/tf_suite.py).
