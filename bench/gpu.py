@@ -16,7 +16,7 @@ all columns alike):
 device-to-device copies, without combining all-reduces, and without per-device dispatch
 threads, so the choices the defaults make are measured, not assumed. Every sharded result
 is checked against the plain one first. `--profile DIR` writes TensorFlow profiler traces
-of a few training steps of both libraries to DIR.
+of a few training steps of both libraries to DIR, and of two rounds of each relayout row.
 
 Every timing ends by reading one element of one component (`.numpy()`): both libraries
 return before the GPU has finished, and reading a whole large result would time its copy to
@@ -382,7 +382,8 @@ def main() -> None:
         print("PROBLEM:", p)
 
     if args.profile:
-        for col in [c for c in columns if c.api is not None][:3]:
+        for col in [c for c in columns if c.api is not None and
+                    any(r.startswith("MLP") for r in rows)][:3]:
             _, _, (step, x, y) = mlp_runner(col, devices, 5)
             col.enter()
             step(x, y)
@@ -393,6 +394,15 @@ def main() -> None:
                 out = step(x, y)
             col.read(out)
             tf.profiler.experimental.stop()
+        for r in [r for r in rows if r.startswith("relayout")]:
+            for label, sample in rows[r].items():
+                tag = "all_gather" if "[*,*]" in r else "all_to_all"
+                logdir = os.path.join(args.profile, f"{tag}_" + label.replace(" ", "_").replace(
+                    "-", "_").replace(",", ""))
+                tf.profiler.experimental.start(logdir)
+                for _ in range(2):
+                    sample()
+                tf.profiler.experimental.stop()
         print("profiles in", args.profile, flush=True)
 
 
