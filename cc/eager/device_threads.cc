@@ -1,6 +1,8 @@
 #include "cc/eager/device_threads.h"
 
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -66,6 +68,20 @@ void RunConcurrently(int n, const std::function<void(int)>& work) {
     (*pool)[i]->StartExecute([&work, i] { work(i); });
   }
   for (int i = 0; i < n; ++i) (*pool)[i]->Join();
+}
+
+bool DispatchOnThreads(const Mesh& mesh) {
+  // TF_DTENSOR_DISPATCH_THREADS: "auto" (default) runs a replayed op's per-device kernels
+  // from a thread per device (as TF's parallel device does) on meshes of accelerators,
+  // where each kernel launch is host work of its own; "on" / "off" force it. On CPUs the
+  // kernels' own thread pools keep the cores busy and a hand-off costs more than a small
+  // op. Read per op (a getenv, far below an op's cost) so that a benchmark can compare:
+  // on an H100 split into 8 (bench/gpu.py --variants), an eager sharded add took 172 us
+  // with threads and 212 us without.
+  const char* env = std::getenv("TF_DTENSOR_DISPATCH_THREADS");
+  if (env && (std::strcmp(env, "on") == 0 || std::strcmp(env, "1") == 0)) return true;
+  if (env && (std::strcmp(env, "off") == 0 || std::strcmp(env, "0") == 0)) return false;
+  return mesh.device_type() != "CPU";
 }
 
 }  // namespace tf_dtensor

@@ -6,12 +6,19 @@
 
 #include <functional>
 
+#include "cc/core/mesh.h"
+
 namespace tf_dtensor {
 
 // Calls work(0), ..., work(n - 1), each on a thread of its own, and returns when all
 // have returned. The threads are kept between calls (a process-wide pool that grows to
 // the largest `n` asked for); calls from several threads take turns.
 void RunConcurrently(int n, const std::function<void(int)>& work);
+
+// Whether eager per-device work on `mesh` (a replay's kernels, a collective's copies) goes
+// from a thread per device (TF_DTENSOR_DISPATCH_THREADS: auto, on, off; auto = meshes
+// that are not CPUs).
+bool DispatchOnThreads(const Mesh& mesh);
 
 }  // namespace tf_dtensor
 

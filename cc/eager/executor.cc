@@ -1,5 +1,6 @@
 #include "cc/eager/executor.h"
 
+#include <algorithm>
 #include <map>
 
 #include "cc/core/strings.h"
@@ -175,6 +176,39 @@ StatusOr<TFE_TensorHandle*> EagerBuilder::Share(TFE_TensorHandle* leader_handle,
                                        mesh_.local_devices()[device].c_str(), status_);
   }
   TFD_RETURN_IF_TF_ERROR(status_, "placing a component on " + mesh_.local_devices()[device]);
+  return out;
+}
+
+StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::ShareAll(
+    const std::vector<TFE_TensorHandle*>& leaders, const std::vector<int>& devices) {
+  const int n = static_cast<int>(leaders.size());
+  if (n < 2 || lowering().shares_buffers() || !DispatchOnThreads(mesh_)) {
+    return ComponentBuilder::ShareAll(leaders, devices);
+  }
+  std::vector<TFE_TensorHandle*> out(n, nullptr);
+  std::vector<Status> failures(n);
+  // At most one thread per local device; thread t copies items t, t + threads, ...
+  const int threads = std::min(n, mesh_.num_local_devices());
+  const Mesh mesh = mesh_;
+  TFE_Context* context = context_;
+  RunConcurrently(threads, [&](int t) {
+    TF_Status* status = TF_NewStatus();
+    for (int i = t; i < n; i += threads) {
+      const std::string& device = mesh.local_devices()[devices[i]];
+      out[i] = TFE_TensorHandleCopyToDevice(leaders[i], context, device.c_str(), status);
+      if (TF_GetCode(status) != TF_OK) {
+        failures[i] = FromTF(status, "placing a component on " + device);
+        out[i] = nullptr;
+        TF_SetStatus(status, TF_OK, "");
+      }
+    }
+    TF_DeleteStatus(status);
+  });
+  for (int i = 0; i < n; ++i) {
+    if (failures[i].ok()) continue;
+    for (TFE_TensorHandle* made : out) Discard(made);
+    return failures[i];
+  }
   return out;
 }
 

@@ -103,6 +103,11 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
                                                  const LocalOpOptions& options, int device,
                                                  int num_outputs) override;
   StatusOr<TFE_TensorHandle*> Share(TFE_TensorHandle* leader, int device) override;
+  // TF's eager copy between accelerators returns once the copy is done on the device (its
+  // host waits for it), so the copies of one collective go from a thread each, as the
+  // per-device kernels of a replay do (DispatchOnThreads).
+  StatusOr<std::vector<TFE_TensorHandle*>> ShareAll(const std::vector<TFE_TensorHandle*>& leaders,
+                                                    const std::vector<int>& devices) override;
   std::optional<std::vector<int64_t>> LocalShapeOf(TFE_TensorHandle* handle) override;
   int DTypeOf(TFE_TensorHandle* handle) override { return TFE_TensorHandleDataType(handle); }
   void Discard(TFE_TensorHandle* handle) override {

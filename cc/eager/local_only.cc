@@ -1,27 +1,11 @@
 #include "cc/eager/local_only.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <string>
 
 #include "cc/eager/device_threads.h"
 
 namespace tf_dtensor {
-
-bool DispatchOnThreads(const Mesh& mesh) {
-  // TF_DTENSOR_DISPATCH_THREADS: "auto" (default) runs a replayed op's per-device kernels
-  // from a thread per device (as TF's parallel device does) on meshes of accelerators,
-  // where each kernel launch is host work of its own; "on" / "off" force it. On CPUs the
-  // kernels' own thread pools keep the cores busy and a hand-off costs more than a small
-  // op. Read per op (a getenv, far below an op's cost) so that a benchmark can compare.
-  // The GPU figures of issue 27 were measured with "auto" (threads on); an A/B on GPUs
-  // is still to be run (bench/gpu.py --variants has the column).
-  const char* env = std::getenv("TF_DTENSOR_DISPATCH_THREADS");
-  if (env && (std::strcmp(env, "on") == 0 || std::strcmp(env, "1") == 0)) return true;
-  if (env && (std::strcmp(env, "off") == 0 || std::strcmp(env, "0") == 0)) return false;
-  return mesh.device_type() != "CPU";
-}
 
 const Mesh* LocalOnlyReplays::MeshOf(const RegisteredRule* rule,
                                      const std::vector<const TensorWithLayout*>& dtensors,

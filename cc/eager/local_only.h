@@ -34,10 +34,6 @@ struct EagerOp {
   const std::vector<const TensorWithLayout*>& dtensors;
 };
 
-// Whether a replay runs its per-device kernels from a thread per device
-// (TF_DTENSOR_DISPATCH_THREADS: auto, on, off; auto = meshes that are not CPUs).
-bool DispatchOnThreads(const Mesh& mesh);
-
 class LocalOnlyReplays {
  public:
   LocalOnlyReplays(PlanCache& plans, OpPool& pool, KernelCache& kernels)

@@ -91,6 +91,22 @@ class ComponentBuilder : public Builder {
                                               int num_outputs) = 0;
   // Device `device`'s handle for a value its leader computed: shared, or copied over.
   virtual StatusOr<Handle> Share(Handle leader, int device) = 0;
+  // Share for several (`leaders[i]` for `devices[i]`); a builder whose copies block until
+  // done makes them at once. On failure nothing it made is kept.
+  virtual StatusOr<std::vector<Handle>> ShareAll(const std::vector<Handle>& leaders,
+                                                 const std::vector<int>& devices) {
+    std::vector<Handle> out;
+    out.reserve(leaders.size());
+    for (size_t i = 0; i < leaders.size(); ++i) {
+      StatusOr<Handle> h = Share(leaders[i], devices[i]);
+      if (!h.ok()) {
+        for (Handle& made : out) Discard(made);
+        return h.status();
+      }
+      out.push_back(*h);
+    }
+    return out;
+  }
   virtual std::optional<std::vector<int64_t>> LocalShapeOf(Handle handle) = 0;
   virtual int DTypeOf(Handle handle) = 0;
   // Drops a handle the builder made and no value keeps.
@@ -321,6 +337,11 @@ class ComponentBuilder<Handle>::Runner final : public CollectiveRunner {
   StatusOr<LocalHandle> Share(LocalHandle leader, int device) override {
     TFD_ASSIGN_OR_RETURN(Handle h, b_.Share(table_[leader], device));
     return Put(h);
+  }
+  StatusOr<std::vector<LocalHandle>> ShareAll(const std::vector<LocalHandle>& leaders,
+                                              const std::vector<int>& devices) override {
+    TFD_ASSIGN_OR_RETURN(std::vector<Handle> out, b_.ShareAll(Get(leaders), devices));
+    return Put(out);
   }
   void Discard(LocalHandle handle) override { b_.Discard(table_[handle]); }
   void SetLocalShape(LocalHandle handle, const std::vector<int64_t>& shape) override {
@@ -686,10 +707,10 @@ template <typename Handle>
 StatusOr<ValueId> ComponentBuilder<Handle>::Broadcast(ValueId host_value, const Mesh& mesh) {
   const Value host = values_[host_value];
   Value out{Layout::Replicated(mesh, static_cast<int>(host.shape.size())), host.shape, host.dtype};
-  for (int d = 0; d < mesh_.num_local_devices(); ++d) {
-    TFD_ASSIGN_OR_RETURN(Handle h, Share(host.host, d));
-    out.handles.push_back(h);
-  }
+  std::vector<int> devices(mesh_.num_local_devices());
+  for (int d = 0; d < mesh_.num_local_devices(); ++d) devices[d] = d;
+  TFD_ASSIGN_OR_RETURN(out.handles,
+                       ShareAll(std::vector<Handle>(devices.size(), host.host), devices));
   out.int_value_read = host.int_value_read;
   out.int_value = host.int_value;
   return Add(std::move(out));
@@ -705,14 +726,11 @@ StatusOr<ValueId> ComponentBuilder<Handle>::MoveToMesh(ValueId value, const Mesh
   mesh_ = mesh;
   Value out{Layout::Replicated(mesh, static_cast<int>(source.shape.size())), source.shape,
             source.dtype};
-  for (int d = 0; d < mesh_.num_local_devices(); ++d) {
-    StatusOr<Handle> h = Share(source.handles[0], d);
-    if (!h.ok()) {
-      DiscardAll(out.handles);
-      return h.status();
-    }
-    out.handles.push_back(*h);
-  }
+  std::vector<int> devices(mesh_.num_local_devices());
+  for (int d = 0; d < mesh_.num_local_devices(); ++d) devices[d] = d;
+  TFD_ASSIGN_OR_RETURN(out.handles, ShareAll(std::vector<Handle>(devices.size(),
+                                                                 source.handles[0]),
+                                             devices));
   out.int_value_read = source.int_value_read;
   out.int_value = source.int_value;
   return Add(std::move(out));

@@ -59,6 +59,11 @@ class CollectiveRunner {
       const LocalOpOptions& options) = 0;
   // Device `device`'s handle of a result `leader` computed: shared, or copied over.
   virtual StatusOr<LocalHandle> Share(LocalHandle leader, int device) = 0;
+  // Share for several: device `devices[i]`'s handle of `leaders[i]`. Where a copy blocks
+  // until it is done (eager copies between accelerators) they are made at once. On
+  // failure nothing it made is kept.
+  virtual StatusOr<std::vector<LocalHandle>> ShareAll(const std::vector<LocalHandle>& leaders,
+                                                      const std::vector<int>& devices) = 0;
   // Drops a handle the lowering made and no value keeps.
   virtual void Discard(LocalHandle handle) = 0;
   // Tells a graph the local shape of a collective's result, which TF's shape inference

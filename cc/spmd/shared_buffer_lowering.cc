@@ -280,9 +280,51 @@ class SharedBuffer final : public CollectiveLowering {
     copies.push_back(copy);
     return copy;
   }
+  // Reach for several: `hs[i]`, held by device `es[i]`, as device `ds[i]` reads it. The
+  // copies are made at once (ShareAll) and go to `copies`; on failure none is kept.
+  StatusOr<Handles> ReachAll(CollectiveRunner& run, const Handles& hs, const std::vector<int>& es,
+                             const std::vector<int>& ds, Handles& copies) const {
+    Handles out = hs, send;
+    std::vector<int> to;
+    std::vector<size_t> at;
+    for (size_t i = 0; i < hs.size(); ++i) {
+      if (shares_ || es[i] == ds[i]) continue;
+      send.push_back(hs[i]);
+      to.push_back(ds[i]);
+      at.push_back(i);
+    }
+    if (send.empty()) return out;
+    TFD_ASSIGN_OR_RETURN(Handles made, run.ShareAll(send, to));
+    for (size_t k = 0; k < made.size(); ++k) out[at[k]] = made[k];
+    copies.insert(copies.end(), made.begin(), made.end());
+    return out;
+  }
 
   const bool shares_;
 };
+
+// Fills `out[d]` of every device that is not its group's leader with its leader's result,
+// shared or copied (the copies at once). On failure, discards what it made and every
+// leader's result.
+Status ShareToReplicas(CollectiveRunner& run, const std::vector<int>& leaders, Handles& out) {
+  Handles from;
+  std::vector<int> to;
+  for (int d = 0; d < static_cast<int>(leaders.size()); ++d) {
+    if (leaders[d] == d) continue;
+    from.push_back(out[leaders[d]]);
+    to.push_back(d);
+  }
+  if (from.empty()) return Status::Ok();
+  StatusOr<Handles> shared = run.ShareAll(from, to);
+  if (!shared.ok()) {
+    for (int d = 0; d < static_cast<int>(leaders.size()); ++d) {
+      if (leaders[d] == d) run.Discard(out[d]);
+    }
+    return shared.status();
+  }
+  for (size_t k = 0; k < to.size(); ++k) out[to[k]] = (*shared)[k];
+  return Status::Ok();
+}
 
 // Device d's reduction of `parts` (its own or copied to it) by `op`; a mean divides by
 // `scale` (made on device 0).
@@ -346,11 +388,15 @@ StatusOr<ValueId> SharedBuffer::AllReduce(CollectiveRunner& run, ValueId value,
     scale = r[0];
   }
   Handles out(n, LocalHandle{});
-  for (int d = 0; d < n; ++d) {
-    if (leaders[d] != d) {
-      TFD_ASSIGN_OR_RETURN(out[d], run.Share(out[leaders[d]], d));
-      continue;
+  auto fail = [&](int made_to, const Status& status) {
+    for (int d = 0; d < made_to; ++d) {
+      if (leaders[d] == d) run.Discard(out[d]);
     }
+    if (scale) run.Discard(*scale);
+    return status;
+  };
+  for (int d = 0; d < n; ++d) {
+    if (leaders[d] != d) continue;
     // One partial value per coordinate tuple along `mesh_dims`, within d's group.
     std::map<std::vector<int64_t>, int> partials;  // -> the first device holding it
     for (int e = 0; e < n; ++e) {
@@ -359,19 +405,23 @@ StatusOr<ValueId> SharedBuffer::AllReduce(CollectiveRunner& run, ValueId value,
       for (int k : mesh_dims) coords.push_back(mesh.LocalCoord(e, k));
       if (!partials.count(coords)) partials.emplace(coords, e);
     }
-    Handles parts, copies;
+    Handles held, copies;
+    std::vector<int> holders;
     for (auto& [coords, e] : partials) {
-      StatusOr<LocalHandle> h = Reach(run, run.Local(value, e), e, d, copies);
-      if (!h.ok()) {
-        run.DiscardAll(copies);
-        return h.status();
-      }
-      parts.push_back(*h);
+      held.push_back(run.Local(value, e));
+      holders.push_back(e);
     }
-    StatusOr<LocalHandle> reduced = Reduce(run, parts, op, dtype, scale, d);
+    StatusOr<Handles> parts =
+        ReachAll(run, held, holders, std::vector<int>(held.size(), d), copies);
+    if (!parts.ok()) return fail(d, parts.status());
+    StatusOr<LocalHandle> reduced = Reduce(run, *parts, op, dtype, scale, d);
     run.DiscardAll(copies);
-    if (!reduced.ok()) return reduced.status();
+    if (!reduced.ok()) return fail(d, reduced.status());
     out[d] = *reduced;
+  }
+  if (Status shared = ShareToReplicas(run, leaders, out); !shared.ok()) {
+    if (scale) run.Discard(*scale);
+    return shared;
   }
   if (scale) run.Discard(*scale);
   return run.AddValue(out_layout, b.shape(value), dtype, out);
@@ -394,33 +444,34 @@ StatusOr<ValueId> SharedBuffer::AllGather(CollectiveRunner& run, ValueId value, 
   options.copy_attrs = false;
   options.overrides = {AttrOverride::Type("T", b.dtype(value)),
                        AttrOverride::Type("Tidx", TF_INT32), AttrOverride::Int("N", pieces)};
-  for (int d = 0; d < n; ++d) {
-    if (leaders[d] != d) {
-      TFD_ASSIGN_OR_RETURN(out[d], run.Share(out[leaders[d]], d));
-      continue;
+  auto fail = [&](int made_to, const Status& status) {
+    for (int d = 0; d < made_to; ++d) {
+      if (leaders[d] == d) run.Discard(out[d]);
     }
-    Handles parts(pieces, LocalHandle{}), copies;
-    std::vector<bool> found(pieces, false);
+    return status;
+  };
+  for (int d = 0; d < n; ++d) {
+    if (leaders[d] != d) continue;
+    Handles held(pieces, LocalHandle{}), copies;
+    std::vector<int> holders(pieces, -1);
     for (int e = 0; e < n; ++e) {
       int64_t c = layout.ShardIndex(e, dim);
-      if (run.SameCoords(d, e, key_dims) && !found[c]) {
+      if (run.SameCoords(d, e, key_dims) && holders[c] < 0) {
         // d's own piece where it holds one: no copy of it.
-        const int from = layout.ShardIndex(d, dim) == c ? d : e;
-        StatusOr<LocalHandle> h = Reach(run, run.Local(value, from), from, d, copies);
-        if (!h.ok()) {
-          run.DiscardAll(copies);
-          return h.status();
-        }
-        parts[c] = *h;
-        found[c] = true;
+        holders[c] = layout.ShardIndex(d, dim) == c ? d : e;
+        held[c] = run.Local(value, holders[c]);
       }
     }
-    parts.push_back(axis);
-    StatusOr<Handles> r = run.RunOn("ConcatV2", parts, options, d, 1);
+    StatusOr<Handles> parts =
+        ReachAll(run, held, holders, std::vector<int>(pieces, d), copies);
+    if (!parts.ok()) return fail(d, parts.status());
+    parts->push_back(axis);
+    StatusOr<Handles> r = run.RunOn("ConcatV2", *parts, options, d, 1);
     run.DiscardAll(copies);
-    if (!r.ok()) return r.status();
+    if (!r.ok()) return fail(d, r.status());
     out[d] = (*r)[0];
   }
+  TFD_RETURN_IF_ERROR(ShareToReplicas(run, leaders, out));
   return run.AddValue(out_layout, b.shape(value), b.dtype(value), out);
 }
 
@@ -474,70 +525,64 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
   concat.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tidx", TF_INT32),
                       AttrOverride::Int("N", pieces)};
   std::map<int, Handles> splits;  // source leader -> its sub-blocks, by k
-  Handles copies;  // sub-blocks copied to their target (copies lowering)
-  std::vector<bool> filled(n, false);
-  Status failure;
-  for (int d = 0; d < n && failure.ok(); ++d) {
+  std::vector<bool> joined_at(n, false);
+  auto fail = [&](const Status& status) {
+    for (auto& [source, hs] : splits) run.DiscardAll(hs);
+    for (int d = 0; d < n; ++d) {
+      if (joined_at[d]) run.Discard(out[d]);
+    }
+    return status;
+  };
+  // Every target leader's sub-blocks, by source piece c: the handle and its device.
+  std::vector<int> targets;
+  Handles held, copies;
+  std::vector<int> holders, readers;
+  for (int d = 0; d < n; ++d) {
     if (out_leaders[d] != d) continue;
-    Handles parts(pieces, LocalHandle{});
+    targets.push_back(d);
     std::vector<bool> found(pieces, false);
     const int64_t k = out_layout.ShardIndex(d, to_dim);
-    for (int e = 0; e < n && failure.ok(); ++e) {
+    const size_t first = held.size();
+    held.resize(first + pieces, LocalHandle{});
+    holders.resize(first + pieces, -1);
+    readers.resize(first + pieces, d);
+    for (int e = 0; e < n; ++e) {
       const int64_t c = layout.ShardIndex(e, from_dim);
       if (found[c] || !run.SameCoords(d, e, other_dims)) continue;
       const int source = in_leaders[e];
       if (!splits.count(source)) {
         StatusOr<Handles> r =
             run.RunOn("SplitV", {run.Local(value, source), sizes, to_axis}, split, source, pieces);
-        if (!r.ok()) {
-          failure = r.status();
-          break;
-        }
+        if (!r.ok()) return fail(r.status());
         splits[source] = std::move(r).value();
       }
-      StatusOr<LocalHandle> part = Reach(run, splits[source][k], source, d, copies);
-      if (!part.ok()) {
-        failure = part.status();
-        break;
-      }
-      parts[c] = *part;
+      held[first + c] = splits[source][k];
+      holders[first + c] = source;
       found[c] = true;
     }
-    if (!failure.ok()) break;
     if (std::find(found.begin(), found.end(), false) != found.end()) {
-      failure = Internal("all-to-all of a " + layout.ShortString() +
-                         " value: a source piece has no local device.");
-      break;
+      return fail(Internal("all-to-all of a " + layout.ShortString() +
+                           " value: a source piece has no local device."));
     }
-    parts.push_back(from_axis);
-    StatusOr<Handles> joined = run.RunOn("ConcatV2", parts, concat, d, 1);
-    run.DiscardAll(copies);
-    copies.clear();
+  }
+  // The sub-blocks move to their targets at once, then each target joins its own.
+  StatusOr<Handles> parts = ReachAll(run, held, holders, readers, copies);
+  if (!parts.ok()) return fail(parts.status());
+  for (size_t t = 0; t < targets.size(); ++t) {
+    Handles joined_parts(parts->begin() + t * pieces, parts->begin() + (t + 1) * pieces);
+    joined_parts.push_back(from_axis);
+    StatusOr<Handles> joined = run.RunOn("ConcatV2", joined_parts, concat, targets[t], 1);
     if (!joined.ok()) {
-      failure = joined.status();
-      break;
+      run.DiscardAll(copies);
+      return fail(joined.status());
     }
-    out[d] = (*joined)[0];
-    filled[d] = true;
+    out[targets[t]] = (*joined)[0];
+    joined_at[targets[t]] = true;
   }
-  for (auto& [source, hs] : splits) run.DiscardAll(hs);
   run.DiscardAll(copies);
-  for (int d = 0; d < n && failure.ok(); ++d) {
-    if (out_leaders[d] == d) continue;
-    StatusOr<LocalHandle> h = run.Share(out[out_leaders[d]], d);
-    if (!h.ok()) {
-      failure = h.status();
-      break;
-    }
-    out[d] = *h;
-    filled[d] = true;
-  }
-  if (!failure.ok()) {
-    for (int d = 0; d < n; ++d) {
-      if (filled[d]) run.Discard(out[d]);
-    }
-    return failure;
-  }
+  for (auto& [source, hs] : splits) run.DiscardAll(hs);
+  splits.clear();
+  TFD_RETURN_IF_ERROR(ShareToReplicas(run, out_leaders, out));
   return run.AddValue(out_layout, global, dtype, out);
 }
 

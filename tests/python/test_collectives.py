@@ -471,3 +471,35 @@ def test_product_of_complex_values(collective_ops, traced):
         got = run(to_dtensor(data, layout_of("x", MESH_8)),
                   to_dtensor(ids, layout_of(ids_layout, MESH_8)))
         np.testing.assert_allclose(reassemble(got), prod(data, ids).numpy(), rtol=1e-5)
+
+
+# The copies lowering on a device whose copies block until done (GPUs) makes the copies of
+# one collective at once, from a thread each (EagerBuilder::ShareAll). Forced on here for
+# the virtual CPUs (TF_DTENSOR_DISPATCH_THREADS=on), whose copies take the same path.
+@pytest.mark.parametrize(
+    "mesh, source, target",
+    [(MESH_8, "x,*", "*,*"), (MESH_8, "x,*", "*,x"), (MESH_8, "*,x", "x,*"),
+     (MESH_2X4, "x,y", "y,x"), (MESH_2X4, "*,y", "*,*"), (MESH_REVERSED, "x,*", "*,x")],
+    ids=["8[x,*]-[*,*]", "8[x,*]-[*,x]", "8[*,x]-[x,*]", "2x4[x,y]-[y,x]", "2x4[*,y]-[*,*]",
+         "rev[x,*]-[*,x]"])
+def test_copies_of_one_collective_made_at_once_are_right(monkeypatch, mesh, source, target):
+    monkeypatch.setenv("TF_DTENSOR_DISPATCH_THREADS", "on")
+    config.set_collective_lowering("copies")
+    try:
+        value = _data((8, 16))
+        target_layout = layout_of(target, mesh)
+        moved = tf_dtensor.relayout(to_dtensor(value, layout_of(source, mesh)), target_layout)
+        assert_dtensor_equal(value, target_layout, moved)
+        # An all-reduce (sum over the sharded axis 0) and a mean: copies to each group's
+        # leader, then to its replicas.
+        sharded = to_dtensor(value, layout_of(source, mesh))
+        np.testing.assert_allclose(reassemble(tf.reduce_sum(sharded, axis=0)),
+                                   value.sum(axis=0), rtol=1e-5)
+        np.testing.assert_allclose(reassemble(tf.reduce_mean(sharded, axis=[0, 1])),
+                                   value.mean(), rtol=1e-5)
+        # copy_to_mesh: one host value onto every device at once.
+        replicated = dtensor.copy_to_mesh(tf.constant(value), Layout.replicated(mesh, 2))
+        for component in dtensor.unpack(replicated):
+            np.testing.assert_array_equal(component.numpy(), value)
+    finally:
+        config.set_collective_lowering("")
