@@ -30,10 +30,13 @@ import tensorflow as tf
 from tensorflow.python.autograph.operators import control_flow
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.data.ops import iterator_ops
+from tensorflow.python.data.ops import optional_ops
+from tensorflow.python.data.util import structure
 from tensorflow.python.eager import context
 from tensorflow.python.framework import errors
 from tensorflow.python.framework import ops
 from tensorflow.python.framework import tensor_spec
+from tensorflow.python.ops import gen_dataset_ops
 from tensorflow.python.util import nest
 
 from tf_dtensor import api
@@ -199,8 +202,16 @@ class _DTensorIterator(iterator_ops.OwnedIterator):
         return _to_dtensors(self._next_internal(), self._layouts, self._share)
 
     def get_next_as_optional(self):
+        # TF's OwnedIterator.get_next_as_optional types the optional by `element_spec`,
+        # which here is the global batch's; the host iterator yields this client's share
+        # (smaller where the batch replicas span clients).
         with ops.colocate_with(self._iterator_resource):
-            host = iterator_ops.OwnedIterator.get_next_as_optional(self)
+            host = optional_ops._OptionalImpl(  # pylint: disable=protected-access
+                gen_dataset_ops.iterator_get_next_as_optional(
+                    self._iterator_resource,
+                    output_types=structure.get_flat_tensor_types(self._element_spec),
+                    output_shapes=structure.get_flat_tensor_shapes(self._element_spec)),
+                self._element_spec)
         return _DTensorOptional(host, self._layouts, self._share, self._global_element_spec)
 
     @property
@@ -465,17 +476,9 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
 
 
 def _for_stmt(dataset, extra_test, body, get_state, set_state, symbol_names, opts):
-    """`for batch in dataset:` inside tf.function: iterate a fresh iterator of it."""
-    share = dataset._share  # pylint: disable=protected-access
-    if not share.whole:
-        # The loop's iterator, a host resource, is carried through a while loop whose
-        # per-device copies TensorFlow cannot colocate across a client's devices.
-        raise NotImplementedError(
-            f"`for batch in dataset:` inside a tf.function reads a DTensorDataset whose "
-            f"batch replicas span several clients (this client reads replicas "
-            f"{list(share.replicas)} of {share.num_replicas}); loop outside the function "
-            f"instead: make `iterator = iter(dataset)` eagerly and call `next(iterator)` in a "
-            f"function that runs one step (or iterate eagerly and pass each batch in).")
+    """`for batch in dataset:` inside tf.function: iterate a fresh iterator of it. The
+    iterator, one host resource, stays on the host through the loop (cc/graph/control_flow.cc),
+    also where the batch replicas span clients."""
     control_flow._tf_iterator_for_stmt(  # pylint: disable=protected-access
         iter(dataset), extra_test, body, get_state, set_state, symbol_names, opts)
 

@@ -200,10 +200,13 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
       const ValueMeta& out = natural->outputs[i];
       const std::string what =
           "loop variable " + std::to_string(i) + " of '" + node.name + "'";
-      if (!entry && out.layout && !out.resource) {
+      if (!entry && out.layout && !out.resource && out.dtype != TF_RESOURCE) {
         // Entered as a host value (zeros made in the function), made a DTensor by the
         // body: it joins the mesh before the loop instead of being gathered to the host
-        // at the end of every iteration.
+        // at the end of every iteration. Not a plain resource (a dataset iterator): that
+        // is one handle, and per-device copies of it as loop variables would each need a
+        // Merge and NextIteration colocated with the resource, which TensorFlow cannot do
+        // where the copies sit on devices that share no buffers (across clients).
         TFD_ASSIGN_OR_RETURN(ValueId on_mesh,
                              builder_.Broadcast(inputs[i], out.layout->mesh()));
         TFD_ASSIGN_OR_RETURN(inputs[i], Relayout(builder_, on_mesh, *out.layout, what));

@@ -212,8 +212,8 @@ def test_checkpoints_written_by_n_clients_restore_on_m(writers, readers, tmp_pat
 def test_dtensor_dataset_across_clients():
     """Each client reads its share of every global batch (a 1-D mesh over every device and a
     2-D mesh, batch over clients); the global values match numpy, eagerly and through
-    `next(iterator)` inside tf.function, and a for loop over the dataset inside a function
-    is refused with the way that works."""
+    `next(iterator)` inside tf.function, and a for loop over the dataset inside a
+    function (its iterator stays one host resource through the loop)."""
     code, out = _run("dataset.py", 2)
     assert code == 0, _tail(out)
     for k in range(2):
