@@ -1,5 +1,6 @@
 #include "cc/device/program_check.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -7,6 +8,7 @@
 
 #include "cc/spmd/collectives.h"
 #include "cc/tf/handles.h"
+#include "tensorflow/c/c_api_experimental.h"
 #include "tensorflow/c/eager/c_api_experimental.h"
 
 namespace tf_dtensor {
@@ -25,6 +27,15 @@ int64_t TimeoutMs() {
   const char* value = std::getenv("TF_DTENSOR_PROGRAM_CHECK_TIMEOUT_S");
   const int64_t seconds = value ? std::atoll(value) : 300;
   return (seconds > 0 ? seconds : 300) * 1000;
+}
+
+// "/job:worker/replica:0/task:<task>" for a task of `mesh`'s clients, from the name of
+// this client's first device; empty where that name has no task.
+std::string TaskName(const Mesh& mesh, int task) {
+  const std::string& local = mesh.local_devices()[0];
+  const size_t at = local.find("/task:");
+  return at == std::string::npos ? std::string()
+                                 : local.substr(0, at) + "/task:" + std::to_string(task);
 }
 
 // Program steps per set of clients, in this process's order.
@@ -53,9 +64,28 @@ Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::strin
   const int64_t timeout = TimeoutMs();
   for (int other : tasks) {
     if (other == me) continue;
+    // Read in slices of a second: a wait in the coordination service's key-value store
+    // does not end when the client it waits for is lost, so after each slice the client is
+    // asked whether it is alive (TF's collective health check): a lost client fails this
+    // one at once, naming it, instead of after the whole timeout.
     TF_Buffer* buffer = TF_NewBuffer();
-    TFE_GetConfigKeyValue(context, (prefix + std::to_string(other)).c_str(), timeout, buffer,
-                          status.get());
+    for (int64_t waited = 0;;) {
+      const int64_t slice = std::min<int64_t>(1000, timeout - waited);
+      TFE_GetConfigKeyValue(context, (prefix + std::to_string(other)).c_str(), slice, buffer,
+                            status.get());
+      waited += slice;
+      if (TF_GetCode(status.get()) != TF_DEADLINE_EXCEEDED || waited >= timeout) break;
+      const std::string task = TaskName(mesh, other);
+      if (task.empty()) continue;
+      StatusPtr health(TF_NewStatus());
+      TFE_CollectiveOpsCheckPeerHealth(context, task.c_str(), 1000, health.get());
+      if (TF_GetCode(health.get()) != TF_OK) {
+        TF_DeleteBuffer(buffer);
+        return FromTF(health.get(), "waiting for client " + std::to_string(other) + " (" +
+                                        task + ") at checked program step " +
+                                        std::to_string(step + 1) + ": it is lost");
+      }
+    }
     std::string theirs;
     if (TF_GetCode(status.get()) == TF_OK) {
       theirs.assign(static_cast<const char*>(buffer->data), buffer->length);

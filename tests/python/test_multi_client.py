@@ -132,13 +132,12 @@ def test_a_client_that_never_calls_the_function_times_out_with_a_message():
 
 
 @pytest.mark.multi_client
-def test_eager_collectives_are_compared_when_asked():
-    """With TF_DTENSOR_CHECK_EAGER_COLLECTIVES, every eager collective on a mesh spanning
-    clients is compared first: a client that takes a maximum where the other takes a sum
-    makes both fail naming both collectives (unchecked, each would wait in its own
-    all-reduce forever)."""
-    code, out = _run("mismatch.py", 2, timeout=120,
-                     env={"TFD_TEST_MODE": "eager", "TF_DTENSOR_CHECK_EAGER_COLLECTIVES": "1"})
+def test_eager_collectives_are_compared_by_default():
+    """Every eager collective on a mesh spanning clients is compared first (unless
+    TF_DTENSOR_CHECK_EAGER_COLLECTIVES=0): a client that takes a maximum where the other
+    takes a sum makes both fail naming both collectives (unchecked, each would wait in its
+    own all-reduce forever)."""
+    code, out = _run("mismatch.py", 2, timeout=120, env={"TFD_TEST_MODE": "eager"})
     assert code == 0, _tail(out)
     for k in range(2):
         found = re.search(rf"\[client {k}\] MISMATCH (\w+): (.*)", out)

@@ -2,7 +2,7 @@
 (TFD_TEST_MODE): "shapes" (the same tf.function on other input shapes), "functions"
 (another tf.function), "missing" (the last client calls none, waits past the others'
 timeout and leaves) or "eager" (eagerly, after a sum every client makes, the last client
-takes a maximum where the others take a sum; run with TF_DTENSOR_CHECK_EAGER_COLLECTIVES).
+takes a maximum where the others take a sum: compared by default).
 Each client must get an error saying how the programs differ, or that a client did not
 come, instead of hanging in a collective. Prints `MISMATCH <error class>: <message>`."""
 
