@@ -271,17 +271,10 @@ class SharedBuffer final : public CollectiveLowering {
                              int to_dim) const override;
 
  private:
-  // Peer `e`'s handle `h` as device `d` reads it: in place when buffers are shared, else
-  // copied over (the copy goes to `copies`, to be dropped once used).
-  StatusOr<LocalHandle> Reach(CollectiveRunner& run, LocalHandle h, int e, int d,
-                              Handles& copies) const {
-    if (shares_ || e == d) return h;
-    TFD_ASSIGN_OR_RETURN(LocalHandle copy, run.Share(h, d));
-    copies.push_back(copy);
-    return copy;
-  }
-  // Reach for several: `hs[i]`, held by device `es[i]`, as device `ds[i]` reads it. The
-  // copies are made at once (ShareAll) and go to `copies`; on failure none is kept.
+  // Peers' handles as other devices read them: `hs[i]`, held by device `es[i]`, as device
+  // `ds[i]` reads it, in place when buffers are shared or the device is its holder, else
+  // copied over. The copies are made at once (ShareAll) and go to `copies`, to be dropped
+  // once used; on failure none is kept.
   StatusOr<Handles> ReachAll(CollectiveRunner& run, const Handles& hs, const std::vector<int>& es,
                              const std::vector<int>& ds, Handles& copies) const {
     Handles out = hs, send;
