@@ -53,6 +53,7 @@ std::string CodeName(Code code) {
     case Code::kCancelled: return "CANCELLED";
     case Code::kUnknown: return "UNKNOWN";
     case Code::kInvalidArgument: return "INVALID_ARGUMENT";
+    case Code::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
     case Code::kNotFound: return "NOT_FOUND";
     case Code::kAlreadyExists: return "ALREADY_EXISTS";
     case Code::kFailedPrecondition: return "FAILED_PRECONDITION";
