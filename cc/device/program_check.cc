@@ -29,15 +29,6 @@ int64_t TimeoutMs() {
   return (seconds > 0 ? seconds : 300) * 1000;
 }
 
-// "/job:worker/replica:0/task:<task>" for a task of `mesh`'s clients, from the name of
-// this client's first device; empty where that name has no task.
-std::string TaskName(const Mesh& mesh, int task) {
-  const std::string& local = mesh.local_devices()[0];
-  const size_t at = local.find("/task:");
-  return at == std::string::npos ? std::string()
-                                 : local.substr(0, at) + "/task:" + std::to_string(task);
-}
-
 // Program steps per set of clients, in this process's order.
 std::mutex steps_mutex;
 std::map<std::set<int>, int64_t> steps;
@@ -68,6 +59,7 @@ Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::strin
     // does not end when the client it waits for is lost, so after each slice the client is
     // asked whether it is alive (TF's collective health check): a lost client fails this
     // one at once, naming it, instead of after the whole timeout.
+    const std::string task = DistributedTaskName(mesh, other);
     TF_Buffer* buffer = TF_NewBuffer();
     for (int64_t waited = 0;;) {
       const int64_t slice = std::min<int64_t>(1000, timeout - waited);
@@ -75,7 +67,6 @@ Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::strin
                             status.get());
       waited += slice;
       if (TF_GetCode(status.get()) != TF_DEADLINE_EXCEEDED || waited >= timeout) break;
-      const std::string task = TaskName(mesh, other);
       if (task.empty()) continue;
       StatusPtr health(TF_NewStatus());
       TFE_CollectiveOpsCheckPeerHealth(context, task.c_str(), 1000, health.get());

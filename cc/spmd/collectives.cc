@@ -52,17 +52,15 @@ std::tuple<std::string, int64_t, int64_t, int64_t> RankKey(const std::string& de
 // members of a collective group by these names, so every client must derive them alike.
 std::string DistributedDeviceName(const Mesh& mesh, int64_t id) {
   const int64_t per_task = mesh.num_local_devices();
-  if (per_task <= 0 || mesh.local_devices().empty()) return std::string();
+  const std::string task = DistributedTaskName(mesh, DistributedTaskOf(mesh, id));
+  if (per_task <= 0 || task.empty()) return std::string();
   const std::string& local = mesh.local_devices()[0];
-  size_t task = local.find("/task:");
   size_t device = local.find("/device:");
   size_t index = local.rfind(':');
-  if (task == std::string::npos || device == std::string::npos || index == std::string::npos ||
-      index < device) {
+  if (device == std::string::npos || index == std::string::npos || index < device) {
     return std::string();
   }
-  return local.substr(0, task) + "/task:" + std::to_string(DistributedTaskOf(mesh, id)) +
-         local.substr(device, index + 1 - device) + std::to_string(id % per_task);
+  return task + local.substr(device, index + 1 - device) + std::to_string(id % per_task);
 }
 
 }  // namespace
@@ -72,6 +70,14 @@ namespace {
 constexpr int32_t kFirstInstanceKey = 1 << 24;
 std::atomic<int32_t> next_instance_key{kFirstInstanceKey};
 }  // namespace
+
+std::string DistributedTaskName(const Mesh& mesh, int64_t task) {
+  if (mesh.local_devices().empty()) return std::string();
+  const std::string& local = mesh.local_devices()[0];
+  const size_t at = local.find("/task:");
+  return at == std::string::npos ? std::string()
+                                 : local.substr(0, at) + "/task:" + std::to_string(task);
+}
 
 int64_t DistributedTaskOf(const Mesh& mesh, int64_t id) {
   const int64_t per_task = mesh.num_local_devices();

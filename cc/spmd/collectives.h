@@ -89,6 +89,9 @@ int32_t NextInstanceKey();
 // The task (client) holding global device `id` of a distributed mesh: ids run task by task
 // with the same number of devices on each (create_distributed_mesh, as in TF's DTensor).
 int64_t DistributedTaskOf(const Mesh& mesh, int64_t id);
+// "/job:<job>/replica:<n>/task:<task>", the task of that name in this client's job (from
+// the name of its first device of `mesh`); empty where that name has no task.
+std::string DistributedTaskName(const Mesh& mesh, int64_t task);
 // How many instance keys NextInstanceKey has handed out so far.
 int64_t InstanceKeysIssued();
 

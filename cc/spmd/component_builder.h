@@ -107,6 +107,12 @@ class ComponentBuilder : public Builder {
     }
     return out;
   }
+  // ShareAll of one handle to every local device, in device order.
+  StatusOr<std::vector<Handle>> ShareToEvery(Handle handle) {
+    std::vector<int> devices(mesh_.num_local_devices());
+    for (int d = 0; d < static_cast<int>(devices.size()); ++d) devices[d] = d;
+    return ShareAll(std::vector<Handle>(devices.size(), handle), devices);
+  }
   virtual std::optional<std::vector<int64_t>> LocalShapeOf(Handle handle) = 0;
   virtual int DTypeOf(Handle handle) = 0;
   // Drops a handle the builder made and no value keeps.
@@ -707,10 +713,7 @@ template <typename Handle>
 StatusOr<ValueId> ComponentBuilder<Handle>::Broadcast(ValueId host_value, const Mesh& mesh) {
   const Value host = values_[host_value];
   Value out{Layout::Replicated(mesh, static_cast<int>(host.shape.size())), host.shape, host.dtype};
-  std::vector<int> devices(mesh_.num_local_devices());
-  for (int d = 0; d < mesh_.num_local_devices(); ++d) devices[d] = d;
-  TFD_ASSIGN_OR_RETURN(out.handles,
-                       ShareAll(std::vector<Handle>(devices.size(), host.host), devices));
+  TFD_ASSIGN_OR_RETURN(out.handles, ShareToEvery(host.host));
   out.int_value_read = host.int_value_read;
   out.int_value = host.int_value;
   return Add(std::move(out));
@@ -726,11 +729,7 @@ StatusOr<ValueId> ComponentBuilder<Handle>::MoveToMesh(ValueId value, const Mesh
   mesh_ = mesh;
   Value out{Layout::Replicated(mesh, static_cast<int>(source.shape.size())), source.shape,
             source.dtype};
-  std::vector<int> devices(mesh_.num_local_devices());
-  for (int d = 0; d < mesh_.num_local_devices(); ++d) devices[d] = d;
-  TFD_ASSIGN_OR_RETURN(out.handles, ShareAll(std::vector<Handle>(devices.size(),
-                                                                 source.handles[0]),
-                                             devices));
+  TFD_ASSIGN_OR_RETURN(out.handles, ShareToEvery(source.handles[0]));
   out.int_value_read = source.int_value_read;
   out.int_value = source.int_value;
   return Add(std::move(out));
