@@ -15,6 +15,7 @@
 #include "cc/core/layout.h"
 #include "cc/spmd/builder.h"
 #include "cc/spmd/layout_types.h"
+#include "cc/tf/handles.h"
 #include "tensorflow/c/eager/c_api.h"
 #include "tensorflow/c/eager/c_api_experimental.h"
 
@@ -88,8 +89,6 @@ class TensorWithLayout {
 // Text of one host tensor in TF's print format ("[[1 2] [3 4]]", 3 items per edge).
 std::string FormatTensor(TFE_TensorHandle* handle, TF_Status* status);
 
-// "float32" for TF_FLOAT: dtype names as Python shows them, for messages.
-std::string DataTypeName(int dtype);
 
 // A handle sharing `handle`'s tensor (no copy).
 HandlePtr ShareHandle(TFE_TensorHandle* handle, TF_Status* status);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cc/spmd/lowering.h"
+#include "cc/tf/handles.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
@@ -87,6 +88,9 @@ Wire ReduceWire(const Mesh& mesh, int dtype, ReduceOp op) {
     case TF_BOOL: case TF_INT8: case TF_UINT8: case TF_INT16: case TF_UINT16:
       return {TF_INT32, false};
     case TF_UINT32: return {TF_INT64, false};
+    // Sums and products modulo 2^64 are the same bits signed or not.
+    case TF_UINT64:
+      return {TF_INT64, true, op == ReduceOp::kSum || op == ReduceOp::kProd};
     case TF_BFLOAT16: return {TF_FLOAT, false};
     // A sum (or mean) of complex numbers is the sum (mean) of the real and of the
     // imaginary parts.
@@ -99,12 +103,8 @@ Wire ReduceWire(const Mesh& mesh, int dtype, ReduceOp op) {
 }
 
 Status UnsupportedCollectiveType(const char* collective, int dtype) {
-  std::string name = dtype == TF_STRING     ? "string"
-                     : dtype == TF_RESOURCE ? "resource"
-                     : dtype == TF_VARIANT  ? "variant"
-                                            : "TF_DataType " + std::to_string(dtype);
   return Unimplemented(std::string("TF's collective ops cannot ") + collective +
-                       " a tensor of dtype " + name +
+                       " a tensor of dtype " + DataTypeName(dtype) +
                        ". Cast it first, or use the shared-buffer lowering "
                        "(`config.set_collective_lowering(\"auto\")`) on a mesh of local CPUs.");
 }

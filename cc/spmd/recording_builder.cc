@@ -1,23 +1,10 @@
 #include "cc/spmd/recording_builder.h"
 
 #include "cc/core/strings.h"
+#include "cc/tf/handles.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
-namespace {
-
-std::string DtypeName(int dtype) {
-  switch (dtype) {
-    case TF_FLOAT: return "float32";
-    case TF_DOUBLE: return "float64";
-    case TF_INT32: return "int32";
-    case TF_INT64: return "int64";
-    case TF_BOOL: return "bool";
-    default: return "dtype" + std::to_string(dtype);
-  }
-}
-
-}  // namespace
 
 ValueId RecordingBuilder::Add(Value value) {
   values_.push_back(std::move(value));
@@ -69,7 +56,7 @@ StatusOr<std::vector<ValueId>> RecordingBuilder::LocalOp(const std::string& op_n
     switch (a.kind) {
       case AttrOverride::Kind::kShape: line += ShapeString(a.ints); break;
       case AttrOverride::Kind::kInt: line += std::to_string(a.ints.at(0)); break;
-      case AttrOverride::Kind::kType: line += DtypeName(a.type); break;
+      case AttrOverride::Kind::kType: line += DataTypeName(a.type); break;
       case AttrOverride::Kind::kBool: line += a.boolean ? "true" : "false"; break;
       case AttrOverride::Kind::kString: line += a.text; break;
       case AttrOverride::Kind::kIntList: line += ShapeString(a.ints); break;
@@ -119,7 +106,7 @@ StatusOr<ValueId> RecordingBuilder::AllToAll(ValueId value, int from_dim, int to
 
 StatusOr<ValueId> RecordingBuilder::HostConstant(const std::vector<int64_t>& values,
                                                  const std::vector<int64_t>& shape, int dtype) {
-  steps_.push_back("host constant " + ShapeString(values) + " " + DtypeName(dtype));
+  steps_.push_back("host constant " + ShapeString(values) + " " + DataTypeName(dtype));
   return Add({std::nullopt, shape, dtype, std::nullopt});
 }
 

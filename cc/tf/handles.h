@@ -33,6 +33,9 @@ Status FromTF(TF_Status* status, const std::string& context);
 // they could be read (empty when not).
 std::string SerializedAttrs(const TFE_OpAttrs* attrs, TF_Status* status);
 
+// "float32" for TF_FLOAT: dtype names as Python shows them, for messages.
+std::string DataTypeName(int dtype);
+
 // The shape of a local tensor; `status` says whether it could be read.
 std::vector<int64_t> HandleShape(TFE_TensorHandle* handle, TF_Status* status);
 

@@ -208,6 +208,35 @@ def test_sum_of_dtypes_the_collective_ops_lack(collective_ops, dtype):
     assert_dtensor_equal(value.sum(axis=0).astype(dtype), layout_of("*", MESH_8), actual)
 
 
+def test_uint64_sums_and_products_wrap_as_numpy_does(collective_ops):
+    # CollectiveReduceV2 has no uint64 kernel: sums and products travel bitcast as int64
+    # (the same bits modulo 2^64), maxima and minima as a gather. The values straddle 2^63,
+    # where a cast to int64 would be wrong.
+    value = np.array([[2**63 + 5, 7], [2**63 - 1, 3], [2**64 - 2, 1], [9, 2**62]] * 2,
+                     dtype=np.uint64)
+    sharded = to_dtensor(value, layout_of("x,*", MESH_8))
+    with np.errstate(over="ignore"):
+        for reduce, expected in [(tf.reduce_sum, value.sum(axis=0, dtype=np.uint64)),
+                                 (tf.reduce_prod, value.prod(axis=0, dtype=np.uint64)),
+                                 (tf.reduce_max, value.max(axis=0)),
+                                 (tf.reduce_min, value.min(axis=0))]:
+            assert_dtensor_equal(expected, layout_of("*", MESH_8), reduce(sharded, axis=0))
+
+
+def test_a_dtype_no_collective_op_takes_is_refused_by_name(collective_ops):
+    words = tf_dtensor.relayout(
+        tf_dtensor.copy_to_mesh(tf.constant([str(i) for i in range(8)]), layout_of("*", MESH_8)),
+        layout_of("x", MESH_8))
+    with pytest.raises(tf.errors.UnimplementedError,
+                       match=r"TfDTensorRelayout.*\[x\] @ mesh\(x=8\).*cannot all-gather a "
+                             r"tensor of dtype string\. Cast it first"):
+        tf_dtensor.relayout(words, layout_of("*", MESH_8))
+    # The refusal comes before any collective runs: the next one works.
+    assert_dtensor_equal(np.full([2], 8.0, np.float32), layout_of("*", MESH_8),
+                         tf.reduce_sum(to_dtensor(np.ones([8, 2], np.float32),
+                                                  layout_of("x,*", MESH_8)), axis=0))
+
+
 @pytest.mark.parametrize("dtype", [np.complex64, np.complex128], ids=lambda d: np.dtype(d).name)
 def test_mean_of_complex_values(collective_ops, dtype):
     # A pending mean (partial(x:mean)) of complex values reduces as its real and imaginary
@@ -501,5 +530,34 @@ def test_copies_of_one_collective_made_at_once_are_right(monkeypatch, mesh, sour
         replicated = dtensor.copy_to_mesh(tf.constant(value), Layout.replicated(mesh, 2))
         for component in dtensor.unpack(replicated):
             np.testing.assert_array_equal(component.numpy(), value)
+    finally:
+        config.set_collective_lowering("")
+
+
+@pytest.mark.parametrize("policy", ["shared", "copies", "ops"])
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_a_step_that_fails_on_one_device_leaves_collectives_usable(policy, traced):
+    # One device's block holds a NaN, so `check_numerics` fails there while the others go
+    # on to the all-reduce. TF's collective executor, once aborted, fails every later
+    # collective of the process ("Restart your program to reset"): the failed step must not
+    # leave it so, under any lowering.
+    config.set_collective_lowering(policy)
+    try:
+        def step(x):
+            return tf.reduce_sum(tf.debugging.check_numerics(x, "step input"), axis=0)
+
+        run = tf.function(step) if traced else step
+        value = _data((8, 2))
+        broken = value.copy()
+        broken[5, 1] = np.nan
+        layout = layout_of("x,*", MESH_8)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="step input"):
+            reassemble(run(to_dtensor(broken, layout)))
+        for _ in range(2):
+            np.testing.assert_allclose(reassemble(run(to_dtensor(value, layout))),
+                                       value.sum(axis=0), rtol=1e-5)
+            assert_dtensor_equal(value, layout_of("*,*", MESH_8),
+                                 tf_dtensor.relayout(to_dtensor(value, layout),
+                                                     layout_of("*,*", MESH_8)))
     finally:
         config.set_collective_lowering("")
