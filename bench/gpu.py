@@ -2,7 +2,7 @@
 tf_dtensor, side by side in one process on one physical GPU split into 8 logical GPUs
 (float32, TensorFloat-32 off). `python bench/run.py --device gpu` runs it; on its own:
 
-    python bench/gpu.py [--rounds 7] [--variants] [--profile DIR]
+    python bench/gpu.py [--rounds 7] [--variants] [--jit] [--profile DIR]
 
 Rows (medians over rounds; each round samples every column in turn, so a load spike hits
 all columns alike):
@@ -17,6 +17,10 @@ device-to-device copies, without combining all-reduces, and without per-device d
 threads, so the choices the defaults make are measured, not assumed. Every sharded result
 is checked against the plain one first. `--profile DIR` writes TensorFlow profiler traces
 of a few training steps of both libraries to DIR, and of two rounds of each relayout row.
+`--jit` adds plain, TensorFlow's DTensor and tf_dtensor columns with XLA auto-clustering
+(`tf.config.optimizer.set_jit("autoclustering")`), which fuses each device's ops of a
+`tf.function` into XLA clusters: fewer kernel launches per step, the limit on logical GPUs
+of one physical GPU (see README). It touches the `tf.function` rows only.
 
 Every timing ends by reading one element of one component (`.numpy()`): both libraries
 return before the GPU has finished, and reading a whole large result would time its copy to
@@ -65,11 +69,13 @@ class Api:
     SETTINGS = ("TF_DTENSOR_DISPATCH_THREADS", "TF_DTENSOR_COMBINE_ALL_REDUCE_MIB")
 
     def __init__(self, label: str, api=None, lowering: Optional[str] = None,
-                 env: Optional[Dict[str, str]] = None):
+                 env: Optional[Dict[str, str]] = None, jit: bool = False):
         self.label, self.api, self.lowering, self.env = label, api, lowering, env or {}
+        self.jit = jit
 
     def enter(self):
-        """Applies this column's lowering and settings (tf_dtensor only; read when an op
+        """Applies this column's XLA clustering, lowering and settings (the last two
+        tf_dtensor only; read when an op
         runs or a function is expanded). A change of lowering policy drops every plan and
         expanded function, so each sample makes one untimed call first: otherwise columns
         of different lowerings, sampled in turn, would time a re-expansion in every round
@@ -78,6 +84,9 @@ class Api:
             import tf_dtensor
             # Only a change of policy drops the plans and expanded functions made so far.
             tf_dtensor.config.set_collective_lowering(self.lowering)
+        # TF reads the auto-clustering level when it instantiates a function for a call,
+        # and keeps one instantiation per level.
+        tf.config.optimizer.set_jit("autoclustering" if self.jit else False)
         for name in self.SETTINGS:
             if name in self.env:
                 os.environ[name] = self.env[name]
@@ -162,6 +171,8 @@ def mlp_runner(col: Api, devices: List[str], steps: int):
 # --- eager add -----------------------------------------------------------------------------
 
 def add_runner(col: Api, devices: List[str], chain: int):
+    if col.jit:
+        raise LookupError("eager: XLA clustering does not apply")
     value = np.random.RandomState(1).rand(512, 8).astype(np.float32)
     col.enter()
     a = col.place(value, ["x", "unsharded"], devices)
@@ -280,6 +291,8 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=8192, help="relayout tensor side (256 MiB)")
     parser.add_argument("--memory-mb", type=int, default=8000, help="per logical GPU")
     parser.add_argument("--variants", action="store_true")
+    parser.add_argument("--jit", action="store_true",
+                        help="add columns with XLA auto-clustering (tf.function rows)")
     parser.add_argument("--only", default="",
                         help="comma-separated row name prefixes to run (default: every row)")
     parser.add_argument("--profile", default="")
@@ -296,6 +309,9 @@ def main() -> None:
         columns += [Api("ours, TF collectives", ours, "ops"),
                     Api("ours, no combining", ours, "", {"TF_DTENSOR_COMBINE_ALL_REDUCE_MIB": "0"}),
                     Api("ours, threads off", ours, "", {"TF_DTENSOR_DISPATCH_THREADS": "off"})]
+    if args.jit:
+        columns += [Api("plain, XLA", jit=True), Api("TF DTensor, XLA", builtin, jit=True),
+                    Api("ours, XLA", ours, "", None, jit=True)]
     print("device:", tf.config.list_physical_devices("GPU"), "lowering policy default:",
           tf_dtensor.config.collective_lowering(), flush=True)
 
@@ -342,8 +358,8 @@ def main() -> None:
     for name, target in (("relayout 256MiB [x,*]->[*,*]", ["unsharded", "unsharded"]),
                          ("relayout 256MiB [x,*]->[*,x]", ["unsharded", "x"])):
         def make_relayout(col, target=target):
-            if col.api is None:
-                raise LookupError("no plain column")
+            if col.api is None or col.jit:
+                raise LookupError("no plain column; eager: XLA clustering does not apply")
             return relayout_runner(col, devices, args.side, target)
         add_row(name, "GB/s", make_relayout)
 
@@ -378,12 +394,18 @@ def main() -> None:
         print(line)
     print("(ours/TF-DT: tf_dtensor's time over TensorFlow DTensor's; for GB/s rows, "
           "TF DTensor's rate over ours: below 1 is tf_dtensor ahead)")
+    for r in rows:  # with XLA clustering on both sides
+        ours_x, tf_x = samples[r].get("ours, XLA"), samples[r].get("TF DTensor, XLA")
+        if ours_x and tf_x:
+            print(f"{r}: ours, XLA / TF DTensor, XLA = "
+                  f"{statistics.median(ours_x) / statistics.median(tf_x):.2f}")
     for p in problems:
         print("PROBLEM:", p)
 
     if args.profile:
-        for col in [c for c in columns if c.api is not None and
-                    any(r.startswith("MLP") for r in rows)][:3]:
+        traced = ("TF DTensor", "tf_dtensor", "TF DTensor, XLA", "ours, XLA")
+        for col in [c for c in columns if c.label in traced and
+                    any(r.startswith("MLP") for r in rows)]:
             _, _, (step, x, y) = mlp_runner(col, devices, 5)
             col.enter()
             step(x, y)

@@ -6,7 +6,7 @@ process on 8 virtual CPUs; each round takes one sample of every row and column i
 machine is shared and noisy: compare columns, not absolute numbers.
 
     python bench/run.py [--quick] [--rounds 5] [--mib 1024]
-    python bench/run.py --device gpu [--rounds 7] [--variants] [--profile DIR]   (bench/gpu.py)
+    python bench/run.py --device gpu [--rounds 7] [--variants] [--jit] [--profile DIR]   (bench/gpu.py)
 
 Rows (the code lives in the other bench modules, which also run on their own):
 - eager add of a 64x8 f32, chained (eager_dispatch.py), replicated and batch-sharded;

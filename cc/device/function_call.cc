@@ -106,31 +106,66 @@ Status RunOnParts(const FunctionCall& call, const ExpandedFunction& expanded,
   return Status::Ok();
 }
 
-// Whether the serialized ConfigProto allows soft placement (field 7).
-bool AllowsSoftPlacement(std::string_view config) {
-  WireReader reader(config);
+// What the SPMD function keeps of a call's serialized ConfigProto: soft placement (field
+// 7) and XLA auto-clustering (graph_options (10) . optimizer_options (3) . global_jit_level
+// (5); 0 is DEFAULT, -1 OFF, 1 and 2 ON).
+struct CallConfig {
+  bool soft_placement = false;
+  int64_t jit_level = 0;
+};
+
+// The first length-delimited field `wanted` of a serialized message (empty if none).
+std::string_view SubMessage(std::string_view message, int wanted) {
+  WireReader reader(message);
   int field = 0, wire_type = 0;
-  bool soft = false;
+  std::string_view found;
   while (!reader.done() && reader.ReadTag(&field, &wire_type)) {
-    if (field == 7 && wire_type == 0) {
-      uint64_t value = 0;
-      if (!reader.ReadVarint(&value)) break;
-      soft = value != 0;
+    if (field == wanted && wire_type == 2) {
+      if (!reader.ReadBytes(&found)) return {};
     } else if (!reader.Skip(wire_type)) {
       break;
     }
   }
-  return soft;
+  return found;
 }
 
-// The call's placement and executor choices carry over to the SPMD function: TF gives
-// every tf.function call a `config_proto` (soft placement among it) and an
-// `executor_type`. Without soft placement an op with no kernel for the mesh's device type
-// (CholeskyGrad, ResizeBicubic, int8 ArgMax on GPUs) fails to place, where the same
-// function on one device runs it on the host. Only soft placement is taken from the
-// config, and only for meshes of accelerators: on CPUs every op has a kernel, and with
-// soft placement TF's placer changed how an AddN of complex values ran on some devices
-// (its replicas differed in the last bit, fuzz case AddN under the `ops` lowering).
+// The last value of varint field `wanted` of a serialized message (protobuf's rule for a
+// repeated scalar field), or `fallback`.
+int64_t VarintField(std::string_view message, int wanted, int64_t fallback) {
+  WireReader reader(message);
+  int field = 0, wire_type = 0;
+  int64_t value = fallback;
+  while (!reader.done() && reader.ReadTag(&field, &wire_type)) {
+    if (field == wanted && wire_type == 0) {
+      uint64_t raw = 0;
+      if (!reader.ReadVarint(&raw)) break;
+      value = static_cast<int64_t>(raw);
+    } else if (!reader.Skip(wire_type)) {
+      break;
+    }
+  }
+  return value;
+}
+
+CallConfig ParseCallConfig(std::string_view config) {
+  CallConfig parsed;
+  parsed.soft_placement = VarintField(config, 7, 0) != 0;
+  parsed.jit_level = VarintField(SubMessage(SubMessage(config, 10), 3), 5, 0);
+  return parsed;
+}
+
+// The call's placement, compilation and executor choices carry over to the SPMD function:
+// TF gives every tf.function call a `config_proto` and an `executor_type`.
+// - Soft placement, for meshes of accelerators: without it an op with no kernel for the
+//   mesh's device type (CholeskyGrad, ResizeBicubic, int8 ArgMax on GPUs) fails to place,
+//   where the same function on one device runs it on the host. Not on CPUs: every op has a
+//   kernel there, and with soft placement TF's placer changed how an AddN of complex values
+//   ran on some devices (its replicas differed in the last bit, fuzz case AddN under the
+//   `ops` lowering).
+// - The XLA auto-clustering level (`tf.config.optimizer.set_jit`): TF's clustering pass
+//   then fuses each device's ops of the SPMD function into XLA clusters, as it does for the
+//   function on one device.
+// The rest of the config is TF's business for the call, not the SPMD function's.
 Status CarryRunOptions(const TFE_OpAttrs* attrs, TFE_Op* op, const std::string& function,
                        const Mesh& mesh) {
   if (attrs == nullptr) return Status::Ok();
@@ -140,10 +175,22 @@ Status CarryRunOptions(const TFE_OpAttrs* attrs, TFE_Op* op, const std::string& 
   StatusOr<AttrMap> parsed = AttrMap::Parse(bytes);
   if (!parsed.ok()) return parsed.status();
   std::optional<std::string> config = parsed.value().GetString("config_proto");
-  if (config && mesh.device_type() != "CPU" && AllowsSoftPlacement(*config)) {
-    WireWriter soft;
-    soft.Varint(7, 1);  // ConfigProto.allow_soft_placement
-    TFE_OpSetAttrString(op, "config_proto", soft.str().data(), soft.str().size());
+  if (config) {
+    const CallConfig wanted = ParseCallConfig(*config);
+    WireWriter kept;
+    if (mesh.device_type() != "CPU" && wanted.soft_placement) {
+      kept.Varint(7, 1);  // ConfigProto.allow_soft_placement
+    }
+    if (wanted.jit_level != 0) {
+      WireWriter optimizer;
+      optimizer.Varint(5, static_cast<uint64_t>(wanted.jit_level));
+      WireWriter graph;
+      graph.Bytes(3, optimizer.str());
+      kept.Bytes(10, graph.str());
+    }
+    if (!kept.str().empty()) {
+      TFE_OpSetAttrString(op, "config_proto", kept.str().data(), kept.str().size());
+    }
   }
   std::optional<std::string> executor = parsed.value().GetString("executor_type");
   if (executor) TFE_OpSetAttrString(op, "executor_type", executor->data(), executor->size());
