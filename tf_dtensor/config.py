@@ -552,7 +552,20 @@ def set_collective_lowering(policy: str) -> None:
     _core.set_collective_lowering(policy)
 
 
-def collective_lowering() -> str:
-    """The collective lowering policy in force: `"auto"`, `"shared"`, `"copies"` or `"ops"`."""
+def collective_lowering(mesh=None) -> str:
+    """The collective lowering policy in force: `"auto"`, `"shared"`, `"copies"` or `"ops"`.
+
+    With a `mesh`, the lowering its collectives take under that policy: `"shared"`,
+    `"copies"`, `"ops"`, or `"ops (nccl)"` where they go over NCCL
+    (`DTENSOR_GPU_USE_NCCL_COMMUNICATION=1` on a GPU mesh whose local devices are distinct
+    physical GPUs; logical GPUs of one physical GPU cannot use NCCL and keep the copies).
+
+    Example:
+      >>> mesh = dtensor.create_mesh([("x", 8)], device_type="CPU")
+      >>> collective_lowering(mesh)
+      'shared'
+    """
     from tf_dtensor import _core  # pylint: disable=import-outside-toplevel
-    return _core.collective_lowering()
+    if mesh is None:
+        return _core.collective_lowering()
+    return _core.collective_lowering_for(mesh._mesh)  # pylint: disable=protected-access

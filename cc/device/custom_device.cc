@@ -1,7 +1,11 @@
 // Translates the TFE custom-device callbacks into DTensorDevice calls. No policy here.
 #include "cc/device/custom_device.h"
 
+#include <mutex>
+
 #include "cc/eager/executor.h"
+#include "cc/spmd/lowering.h"
+#include "cc/tf/physical_devices.h"
 
 namespace tf_dtensor {
 namespace {
@@ -35,6 +39,10 @@ StatusOr<DTensorDevice*> RegisterDTensorDevice(TFE_Context* context,
   device.copy_tensor_from_device = &CopyFromDevice;
   device.execute = &Execute;
   device.delete_device = &DeleteDevice;
+  // Where NCCL can serve a mesh depends on the physical GPUs behind its devices, which TF
+  // knows once it has created them (before any device of ours exists).
+  static std::once_flag physical;
+  std::call_once(physical, [] { SetPhysicalDeviceLookup(&PhysicalGpuId); });
   auto* info = new DTensorDevice(device_name);
   TF_Status* status = TF_NewStatus();
   TFE_RegisterCustomDevice(context, device, device_name.c_str(), info, status);

@@ -558,6 +558,13 @@ PYBIND11_MODULE(_core, m) {
     if (!status.ok()) Raise(status, Subject::kOp);
   });
   m.def("collective_lowering", &CollectiveLoweringPolicy);
+  // The lowering `mesh`'s collectives take under the policy in force; "ops (nccl)" where
+  // they go over NCCL (UsesNccl).
+  m.def("collective_lowering_for", [](const Mesh& mesh) {
+    std::string name(CollectiveLowering::For(mesh).name());
+    if (name == "ops" && UsesNccl(mesh)) name += " (nccl)";
+    return name;
+  });
   // On while this process is one client of several (initialize_accelerator_system with a
   // DTENSOR_JOBS of several clients): collectives over other clients' devices are issued as
   // TF's collective ops, which TF's distributed runtime completes.

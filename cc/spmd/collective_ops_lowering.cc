@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "cc/spmd/lowering.h"
-#include "cc/tf/handles.h"
+#include "cc/tf/dtypes.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
@@ -24,24 +24,13 @@ namespace {
 
 using Handles = std::vector<LocalHandle>;
 
-// Whether GPU collectives ask for NCCL: TensorFlow DTensor's switch,
-// DTENSOR_GPU_USE_NCCL_COMMUNICATION (NCCL needs distinct physical GPUs; logical GPUs of
-// one GPU take TensorFlow's ring, "auto").
-bool UseNccl(const Mesh& mesh) {
-  static const bool nccl = [] {
-    const char* env = std::getenv("DTENSOR_GPU_USE_NCCL_COMMUNICATION");
-    return env && *env && std::string(env) != "0" && std::string(env) != "false";
-  }();
-  return nccl && mesh.device_type() == "GPU";
-}
-
 // The attributes every V2 collective op takes besides its own.
 LocalOpOptions CollectiveOptions(const Mesh& mesh, int dtype) {
   LocalOpOptions options;
   options.copy_attrs = false;
   options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Int("Nordering_token", 0),
                        AttrOverride::String("communication_hint",
-                                            UseNccl(mesh) ? "nccl" : "auto")};
+                                            UsesNccl(mesh) ? "nccl" : "auto")};
   return options;
 }
 

@@ -2,7 +2,10 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <optional>
+#include <set>
+#include <string>
 
 namespace tf_dtensor {
 
@@ -72,7 +75,41 @@ uint64_t CollectiveLoweringGeneration() { return generation.load(); }
 
 namespace {
 std::atomic<bool> multi_client{false};
+
+std::mutex& LookupMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+PhysicalDeviceLookup& Lookup() {
+  static PhysicalDeviceLookup lookup;
+  return lookup;
+}
 }  // namespace
+
+void SetPhysicalDeviceLookup(PhysicalDeviceLookup lookup) {
+  {
+    std::lock_guard<std::mutex> lock(LookupMutex());
+    Lookup() = std::move(lookup);
+  }
+  generation.fetch_add(1);
+}
+
+bool UsesNccl(const Mesh& mesh) {
+  if (mesh.device_type() != "GPU") return false;
+  const char* env = std::getenv("DTENSOR_GPU_USE_NCCL_COMMUNICATION");
+  // As TensorFlow's DTensor (and config.gpu_use_nccl_communication) reads it: any value
+  // but "0".
+  if (env == nullptr || std::string_view(env) == "0") return false;
+  std::lock_guard<std::mutex> lock(LookupMutex());
+  if (!Lookup()) return false;
+  std::set<int> physical;
+  for (const std::string& device : mesh.local_devices()) {
+    std::optional<int> id = Lookup()(device);
+    if (!id || !physical.insert(*id).second) return false;
+  }
+  return true;
+}
 
 void SetMultiClientCollectives(bool enabled) {
   multi_client = enabled;

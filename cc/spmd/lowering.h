@@ -18,6 +18,8 @@
 #define TF_DTENSOR_CC_SPMD_LOWERING_H_
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -143,6 +145,18 @@ uint64_t CollectiveLoweringGeneration();
 // Chooses the lowering of `mesh` under the current policy (no cache: see
 // CollectiveLowering::For).
 const CollectiveLowering& ChooseCollectiveLowering(const Mesh& mesh);
+
+// The physical GPU behind a local device name, or nullopt where unknown; the device layer
+// gives TF's (SetPhysicalDeviceLookup), tests their own. None set: every answer unknown.
+using PhysicalDeviceLookup = std::function<std::optional<int>(const std::string& device)>;
+void SetPhysicalDeviceLookup(PhysicalDeviceLookup lookup);
+
+// Whether collectives on `mesh` go over NCCL: asked for with TensorFlow DTensor's switch,
+// DTENSOR_GPU_USE_NCCL_COMMUNICATION=1, and possible, on a GPU mesh whose local devices are
+// distinct physical GPUs. Logical GPUs of one physical GPU cannot use NCCL ("duplicate GPU"),
+// so they keep the copies in one process and TF's ring across processes. Where NCCL serves,
+// "auto" takes the collective-ops lowering over it instead of the copies.
+bool UsesNccl(const Mesh& mesh);
 
 }  // namespace tf_dtensor
 

@@ -1,7 +1,7 @@
 #include "cc/spmd/recording_builder.h"
 
 #include "cc/core/strings.h"
-#include "cc/tf/handles.h"
+#include "cc/tf/dtypes.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {

@@ -250,9 +250,10 @@ class SharedBuffer final : public CollectiveLowering {
   // "shared": a mesh of virtual CPUs of this process. A local-subset mesh of CPUs keeps
   // the shared buffer while it runs in one process: its first collective is refused
   // (CheckCollectiveParticipants) instead of waiting for peers that never come.
-  // "copies": a mesh whose devices this process holds, all of them.
+  // "copies": a mesh whose devices this process holds, all of them, unless NCCL serves it
+  // (UsesNccl: distinct physical GPUs, asked for).
   bool Serves(const Mesh& mesh, bool multi_client) const override {
-    if (!shares_) return mesh.num_local_devices() == mesh.size();
+    if (!shares_) return mesh.num_local_devices() == mesh.size() && !UsesNccl(mesh);
     return mesh.shares_host_memory() &&
            (mesh.num_local_devices() == mesh.size() || !multi_client);
   }

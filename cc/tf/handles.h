@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cc/core/status.h"
+#include "cc/tf/dtypes.h"
 #include "tensorflow/c/eager/c_api.h"
 #include "tensorflow/c/eager/c_api_experimental.h"
 #include "tensorflow/c/tf_status.h"
@@ -32,9 +33,6 @@ Status FromTF(TF_Status* status, const std::string& context);
 // An op's attributes as the C API serializes them (a NameAttrList); `status` says whether
 // they could be read (empty when not).
 std::string SerializedAttrs(const TFE_OpAttrs* attrs, TF_Status* status);
-
-// "float32" for TF_FLOAT: dtype names as Python shows them, for messages.
-std::string DataTypeName(int dtype);
 
 // The shape of a local tensor; `status` says whether it could be read.
 std::vector<int64_t> HandleShape(TFE_TensorHandle* handle, TF_Status* status);

@@ -62,6 +62,19 @@ def test_policy_setter_round_trips_and_rejects_unknown_names():
         config.set_collective_lowering("nccl")
 
 
+def test_the_lowering_a_mesh_takes_follows_the_policy(monkeypatch):
+    # NCCL is for GPU meshes only: asking for it changes nothing on CPUs.
+    monkeypatch.setenv("DTENSOR_GPU_USE_NCCL_COMMUNICATION", "1")
+    assert config.collective_lowering(MESH_8) == "shared"
+    config.set_collective_lowering("ops")
+    try:
+        assert config.collective_lowering(MESH_8) == "ops"
+        assert config.collective_lowering() == "ops"
+    finally:
+        config.set_collective_lowering("")
+    assert config.collective_lowering(MESH_8) == "shared"
+
+
 @pytest.mark.parametrize("name", sorted(REDUCTIONS))
 @pytest.mark.parametrize("mesh, spec, axis", [
     (MESH_8, "x,*", 0), (MESH_1D, "x,*", None), (MESH_2X2, "x,y", 0), (MESH_2X2, "x,y", None),

@@ -127,3 +127,17 @@ def test_numerical_checks_and_fuzzer_on_gpu_meshes():
                           "-m", "not gpu", *files], env=env, capture_output=True, text=True,
                          timeout=1800)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+
+
+def test_nccl_asked_for_on_logical_gpus_of_one_gpu_keeps_the_copies(monkeypatch):
+    """NCCL cannot run between logical GPUs of one physical GPU ("duplicate GPU"): with
+    TensorFlow DTensor's switch set, such a mesh keeps the copies, and its collectives are
+    right."""
+    monkeypatch.setenv("DTENSOR_GPU_USE_NCCL_COMMUNICATION", "1")
+    from tf_dtensor import config
+    mesh = _mesh()
+    assert config.collective_lowering(mesh) == "copies"
+    value = _value(np.float32)
+    sharded = dtensor.pack(np.split(value, 8), dtensor.Layout(["x", "unsharded"], mesh))
+    np.testing.assert_allclose(dtensor.unpack(tf.reduce_sum(sharded, axis=0))[3].numpy(),
+                               value.sum(axis=0))

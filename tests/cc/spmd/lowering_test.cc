@@ -2,6 +2,10 @@
 // from it without a TF runtime: buffer sharing and the leader tables.
 #include "cc/spmd/lowering.h"
 
+#include <cstdlib>
+#include <optional>
+#include <string>
+
 #include "tests/cc/testing.h"
 
 namespace tf_dtensor {
@@ -75,6 +79,52 @@ TEST(CollectiveLowering, UnknownPolicyIsRefusedAndNamesTheChoices) {
   EXPECT_TRUE(status.message().find("expected `auto`, `shared`, `copies` or `ops`") != std::string::npos);
   // The policy in force stays.
   EXPECT_EQ(CollectiveLoweringPolicy(), "ops");
+}
+
+// The device id at the end of a device name: "...GPU:3" -> 3.
+int TrailingId(const std::string& device) {
+  return std::stoi(device.substr(device.rfind(':') + 1));
+}
+
+// Sets DTENSOR_GPU_USE_NCCL_COMMUNICATION and a physical-GPU lookup for one test.
+struct NcclAsked {
+  explicit NcclAsked(PhysicalDeviceLookup lookup) {
+    setenv("DTENSOR_GPU_USE_NCCL_COMMUNICATION", "1", 1);
+    SetPhysicalDeviceLookup(std::move(lookup));
+  }
+  ~NcclAsked() {
+    unsetenv("DTENSOR_GPU_USE_NCCL_COMMUNICATION");
+    SetPhysicalDeviceLookup(nullptr);
+  }
+};
+
+TEST(CollectiveLowering, NcclServesDistinctPhysicalGpusWhenAskedFor) {
+  AutoPolicyAfter reset;
+  ASSERT_OK(SetCollectiveLoweringPolicy("auto"));
+  const Mesh gpus = MakeMesh({{"x", 4}}, "GPU");
+  EXPECT_FALSE(UsesNccl(gpus));  // not asked for
+  {
+    // One physical GPU per device: NCCL, through the collective-ops lowering.
+    NcclAsked asked([](const std::string& d) { return std::optional<int>(TrailingId(d)); });
+    EXPECT_TRUE(UsesNccl(gpus));
+    EXPECT_EQ(CollectiveLowering::For(gpus).name(), "ops");
+    EXPECT_FALSE(UsesNccl(MakeMesh({{"x", 4}})));  // CPUs: never
+    EXPECT_EQ(CollectiveLowering::For(MakeMesh({{"x", 4}})).name(), "shared");
+  }
+  {
+    // Logical GPUs, two to a physical GPU: NCCL cannot run there; the copies stay.
+    NcclAsked asked([](const std::string& d) { return std::optional<int>(TrailingId(d) / 2); });
+    EXPECT_FALSE(UsesNccl(gpus));
+    EXPECT_EQ(CollectiveLowering::For(gpus).name(), "copies");
+  }
+  {
+    // A device TF does not know as a GPU: not NCCL.
+    NcclAsked asked([](const std::string&) { return std::optional<int>(); });
+    EXPECT_FALSE(UsesNccl(gpus));
+    EXPECT_EQ(CollectiveLowering::For(gpus).name(), "copies");
+  }
+  // Unset again: the copies.
+  EXPECT_EQ(CollectiveLowering::For(gpus).name(), "copies");
 }
 
 }  // namespace
