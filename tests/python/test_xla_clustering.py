@@ -82,7 +82,7 @@ def _clusters(dump: str) -> int:
     return sum(1 for f in os.listdir(dump) if f.endswith("before_optimizations.txt"))
 
 
-@pytest.mark.parametrize("lowering", ["", "copies"], ids=["default", "copies"])
+@pytest.mark.parametrize("lowering", ["", "copies", "ops"], ids=["default", "copies", "ops"])
 def test_set_jit_clusters_every_device_of_the_spmd_function(tmp_path, lowering):
     import numpy as np
     losses, w = _reference()
