@@ -212,6 +212,50 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::ShareAll(
   return out;
 }
 
+StatusOr<std::vector<std::vector<TFE_TensorHandle*>>> EagerBuilder::RunOnEach(
+    const std::string& op_name, const std::vector<std::vector<TFE_TensorHandle*>>& inputs,
+    const std::vector<int>& devices, const LocalOpOptions& options, int num_outputs) {
+  const int n = static_cast<int>(inputs.size());
+  if (n < 2 || lowering().shares_buffers() || !DispatchOnThreads(mesh_) || num_outputs < 0) {
+    return ComponentBuilder::RunOnEach(op_name, inputs, devices, options, num_outputs);
+  }
+  if (watch_) watch_->local_only = false;
+  std::vector<std::vector<TFE_TensorHandle*>> out(n);
+  std::vector<Status> failures(n);
+  // At most one thread per local device; thread t runs items t, t + threads, ...
+  const int threads = std::min(n, mesh_.num_local_devices());
+  const Mesh mesh = mesh_;
+  RunConcurrently(threads, [&](int t) {
+    TF_Status* status = TF_NewStatus();
+    TFE_Op* op = pool_.Take(context_, status);
+    for (int i = t; i < n; i += threads) {
+      const std::string& device = mesh.local_devices()[devices[i]];
+      if (op == nullptr) {
+        failures[i] = FromTF(status, "creating '" + op_name + "' on " + ShortDeviceName(device));
+        continue;
+      }
+      std::vector<TFE_TensorHandle*> outputs(num_outputs, nullptr);
+      int count = num_outputs;
+      failures[i] = RunLocal(op, op_name, device, attrs_, inputs[i], options, kernels_,
+                             outputs.data(), &count, status);
+      if (failures[i].ok()) {
+        outputs.resize(count);
+        out[i] = std::move(outputs);
+      } else {
+        TF_SetStatus(status, TF_OK, "");
+      }
+    }
+    if (op) pool_.Return(op, status);
+    TF_DeleteStatus(status);
+  });
+  for (int i = 0; i < n; ++i) {
+    if (failures[i].ok()) continue;
+    for (const std::vector<TFE_TensorHandle*>& made : out) DiscardAll(made);
+    return failures[i];
+  }
+  return out;
+}
+
 StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunOn(
     const std::string& op_name, const std::vector<TFE_TensorHandle*>& inputs,
     const LocalOpOptions& options, int device, int num_outputs) {

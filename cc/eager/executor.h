@@ -103,6 +103,13 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
                                                  const LocalOpOptions& options, int device,
                                                  int num_outputs) override;
   StatusOr<TFE_TensorHandle*> Share(TFE_TensorHandle* leader, int device) override;
+  // A lowering's ops on several devices (a relayout's splits at each source, its joins at
+  // each target) go from a thread each where DispatchOnThreads says so: an eager kernel on
+  // an accelerator holds the host for its launch (a SplitV along an inner axis launches a
+  // kernel per piece), which the devices' launches can then overlap.
+  StatusOr<std::vector<std::vector<TFE_TensorHandle*>>> RunOnEach(
+      const std::string& op_name, const std::vector<std::vector<TFE_TensorHandle*>>& inputs,
+      const std::vector<int>& devices, const LocalOpOptions& options, int num_outputs) override;
   // TF's eager copy between accelerators returns once the copy is done on the device (its
   // host waits for it), so the copies of one collective go from a thread each, as the
   // per-device kernels of a replay do (DispatchOnThreads).

@@ -89,6 +89,24 @@ class ComponentBuilder : public Builder {
                                               const std::vector<Handle>& inputs,
                                               const LocalOpOptions& options, int device,
                                               int num_outputs) = 0;
+  // RunOn for several ops of one type and options: `inputs[i]` on `devices[i]`, each of
+  // `num_outputs` outputs. A builder whose eager kernels each hold the host for long
+  // (launches on accelerators) runs them at once. On failure nothing it made is kept.
+  virtual StatusOr<std::vector<std::vector<Handle>>> RunOnEach(
+      const std::string& op_type, const std::vector<std::vector<Handle>>& inputs,
+      const std::vector<int>& devices, const LocalOpOptions& options, int num_outputs) {
+    std::vector<std::vector<Handle>> out;
+    out.reserve(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      StatusOr<std::vector<Handle>> r = RunOn(op_type, inputs[i], options, devices[i], num_outputs);
+      if (!r.ok()) {
+        for (const std::vector<Handle>& made : out) DiscardAll(made);
+        return r.status();
+      }
+      out.push_back(std::move(r).value());
+    }
+    return out;
+  }
   // Device `device`'s handle for a value its leader computed: shared, or copied over.
   virtual StatusOr<Handle> Share(Handle leader, int device) = 0;
   // Share for several (`leaders[i]` for `devices[i]`); a builder whose copies block until
@@ -339,6 +357,19 @@ class ComponentBuilder<Handle>::Runner final : public CollectiveRunner {
     for (const std::vector<LocalHandle>& in : inputs) handles.push_back(Get(in));
     TFD_ASSIGN_OR_RETURN(std::vector<Handle> out, b_.RunCollective(op_type, handles, options));
     return Put(out);
+  }
+  StatusOr<std::vector<std::vector<LocalHandle>>> RunOnEach(
+      const std::string& op_type, const std::vector<std::vector<LocalHandle>>& inputs,
+      const std::vector<int>& devices, const LocalOpOptions& options, int num_outputs) override {
+    std::vector<std::vector<Handle>> handles;
+    handles.reserve(inputs.size());
+    for (const std::vector<LocalHandle>& in : inputs) handles.push_back(Get(in));
+    TFD_ASSIGN_OR_RETURN(std::vector<std::vector<Handle>> out,
+                         b_.RunOnEach(op_type, handles, devices, options, num_outputs));
+    std::vector<std::vector<LocalHandle>> put;
+    put.reserve(out.size());
+    for (const std::vector<Handle>& o : out) put.push_back(Put(o));
+    return put;
   }
   StatusOr<LocalHandle> Share(LocalHandle leader, int device) override {
     TFD_ASSIGN_OR_RETURN(Handle h, b_.Share(table_[leader], device));

@@ -54,6 +54,12 @@ class CollectiveRunner {
                                                    const std::vector<LocalHandle>& inputs,
                                                    const LocalOpOptions& options, int device,
                                                    int num_outputs) = 0;
+  // RunOn for several: `inputs[i]` on `devices[i]`, one op type and options, each of
+  // `num_outputs` outputs; at once where eager kernels hold the host (accelerators). On
+  // failure nothing it made is kept.
+  virtual StatusOr<std::vector<std::vector<LocalHandle>>> RunOnEach(
+      const std::string& op_type, const std::vector<std::vector<LocalHandle>>& inputs,
+      const std::vector<int>& devices, const LocalOpOptions& options, int num_outputs) = 0;
   // Runs one TF collective op on every local device at once (`inputs[d]` on device d);
   // each device's single output.
   virtual StatusOr<std::vector<LocalHandle>> RunCollective(

@@ -438,33 +438,38 @@ StatusOr<ValueId> SharedBuffer::AllGather(CollectiveRunner& run, ValueId value, 
   options.copy_attrs = false;
   options.overrides = {AttrOverride::Type("T", b.dtype(value)),
                        AttrOverride::Type("Tidx", TF_INT32), AttrOverride::Int("N", pieces)};
-  auto fail = [&](int made_to, const Status& status) {
-    for (int d = 0; d < made_to; ++d) {
-      if (leaders[d] == d) run.Discard(out[d]);
-    }
-    return status;
-  };
+  // Every group leader's pieces (its own where it holds one: no copy of it) reach it at
+  // once, then every leader joins its own at once.
+  std::vector<int> targets;
+  Handles held;
+  std::vector<int> holders, readers;
   for (int d = 0; d < n; ++d) {
     if (leaders[d] != d) continue;
-    Handles held(pieces, LocalHandle{}), copies;
-    std::vector<int> holders(pieces, -1);
+    targets.push_back(d);
+    const size_t first = held.size();
+    held.resize(first + pieces, LocalHandle{});
+    holders.resize(first + pieces, -1);
+    readers.resize(first + pieces, d);
     for (int e = 0; e < n; ++e) {
       int64_t c = layout.ShardIndex(e, dim);
-      if (run.SameCoords(d, e, key_dims) && holders[c] < 0) {
-        // d's own piece where it holds one: no copy of it.
-        holders[c] = layout.ShardIndex(d, dim) == c ? d : e;
-        held[c] = run.Local(value, holders[c]);
+      if (run.SameCoords(d, e, key_dims) && holders[first + c] < 0) {
+        holders[first + c] = layout.ShardIndex(d, dim) == c ? d : e;
+        held[first + c] = run.Local(value, holders[first + c]);
       }
     }
-    StatusOr<Handles> parts =
-        ReachAll(run, held, holders, std::vector<int>(pieces, d), copies);
-    if (!parts.ok()) return fail(d, parts.status());
-    parts->push_back(axis);
-    StatusOr<Handles> r = run.RunOn("ConcatV2", *parts, options, d, 1);
-    run.DiscardAll(copies);
-    if (!r.ok()) return fail(d, r.status());
-    out[d] = (*r)[0];
   }
+  Handles copies;
+  TFD_ASSIGN_OR_RETURN(Handles parts, ReachAll(run, held, holders, readers, copies));
+  std::vector<Handles> join_inputs;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    Handles joined_parts(parts.begin() + t * pieces, parts.begin() + (t + 1) * pieces);
+    joined_parts.push_back(axis);
+    join_inputs.push_back(std::move(joined_parts));
+  }
+  StatusOr<std::vector<Handles>> joined = run.RunOnEach("ConcatV2", join_inputs, targets, options, 1);
+  run.DiscardAll(copies);
+  if (!joined.ok()) return joined.status();
+  for (size_t t = 0; t < targets.size(); ++t) out[targets[t]] = (*joined)[t][0];
   TFD_RETURN_IF_ERROR(ShareToReplicas(run, leaders, out));
   return run.AddValue(out_layout, b.shape(value), b.dtype(value), out);
 }
@@ -527,31 +532,24 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
     }
     return status;
   };
-  // Every target leader's sub-blocks, by source piece c: the handle and its device.
+  // Every target leader's sub-blocks, by source piece c: the device that splits off each
+  // (its k-th piece), then the handle.
   std::vector<int> targets;
-  Handles held, copies;
+  std::vector<int64_t> ks;  // per held sub-block: its piece k of the source's split
   std::vector<int> holders, readers;
   for (int d = 0; d < n; ++d) {
     if (out_leaders[d] != d) continue;
     targets.push_back(d);
     std::vector<bool> found(pieces, false);
     const int64_t k = out_layout.ShardIndex(d, to_dim);
-    const size_t first = held.size();
-    held.resize(first + pieces, LocalHandle{});
+    const size_t first = holders.size();
     holders.resize(first + pieces, -1);
     readers.resize(first + pieces, d);
+    ks.resize(first + pieces, k);
     for (int e = 0; e < n; ++e) {
       const int64_t c = layout.ShardIndex(e, from_dim);
       if (found[c] || !run.SameCoords(d, e, other_dims)) continue;
-      const int source = in_leaders[e];
-      if (!splits.count(source)) {
-        StatusOr<Handles> r =
-            run.RunOn("SplitV", {run.Local(value, source), sizes, to_axis}, split, source, pieces);
-        if (!r.ok()) return fail(r.status());
-        splits[source] = std::move(r).value();
-      }
-      held[first + c] = splits[source][k];
-      holders[first + c] = source;
+      holders[first + c] = in_leaders[e];
       found[c] = true;
     }
     if (std::find(found.begin(), found.end(), false) != found.end()) {
@@ -559,18 +557,35 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
                            " value: a source piece has no local device."));
     }
   }
-  // The sub-blocks move to their targets at once, then each target joins its own.
+  // Every source splits its block at once (SplitV along the target axis).
+  std::vector<int> sources;
+  for (int h : holders) {
+    if (std::find(sources.begin(), sources.end(), h) == sources.end()) sources.push_back(h);
+  }
+  std::vector<Handles> split_inputs;
+  for (int source : sources) split_inputs.push_back({run.Local(value, source), sizes, to_axis});
+  StatusOr<std::vector<Handles>> split_blocks =
+      run.RunOnEach("SplitV", split_inputs, sources, split, pieces);
+  if (!split_blocks.ok()) return fail(split_blocks.status());
+  for (size_t i = 0; i < sources.size(); ++i) splits[sources[i]] = (*split_blocks)[i];
+  Handles held(holders.size()), copies;
+  for (size_t i = 0; i < holders.size(); ++i) held[i] = splits[holders[i]][ks[i]];
+  // The sub-blocks move to their targets at once, then every target joins its own at once.
   StatusOr<Handles> parts = ReachAll(run, held, holders, readers, copies);
   if (!parts.ok()) return fail(parts.status());
+  std::vector<Handles> join_inputs;
   for (size_t t = 0; t < targets.size(); ++t) {
     Handles joined_parts(parts->begin() + t * pieces, parts->begin() + (t + 1) * pieces);
     joined_parts.push_back(from_axis);
-    StatusOr<Handles> joined = run.RunOn("ConcatV2", joined_parts, concat, targets[t], 1);
-    if (!joined.ok()) {
-      run.DiscardAll(copies);
-      return fail(joined.status());
-    }
-    out[targets[t]] = (*joined)[0];
+    join_inputs.push_back(std::move(joined_parts));
+  }
+  StatusOr<std::vector<Handles>> joined = run.RunOnEach("ConcatV2", join_inputs, targets, concat, 1);
+  if (!joined.ok()) {
+    run.DiscardAll(copies);
+    return fail(joined.status());
+  }
+  for (size_t t = 0; t < targets.size(); ++t) {
+    out[targets[t]] = (*joined)[t][0];
     joined_at[targets[t]] = true;
   }
   run.DiscardAll(copies);

@@ -65,14 +65,16 @@ def test_policy_setter_round_trips_and_rejects_unknown_names():
 def test_the_lowering_a_mesh_takes_follows_the_policy(monkeypatch):
     # NCCL is for GPU meshes only: asking for it changes nothing on CPUs.
     monkeypatch.setenv("DTENSOR_GPU_USE_NCCL_COMMUNICATION", "1")
-    assert config.collective_lowering(MESH_8) == "shared"
-    config.set_collective_lowering("ops")
     try:
+        config.set_collective_lowering("auto")
+        assert config.collective_lowering(MESH_8) == "shared"
+        config.set_collective_lowering("ops")
         assert config.collective_lowering(MESH_8) == "ops"
         assert config.collective_lowering() == "ops"
+        config.set_collective_lowering("copies")
+        assert config.collective_lowering(MESH_8) == "copies"
     finally:
         config.set_collective_lowering("")
-    assert config.collective_lowering(MESH_8) == "shared"
 
 
 @pytest.mark.parametrize("name", sorted(REDUCTIONS))
