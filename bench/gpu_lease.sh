@@ -10,8 +10,10 @@
 #   and FOCUS_S run chosen checks first, keeping their failure messages.
 # Those failures of 2026-11-26 (ops without GPU kernels, batch norm) passed on the H200
 # after their fixes; the rules part had not reached the fuzzer in 150 s: give RULES_S 300+
-# or run FOCUS="fuzz" to see it. BENCH_ARGS="--variants --only MLP" times the step alone;
-# the default adds the XLA auto-clustering columns (--jit).
+# or run FOCUS="fuzz" to see it. BENCH_ARGS="--variants --only MLP" times the step alone.
+#   JIT_S: seconds for a second bench run with the XLA auto-clustering columns (--jit) of the
+#   tf.function rows, its own process so that an XLA failure cannot cost the main table
+#   (0: skip).
 set -u
 out=${OUT:-gpu_out}
 mkdir -p "$out"
@@ -22,9 +24,13 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 
 python3 -c "import tensorflow as tf, tf_dtensor; print('TF', tf.__version__, tf.config.list_physical_devices('GPU'))" 2>&1 | tail -1
 
 timeout "${BENCH_S:-240}" python3 bench/run.py --device gpu --rounds "${ROUNDS:-5}" \
-  ${BENCH_ARGS:---variants --jit} --profile /tmp/prof 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/bench.log"
+  ${BENCH_ARGS:---variants} --profile /tmp/prof 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/bench.log"
 (cd /tmp/prof 2>/dev/null && tar czf "$out/profiles.tgz" . 2>/dev/null)
 python3 tools/xspace_summary.py /tmp/prof --steps 5 > "$out/prof_summary.txt" 2>&1
+if [ "${JIT_S:-120}" != 0 ]; then
+  timeout "${JIT_S:-120}" python3 bench/run.py --device gpu --rounds "${ROUNDS:-5}" --jit \
+    --only "MLP,matmul" 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/bench_jit.log" | tail -12
+fi
 
 # TensorFlow's own DTensor test files that run on GPUs, on both libraries (the files are
 # TensorFlow's and not in this repository: carry them in .gpu/tfsuite, see tools/tf_suite.py).
