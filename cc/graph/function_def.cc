@@ -126,7 +126,7 @@ StatusOr<FunctionSpec> ParseFunctionDef(std::string_view bytes) {
   while (!reader.done()) {
     if (!reader.ReadTag(&field, &wire_type)) return Malformed("FunctionDef");
     std::string_view s;
-    if (wire_type != 2 || (field != 1 && field != 3 && field != 4 && field != 6)) {
+    if (wire_type != 2 || (field != 1 && field != 3 && field != 4 && field != 5 && field != 6)) {
       if (!reader.Skip(wire_type)) return Malformed("FunctionDef");
       continue;
     }
@@ -140,7 +140,8 @@ StatusOr<FunctionSpec> ParseFunctionDef(std::string_view bytes) {
     } else {
       std::string key, value;
       if (!ReadEntry(s, &key, &value)) return Malformed("FunctionDef");
-      (field == 4 ? fn.ret : fn.control_ret).emplace_back(std::move(key), std::move(value));
+      (field == 4 ? fn.ret : field == 5 ? fn.attrs : fn.control_ret)
+          .emplace_back(std::move(key), std::move(value));
     }
   }
   return fn;

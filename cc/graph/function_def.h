@@ -48,6 +48,7 @@ struct NodeSpec {
 
 struct FunctionSpec {
   OpSpec signature;
+  RawAttrs attrs;  // the function's own attributes (`_XlaMustCompile` of jit_compile=True)
   std::vector<NodeSpec> nodes;
   std::vector<std::pair<std::string, std::string>> ret;          // output arg -> tensor
   std::vector<std::pair<std::string, std::string>> control_ret;  // name -> node

@@ -161,6 +161,10 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
     TF_SetAttrValueProto(desc, name.c_str(), value.data(), value.size(), status_);
   };
   for (const auto& [name, value] : extra_attrs) set_raw(name, value);
+  if (xla_compile_ && device != host_device_ && !set_names.count("_XlaCompile")) {
+    TF_SetAttrBool(desc, "_XlaCompile", 1);
+    set_names.insert("_XlaCompile");
+  }
   if (options.copy_attrs && node_attrs_) {
     const bool same_op = op_type == node_op_;
     for (const auto& [name, value] : *node_attrs_) {

@@ -30,6 +30,11 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   TF_Graph* graph() const { return graph_; }
   // The device of host values (shapes, constants): the host CPU of the mesh.
   const std::string& host_device() const { return host_device_; }
+  // Marks every op it then places on a mesh device for XLA (`_XlaCompile`): the traced
+  // function asked for jit_compile=True, and TF's clustering pass compiles each device's
+  // ops that XLA can compile into clusters of that device (collectives, Send/Recv and ops
+  // without an XLA kernel stay outside). One XLA computation cannot span the devices.
+  void set_xla_compile(bool compile) { xla_compile_ = compile; }
 
   // Program values.
   ValueId AddDTensor(Layout layout, std::vector<int64_t> shape, int dtype,
@@ -130,6 +135,7 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
 
   TF_Graph* graph_;
   std::string host_device_;
+  bool xla_compile_ = false;
   TF_Status* status_;
   std::map<std::string, std::unique_ptr<OpSpec>> op_specs_;
   // The node being expanded.

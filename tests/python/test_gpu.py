@@ -74,10 +74,12 @@ def test_collectives_of_every_dtype(lowering, dtype):
         np.testing.assert_array_equal(got, value)
 
 
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
 @pytest.mark.parametrize("lowering", LOWERINGS)
-def test_training_step_matches_one_gpu(lowering):
+def test_training_step_matches_one_gpu(lowering, jit_compile):
     """A data-parallel MLP step (tf.function, gradients, DVariable updates) on 8 logical GPUs
-    gives the losses and weights of the same step on one GPU."""
+    gives the losses and weights of the same step on one GPU; with jit_compile=True each
+    device's part is compiled with XLA, as the step on one GPU is (Keras' default on GPUs)."""
     rng = np.random.RandomState(0)
     x_value = rng.rand(64, 32).astype(np.float32)
     y_value = rng.randint(0, 5, 64).astype(np.int64)
@@ -85,7 +87,7 @@ def test_training_step_matches_one_gpu(lowering):
              rng.uniform(-0.3, 0.3, (16, 5)).astype(np.float32), np.zeros([5], np.float32)]
 
     def make_step(variables):
-        @tf.function
+        @tf.function(jit_compile=jit_compile)
         def step(x, y):
             with tf.GradientTape() as tape:
                 h = tf.nn.relu(tf.matmul(x, variables[0]) + variables[1])

@@ -1,10 +1,12 @@
-"""XLA auto-clustering (`tf.config.optimizer.set_jit`) reaches the SPMD function.
+"""XLA reaches the SPMD function: `tf.config.optimizer.set_jit` and `jit_compile=True`.
 
 A tf.function on a mesh runs as one SPMD function of every device's ops. TF's clustering
-pass fuses each device's ops into XLA clusters when the call's `config_proto` asks for it;
-tf_dtensor carries that choice from the user's call to the SPMD function (before, it kept
-only soft placement, and nothing was ever clustered). On GPUs this is what cuts a step's
-kernel launches. Each program runs in its own process: TF reads `TF_XLA_FLAGS` (CPUs
+pass fuses each device's ops into XLA clusters when the call's `config_proto` asks for it
+(`set_jit`); tf_dtensor carries that choice from the user's call to the SPMD function
+(before, it kept only soft placement, and nothing was ever clustered). A function traced
+with `jit_compile=True` has each device's ops marked for XLA (`_XlaCompile`), so they are
+compiled per device (one XLA computation cannot span devices; TensorFlow's DTensor ignores
+the flag). On GPUs this is what cuts a step's kernel launches. Each program runs in its own process: TF reads `TF_XLA_FLAGS` (CPUs
 cluster only with `--tf_xla_cpu_global_jit`) once, and XLA dumps each compiled cluster, which
 is how the test sees that clustering happened.
 """
@@ -25,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
-if JIT:
+if JIT == "set_jit":
     tf.config.optimizer.set_jit("autoclustering")
 from tf_dtensor import config, dtensor
 config.set_collective_lowering(LOWERING)
@@ -36,7 +38,7 @@ w_value = rng.rand(16, 4).astype(np.float32) - 0.5
 w = dtensor.DVariable(dtensor.copy_to_mesh(tf.constant(w_value),
                                            dtensor.Layout.replicated(mesh, 2)))
 
-@tf.function
+@tf.function(jit_compile=JIT == "jit_compile")
 def step(x):
     with tf.GradientTape() as tape:
         h = tf.nn.relu(tf.matmul(x, w) * 2.0 + 1.0)
@@ -66,7 +68,7 @@ def _reference():
     return losses, w
 
 
-def _run(lowering: str, jit: bool, dump: str) -> dict:
+def _run(lowering: str, jit: str, dump: str) -> dict:
     program = (textwrap.dedent(_PROGRAM).replace("LOWERING", repr(lowering))
                .replace("JIT", repr(jit)))
     result = run_python(program, env={
@@ -82,12 +84,13 @@ def _clusters(dump: str) -> int:
     return sum(1 for f in os.listdir(dump) if f.endswith("before_optimizations.txt"))
 
 
+@pytest.mark.parametrize("jit", ["set_jit", "jit_compile"])
 @pytest.mark.parametrize("lowering", ["", "copies", "ops"], ids=["default", "copies", "ops"])
-def test_set_jit_clusters_every_device_of_the_spmd_function(tmp_path, lowering):
+def test_xla_compiles_every_device_of_the_spmd_function(tmp_path, lowering, jit):
     import numpy as np
     losses, w = _reference()
-    off = _run(lowering, jit=False, dump=str(tmp_path / "off"))
-    on = _run(lowering, jit=True, dump=str(tmp_path / "on"))
+    off = _run(lowering, jit="", dump=str(tmp_path / "off"))
+    on = _run(lowering, jit=jit, dump=str(tmp_path / "on"))
     for got in (off, on):
         np.testing.assert_allclose(got["losses"], losses, rtol=1e-5)
         np.testing.assert_allclose(got["w"], w, rtol=1e-5, atol=1e-6)
