@@ -85,8 +85,10 @@ class Api:
             # Only a change of policy drops the plans and expanded functions made so far.
             tf_dtensor.config.set_collective_lowering(self.lowering)
         # TF reads the auto-clustering level when it instantiates a function for a call,
-        # and keeps one instantiation per level.
-        tf.config.optimizer.set_jit("autoclustering" if self.jit else False)
+        # and keeps one instantiation per level; set only on a change (a set drops the
+        # context's cached call options).
+        if bool(tf.config.optimizer.get_jit()) != self.jit:
+            tf.config.optimizer.set_jit("autoclustering" if self.jit else False)
         for name in self.SETTINGS:
             if name in self.env:
                 os.environ[name] = self.env[name]

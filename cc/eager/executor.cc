@@ -1,6 +1,7 @@
 #include "cc/eager/executor.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 
 #include "cc/core/strings.h"
@@ -8,6 +9,7 @@
 #include "tensorflow/c/tf_tensor.h"
 
 namespace tf_dtensor {
+
 OpPool::~OpPool() {
   for (TFE_Op* op : free_) TFE_DeleteOp(op);
 }
@@ -41,6 +43,26 @@ void OpPool::Return(TFE_Op* op, TF_Status* status) {
 }
 
 namespace {
+
+// Runs work(i, status) for every item i < n from `threads` threads (thread t takes items t,
+// t + threads, ...), each thread with a TF_Status of its own, cleared after a failure. The
+// first failure by item, or OK.
+Status ForEachItemOnThreads(int n, int threads,
+                            const std::function<Status(int, TF_Status*)>& work) {
+  std::vector<Status> failures(n);
+  RunConcurrently(threads, [&](int t) {
+    TF_Status* status = TF_NewStatus();
+    for (int i = t; i < n; i += threads) {
+      failures[i] = work(i, status);
+      if (!failures[i].ok()) TF_SetStatus(status, TF_OK, "");
+    }
+    TF_DeleteStatus(status);
+  });
+  for (const Status& failure : failures) {
+    if (!failure.ok()) return failure;
+  }
+  return Status::Ok();
+}
 
 // Each thread keeps the value table of its last finished builder, so that an eager op
 // does not allocate one (an op's inputs and outputs: about 2 KiB, a malloc and a free per
@@ -186,28 +208,21 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::ShareAll(
     return ComponentBuilder::ShareAll(leaders, devices);
   }
   std::vector<TFE_TensorHandle*> out(n, nullptr);
-  std::vector<Status> failures(n);
-  // At most one thread per local device; thread t copies items t, t + threads, ...
-  const int threads = std::min(n, mesh_.num_local_devices());
   const Mesh mesh = mesh_;
   TFE_Context* context = context_;
-  RunConcurrently(threads, [&](int t) {
-    TF_Status* status = TF_NewStatus();
-    for (int i = t; i < n; i += threads) {
-      const std::string& device = mesh.local_devices()[devices[i]];
-      out[i] = TFE_TensorHandleCopyToDevice(leaders[i], context, device.c_str(), status);
-      if (TF_GetCode(status) != TF_OK) {
-        failures[i] = FromTF(status, "placing a component on " + device);
-        out[i] = nullptr;
-        TF_SetStatus(status, TF_OK, "");
-      }
-    }
-    TF_DeleteStatus(status);
-  });
-  for (int i = 0; i < n; ++i) {
-    if (failures[i].ok()) continue;
+  // At most one thread per local device.
+  Status done = ForEachItemOnThreads(
+      n, std::min(n, mesh_.num_local_devices()), [&](int i, TF_Status* status) {
+        const std::string& device = mesh.local_devices()[devices[i]];
+        TFE_TensorHandle* copy =
+            TFE_TensorHandleCopyToDevice(leaders[i], context, device.c_str(), status);
+        if (TF_GetCode(status) != TF_OK) return FromTF(status, "placing a component on " + device);
+        out[i] = copy;
+        return Status::Ok();
+      });
+  if (!done.ok()) {
     for (TFE_TensorHandle* made : out) Discard(made);
-    return failures[i];
+    return done;
   }
   return out;
 }
@@ -219,39 +234,38 @@ StatusOr<std::vector<std::vector<TFE_TensorHandle*>>> EagerBuilder::RunOnEach(
   if (n < 2 || lowering().shares_buffers() || !DispatchOnThreads(mesh_) || num_outputs < 0) {
     return ComponentBuilder::RunOnEach(op_name, inputs, devices, options, num_outputs);
   }
+  // At most one thread per local device.
+  return RunAtOnce(op_name, inputs, devices, options, num_outputs,
+                   std::min(n, mesh_.num_local_devices()));
+}
+
+StatusOr<std::vector<std::vector<TFE_TensorHandle*>>> EagerBuilder::RunAtOnce(
+    const std::string& op_name, const std::vector<std::vector<TFE_TensorHandle*>>& inputs,
+    const std::vector<int>& devices, const LocalOpOptions& options, int num_outputs,
+    int threads) {
   if (watch_) watch_->local_only = false;
+  const int n = static_cast<int>(inputs.size());
   std::vector<std::vector<TFE_TensorHandle*>> out(n);
-  std::vector<Status> failures(n);
-  // At most one thread per local device; thread t runs items t, t + threads, ...
-  const int threads = std::min(n, mesh_.num_local_devices());
   const Mesh mesh = mesh_;
-  RunConcurrently(threads, [&](int t) {
-    TF_Status* status = TF_NewStatus();
+  Status done = ForEachItemOnThreads(n, threads, [&](int i, TF_Status* status) {
+    const std::string& device = mesh.local_devices()[devices[i]];
     TFE_Op* op = pool_.Take(context_, status);
-    for (int i = t; i < n; i += threads) {
-      const std::string& device = mesh.local_devices()[devices[i]];
-      if (op == nullptr) {
-        failures[i] = FromTF(status, "creating '" + op_name + "' on " + ShortDeviceName(device));
-        continue;
-      }
-      std::vector<TFE_TensorHandle*> outputs(num_outputs, nullptr);
-      int count = num_outputs;
-      failures[i] = RunLocal(op, op_name, device, attrs_, inputs[i], options, kernels_,
-                             outputs.data(), &count, status);
-      if (failures[i].ok()) {
-        outputs.resize(count);
-        out[i] = std::move(outputs);
-      } else {
-        TF_SetStatus(status, TF_OK, "");
-      }
+    if (op == nullptr) {
+      return FromTF(status, "creating '" + op_name + "' on " + ShortDeviceName(device));
     }
-    if (op) pool_.Return(op, status);
-    TF_DeleteStatus(status);
+    std::vector<TFE_TensorHandle*> outputs(num_outputs, nullptr);
+    int count = num_outputs;
+    Status run = RunLocal(op, op_name, device, attrs_, inputs[i], options, kernels_,
+                          outputs.data(), &count, status);
+    pool_.Return(op, status);
+    if (!run.ok()) return run;
+    outputs.resize(count);
+    out[i] = std::move(outputs);
+    return Status::Ok();
   });
-  for (int i = 0; i < n; ++i) {
-    if (failures[i].ok()) continue;
+  if (!done.ok()) {
     for (const std::vector<TFE_TensorHandle*>& made : out) DiscardAll(made);
-    return failures[i];
+    return done;
   }
   return out;
 }
@@ -382,41 +396,15 @@ std::optional<std::vector<int64_t>> EagerBuilder::IntValue(ValueId value) {
 StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunCollective(
     const std::string& op_name, const std::vector<std::vector<TFE_TensorHandle*>>& inputs,
     const LocalOpOptions& options) {
-  if (watch_) watch_->local_only = false;
   // Every participant blocks until the whole group has arrived: one thread per device.
-  std::vector<StatusOr<std::vector<TFE_TensorHandle*>>> results(
-      inputs.size(), StatusOr<std::vector<TFE_TensorHandle*>>(Internal("not run")));
-  const Mesh mesh = mesh_;
-  RunConcurrently(static_cast<int>(inputs.size()), [&](int d) {
-    TF_Status* status = TF_NewStatus();
-    const std::string& device = mesh.local_devices()[d];
-    TFE_Op* op = pool_.Take(context_, status);
-    if (op) {
-      TFE_TensorHandle* out = nullptr;
-      int n = 1;
-      Status run = RunLocal(op, op_name, device, nullptr, inputs[d], options, kernels_, &out,
-                            &n, status);
-      results[d] = run.ok() ? StatusOr<std::vector<TFE_TensorHandle*>>(std::vector{out})
-                            : StatusOr<std::vector<TFE_TensorHandle*>>(run);
-    } else {
-      results[d] = FromTF(status, "creating '" + op_name + "' on " + ShortDeviceName(device));
-    }
-    if (op) pool_.Return(op, status);
-    TF_DeleteStatus(status);
-  });
+  const int n = static_cast<int>(inputs.size());
+  std::vector<int> devices(n);
+  for (int d = 0; d < n; ++d) devices[d] = d;
+  TFD_ASSIGN_OR_RETURN(std::vector<std::vector<TFE_TensorHandle*>> out,
+                       RunAtOnce(op_name, inputs, devices, options, 1, n));
   std::vector<TFE_TensorHandle*> outputs;
-  Status failure;
-  for (auto& r : results) {
-    if (r.ok()) {
-      outputs.push_back(r.value()[0]);
-    } else if (failure.ok()) {
-      failure = r.status();
-    }
-  }
-  if (!failure.ok()) {
-    DiscardAll(outputs);
-    return failure;
-  }
+  outputs.reserve(n);
+  for (const std::vector<TFE_TensorHandle*>& o : out) outputs.push_back(o[0]);
   return outputs;
 }
 

@@ -101,14 +101,34 @@ bool UsesNccl(const Mesh& mesh) {
   // As TensorFlow's DTensor (and config.gpu_use_nccl_communication) reads it: any value
   // but "0".
   if (env == nullptr || std::string_view(env) == "0") return false;
-  std::lock_guard<std::mutex> lock(LookupMutex());
-  if (!Lookup()) return false;
-  std::set<int> physical;
-  for (const std::string& device : mesh.local_devices()) {
-    std::optional<int> id = Lookup()(device);
-    if (!id || !physical.insert(*id).second) return false;
+  // Asked per collective op: the answer for this thread's last mesh is kept until the
+  // lookup (or the policy) changes, as CollectiveLowering::For keeps its choice.
+  struct Last {
+    std::optional<Mesh> mesh;
+    uint64_t generation = 0;
+    bool uses = false;
+  };
+  thread_local Last last;
+  const uint64_t now = generation.load();
+  if (last.mesh && last.generation == now && last.mesh->SharesRepresentation(mesh)) {
+    return last.uses;
   }
-  return true;
+  bool uses = true;
+  {
+    std::lock_guard<std::mutex> lock(LookupMutex());
+    std::set<int> physical;
+    for (const std::string& device : mesh.local_devices()) {
+      std::optional<int> id = Lookup() ? Lookup()(device) : std::nullopt;
+      if (!id || !physical.insert(*id).second) {
+        uses = false;
+        break;
+      }
+    }
+  }
+  last.mesh = mesh;
+  last.generation = now;
+  last.uses = uses;
+  return uses;
 }
 
 void SetMultiClientCollectives(bool enabled) {
