@@ -66,7 +66,8 @@ def split_gpu(n: int, memory_mb: int) -> List[str]:
 class Api:
     """One column: plain TF on GPU:0 (api None) or a DTensor module with its settings."""
 
-    SETTINGS = ("TF_DTENSOR_DISPATCH_THREADS", "TF_DTENSOR_COMBINE_ALL_REDUCE_MIB")
+    SETTINGS = ("TF_DTENSOR_DISPATCH_THREADS", "TF_DTENSOR_COMBINE_ALL_REDUCE_MIB",
+                "TF_DTENSOR_COPIES_ALL_REDUCE")
 
     def __init__(self, label: str, api=None, lowering: Optional[str] = None,
                  env: Optional[Dict[str, str]] = None, jit: bool = False):
@@ -224,7 +225,9 @@ GRAD_SHAPES = [(784, 700), (700,), (700, 500), (500,), (500, 10), (10,)]
 def probe_runner(col: Api, devices: List[str], kind: str):
     """kind "local": x * 2 + 1 on a batch-sharded [128, 784] (no collective); "reduce1": one
     all-reduce of a 784x700 partial sum; "reduce6": six all-reduces of the MLP's gradient
-    shapes in one function (each a sum over a sharded leading axis of n blocks)."""
+    shapes in one function (each a sum over a sharded leading axis of n blocks); "scatter":
+    that 784x700 sum laid out sharded over its rows (a reduce-scatter where the library
+    plans one; TensorFlow's DTensor all-reduces, then slices)."""
     col.enter()
     api, n = col.api, len(devices)
     rng = np.random.RandomState(4)
@@ -232,9 +235,12 @@ def probe_runner(col: Api, devices: List[str], kind: str):
         values = [rng.rand(BATCH, SIZES[0]).astype(np.float32)]
         fn = tf.function(lambda x: x * 2.0 + 1.0)
     else:
-        shapes = GRAD_SHAPES[:1] if kind == "reduce1" else GRAD_SHAPES
+        shapes = GRAD_SHAPES[:1] if kind in ("reduce1", "scatter") else GRAD_SHAPES
         values = [rng.rand(n, *shape).astype(np.float32) for shape in shapes]
         fn = tf.function(lambda *xs: [tf.reduce_sum(x, axis=0) for x in xs])
+        if kind == "scatter" and api is not None:
+            rows = api.Layout(["x", "unsharded"], mesh_of(api, devices))
+            fn = tf.function(lambda x: api.relayout(tf.reduce_sum(x, axis=0), rows))
     if api is None:
         with tf.device(devices[0]):
             inputs = [tf.constant(v) for v in values]
@@ -310,7 +316,11 @@ def main() -> None:
     if args.variants:  # what each default of tf_dtensor's on GPUs is worth
         columns += [Api("ours, TF collectives", ours, "ops"),
                     Api("ours, no combining", ours, "", {"TF_DTENSOR_COMBINE_ALL_REDUCE_MIB": "0"}),
-                    Api("ours, threads off", ours, "", {"TF_DTENSOR_DISPATCH_THREADS": "off"})]
+                    Api("ours, threads off", ours, "", {"TF_DTENSOR_DISPATCH_THREADS": "off"}),
+                    Api("ours, leader all-reduce", ours, "",
+                        {"TF_DTENSOR_COPIES_ALL_REDUCE": "leader"}),
+                    Api("ours, direct all-reduce", ours, "",
+                        {"TF_DTENSOR_COPIES_ALL_REDUCE": "direct"})]
     if args.jit:
         columns += [Api("plain, XLA", jit=True), Api("TF DTensor, XLA", builtin, jit=True),
                     Api("ours, XLA", ours, "", None, jit=True)]
@@ -355,7 +365,8 @@ def main() -> None:
     if args.variants:
         for kind, label in (("local", "probe: fn x*2+1, no collective"),
                             ("reduce1", "probe: fn 1 all-reduce 2.2MB"),
-                            ("reduce6", "probe: fn 6 all-reduces (MLP)")):
+                            ("reduce6", "probe: fn 6 all-reduces (MLP)"),
+                            ("scatter", "probe: fn sum 2.2MB to [x,*]")):
             add_row(label, "s", lambda col, kind=kind: probe_runner(col, devices, kind))
     for name, target in (("relayout 256MiB [x,*]->[*,*]", ["unsharded", "unsharded"]),
                          ("relayout 256MiB [x,*]->[*,x]", ["unsharded", "x"])):
@@ -386,9 +397,10 @@ def main() -> None:
         return f"{m * 1e6:.0f} us" if m < 1e-3 else f"{m * 1e3:.2f} ms"
 
     print()
-    print(f"{'workload':30s}" + "".join(f"{l:>22s}" for l in labels) + f"{'ours/TF-DT':>12s}")
+    width = max(22, max(len(l) for l in labels) + 2)
+    print(f"{'workload':30s}" + "".join(f"{l:>{width}s}" for l in labels) + f"{'ours/TF-DT':>12s}")
     for r in rows:
-        line = f"{r:30s}" + "".join(f"{cell(r, c):>22s}" for c in labels)
+        line = f"{r:30s}" + "".join(f"{cell(r, c):>{width}s}" for c in labels)
         ours_s, tf_s = samples[r].get("tf_dtensor"), samples[r].get("TF DTensor")
         if ours_s and tf_s:
             ratio = statistics.median(ours_s) / statistics.median(tf_s)

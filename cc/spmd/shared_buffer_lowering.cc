@@ -11,9 +11,11 @@
 //     the stacked target blocks, cut into views by Split ([x,*] -> [*,x], where the split
 //     would copy). Measured on 8 virtual CPUs for 64 MiB: about 1.5x the split + concat.
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cc/spmd/lowering.h"
@@ -270,6 +272,14 @@ class SharedBuffer final : public CollectiveLowering {
   // it applies (AllToAllStitched).
   StatusOr<ValueId> AllToAll(CollectiveRunner& run, ValueId value, int from_dim,
                              int to_dim) const override;
+  // "copies": [*] partial over mesh dim m -> [m] in one hop. Each group's first holder of
+  // every partial c splits it into the target pieces (SplitV along `dim`); the device at
+  // coordinate k along m receives piece k of every partial and reduces them in coordinate
+  // order: (P - 1) pieces of 1/P of the tensor per device, where the all-reduce then slice
+  // moves the whole tensor twice through the group's leader. "shared": that all-reduce,
+  // computed once and shared, then sliced.
+  StatusOr<ValueId> ReduceScatter(CollectiveRunner& run, ValueId value, int dim, int mesh_dim,
+                                  ReduceOp op) const override;
 
  private:
   // Peers' handles as other devices read them: `hs[i]`, held by device `es[i]`, as device
@@ -351,6 +361,82 @@ StatusOr<LocalHandle> Reduce(CollectiveRunner& run, const Handles& parts, Reduce
   return acc;
 }
 
+Handles Firsts(const std::vector<Handles>& results) {
+  Handles out;
+  for (const Handles& r : results) out.push_back(r[0]);
+  return out;
+}
+
+// Device devices[i]'s reduction of parts[i] (two or more, its own or copied to it) by `op`,
+// every device at once (RunOnEach); the parts in the same order on every device, so devices
+// given the same parts hold the same bits. A mean divides by `count`.
+StatusOr<Handles> ReduceOnEach(CollectiveRunner& run, const std::vector<Handles>& parts,
+                               const std::vector<int>& devices, ReduceOp op, int dtype,
+                               int64_t count) {
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = {AttrOverride::Type("T", dtype)};
+  if (op == ReduceOp::kSum || op == ReduceOp::kMean) {
+    LocalOpOptions add = options;
+    add.overrides.push_back(AttrOverride::Int("N", static_cast<int64_t>(parts[0].size())));
+    TFD_ASSIGN_OR_RETURN(std::vector<Handles> sums,
+                         run.RunOnEach("AddN", parts, devices, add, 1));
+    Handles out = Firsts(sums);
+    if (op == ReduceOp::kSum || count == 1) return out;
+    // The divisor as one scalar of the dtype on every device, from one host constant.
+    StatusOr<LocalHandle> host = run.Host({count}, {}, TF_INT64);
+    LocalOpOptions cast;
+    cast.copy_attrs = false;
+    cast.overrides = {AttrOverride::Type("SrcT", TF_INT64), AttrOverride::Type("DstT", dtype)};
+    StatusOr<std::vector<Handles>> scales =
+        host.ok() ? run.RunOnEach("Cast", std::vector<Handles>(devices.size(), {*host}), devices,
+                                  cast, 1)
+                  : StatusOr<std::vector<Handles>>(host.status());
+    if (!scales.ok()) {
+      run.DiscardAll(out);
+      return scales.status();
+    }
+    std::vector<Handles> quotients;
+    for (size_t i = 0; i < devices.size(); ++i) quotients.push_back({out[i], (*scales)[i][0]});
+    StatusOr<std::vector<Handles>> q = run.RunOnEach("RealDiv", quotients, devices, options, 1);
+    run.DiscardAll(out);
+    run.DiscardAll(Firsts(*scales));
+    if (!q.ok()) return q.status();
+    return Firsts(*q);
+  }
+  const char* binary = op == ReduceOp::kMax ? "Maximum" : op == ReduceOp::kMin ? "Minimum" : "Mul";
+  Handles acc;
+  for (const Handles& p : parts) acc.push_back(p[0]);
+  for (size_t i = 1; i < parts[0].size(); ++i) {
+    std::vector<Handles> inputs;
+    for (size_t k = 0; k < devices.size(); ++k) inputs.push_back({acc[k], parts[k][i]});
+    StatusOr<std::vector<Handles>> r = run.RunOnEach(binary, inputs, devices, options, 1);
+    if (i > 1) run.DiscardAll(acc);
+    if (!r.ok()) return r.status();
+    acc = Firsts(*r);
+  }
+  return acc;
+}
+
+// How the copies lowering all-reduces over a group of g devices that hold p distinct
+// partial values (TF_DTENSOR_COPIES_ALL_REDUCE, read per collective so that a benchmark can
+// compare):
+//   "leader": the group's first device receives the p - 1 partials it lacks, reduces them
+//             and sends the result to the g - 1 others: p + g - 2 copies, two hops in turn;
+//   "direct": every device receives the p - 1 partials it lacks and reduces them itself, in
+//             one order, so all hold the same bits: g (p - 1) copies, one hop;
+//   "auto" (default): direct where it copies no more than the leader, which is where
+//             (g - 1)(p - 2) <= 0: two partials (two devices, or two with replicas), else
+//             leader. Where more bytes buy the hop is for a GPU run to measure
+//             (bench/gpu.py --variants).
+bool DirectAllReduce(int64_t partials, int64_t group) {
+  const char* env = std::getenv("TF_DTENSOR_COPIES_ALL_REDUCE");
+  const std::string_view form = env ? env : "";
+  if (form == "leader") return false;
+  if (form == "direct") return true;
+  return group * (partials - 1) <= partials + group - 2;
+}
+
 StatusOr<ValueId> SharedBuffer::AllReduce(CollectiveRunner& run, ValueId value,
                                           const std::vector<int>& mesh_dims, ReduceOp op) const {
   Builder& b = run.builder();
@@ -371,6 +457,51 @@ StatusOr<ValueId> SharedBuffer::AllReduce(CollectiveRunner& run, ValueId value,
   const int dtype = b.dtype(value);
   int64_t group_size = 1;
   for (int k : mesh_dims) group_size *= mesh.DimSize(k);
+  // The partial values of device d's group, one per coordinate tuple along `mesh_dims`, in
+  // coordinate order: each with the first device of the group that holds it.
+  auto partials_of = [&](int d) {
+    std::map<std::vector<int64_t>, int> partials;
+    for (int e = 0; e < n; ++e) {
+      if (!run.SameCoords(d, e, key_dims)) continue;
+      std::vector<int64_t> coords;
+      for (int k : mesh_dims) coords.push_back(mesh.LocalCoord(e, k));
+      if (!partials.count(coords)) partials.emplace(coords, e);
+    }
+    return partials;
+  };
+  if (!shares_ && n > 1) {
+    const int64_t p = static_cast<int64_t>(partials_of(0).size());
+    const int64_t g = std::count(leaders.begin(), leaders.end(), leaders[0]);
+    if (p > 1 && DirectAllReduce(p, g)) {
+      // Every device reduces its group's partials itself: its own where it holds one, the
+      // others copied to it, all copies at once, then every device's reduction at once.
+      Handles held, copies;
+      std::vector<int> holders, readers, devices;
+      for (int d = 0; d < n; ++d) {
+        devices.push_back(d);
+        std::vector<int64_t> own;
+        for (int k : mesh_dims) own.push_back(mesh.LocalCoord(d, k));
+        for (const auto& [coords, e] : partials_of(d)) {
+          holders.push_back(coords == own ? d : e);
+          held.push_back(run.Local(value, holders.back()));
+          readers.push_back(d);
+        }
+      }
+      if (held.size() != static_cast<size_t>(n * p)) {
+        return Internal("all-reduce of a " + layout.ShortString() +
+                        " value: its groups hold different numbers of partial values.");
+      }
+      TFD_ASSIGN_OR_RETURN(Handles reached, ReachAll(run, held, holders, readers, copies));
+      std::vector<Handles> parts;
+      for (int d = 0; d < n; ++d) {
+        parts.emplace_back(reached.begin() + d * p, reached.begin() + (d + 1) * p);
+      }
+      StatusOr<Handles> reduced = ReduceOnEach(run, parts, devices, op, dtype, group_size);
+      run.DiscardAll(copies);
+      if (!reduced.ok()) return reduced.status();
+      return run.AddValue(out_layout, b.shape(value), dtype, *reduced);
+    }
+  }
   // A mean is a sum scaled by 1/group size, as one scalar of the value's dtype.
   std::optional<LocalHandle> scale;
   if (op == ReduceOp::kMean && group_size > 1) {
@@ -391,17 +522,9 @@ StatusOr<ValueId> SharedBuffer::AllReduce(CollectiveRunner& run, ValueId value,
   };
   for (int d = 0; d < n; ++d) {
     if (leaders[d] != d) continue;
-    // One partial value per coordinate tuple along `mesh_dims`, within d's group.
-    std::map<std::vector<int64_t>, int> partials;  // -> the first device holding it
-    for (int e = 0; e < n; ++e) {
-      if (!run.SameCoords(d, e, key_dims)) continue;
-      std::vector<int64_t> coords;
-      for (int k : mesh_dims) coords.push_back(mesh.LocalCoord(e, k));
-      if (!partials.count(coords)) partials.emplace(coords, e);
-    }
     Handles held, copies;
     std::vector<int> holders;
-    for (auto& [coords, e] : partials) {
+    for (auto& [coords, e] : partials_of(d)) {
       held.push_back(run.Local(value, e));
       holders.push_back(e);
     }
@@ -593,6 +716,96 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
   splits.clear();
   TFD_RETURN_IF_ERROR(ShareToReplicas(run, out_leaders, out));
   return run.AddValue(out_layout, global, dtype, out);
+}
+
+StatusOr<ValueId> SharedBuffer::ReduceScatter(CollectiveRunner& run, ValueId value, int dim,
+                                              int mesh_dim, ReduceOp op) const {
+  Builder& b = run.builder();
+  const Mesh& mesh = run.mesh();
+  const Layout layout = *b.layout(value);
+  const std::vector<int64_t> global = b.shape(value);
+  const int64_t pieces = mesh.DimSize(mesh_dim);
+  // An axis already sharded or of unknown size (pieces known only at run time) takes the
+  // all-reduce and slice too.
+  if (shares_ || pieces == 1 || layout.spec(dim).sharded() || global[dim] < 0) {
+    return CollectiveLowering::ReduceScatter(run, value, dim, mesh_dim, op);
+  }
+  std::vector<int> key_dims = layout.ShardedMeshDims();  // devices that reduce together
+  std::vector<PartialSpec> still;
+  for (const PartialSpec& p : layout.partial()) {
+    if (p.mesh_dim == mesh_dim) continue;
+    still.push_back(p);
+    key_dims.push_back(p.mesh_dim);
+  }
+  std::vector<DimSpec> specs = layout.specs();
+  specs[dim] = DimSpec::Sharded(mesh_dim);
+  TFD_ASSIGN_OR_RETURN(Layout out_layout,
+                       Layout::FromSpecs(specs, layout.mesh(), layout.type(), still));
+  TFD_RETURN_IF_ERROR(out_layout.LocalShape(global, "the reduce-scattered tensor").status());
+  const int n = mesh.num_local_devices();
+  const int dtype = b.dtype(value);
+  // holder[d][c]: the device that sends partial c (coordinate c along mesh_dim) of d's
+  // group, the group's first holding it, so that devices that hold one piece receive the
+  // same parts (replicas stay the same bits).
+  std::vector<int> source_dims = key_dims;
+  source_dims.push_back(mesh_dim);
+  const std::vector<int>& first_holder = GroupLeaders(mesh, source_dims);
+  std::vector<std::vector<int>> holder(n, std::vector<int>(pieces, -1));
+  std::vector<int> sources;
+  for (int d = 0; d < n; ++d) {
+    for (int e = 0; e < n; ++e) {
+      if (run.SameCoords(d, e, key_dims)) holder[d][mesh.LocalCoord(e, mesh_dim)] = first_holder[e];
+    }
+    for (int h : holder[d]) {
+      if (h < 0) {
+        return Internal("reduce-scatter of a " + layout.ShortString() +
+                        " value: a partial value has no local device.");
+      }
+      if (std::find(sources.begin(), sources.end(), h) == sources.end()) sources.push_back(h);
+    }
+  }
+  TFD_ASSIGN_OR_RETURN(LocalHandle axis, run.Host({dim}, {}, TF_INT32));
+  TFD_ASSIGN_OR_RETURN(LocalHandle sizes,
+                       run.Host(out_layout.PieceSizes(global, dim), {pieces}, TF_INT64));
+  LocalOpOptions split;
+  split.copy_attrs = false;
+  split.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tlen", TF_INT64),
+                     AttrOverride::Int("num_split", pieces)};
+  std::vector<Handles> split_inputs;
+  for (int source : sources) split_inputs.push_back({run.Local(value, source), sizes, axis});
+  TFD_ASSIGN_OR_RETURN(std::vector<Handles> split_pieces,
+                       run.RunOnEach("SplitV", split_inputs, sources, split, pieces));
+  std::map<int, const Handles*> pieces_of;
+  for (size_t i = 0; i < sources.size(); ++i) pieces_of[sources[i]] = &split_pieces[i];
+  auto discard_pieces = [&] {
+    for (const Handles& hs : split_pieces) run.DiscardAll(hs);
+  };
+  // Device d (coordinate k along mesh_dim) gets piece k of every partial, all at once.
+  Handles held, copies;
+  std::vector<int> holders, readers, devices;
+  for (int d = 0; d < n; ++d) {
+    devices.push_back(d);
+    const int64_t k = mesh.LocalCoord(d, mesh_dim);
+    for (int64_t c = 0; c < pieces; ++c) {
+      holders.push_back(holder[d][c]);
+      held.push_back((*pieces_of[holder[d][c]])[k]);
+      readers.push_back(d);
+    }
+  }
+  StatusOr<Handles> reached = ReachAll(run, held, holders, readers, copies);
+  if (!reached.ok()) {
+    discard_pieces();
+    return reached.status();
+  }
+  std::vector<Handles> parts;
+  for (int d = 0; d < n; ++d) {
+    parts.emplace_back(reached->begin() + d * pieces, reached->begin() + (d + 1) * pieces);
+  }
+  StatusOr<Handles> reduced = ReduceOnEach(run, parts, devices, op, dtype, pieces);
+  run.DiscardAll(copies);
+  discard_pieces();
+  if (!reduced.ok()) return reduced.status();
+  return run.AddValue(out_layout, global, dtype, *reduced);
 }
 
 }  // namespace

@@ -38,7 +38,7 @@ def collective_ops():
         config.set_collective_lowering("")
 
 
-@pytest.fixture(params=["shared", "ops"])
+@pytest.fixture(params=["shared", "copies", "ops"])
 def lowering(request):
     """Each lowering in turn, for one test."""
     config.set_collective_lowering(request.param)
@@ -515,6 +515,99 @@ def test_product_of_complex_values(collective_ops, traced):
         got = run(to_dtensor(data, layout_of("x", MESH_8)),
                   to_dtensor(ids, layout_of(ids_layout, MESH_8)))
         np.testing.assert_allclose(reassemble(got), prod(data, ids).numpy(), rtol=1e-5)
+
+
+# The copies lowering's all-reduce in its two forms (TF_DTENSOR_COPIES_ALL_REDUCE): through
+# each group's leader (two hops), or direct (every device reduces the partials copied to it
+# itself, one hop); "auto" takes direct where it copies no more, at most two partials.
+# p: distinct partials per group, g: devices per group.
+ALL_REDUCE_CASES = {
+    "8-p8-g8": (MESH_8, "x,*"),      # every device a partial: auto = leader
+    "2x4-p2-g8": (MESH_2X4, "x,*"),  # two partials, four replicas of each: auto = direct
+    "2x4-p2-g2": (MESH_2X4, "x,y"),  # result sharded over y: groups of two: auto = direct
+}
+
+
+@pytest.fixture
+def copies_all_reduce(monkeypatch):
+    """The copies lowering, with the all-reduce form set by the returned function."""
+    config.set_collective_lowering("copies")
+
+    def set_form(form):
+        monkeypatch.setenv("TF_DTENSOR_COPIES_ALL_REDUCE", form)
+    try:
+        yield set_form
+    finally:
+        config.set_collective_lowering("")
+
+
+@pytest.mark.parametrize("form", ["auto", "direct", "leader"])
+@pytest.mark.parametrize("case", list(ALL_REDUCE_CASES))
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "prod"])
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_copies_all_reduce_forms_match_one_device(copies_all_reduce, form, case, reduction,
+                                                  traced):
+    copies_all_reduce(form)
+    mesh, source = ALL_REDUCE_CASES[case]
+    value = _data((8, 8))
+    reduce = {"sum": tf.reduce_sum, "mean": tf.reduce_mean, "max": tf.reduce_max,
+              "prod": tf.reduce_prod}[reduction]
+    fn = _run(lambda v: reduce(v, axis=0), traced)
+    actual = fn(to_dtensor(value, layout_of(source, mesh)))
+    expected = reduce(tf.constant(value), axis=0).numpy()
+    # reassemble fails where two replicas of one block differ in any bit.
+    np.testing.assert_allclose(reassemble(actual), expected, rtol=1e-5)
+    assert dtensor.fetch_layout(actual) == layout_of(source.split(",")[1], mesh)
+
+
+def _spmd_function_def(name):
+    from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+
+    names = [n for n in context.context().list_function_names()
+             if "tfd_spmd" in n and name in n]
+    assert names, "no SPMD function found"
+    return context.context().get_function_def(max(names, key=lambda n: int(n.rsplit("_", 1)[1])))
+
+
+@pytest.mark.parametrize("form, case, reducers", [
+    ("auto", "8-p8-g8", 1), ("auto", "2x4-p2-g8", 8), ("auto", "2x4-p2-g2", 8),
+    ("direct", "8-p8-g8", 8), ("leader", "2x4-p2-g8", 1), ("leader", "2x4-p2-g2", 4)])
+def test_copies_all_reduce_form_shows_in_the_graph(copies_all_reduce, form, case, reducers):
+    # The AddN ops of the SPMD function: one per group's leader, or one on every device.
+    copies_all_reduce(form)
+    mesh, source = ALL_REDUCE_CASES[case]
+
+    @tf.function
+    def column_sums_for_the_form_test(v):
+        return tf.reduce_sum(v, axis=0)
+
+    value = _data((8, 8))
+    np.testing.assert_allclose(
+        reassemble(column_sums_for_the_form_test(to_dtensor(value, layout_of(source, mesh)))),
+        value.sum(axis=0), rtol=1e-5)
+    fdef = _spmd_function_def("column_sums_for_the_form_test")
+    assert sum(1 for n in fdef.node_def if n.op == "AddN") == reducers
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_copies_reduce_scatter_moves_pieces_not_the_whole(copies_all_reduce, traced):
+    # [*,*] partial(x) -> [x,*] on 4 devices: device k adds up piece k of the four partials
+    # (AddN of [2,6] pieces on every device), where an all-reduce then a slice would add up
+    # the whole [8,6] at a leader.
+    copies_all_reduce("leader")
+    terms = [_data((8, 6), seed=20 + i) for i in range(4)]
+    packed = _packed_partial(terms, ["unsharded", "unsharded"], {"x": "sum"}, MESH_4)
+    target = Layout(["x", "unsharded"], MESH_4)
+
+    def scatter_for_the_piece_test(v):
+        return tf_dtensor.relayout(v, target)
+
+    fn = tf.function(scatter_for_the_piece_test) if traced else scatter_for_the_piece_test
+    assert_dtensor_equal(np.sum(np.stack(terms), axis=0), target, fn(packed))
+    if traced:
+        fdef = _spmd_function_def("scatter_for_the_piece_test")
+        adds = [n for n in fdef.node_def if n.op == "AddN"]
+        assert len(adds) == 4 and sum(1 for n in fdef.node_def if n.op == "SplitV") == 4
 
 
 # The copies lowering on a device whose copies block until done (GPUs) makes the copies of

@@ -130,11 +130,12 @@ def test_training_step_gradients_combined_and_right(lowering):
         step(x)
         fdef = _spmd_function_def(step)
         reducers = _count(fdef, "CollectiveReduceV2") if lowering == "ops" else _count(fdef, "AddN")
-        # The three gradients: one combined all-reduce (one AddN at one device for the
-        # copies lowering, one CollectiveReduceV2 per device for the ops). The returned
-        # loss is a second: tf.function makes the return wait for the updates (control
-        # dependencies), which read the gradients' all-reduce.
-        assert reducers == (8 if lowering == "ops" else 2), reducers
+        # The three gradients: one combined all-reduce (one CollectiveReduceV2 per device
+        # for the ops; for the copies, which take the direct form over two partials, one
+        # AddN per device of its own and its peer's). The returned loss is a second:
+        # tf.function makes the return wait for the updates (control dependencies), which
+        # read the gradients' all-reduce.
+        assert reducers == 8, reducers
         # Each device orders its own reads and assigns: a control edge of the traced step
         # expands into one edge per device, not one from every device to every other
         # (each of those is a _Send/_Recv pair per call), and the NoOp that makes the
