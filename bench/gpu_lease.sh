@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
 # The GPU measurements and checks of issue 27 as one command on a lent GPU machine
 # (../shared/gpu/README.md: the TensorFlow wheel's chunks already moved to /tmp/t; this
-# call carries .gpu/small, .gpu/setup.sh and the tf_dtensor wheel). Writes logs and
-# profiler traces under $OUT (or ./gpu_out). Each part has its own time limit, so a slow
-# or hung part still leaves the others' results.
-#   BENCH_S, SUITE_S, TESTS_S, RULES_S: seconds for the bench (with variants and profiles),
-#   TensorFlow's own DTensor tests on both libraries (0: skip), the `gpu` dtype and training
-#   tests, and the numerical checks + fuzzer on GPU meshes. FOCUS (a pytest -k expression)
-#   and FOCUS_S run chosen checks first, keeping their failure messages.
-# Those failures of 2026-11-26 (ops without GPU kernels, batch norm) passed on the H200
-# after their fixes; the rules part had not reached the fuzzer in 150 s: give RULES_S 300+
-# or run FOCUS="fuzz" to see it. BENCH_ARGS="--variants --only MLP" times the step alone.
-#   JIT_S: seconds for a second bench run with the XLA auto-clustering columns (--jit) of the
-#   tf.function rows, its own process so that an XLA failure cannot cost the main table
-#   (0: skip).
+# call carries .gpu/small, .gpu/setup.sh, the tf_dtensor wheel and, for TensorFlow's own
+# DTensor tests, .gpu/tfsuite). Writes at most 8 files under $OUT (or ./gpu_out), what a
+# lease brings back: bench.log, bench_jit.log, prof_summary.txt, profiles.tgz, suite.log,
+# gpu_tests.log, gpu_rules.log and details.tgz (suite.json, focus.log). Each part has its
+# own time limit, so a slow or hung part still leaves the others' results. A lease has
+# 15 minutes of device time in all, starts included, and one command at most 10 minutes:
+# PARTS (default "bench,jit,suite,tests") picks the parts of this call, so that two calls
+# back to back can share them: PARTS=bench,jit (about 6.5 minutes), then
+# PARTS=suite,tests (about 4).
+#   BENCH_S, JIT_S, SUITE_S, TESTS_S, RULES_S: seconds for the bench (with variants and
+#   profiles), a second bench run with the XLA auto-clustering columns (--jit) of the
+#   tf.function rows in its own process, so that an XLA failure cannot cost the main table,
+#   TensorFlow's own DTensor tests that run on GPUs on both libraries (tools/tf_suite.py;
+#   TensorFlow's files, never in this repository: bring them into .gpu/tfsuite), the `gpu`
+#   dtype and training tests, and the numerical checks + fuzzer on GPU meshes (0: skip;
+#   the rules part is off by default: it passed on the H200 on 2026-11-26, 419 checks, and
+#   had not reached the fuzzer in 150 s). FOCUS (a pytest -k expression) and FOCUS_S run
+#   chosen checks first, keeping their failure messages. BENCH_ARGS="--variants --only MLP"
+#   times the step alone.
 set -u
 out=${OUT:-gpu_out}
+PARTS=",${PARTS:-bench,jit,suite,tests},"
+part() { [[ "$PARTS" == *",$1,"* ]]; }
 mkdir -p "$out"
 export TF_DTENSOR_GPU_REINSTALL=${TF_DTENSOR_GPU_REINSTALL:-1}
 source .gpu/setup.sh
@@ -23,27 +31,32 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tail -2
 python3 -c "import tensorflow as tf, tf_dtensor; print('TF', tf.__version__, tf.config.list_physical_devices('GPU'))" 2>&1 | tail -1
 
-timeout "${BENCH_S:-240}" python3 bench/run.py --device gpu --rounds "${ROUNDS:-5}" \
-  ${BENCH_ARGS:---variants} --profile /tmp/prof 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/bench.log"
-(cd /tmp/prof 2>/dev/null && tar czf "$out/profiles.tgz" . 2>/dev/null)
-python3 tools/xspace_summary.py /tmp/prof --steps 5 > "$out/prof_summary.txt" 2>&1
-if [ "${JIT_S:-120}" != 0 ]; then
+if part bench; then
+  timeout "${BENCH_S:-260}" python3 bench/run.py --device gpu --rounds "${ROUNDS:-5}" \
+    ${BENCH_ARGS:---variants} --profile /tmp/prof 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/bench.log"
+  (cd /tmp/prof 2>/dev/null && tar czf "$out/profiles.tgz" . 2>/dev/null)
+  python3 tools/xspace_summary.py /tmp/prof --steps 5 > "$out/prof_summary.txt" 2>&1
+fi
+if part jit && [ "${JIT_S:-120}" != 0 ]; then
   timeout "${JIT_S:-120}" python3 bench/run.py --device gpu --rounds "${ROUNDS:-5}" --jit \
     --only "MLP,matmul" 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/bench_jit.log" | tail -12
 fi
 
 # TensorFlow's own DTensor test files that run on GPUs, on both libraries (the files are
 # TensorFlow's and not in this repository: carry them in .gpu/tfsuite, see tools/tf_suite.py).
-if [ -d .gpu/tfsuite ] && [ "${SUITE_S:-0}" != 0 ]; then
+SUITE_S=${SUITE_S:-150}
+if part suite && [ -d .gpu/tfsuite ] && [ "$SUITE_S" != 0 ]; then
   timeout "${SUITE_S}" python3 tools/tf_suite.py --tests .gpu/tfsuite --jobs "${SUITE_JOBS:-8}" \
     --timeout "$((SUITE_S - 10))" --out "$out/suite.json" \
     --files collective_test,layout_propagation_test,mnist_test,multi_mesh_test,numpy_util_test,save_restore_v2_test,variable_test \
     2>&1 | tee "$out/suite.log" | tail -12
 fi
 
-timeout "${TESTS_S:-90}" python3 -m pytest -q -p no:cacheprovider -m gpu -rf \
-  tests/python/test_gpu.py -k "not numerical" 2>&1 | tail -40 > "$out/gpu_tests.log"
-tail -8 "$out/gpu_tests.log"
+if part tests; then
+  timeout "${TESTS_S:-90}" python3 -m pytest -q -p no:cacheprovider -m gpu -rf \
+    tests/python/test_gpu.py -k "not numerical" 2>&1 | tail -40 > "$out/gpu_tests.log"
+  tail -8 "$out/gpu_tests.log"
+fi
 
 # The checks that failed on the last GPU run, with their messages (a run cut short by its
 # time limit prints none): FOCUS is a pytest -k expression, FOCUS_S its time.
@@ -55,8 +68,14 @@ if [ -n "${FOCUS:-}" ]; then
 fi
 
 # -v: one line per test, so that a run cut short by its time limit still names failures.
-TF_DTENSOR_TEST_DEVICE=GPU timeout "${RULES_S:-200}" python3 -m pytest -v -p no:cacheprovider \
-  -m "not gpu" -rf tests/python/test_rules_*.py tests/python/fuzz/test_fuzz.py 2>&1 \
-  | grep -v "^W0000\|^I0000" > "$out/gpu_rules.log"
-echo "rules: $(grep -c " PASSED" "$out/gpu_rules.log") passed, $(grep -c " FAILED" "$out/gpu_rules.log") failed"
-grep " FAILED" "$out/gpu_rules.log" | sed 's/ FAILED.*//' | awk -F'::' '{print $1"::"$2}' | sed 's/\[.*//' | sort | uniq -c | head -20
+if [ "${RULES_S:-0}" != 0 ]; then
+  TF_DTENSOR_TEST_DEVICE=GPU timeout "${RULES_S}" python3 -m pytest -v -p no:cacheprovider \
+    -m "not gpu" -rf tests/python/test_rules_*.py tests/python/fuzz/test_fuzz.py 2>&1 \
+    | grep -v "^W0000\|^I0000" > "$out/gpu_rules.log"
+  echo "rules: $(grep -c " PASSED" "$out/gpu_rules.log") passed, $(grep -c " FAILED" "$out/gpu_rules.log") failed"
+  grep " FAILED" "$out/gpu_rules.log" | sed 's/ FAILED.*//' | awk -F'::' '{print $1"::"$2}' | sed 's/\[.*//' | sort | uniq -c | head -20
+fi
+
+# At most 8 files come back: the details go as one archive.
+(cd "$out" && tar czf details.tgz $(ls suite.json focus.log 2>/dev/null) 2>/dev/null && rm -f suite.json focus.log)
+ls "$out"
