@@ -418,6 +418,23 @@ StatusOr<Handles> ReduceOnEach(CollectiveRunner& run, const std::vector<Handles>
   return acc;
 }
 
+// Every source in `sources` cuts its block of `value` along `dim` into pieces of `sizes`
+// (SplitV: a view along the first axis), all at once; each source's pieces.
+StatusOr<std::vector<Handles>> SplitEach(CollectiveRunner& run, ValueId value,
+                                         const std::vector<int>& sources, int dim,
+                                         const std::vector<int64_t>& sizes) {
+  const int64_t pieces = static_cast<int64_t>(sizes.size());
+  TFD_ASSIGN_OR_RETURN(LocalHandle axis, run.Host({dim}, {}, TF_INT32));
+  TFD_ASSIGN_OR_RETURN(LocalHandle lengths, run.Host(sizes, {pieces}, TF_INT64));
+  LocalOpOptions split;
+  split.copy_attrs = false;
+  split.overrides = {AttrOverride::Type("T", run.builder().dtype(value)),
+                     AttrOverride::Type("Tlen", TF_INT64), AttrOverride::Int("num_split", pieces)};
+  std::vector<Handles> inputs;
+  for (int source : sources) inputs.push_back({run.Local(value, source), lengths, axis});
+  return run.RunOnEach("SplitV", inputs, sources, split, static_cast<int>(pieces));
+}
+
 // How the copies lowering all-reduces over a group of g devices that hold p distinct
 // partial values (TF_DTENSOR_COPIES_ALL_REDUCE, read per collective so that a benchmark can
 // compare):
@@ -635,13 +652,6 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
     }
   }
   TFD_ASSIGN_OR_RETURN(LocalHandle from_axis, run.Host({from_dim}, {}, TF_INT32));
-  TFD_ASSIGN_OR_RETURN(LocalHandle to_axis, run.Host({to_dim}, {}, TF_INT32));
-  TFD_ASSIGN_OR_RETURN(LocalHandle sizes,
-                       run.Host(out_layout.PieceSizes(global, to_dim), {pieces}, TF_INT64));
-  LocalOpOptions split;
-  split.copy_attrs = false;
-  split.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tlen", TF_INT64),
-                     AttrOverride::Int("num_split", pieces)};
   LocalOpOptions concat;
   concat.copy_attrs = false;
   concat.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tidx", TF_INT32),
@@ -685,10 +695,8 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
   for (int h : holders) {
     if (std::find(sources.begin(), sources.end(), h) == sources.end()) sources.push_back(h);
   }
-  std::vector<Handles> split_inputs;
-  for (int source : sources) split_inputs.push_back({run.Local(value, source), sizes, to_axis});
   StatusOr<std::vector<Handles>> split_blocks =
-      run.RunOnEach("SplitV", split_inputs, sources, split, pieces);
+      SplitEach(run, value, sources, to_dim, out_layout.PieceSizes(global, to_dim));
   if (!split_blocks.ok()) return fail(split_blocks.status());
   for (size_t i = 0; i < sources.size(); ++i) splits[sources[i]] = (*split_blocks)[i];
   Handles held(holders.size()), copies;
@@ -764,17 +772,8 @@ StatusOr<ValueId> SharedBuffer::ReduceScatter(CollectiveRunner& run, ValueId val
       if (std::find(sources.begin(), sources.end(), h) == sources.end()) sources.push_back(h);
     }
   }
-  TFD_ASSIGN_OR_RETURN(LocalHandle axis, run.Host({dim}, {}, TF_INT32));
-  TFD_ASSIGN_OR_RETURN(LocalHandle sizes,
-                       run.Host(out_layout.PieceSizes(global, dim), {pieces}, TF_INT64));
-  LocalOpOptions split;
-  split.copy_attrs = false;
-  split.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tlen", TF_INT64),
-                     AttrOverride::Int("num_split", pieces)};
-  std::vector<Handles> split_inputs;
-  for (int source : sources) split_inputs.push_back({run.Local(value, source), sizes, axis});
   TFD_ASSIGN_OR_RETURN(std::vector<Handles> split_pieces,
-                       run.RunOnEach("SplitV", split_inputs, sources, split, pieces));
+                       SplitEach(run, value, sources, dim, out_layout.PieceSizes(global, dim)));
   std::map<int, const Handles*> pieces_of;
   for (size_t i = 0; i < sources.size(); ++i) pieces_of[sources[i]] = &split_pieces[i];
   auto discard_pieces = [&] {
