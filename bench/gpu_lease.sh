@@ -2,14 +2,14 @@
 # The GPU measurements and checks of issue 27 as one command on a lent GPU machine
 # (../shared/gpu/README.md: the TensorFlow wheel's chunks already moved to /tmp/t; this
 # call carries .gpu/small, .gpu/setup.sh, the tf_dtensor wheel and, for TensorFlow's own
-# DTensor tests, .gpu/tfsuite). Writes at most 8 files under $OUT (or ./gpu_out), what a
-# lease brings back: bench.log, bench_jit.log, prof_summary.txt, profiles.tgz, suite.log,
+# DTensor tests and the Keras tests, .gpu/tfsuite and .gpu/keras). Writes at most 8 files
+# under $OUT (or ./gpu_out), what a lease brings back: bench.log, bench_jit.log, prof_summary.txt, profiles.tgz, suite.log,
 # gpu_tests.log, gpu_rules.log and details.tgz (suite.json, focus.log). Each part has its
 # own time limit, so a slow or hung part still leaves the others' results. A lease has
 # 15 minutes of device time in all, starts included, and one command at most 10 minutes:
 # PARTS (default "bench,jit,suite,tests") picks the parts of this call, so that two calls
 # back to back can share them: PARTS=bench,jit (about 6.5 minutes), then
-# PARTS=suite,tests (about 4).
+# PARTS=suite,tests (about 4.5).
 #   BENCH_S, JIT_S, SUITE_S, TESTS_S, RULES_S: seconds for the bench (with variants and
 #   profiles), a second bench run with the XLA auto-clustering columns (--jit) of the
 #   tf.function rows in its own process, so that an XLA failure cannot cost the main table,
@@ -27,6 +27,12 @@ part() { [[ "$PARTS" == *",$1,"* ]]; }
 mkdir -p "$out"
 export TF_DTENSOR_GPU_REINSTALL=${TF_DTENSOR_GPU_REINSTALL:-1}
 source .gpu/setup.sh
+# Keras 3 and the wheels it needs that the image lacks (for the Keras `gpu` tests), carried
+# in .gpu/keras: `pip download --no-deps` of keras==3.15.1, namex, optree, rich,
+# markdown-it-py, mdurl, pygments and h5py for CPython 3.12.
+if [ -d .gpu/keras ] && ! python3 -c "import keras" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/keras/*.whl
+fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tail -2
 python3 -c "import tensorflow as tf, tf_dtensor; print('TF', tf.__version__, tf.config.list_physical_devices('GPU'))" 2>&1 | tail -1
@@ -53,7 +59,7 @@ if part suite && [ -d .gpu/tfsuite ] && [ "$SUITE_S" != 0 ]; then
 fi
 
 if part tests; then
-  timeout "${TESTS_S:-90}" python3 -m pytest -q -p no:cacheprovider -m gpu -rf \
+  timeout "${TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu -rf \
     tests/python/test_gpu.py -k "not numerical" 2>&1 | tail -40 > "$out/gpu_tests.log"
   tail -8 "$out/gpu_tests.log"
 fi

@@ -118,6 +118,49 @@ def test_training_step_matches_one_gpu(lowering, jit_compile):
             np.testing.assert_allclose(component.numpy(), p.numpy(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["data", "model"])
+def test_keras_training_under_its_default_xla_matches_one_gpu(kind):
+    """Keras resolves `jit_compile="auto"` to XLA on GPUs, and tf_dtensor then compiles each
+    device's part of the step: a model trained under keras.distribution on 8 logical GPUs
+    (DataParallel, or ModelParallel on 2x4) gives the losses and weights of the same model
+    trained on one GPU, step by step."""
+    keras = pytest.importorskip("keras")
+    import tf_dtensor.keras  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import keras_testing as kt  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(64, 16).astype("float32"), rng.randn(64, 4).astype("float32")
+
+    def build():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((16,)),
+                                  keras.layers.Dense(32, activation="relu", name="d1"),
+                                  keras.layers.Dense(4, name="d2")])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
+        return model
+
+    devices = [f"gpu:{i}" for i in range(8)]
+    if kind == "data":
+        distribution = keras.distribution.DataParallel(devices=devices)
+    else:
+        mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"], devices)
+        layout_map = keras.distribution.LayoutMap(mesh)
+        layout_map[".*d1/kernel"] = (None, "model")
+        layout_map[".*d1/bias"] = ("model",)
+        layout_map[".*d2/kernel"] = ("model", None)
+        distribution = keras.distribution.ModelParallel(layout_map=layout_map,
+                                                        batch_dim_name="batch")
+    steps = kt.batches(x, y, 16)
+    with tf.device(GPUS[0]):
+        want = kt.train_steps(build, None, steps)
+    with distribution.scope():
+        model = build()
+        model.train_on_batch(*steps[0])
+        assert model.jit_compile is True, "Keras did not resolve jit_compile to XLA on a GPU"
+    got = kt.train_steps(build, distribution, steps)
+    kt.assert_same_steps(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_numerical_checks_and_fuzzer_on_gpu_meshes():
     """The per-op numerical checks (test_rules_*) and the fuzzer's short run, with every
     shared mesh a GPU mesh, under the default GPU lowering and TensorFlow's collective ops."""
