@@ -11,7 +11,9 @@ all columns alike):
 - an eager add of a 512x8 float32 sharded over 8, chained, per op;
 - a 4096x4096 matmul whose contracted axis is sharded over 8 (`tf.function`);
 - eager relayouts of a 256 MiB float32 `[x,*]` -> `[*,*]` (all-gather) and -> `[*,x]`
-  (all-to-all), as GB/s of the global tensor.
+  (all-to-all), as GB/s of the global tensor, and the same relayouts in a `tf.function`
+  ("in fn": TF's executors make the copies as Send/Recv, where an eager copy holds its
+  thread until done).
 `--variants` adds tf_dtensor columns with TensorFlow's collective ops instead of the
 device-to-device copies, without combining all-reduces, and without per-device dispatch
 threads, so the choices the defaults make are measured, not assumed. Every sharded result
@@ -34,6 +36,7 @@ import os
 import statistics
 import sys
 import time
+import types
 from typing import Callable, Dict, List, Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -267,7 +270,10 @@ def probe_runner(col: Api, devices: List[str], kind: str):
 
 # --- relayout ------------------------------------------------------------------------------
 
-def relayout_runner(col: Api, devices: List[str], side: int, target: List[str]):
+def relayout_runner(col: Api, devices: List[str], side: int, target: List[str],
+                    traced: bool = False):
+    """An eager relayout, or (`traced`) one in a tf.function: there TF's executors make the
+    copies as Send/Recv, none holding a thread until its copy is done."""
     col.enter()
     api = col.api
     mesh = mesh_of(api, devices)
@@ -275,6 +281,10 @@ def relayout_runner(col: Api, devices: List[str], side: int, target: List[str]):
     source = api.relayout(api.copy_to_mesh(tf.constant(value), api.Layout.replicated(mesh, 2)),
                           api.Layout(["x", "unsharded"], mesh))
     layout = api.Layout(target, mesh)
+    if traced:
+        module = api
+        relayout = tf.function(lambda v: module.relayout(v, layout))
+        api = types.SimpleNamespace(relayout=lambda v, _: relayout(v), unpack=module.unpack)
     col.enter()
     out = api.relayout(source, layout)
     got = np.concatenate([p.numpy() for p in api.unpack(out)], axis=1)[:, :side] \
@@ -370,11 +380,13 @@ def main() -> None:
             add_row(label, "s", lambda col, kind=kind: probe_runner(col, devices, kind))
     for name, target in (("relayout 256MiB [x,*]->[*,*]", ["unsharded", "unsharded"]),
                          ("relayout 256MiB [x,*]->[*,x]", ["unsharded", "x"])):
-        def make_relayout(col, target=target):
-            if col.api is None or col.jit:
-                raise LookupError("no plain column; eager: XLA clustering does not apply")
-            return relayout_runner(col, devices, args.side, target)
-        add_row(name, "GB/s", make_relayout)
+        for traced in (False, True):
+            def make_relayout(col, target=target, traced=traced):
+                if col.api is None or col.jit:
+                    raise LookupError("no plain column; XLA clustering does not apply")
+                return relayout_runner(col, devices, args.side, target, traced)
+            add_row(name.replace("256MiB ", "") + " in fn" if traced else name, "GB/s",
+                    make_relayout)
 
     samples: Dict[str, Dict[str, List[float]]] = {r: {c: [] for c in rows[r]} for r in rows}
     for _ in range(args.rounds):
