@@ -20,6 +20,13 @@
 #   had not reached the fuzzer in 150 s). FOCUS (a pytest -k expression) and FOCUS_S run
 #   chosen checks first, keeping their failure messages. BENCH_ARGS="--variants --only MLP"
 #   times the step alone.
+# The calls of a lease, back to back (an idle machine goes back after about 30 s): here
+# `bash ../shared/gpu/prepare.sh --wheel` first (.gpu/wheel_commit says which commit the
+# wheel holds); then ten `run`s of `mkdir -p /tmp/t && mv .gpu/tfwhl.* /tmp/t/`, carrying
+# .gpu/tfwhl.00, .01, ... .09; then `PARTS=bench,jit bash bench/gpu_lease.sh` (timeout_s
+# 560) and `PARTS=suite,tests bash bench/gpu_lease.sh` (timeout_s 330), each carrying
+# .gpu/small, .gpu/setup.sh, .gpu/tf_dtensor-0.1.0-cp312-cp312-linux_x86_64.whl,
+# .gpu/tfsuite and .gpu/keras; then `give_back`.
 set -u
 out=${OUT:-gpu_out}
 PARTS=",${PARTS:-bench,jit,suite,tests},"
