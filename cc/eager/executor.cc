@@ -44,12 +44,12 @@ void OpPool::Return(TFE_Op* op, TF_Status* status) {
 
 namespace {
 
-// Runs work(i, status) for every item i < n from `threads` threads (thread t takes items t,
-// t + threads, ...), each thread with a TF_Status of its own, cleared after a failure. The
-// first failure by item, or OK.
 // The most threads one ShareAll makes its copies from.
 constexpr int kMaxCopyThreads = 64;
 
+// Runs work(i, status) for every item i < n from `threads` threads (thread t takes items t,
+// t + threads, ...), each thread with a TF_Status of its own, cleared after a failure. The
+// first failure by item, or OK.
 Status ForEachItemOnThreads(int n, int threads,
                             const std::function<Status(int, TF_Status*)>& work) {
   std::vector<Status> failures(n);
