@@ -24,9 +24,9 @@ of a few training steps of both libraries to DIR, and of two rounds of each rela
 `tf.function` into XLA clusters: fewer kernel launches per step, the limit on logical GPUs
 of one physical GPU (see README). It touches the `tf.function` rows only.
 
-Every timing ends by reading one element of one component (`.numpy()`): both libraries
-return before the GPU has finished, and reading a whole large result would time its copy to
-the host.
+Every timing ends with TensorFlow's `sync_devices` (every device's stream finished): both
+libraries return before the GPUs have finished, and reading one element of one component
+would wait for that device alone (the runs of 2026-11-26 and 27 timed that way).
 """
 
 from __future__ import annotations
@@ -110,6 +110,14 @@ class Api:
                                       self.api.Layout.replicated(mesh, value.ndim))
         return self.api.relayout(whole, self.api.Layout(specs, mesh))
 
+    def wait(self, t) -> None:
+        """Waits until every device has finished the work that made `t` (TensorFlow's
+        `sync_devices`: each logical device's stream, then the eager executors). Reading one
+        element of one component would wait for that device only, and a relayout's other
+        devices may still be copying."""
+        del t  # made by the work to wait for; every device is waited on
+        tf.test.experimental.sync_devices()
+
     def read(self, t) -> np.ndarray:
         """Waits for `t` by reading one element of it (of its first component): reading a
         whole large result would time the copy to the host."""
@@ -164,11 +172,11 @@ def mlp_runner(col: Api, devices: List[str], steps: int):
 
     def sample():
         col.enter()
-        col.read(step(x, y))  # untimed: see `Api.enter`
+        col.wait(step(x, y))  # untimed: see `Api.enter`
         start = time.perf_counter()
         for _ in range(steps - 1):
             step(x, y)
-        col.read(step(x, y))
+        col.wait(step(x, y))
         return (time.perf_counter() - start) / steps
 
     return losses, sample, (step, x, y)
@@ -187,12 +195,12 @@ def add_runner(col: Api, devices: List[str], chain: int):
 
     def sample():
         col.enter()
-        col.read(a + b)  # untimed: see `Api.enter`
+        col.wait(a + b)  # untimed: see `Api.enter`
         start = time.perf_counter()
         x = a
         for _ in range(chain):
             x = x + b
-        col.read(x)
+        col.wait(x)
         return (time.perf_counter() - start) / chain
 
     return check, sample
@@ -212,9 +220,9 @@ def matmul_runner(col: Api, devices: List[str], size: int):
 
     def sample():
         col.enter()
-        col.read(fn(a, b))  # untimed: see `Api.enter`
+        col.wait(fn(a, b))  # untimed: see `Api.enter`
         start = time.perf_counter()
-        col.read(fn(a, b))
+        col.wait(fn(a, b))
         return time.perf_counter() - start
 
     return check, sample
@@ -258,11 +266,11 @@ def probe_runner(col: Api, devices: List[str], kind: str):
 
     def sample():
         col.enter()
-        col.read(first(fn(*inputs)))  # untimed: see `Api.enter`
+        col.wait(first(fn(*inputs)))  # untimed: see `Api.enter`
         start = time.perf_counter()
         for _ in range(9):
             fn(*inputs)
-        col.read(first(fn(*inputs)))
+        col.wait(first(fn(*inputs)))
         return (time.perf_counter() - start) / 10
 
     return check, sample
@@ -293,9 +301,9 @@ def relayout_runner(col: Api, devices: List[str], side: int, target: List[str],
 
     def sample():
         col.enter()
-        col.read(api.relayout(source, layout))  # untimed: see `Api.enter`
+        col.wait(api.relayout(source, layout))  # untimed: see `Api.enter`
         start = time.perf_counter()
-        col.read(api.relayout(source, layout))
+        col.wait(api.relayout(source, layout))
         return side * side * 4 / (time.perf_counter() - start) / 1e9
 
     return ok, sample
@@ -435,12 +443,12 @@ def main() -> None:
             _, _, (step, x, y) = mlp_runner(col, devices, 5)
             col.enter()
             step(x, y)
-            col.read(step(x, y))
+            col.wait(step(x, y))
             logdir = os.path.join(args.profile, col.label.replace(" ", "_").replace("-", "_"))
             tf.profiler.experimental.start(logdir)
             for _ in range(5):
                 out = step(x, y)
-            col.read(out)
+            col.wait(out)
             tf.profiler.experimental.stop()
         for r in [r for r in rows if r.startswith("relayout")]:
             for label, sample in rows[r].items():
