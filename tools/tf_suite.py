@@ -199,7 +199,10 @@ def _launch(path: str, backend: str, timeout: float) -> dict:
             tail = (e.stdout or b"").decode(errors="replace")[-4000:]
             status = f"timed out after {timeout:.0f} s"
         seconds = time.monotonic() - start
-        cases = _outcomes(xml) if os.path.exists(xml) else {}
+        try:
+            cases = _outcomes(xml) if os.path.exists(xml) else {}
+        except ET.ParseError:  # a child killed (time limit, crash) while writing its report
+            cases = {}
     return {"status": status, "seconds": round(seconds, 1), "cases": cases,
             "tail": "" if cases else tail}
 
