@@ -330,49 +330,19 @@ Status ShareToReplicas(CollectiveRunner& run, const std::vector<int>& leaders, H
   return Status::Ok();
 }
 
-// Device d's reduction of `parts` (its own or copied to it) by `op`; a mean divides by
-// `scale` (made on device 0).
-StatusOr<LocalHandle> Reduce(CollectiveRunner& run, const Handles& parts, ReduceOp op, int dtype,
-                             std::optional<LocalHandle> scale, int d) {
-  LocalOpOptions options;
-  options.copy_attrs = false;
-  options.overrides = {AttrOverride::Type("T", dtype)};
-  if (parts.size() == 1) return run.Share(parts[0], d);
-  if (op == ReduceOp::kSum || op == ReduceOp::kMean) {
-    LocalOpOptions add = options;
-    add.overrides.push_back(AttrOverride::Int("N", static_cast<int64_t>(parts.size())));
-    TFD_ASSIGN_OR_RETURN(Handles r, run.RunOn("AddN", parts, add, d, 1));
-    if (!scale) return r[0];
-    TFD_ASSIGN_OR_RETURN(LocalHandle s, d == 0 ? StatusOr<LocalHandle>(*scale)
-                                               : run.Share(*scale, d));
-    StatusOr<Handles> q = run.RunOn("RealDiv", {r[0], s}, options, d, 1);
-    run.Discard(r[0]);
-    if (d != 0) run.Discard(s);
-    if (!q.ok()) return q.status();
-    return (*q)[0];
-  }
-  const char* binary = op == ReduceOp::kMax ? "Maximum" : op == ReduceOp::kMin ? "Minimum" : "Mul";
-  LocalHandle acc = parts[0];
-  for (size_t i = 1; i < parts.size(); ++i) {
-    TFD_ASSIGN_OR_RETURN(Handles r, run.RunOn(binary, {acc, parts[i]}, options, d, 1));
-    if (i > 1) run.Discard(acc);
-    acc = r[0];
-  }
-  return acc;
-}
-
 Handles Firsts(const std::vector<Handles>& results) {
   Handles out;
   for (const Handles& r : results) out.push_back(r[0]);
   return out;
 }
 
-// Device devices[i]'s reduction of parts[i] (two or more, its own or copied to it) by `op`,
-// every device at once (RunOnEach); the parts in the same order on every device, so devices
-// given the same parts hold the same bits. A mean divides by `count`.
+// Device devices[i]'s reduction of parts[i] (its own or copied to it) by `op`, every device
+// at once (RunOnEach); the parts in the same order on every device, so devices given the
+// same parts hold the same bits. A mean divides by `count`. One part is the result itself.
 StatusOr<Handles> ReduceOnEach(CollectiveRunner& run, const std::vector<Handles>& parts,
                                const std::vector<int>& devices, ReduceOp op, int dtype,
                                int64_t count) {
+  if (parts[0].size() == 1) return run.ShareAll(Firsts(parts), devices);
   LocalOpOptions options;
   options.copy_attrs = false;
   options.overrides = {AttrOverride::Type("T", dtype)};
@@ -474,90 +444,51 @@ StatusOr<ValueId> SharedBuffer::AllReduce(CollectiveRunner& run, ValueId value,
   const int dtype = b.dtype(value);
   int64_t group_size = 1;
   for (int k : mesh_dims) group_size *= mesh.DimSize(k);
-  // The partial values of device d's group, one per coordinate tuple along `mesh_dims`, in
-  // coordinate order: each with the first device of the group that holds it.
-  auto partials_of = [&](int d) {
-    std::map<std::vector<int64_t>, int> partials;
-    for (int e = 0; e < n; ++e) {
-      if (!run.SameCoords(d, e, key_dims)) continue;
-      std::vector<int64_t> coords;
-      for (int k : mesh_dims) coords.push_back(mesh.LocalCoord(e, k));
-      if (!partials.count(coords)) partials.emplace(coords, e);
-    }
-    return partials;
+  auto coords_of = [&](int d) {
+    std::vector<int64_t> coords;
+    for (int k : mesh_dims) coords.push_back(mesh.LocalCoord(d, k));
+    return coords;
   };
-  if (!shares_ && n > 1) {
-    const int64_t p = static_cast<int64_t>(partials_of(0).size());
-    const int64_t g = std::count(leaders.begin(), leaders.end(), leaders[0]);
-    if (p > 1 && DirectAllReduce(p, g)) {
-      // Every device reduces its group's partials itself: its own where it holds one, the
-      // others copied to it, all copies at once, then every device's reduction at once.
-      Handles held, copies;
-      std::vector<int> holders, readers, devices;
-      for (int d = 0; d < n; ++d) {
-        devices.push_back(d);
-        std::vector<int64_t> own;
-        for (int k : mesh_dims) own.push_back(mesh.LocalCoord(d, k));
-        for (const auto& [coords, e] : partials_of(d)) {
-          holders.push_back(coords == own ? d : e);
-          held.push_back(run.Local(value, holders.back()));
-          readers.push_back(d);
-        }
-      }
-      if (held.size() != static_cast<size_t>(n * p)) {
-        return Internal("all-reduce of a " + layout.ShortString() +
-                        " value: its groups hold different numbers of partial values.");
-      }
-      TFD_ASSIGN_OR_RETURN(Handles reached, ReachAll(run, held, holders, readers, copies));
-      std::vector<Handles> parts;
-      for (int d = 0; d < n; ++d) {
-        parts.emplace_back(reached.begin() + d * p, reached.begin() + (d + 1) * p);
-      }
-      StatusOr<Handles> reduced = ReduceOnEach(run, parts, devices, op, dtype, group_size);
-      run.DiscardAll(copies);
-      if (!reduced.ok()) return reduced.status();
-      return run.AddValue(out_layout, b.shape(value), dtype, *reduced);
-    }
-  }
-  // A mean is a sum scaled by 1/group size, as one scalar of the value's dtype.
-  std::optional<LocalHandle> scale;
-  if (op == ReduceOp::kMean && group_size > 1) {
-    TFD_ASSIGN_OR_RETURN(LocalHandle count, run.Host({group_size}, {}, TF_INT64));
-    LocalOpOptions cast;
-    cast.copy_attrs = false;
-    cast.overrides = {AttrOverride::Type("SrcT", TF_INT64), AttrOverride::Type("DstT", dtype)};
-    TFD_ASSIGN_OR_RETURN(Handles r, run.RunOn("Cast", {count}, cast, 0, 1));
-    scale = r[0];
-  }
-  Handles out(n, LocalHandle{});
-  auto fail = [&](int made_to, const Status& status) {
-    for (int d = 0; d < made_to; ++d) {
-      if (leaders[d] == d) run.Discard(out[d]);
-    }
-    if (scale) run.Discard(*scale);
-    return status;
-  };
+  // Each group's partial values (by its leader), one per coordinate tuple along
+  // `mesh_dims`, in coordinate order: each with the first device of the group holding it.
+  std::map<int, std::map<std::vector<int64_t>, int>> partials;
+  for (int e = 0; e < n; ++e) partials[leaders[e]].emplace(coords_of(e), e);
+  const int64_t p = static_cast<int64_t>(partials[leaders[0]].size());
+  const int64_t g = std::count(leaders.begin(), leaders.end(), leaders[0]);
+  // The devices that reduce: every device (direct), or each group's leader, whose result
+  // then goes to the rest of its group.
+  const bool direct = !shares_ && p > 1 && DirectAllReduce(p, g);
+  std::vector<int> reducers;
   for (int d = 0; d < n; ++d) {
-    if (leaders[d] != d) continue;
-    Handles held, copies;
-    std::vector<int> holders;
-    for (auto& [coords, e] : partials_of(d)) {
-      held.push_back(run.Local(value, e));
-      holders.push_back(e);
+    if (direct || leaders[d] == d) reducers.push_back(d);
+  }
+  // Every reducer's parts (its own where it holds one, the others copied to it), all at
+  // once, then every reducer's reduction at once.
+  Handles held, copies;
+  std::vector<int> holders, readers;
+  for (int d : reducers) {
+    const std::vector<int64_t> own = coords_of(d);
+    for (const auto& [coords, e] : partials[leaders[d]]) {
+      holders.push_back(coords == own ? d : e);
+      held.push_back(run.Local(value, holders.back()));
+      readers.push_back(d);
     }
-    StatusOr<Handles> parts =
-        ReachAll(run, held, holders, std::vector<int>(held.size(), d), copies);
-    if (!parts.ok()) return fail(d, parts.status());
-    StatusOr<LocalHandle> reduced = Reduce(run, *parts, op, dtype, scale, d);
-    run.DiscardAll(copies);
-    if (!reduced.ok()) return fail(d, reduced.status());
-    out[d] = *reduced;
   }
-  if (Status shared = ShareToReplicas(run, leaders, out); !shared.ok()) {
-    if (scale) run.Discard(*scale);
-    return shared;
+  if (held.size() != reducers.size() * static_cast<size_t>(p)) {
+    return Internal("all-reduce of a " + layout.ShortString() +
+                    " value: its groups hold different numbers of partial values.");
   }
-  if (scale) run.Discard(*scale);
+  TFD_ASSIGN_OR_RETURN(Handles reached, ReachAll(run, held, holders, readers, copies));
+  std::vector<Handles> parts;
+  for (size_t r = 0; r < reducers.size(); ++r) {
+    parts.emplace_back(reached.begin() + r * p, reached.begin() + (r + 1) * p);
+  }
+  StatusOr<Handles> reduced = ReduceOnEach(run, parts, reducers, op, dtype, group_size);
+  run.DiscardAll(copies);
+  if (!reduced.ok()) return reduced.status();
+  Handles out(n, LocalHandle{});
+  for (size_t r = 0; r < reducers.size(); ++r) out[reducers[r]] = (*reduced)[r];
+  if (!direct) TFD_RETURN_IF_ERROR(ShareToReplicas(run, leaders, out));
   return run.AddValue(out_layout, b.shape(value), dtype, out);
 }
 
