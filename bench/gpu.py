@@ -15,8 +15,10 @@ all columns alike):
   ("in fn": TF's executors make the copies as Send/Recv, where an eager copy holds its
   thread until done).
 `--variants` adds tf_dtensor columns with TensorFlow's collective ops instead of the
-device-to-device copies, without combining all-reduces, and without per-device dispatch
-threads, so the choices the defaults make are measured, not assumed. Every sharded result
+device-to-device copies, without combining all-reduces, without per-device dispatch
+threads, with each all-reduce form of the copies, and (relayout rows only) with the
+all-to-all's SplitV/ConcatV2 form instead of its Transpose/DynamicStitch one, so the
+choices the defaults make are measured, not assumed. Every sharded result
 is checked against the plain one first. `--profile DIR` writes TensorFlow profiler traces
 of a few training steps of both libraries to DIR, and of two rounds of each relayout row.
 `--jit` adds plain, TensorFlow's DTensor and tf_dtensor columns with XLA auto-clustering
@@ -70,12 +72,14 @@ class Api:
     """One column: plain TF on GPU:0 (api None) or a DTensor module with its settings."""
 
     SETTINGS = ("TF_DTENSOR_DISPATCH_THREADS", "TF_DTENSOR_COMBINE_ALL_REDUCE_MIB",
-                "TF_DTENSOR_COPIES_ALL_REDUCE")
+                "TF_DTENSOR_COPIES_ALL_REDUCE", "TF_DTENSOR_COPIES_PIECES")
 
     def __init__(self, label: str, api=None, lowering: Optional[str] = None,
-                 env: Optional[Dict[str, str]] = None, jit: bool = False):
+                 env: Optional[Dict[str, str]] = None, jit: bool = False,
+                 rows: tuple = ()):
         self.label, self.api, self.lowering, self.env = label, api, lowering, env or {}
         self.jit = jit
+        self.rows = rows  # row name prefixes this column is timed on (all if empty)
 
     def enter(self):
         """Applies this column's XLA clustering, lowering and settings (the last two
@@ -338,7 +342,9 @@ def main() -> None:
                     Api("ours, leader all-reduce", ours, "",
                         {"TF_DTENSOR_COPIES_ALL_REDUCE": "leader"}),
                     Api("ours, direct all-reduce", ours, "",
-                        {"TF_DTENSOR_COPIES_ALL_REDUCE": "direct"})]
+                        {"TF_DTENSOR_COPIES_ALL_REDUCE": "direct"}),
+                    Api("ours, split all-to-all", ours, "",
+                        {"TF_DTENSOR_COPIES_PIECES": "split"}, rows=("relayout",))]
     if args.jit:
         columns += [Api("plain, XLA", jit=True), Api("TF DTensor, XLA", builtin, jit=True),
                     Api("ours, XLA", ours, "", None, jit=True)]
@@ -357,6 +363,8 @@ def main() -> None:
         rows[name], units[name] = {}, unit
         reference = None
         for col in columns:
+            if col.rows and not any(name.startswith(r) for r in col.rows):
+                continue
             try:
                 check, sample = make(col)
             except LookupError:  # a column this row has no counterpart in

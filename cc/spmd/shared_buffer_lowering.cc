@@ -405,6 +405,334 @@ StatusOr<std::vector<Handles>> SplitEach(CollectiveRunner& run, ValueId value,
   return run.RunOnEach("SplitV", inputs, sources, split, static_cast<int>(pieces));
 }
 
+// How the copies lowering cuts blocks into pieces (all-to-all, reduce-scatter) and joins
+// blocks from pieces (all-to-all, all-gather) (TF_DTENSOR_COPIES_PIECES, read per
+// collective so that a benchmark can compare):
+//   "split":     SplitV along the cut axis, ConcatV2 along the joined one. Below 16 pieces
+//                TF's GPU kernels for both launch one kernel per piece (SplitV makes views
+//                along the first axis only), so an all-to-all over 8 logical GPUs launched
+//                128 of them, from the one host that launches for every logical GPU of a
+//                physical one.
+//   "transpose": (default where it applies) a block to cut is viewed as [p, K, r] (p: the
+//                axes before the cut axis, K the pieces, r the rest), its pieces moved to
+//                the front in one Transpose ([K, p, r]; none where p is 1) and cut off as
+//                views along the first axis; a block to join stacks its K pieces in one
+//                DynamicStitch and moves them into place with one Transpose ([K, p, r] ->
+//                [p, K, r]; none where p is 1). At most two kernels a block, the same bytes.
+// Each cut and join keeps SplitV or ConcatV2 where its form does not apply (uneven pieces,
+// unknown sizes, pieces that would not be 64-byte aligned views, a dtype without a GPU
+// DynamicStitch).
+bool FoldedPieces() {
+  const char* env = std::getenv("TF_DTENSOR_COPIES_PIECES");
+  return !(env && std::string_view(env) == "split");
+}
+
+// `dims` folded around axis `axis` cut into `pieces` even parts: [p, K, r].
+struct Folded {
+  int64_t p = 1, k = 1, r = 1;
+};
+std::optional<Folded> FoldAround(const std::vector<int64_t>& dims, int axis, int64_t pieces) {
+  for (int64_t d : dims) {
+    if (d < 0) return std::nullopt;
+  }
+  if (dims[axis] % pieces != 0) return std::nullopt;
+  Folded f;
+  f.p = Product(dims, 0, axis);
+  f.k = pieces;
+  f.r = dims[axis] / pieces * Product(dims, axis + 1, dims.size());
+  // TF's GPU DynamicStitch and Transpose index with int32.
+  if (f.p * f.k * f.r >= (int64_t{1} << 31)) return std::nullopt;
+  return f;
+}
+
+// The folds of the transposed cut, one per source block: nullopt where the sizes are not
+// known and even, or the pieces would not be aligned views (TF's SplitV makes views along
+// the first axis only for 64-byte aligned pieces, the widest alignment its Eigen builds
+// ask; else it copies each piece).
+std::optional<std::vector<Folded>> CutFolds(const std::vector<std::vector<int64_t>>& blocks,
+                                            int dim, int64_t pieces, int dtype) {
+  const int64_t width = static_cast<int64_t>(FixedWidth(dtype));
+  std::vector<Folded> folds;
+  for (const std::vector<int64_t>& block : blocks) {
+    std::optional<Folded> f = FoldAround(block, dim, pieces);
+    if (!f || width == 0 || (f->p * f->r * width) % 64 != 0) return std::nullopt;
+    folds.push_back(*f);
+  }
+  return folds;
+}
+
+// Block `block` with axis `dim` cut `pieces` ways.
+std::vector<int64_t> PieceOf(std::vector<int64_t> block, int dim, int64_t pieces) {
+  block[dim] /= pieces;
+  return block;
+}
+
+// The transposed cut: every source in `sources` (block shapes `blocks`, folded `folds`)
+// views its block as [p, K, r], moves the pieces to the front (Transpose, where p > 1) and
+// cuts them off as views (Split along the first axis); each source's pieces, in their
+// block shape.
+StatusOr<std::vector<Handles>> CutTransposed(CollectiveRunner& run, ValueId value,
+                                             const std::vector<int>& sources,
+                                             const std::vector<std::vector<int64_t>>& blocks,
+                                             const std::vector<Folded>& folds, int dim,
+                                             int64_t pieces) {
+  const int dtype = run.builder().dtype(value);
+  Handles made;  // temporaries
+  auto fail = [&](const Status& status) {
+    run.DiscardAll(made);
+    return status;
+  };
+  const AttrOverride type = AttrOverride::Type("T", dtype);
+  LocalOpOptions reshape;
+  reshape.copy_attrs = false;
+  reshape.overrides = {type, AttrOverride::Type("Tshape", TF_INT64)};
+  std::vector<Handles> fold_inputs;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const Folded& f = folds[i];
+    const std::vector<int64_t> shape =
+        f.p == 1 ? std::vector<int64_t>{f.k, f.r} : std::vector<int64_t>{f.p, f.k, f.r};
+    StatusOr<LocalHandle> dims = run.Host(shape, {static_cast<int64_t>(shape.size())}, TF_INT64);
+    if (!dims.ok()) return fail(dims.status());
+    fold_inputs.push_back({run.Local(value, sources[i]), *dims});
+  }
+  StatusOr<std::vector<Handles>> folded = run.RunOnEach("Reshape", fold_inputs, sources, reshape, 1);
+  if (!folded.ok()) return fail(folded.status());
+  Handles front;
+  for (const Handles& h : *folded) front.push_back(h[0]);
+  made.insert(made.end(), front.begin(), front.end());
+  StatusOr<LocalHandle> perm = run.Host({1, 0, 2}, {3}, TF_INT32);
+  if (!perm.ok()) return fail(perm.status());
+  std::vector<Handles> move_inputs;
+  std::vector<int> movers;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (folds[i].p == 1) continue;
+    move_inputs.push_back({front[i], *perm});
+    movers.push_back(sources[i]);
+  }
+  if (!movers.empty()) {
+    LocalOpOptions transpose;
+    transpose.copy_attrs = false;
+    transpose.overrides = {type, AttrOverride::Type("Tperm", TF_INT32)};
+    StatusOr<std::vector<Handles>> moved =
+        run.RunOnEach("Transpose", move_inputs, movers, transpose, 1);
+    if (!moved.ok()) return fail(moved.status());
+    for (size_t i = 0, m = 0; i < sources.size(); ++i) {
+      if (folds[i].p == 1) continue;
+      front[i] = (*moved)[m++][0];
+      made.push_back(front[i]);
+    }
+  }
+  StatusOr<LocalHandle> zero = run.Host({0}, {}, TF_INT32);
+  if (!zero.ok()) return fail(zero.status());
+  LocalOpOptions split;
+  split.copy_attrs = false;
+  split.overrides = {type, AttrOverride::Int("num_split", pieces)};
+  std::vector<Handles> split_inputs;
+  for (LocalHandle h : front) split_inputs.push_back({*zero, h});
+  StatusOr<std::vector<Handles>> cut =
+      run.RunOnEach("Split", split_inputs, sources, split, static_cast<int>(pieces));
+  if (!cut.ok()) return fail(cut.status());
+  for (const Handles& h : *cut) made.insert(made.end(), h.begin(), h.end());
+  std::vector<Handles> shape_inputs;
+  std::vector<int> on;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const std::vector<int64_t> piece = PieceOf(blocks[i], dim, pieces);
+    StatusOr<LocalHandle> dims = run.Host(piece, {static_cast<int64_t>(piece.size())}, TF_INT64);
+    if (!dims.ok()) return fail(dims.status());
+    for (LocalHandle h : (*cut)[i]) {
+      shape_inputs.push_back({h, *dims});
+      on.push_back(sources[i]);
+    }
+  }
+  StatusOr<std::vector<Handles>> shaped = run.RunOnEach("Reshape", shape_inputs, on, reshape, 1);
+  if (!shaped.ok()) return fail(shaped.status());
+  run.DiscardAll(made);
+  std::vector<Handles> out(sources.size());
+  for (size_t j = 0; j < shaped->size(); ++j) {
+    const size_t i = j / pieces;
+    out[i].push_back((*shaped)[j][0]);
+    run.SetLocalShape(out[i].back(), PieceOf(blocks[i], dim, pieces));
+  }
+  return out;
+}
+
+// Dtypes with a GPU DynamicStitch kernel (TF registers it for the GPU number types, the
+// complex types, int32 and int64).
+bool Stitchable(int dtype) {
+  switch (static_cast<TF_DataType>(dtype)) {
+    case TF_HALF: case TF_BFLOAT16: case TF_FLOAT: case TF_DOUBLE: case TF_COMPLEX64:
+    case TF_COMPLEX128: case TF_INT32: case TF_INT64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The folds of the stacked join, one per target block: nullopt where the sizes are not
+// known and even, the dtype has no GPU DynamicStitch, or there are 16 pieces or more
+// (where TF's ConcatV2 is one kernel itself).
+std::optional<std::vector<Folded>> JoinFolds(const std::vector<std::vector<int64_t>>& blocks,
+                                             int dim, int64_t pieces, int dtype) {
+  if (!Stitchable(dtype) || pieces >= 16) return std::nullopt;
+  std::vector<Folded> folds;
+  for (const std::vector<int64_t>& block : blocks) {
+    std::optional<Folded> f = FoldAround(block, dim, pieces);
+    if (!f) return std::nullopt;
+    folds.push_back(*f);
+  }
+  return folds;
+}
+
+// The stacked join: every target in `targets` (block shapes `blocks`, folded `folds`)
+// stacks its K pieces (`parts[t]`, in order along the axis they join on) as the rows of
+// one DynamicStitch ([K, p * r]) and moves them into place ([K, p, r] -> [p, K, r], where
+// p > 1); each target's block.
+StatusOr<Handles> JoinStacked(CollectiveRunner& run, int dtype, const std::vector<Handles>& parts,
+                              const std::vector<int>& targets,
+                              const std::vector<std::vector<int64_t>>& blocks,
+                              const std::vector<Folded>& folds, int64_t pieces) {
+  Handles made;  // temporaries
+  auto fail = [&](const Status& status) -> StatusOr<Handles> {
+    run.DiscardAll(made);
+    return status;
+  };
+  const AttrOverride type = AttrOverride::Type("T", dtype);
+  LocalOpOptions reshape;
+  reshape.copy_attrs = false;
+  reshape.overrides = {type, AttrOverride::Type("Tshape", TF_INT64)};
+  // Each piece as one row of the stack ([1, p * r]).
+  std::vector<Handles> row_inputs;
+  std::vector<int> on;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    StatusOr<LocalHandle> row = run.Host({1, folds[t].p * folds[t].r}, {2}, TF_INT64);
+    if (!row.ok()) return fail(row.status());
+    for (LocalHandle h : parts[t]) {
+      row_inputs.push_back({h, *row});
+      on.push_back(targets[t]);
+    }
+  }
+  StatusOr<std::vector<Handles>> rows = run.RunOnEach("Reshape", row_inputs, on, reshape, 1);
+  if (!rows.ok()) return fail(rows.status());
+  for (const Handles& h : *rows) made.push_back(h[0]);
+  Handles indices;
+  for (int64_t c = 0; c < pieces; ++c) {
+    StatusOr<LocalHandle> index = run.Host({c}, {1}, TF_INT32);
+    if (!index.ok()) return fail(index.status());
+    indices.push_back(*index);
+  }
+  std::vector<Handles> stitch_inputs;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    Handles inputs = indices;
+    for (int64_t c = 0; c < pieces; ++c) inputs.push_back((*rows)[t * pieces + c][0]);
+    stitch_inputs.push_back(std::move(inputs));
+  }
+  LocalOpOptions stitch;
+  stitch.copy_attrs = false;
+  stitch.overrides = {type, AttrOverride::Int("N", pieces)};
+  StatusOr<std::vector<Handles>> stacked =
+      run.RunOnEach("DynamicStitch", stitch_inputs, targets, stitch, 1);
+  if (!stacked.ok()) return fail(stacked.status());
+  for (const Handles& h : *stacked) made.push_back(h[0]);
+  // Into place: [K, p, r] -> [p, K, r] where axes come before the pieces.
+  Handles placed(targets.size());
+  std::vector<Handles> move_inputs;
+  std::vector<int> movers;
+  StatusOr<LocalHandle> perm = run.Host({1, 0, 2}, {3}, TF_INT32);
+  if (!perm.ok()) return fail(perm.status());
+  for (size_t t = 0; t < targets.size(); ++t) {
+    placed[t] = (*stacked)[t][0];
+    if (folds[t].p == 1) continue;
+    StatusOr<LocalHandle> dims = run.Host({folds[t].k, folds[t].p, folds[t].r}, {3}, TF_INT64);
+    if (!dims.ok()) return fail(dims.status());
+    move_inputs.push_back({placed[t], *dims});
+    movers.push_back(targets[t]);
+  }
+  if (!movers.empty()) {
+    StatusOr<std::vector<Handles>> cubes = run.RunOnEach("Reshape", move_inputs, movers, reshape, 1);
+    if (!cubes.ok()) return fail(cubes.status());
+    for (const Handles& h : *cubes) made.push_back(h[0]);
+    std::vector<Handles> transpose_inputs;
+    for (const Handles& h : *cubes) transpose_inputs.push_back({h[0], *perm});
+    LocalOpOptions transpose;
+    transpose.copy_attrs = false;
+    transpose.overrides = {type, AttrOverride::Type("Tperm", TF_INT32)};
+    StatusOr<std::vector<Handles>> moved =
+        run.RunOnEach("Transpose", transpose_inputs, movers, transpose, 1);
+    if (!moved.ok()) return fail(moved.status());
+    for (size_t t = 0, m = 0; t < targets.size(); ++t) {
+      if (folds[t].p == 1) continue;
+      placed[t] = (*moved)[m++][0];
+      made.push_back(placed[t]);
+    }
+  }
+  // Each target's block in its shape.
+  std::vector<Handles> block_inputs;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    StatusOr<LocalHandle> dims =
+        run.Host(blocks[t], {static_cast<int64_t>(blocks[t].size())}, TF_INT64);
+    if (!dims.ok()) return fail(dims.status());
+    block_inputs.push_back({placed[t], *dims});
+  }
+  StatusOr<std::vector<Handles>> shaped = run.RunOnEach("Reshape", block_inputs, targets, reshape, 1);
+  if (!shaped.ok()) return fail(shaped.status());
+  run.DiscardAll(made);
+  Handles out;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    out.push_back((*shaped)[t][0]);
+    run.SetLocalShape(out.back(), blocks[t]);
+  }
+  return out;
+}
+
+// Every source in `sources` cuts its block of `value` along `dim` into the pieces of
+// `out_layout`, all at once: transposed where `fold` and that form applies, else SplitV;
+// each source's pieces.
+StatusOr<std::vector<Handles>> CutEach(CollectiveRunner& run, ValueId value,
+                                       const std::vector<int>& sources, int dim,
+                                       const Layout& out_layout, bool fold) {
+  Builder& b = run.builder();
+  const std::vector<int64_t> global = b.shape(value);
+  const std::vector<int64_t> sizes = out_layout.PieceSizes(global, dim);
+  const int64_t pieces = static_cast<int64_t>(sizes.size());
+  if (fold) {
+    const Layout layout = *b.layout(value);
+    std::vector<std::vector<int64_t>> blocks;
+    for (int source : sources) blocks.push_back(layout.GeometryOfDevice(global, source).shape);
+    if (std::optional<std::vector<Folded>> folds = CutFolds(blocks, dim, pieces, b.dtype(value))) {
+      return CutTransposed(run, value, sources, blocks, *folds, dim, pieces);
+    }
+  }
+  return SplitEach(run, value, sources, dim, sizes);
+}
+
+// Every target in `targets` joins its parts (`parts[t]`, in order along `dim`) into its
+// block of `out_layout` (global shape `global`), all at once: stacked where `fold` and that
+// form applies, else one ConcatV2; each target's block.
+StatusOr<Handles> JoinEach(CollectiveRunner& run, int dtype, const std::vector<Handles>& parts,
+                           const std::vector<int>& targets, const Layout& out_layout,
+                           const std::vector<int64_t>& global, int dim, bool fold) {
+  const int64_t pieces = parts.empty() ? 0 : static_cast<int64_t>(parts[0].size());
+  if (fold) {
+    std::vector<std::vector<int64_t>> blocks;
+    for (int target : targets) blocks.push_back(out_layout.GeometryOfDevice(global, target).shape);
+    if (std::optional<std::vector<Folded>> folds = JoinFolds(blocks, dim, pieces, dtype)) {
+      return JoinStacked(run, dtype, parts, targets, blocks, *folds, pieces);
+    }
+  }
+  TFD_ASSIGN_OR_RETURN(LocalHandle axis, run.Host({dim}, {}, TF_INT32));
+  LocalOpOptions concat;
+  concat.copy_attrs = false;
+  concat.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tidx", TF_INT32),
+                      AttrOverride::Int("N", pieces)};
+  std::vector<Handles> inputs = parts;
+  for (Handles& in : inputs) in.push_back(axis);
+  TFD_ASSIGN_OR_RETURN(std::vector<Handles> joined,
+                       run.RunOnEach("ConcatV2", inputs, targets, concat, 1));
+  Handles out;
+  for (const Handles& h : joined) out.push_back(h[0]);
+  return out;
+}
+
 // How the copies lowering all-reduces over a group of g devices that hold p distinct
 // partial values (TF_DTENSOR_COPIES_ALL_REDUCE, read per collective so that a benchmark can
 // compare):
@@ -503,12 +831,7 @@ StatusOr<ValueId> SharedBuffer::AllGather(CollectiveRunner& run, ValueId value, 
   const std::vector<int>& leaders = GroupLeaders(run.mesh(), key_dims);
   const int64_t pieces = layout.NumShards(dim);
   if (pieces == 1) return SameBlocks(run, value, out_layout);  // mesh dims of size 1
-  TFD_ASSIGN_OR_RETURN(LocalHandle axis, run.Host({dim}, {}, TF_INT32));
   Handles out(n, LocalHandle{});
-  LocalOpOptions options;
-  options.copy_attrs = false;
-  options.overrides = {AttrOverride::Type("T", b.dtype(value)),
-                       AttrOverride::Type("Tidx", TF_INT32), AttrOverride::Int("N", pieces)};
   // Every group leader's pieces (its own where it holds one: no copy of it) reach it at
   // once, then every leader joins its own at once.
   std::vector<int> targets;
@@ -531,16 +854,15 @@ StatusOr<ValueId> SharedBuffer::AllGather(CollectiveRunner& run, ValueId value, 
   }
   Handles copies;
   TFD_ASSIGN_OR_RETURN(Handles parts, ReachAll(run, held, holders, readers, copies));
-  std::vector<Handles> join_inputs;
+  std::vector<Handles> join_parts;
   for (size_t t = 0; t < targets.size(); ++t) {
-    Handles joined_parts(parts.begin() + t * pieces, parts.begin() + (t + 1) * pieces);
-    joined_parts.push_back(axis);
-    join_inputs.push_back(std::move(joined_parts));
+    join_parts.emplace_back(parts.begin() + t * pieces, parts.begin() + (t + 1) * pieces);
   }
-  StatusOr<std::vector<Handles>> joined = run.RunOnEach("ConcatV2", join_inputs, targets, options, 1);
+  StatusOr<Handles> joined = JoinEach(run, b.dtype(value), join_parts, targets, out_layout,
+                                      b.shape(value), dim, !shares_ && FoldedPieces());
   run.DiscardAll(copies);
   if (!joined.ok()) return joined.status();
-  for (size_t t = 0; t < targets.size(); ++t) out[targets[t]] = (*joined)[t][0];
+  for (size_t t = 0; t < targets.size(); ++t) out[targets[t]] = (*joined)[t];
   TFD_RETURN_IF_ERROR(ShareToReplicas(run, leaders, out));
   return run.AddValue(out_layout, b.shape(value), b.dtype(value), out);
 }
@@ -582,11 +904,6 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
       return *std::move(stitched);
     }
   }
-  TFD_ASSIGN_OR_RETURN(LocalHandle from_axis, run.Host({from_dim}, {}, TF_INT32));
-  LocalOpOptions concat;
-  concat.copy_attrs = false;
-  concat.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tidx", TF_INT32),
-                      AttrOverride::Int("N", pieces)};
   std::map<int, Handles> splits;  // source leader -> its sub-blocks, by k
   std::vector<bool> joined_at(n, false);
   auto fail = [&](const Status& status) {
@@ -626,8 +943,11 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
   for (int h : holders) {
     if (std::find(sources.begin(), sources.end(), h) == sources.end()) sources.push_back(h);
   }
+  // The copies lowering cuts and joins with a kernel or two a block where it can
+  // (FoldedPieces); the shared one cuts views and joins in one concatenation.
+  const bool fold = !shares_ && FoldedPieces();
   StatusOr<std::vector<Handles>> split_blocks =
-      SplitEach(run, value, sources, to_dim, out_layout.PieceSizes(global, to_dim));
+      CutEach(run, value, sources, to_dim, out_layout, fold);
   if (!split_blocks.ok()) return fail(split_blocks.status());
   for (size_t i = 0; i < sources.size(); ++i) splits[sources[i]] = (*split_blocks)[i];
   Handles held(holders.size()), copies;
@@ -635,19 +955,18 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
   // The sub-blocks move to their targets at once, then every target joins its own at once.
   StatusOr<Handles> parts = ReachAll(run, held, holders, readers, copies);
   if (!parts.ok()) return fail(parts.status());
-  std::vector<Handles> join_inputs;
+  std::vector<Handles> join_parts;
   for (size_t t = 0; t < targets.size(); ++t) {
-    Handles joined_parts(parts->begin() + t * pieces, parts->begin() + (t + 1) * pieces);
-    joined_parts.push_back(from_axis);
-    join_inputs.push_back(std::move(joined_parts));
+    join_parts.emplace_back(parts->begin() + t * pieces, parts->begin() + (t + 1) * pieces);
   }
-  StatusOr<std::vector<Handles>> joined = run.RunOnEach("ConcatV2", join_inputs, targets, concat, 1);
+  StatusOr<Handles> joined =
+      JoinEach(run, dtype, join_parts, targets, out_layout, global, from_dim, fold);
   if (!joined.ok()) {
     run.DiscardAll(copies);
     return fail(joined.status());
   }
   for (size_t t = 0; t < targets.size(); ++t) {
-    out[targets[t]] = (*joined)[t][0];
+    out[targets[t]] = (*joined)[t];
     joined_at[targets[t]] = true;
   }
   run.DiscardAll(copies);
@@ -704,7 +1023,7 @@ StatusOr<ValueId> SharedBuffer::ReduceScatter(CollectiveRunner& run, ValueId val
     }
   }
   TFD_ASSIGN_OR_RETURN(std::vector<Handles> split_pieces,
-                       SplitEach(run, value, sources, dim, out_layout.PieceSizes(global, dim)));
+                       CutEach(run, value, sources, dim, out_layout, !shares_ && FoldedPieces()));
   std::map<int, const Handles*> pieces_of;
   for (size_t i = 0; i < sources.size(); ++i) pieces_of[sources[i]] = &split_pieces[i];
   auto discard_pieces = [&] {

@@ -610,6 +610,63 @@ def test_copies_reduce_scatter_moves_pieces_not_the_whole(copies_all_reduce, tra
         assert len(adds) == 4 and sum(1 for n in fdef.node_def if n.op == "SplitV") == 4
 
 
+# The copies lowering's cuts and joins (TF_DTENSOR_COPIES_PIECES): "transpose" gathers a
+# leader's pieces in one DynamicStitch (and a Transpose where axes come before the joined
+# one) and cuts a reduce-scatter's partials with a Transpose where axes come before the cut
+# one; "split" uses ConcatV2 and SplitV.
+PIECES_CASES = {
+    "gather-rows": (MESH_8, (16, 64), ("x,*", None), "*,*",
+                    {"DynamicStitch": 1, "Transpose": 0, "ConcatV2": 0}),
+    "gather-columns": (MESH_8, (16, 64), ("*,x", None), "*,*",
+                       {"DynamicStitch": 1, "Transpose": 1, "ConcatV2": 0}),
+    "gather-2x4-groups": (MESH_2X4, (8, 64), ("x,y", None), "x,*",
+                          {"DynamicStitch": 2, "Transpose": 2, "ConcatV2": 0}),
+    "scatter-columns": (MESH_4, (8, 64), ("*,*", {"x": "sum"}), "*,x",
+                        {"Transpose": 4, "SplitV": 0, "Split": 4}),
+    "scatter-rows": (MESH_4, (16, 64), ("*,*", {"x": "sum"}), "x,*",
+                     {"Transpose": 0, "SplitV": 0, "Split": 4}),
+}
+SPLIT_FORM = {"gather-rows": {"ConcatV2": 1, "DynamicStitch": 0},
+              "gather-columns": {"ConcatV2": 1, "DynamicStitch": 0},
+              "gather-2x4-groups": {"ConcatV2": 2, "DynamicStitch": 0},
+              "scatter-columns": {"SplitV": 4, "Transpose": 0},
+              "scatter-rows": {"SplitV": 4, "Transpose": 0}}
+
+
+@pytest.mark.parametrize("form", ["transpose", "split"])
+@pytest.mark.parametrize("case", list(PIECES_CASES))
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_copies_pieces_forms_of_gather_and_scatter(monkeypatch, form, case, traced):
+    monkeypatch.setenv("TF_DTENSOR_COPIES_PIECES", form)
+    config.set_collective_lowering("copies")
+    try:
+        mesh, shape, (source, partial), target, ops = PIECES_CASES[case]
+        target_layout = layout_of(target, mesh)
+        if partial:
+            terms = [_data(shape, seed=30 + i) for i in range(mesh.dim_size("x"))]
+            expected = np.sum(np.stack(terms), axis=0)
+            specs = ["unsharded" if s == "*" else s for s in source.split(",")]
+            value = _packed_partial(terms, specs, partial, mesh)
+        else:
+            expected = _data(shape, seed=30)
+            value = to_dtensor(expected, layout_of(source, mesh))
+
+        def pieces_for_the_form_test(v):
+            return tf_dtensor.relayout(v, target_layout)
+
+        fn = tf.function(pieces_for_the_form_test) if traced else pieces_for_the_form_test
+        assert_dtensor_equal(expected, target_layout, fn(value))
+        if traced:
+            fdef = _spmd_function_def("pieces_for_the_form_test")
+            counts = {}
+            for node in fdef.node_def:
+                counts[node.op] = counts.get(node.op, 0) + 1
+            want = ops if form == "transpose" else SPLIT_FORM[case]
+            assert {op: counts.get(op, 0) for op in want} == want
+    finally:
+        config.set_collective_lowering("")
+
+
 # The copies lowering on a device whose copies block until done (GPUs) makes the copies of
 # one collective at once, from a thread each (EagerBuilder::ShareAll). Forced on here for
 # the virtual CPUs (TF_DTENSOR_DISPATCH_THREADS=on), whose copies take the same path.
