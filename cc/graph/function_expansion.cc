@@ -415,7 +415,11 @@ Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<Value
       Dispatch(rule, ctx, std::move(inputs), builder_, options);
   if (!results.ok()) return results.status();
   outputs_[node.name] = std::move(results).value();
-  if (node.op == kRelayoutOp || node.op == kRelayoutLikeOp) {
+  // A relayout to a partial layout brings the user's partial values in. A relayout_like
+  // does not: its `like` is partial only where the user's values already are, or where the
+  // expansion deferred a reduction (the gradient of a relayout whose input was a matmul's
+  // pending sum), which results must not keep.
+  if (node.op == kRelayoutOp) {
     for (ValueId v : outputs_[node.name]) {
       user_partial_ = user_partial_ || (!builder_.is_host(v) && builder_.layout(v)->is_partial());
     }

@@ -218,6 +218,30 @@ def test_gradient_flows_through_relayout_in_function_tape_inside(layouts):
     assert_dtensor_equal(expected, dtensor.fetch_layout(eager), got)
 
 
+def test_gradient_through_relayout_of_a_pending_sum_leaves_the_function_settled(mesh_2x2):
+    # The relayout's input is a matmul whose contracted axis is sharded (a sum the
+    # expansion defers); the relayout's gradient (relayout_like) takes that input's layout,
+    # pending sums included. Those were the expansion's own, not the user's: the gradient
+    # must leave the function reduced (it came back `[*,*] +partial(x,y)`, whose components
+    # are summands: 32 and 0 where the gradient is 64).
+    w = dtensor.DVariable(to_dtensor(np.ones([4, 6], np.float32), layout_of("[y,*]", mesh_2x2)))
+    x = to_dtensor(np.ones([8, 4], np.float32), layout_of("[x,*]", mesh_2x2))
+    target = layout_of("[x,y]", mesh_2x2)
+
+    @tf.function
+    def grads(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(dtensor.relayout(tf.matmul(x, w), target)))
+        return tape.gradient(loss, w)
+
+    g = grads(x)
+    layout = dtensor.fetch_layout(g)
+    assert not layout.is_partial, f"the gradient left the function pending: {layout}"
+    assert_dtensor_equal(np.full([4, 6], 64.0, np.float32), layout, g)
+    w.assign_sub(dtensor.relayout(0.01 * g, w.layout))
+    assert_values_equal(np.full([4, 6], 1 - 0.64, np.float32), reassemble(w.read_value()))
+
+
 def test_relayout_of_created_values_under_run_on(mesh_2x2):
     layout = layout_of("[x,y]", mesh_2x2)
     f = tf.function(lambda: dtensor.relayout(tf.ones([8, 4]) * 3.0, layout))
