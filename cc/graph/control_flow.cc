@@ -15,10 +15,26 @@ using expansion_internal::IsCall;
 using expansion_internal::IsIf;
 using expansion_internal::IsWhile;
 
+// The most elements of an integer argument whose constant value a call passes on (shapes,
+// axes and bounds are small; larger tensors would only lengthen the expansion's key).
+constexpr int64_t kKnownArgumentElements = 64;
+
 StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Callee(
-    const std::string& name, const std::vector<ValueId>& inputs, const OutputRequest& request) {
+    const std::string& name, const std::vector<ValueId>& inputs, const OutputRequest& request,
+    bool loop) {
   std::vector<ValueMeta> metas;
-  for (ValueId v : inputs) metas.push_back(MetaOf(v));
+  for (ValueId v : inputs) {
+    metas.push_back(MetaOf(v));
+    // Small integer constants travel with the call: the callee's rules read them as the
+    // caller's would (a ScatterNd's shape passed into a cond branch).
+    const int dtype = builder_.dtype(v);
+    int64_t elements = 1;
+    for (int64_t d : builder_.shape(v)) elements *= d;
+    if (!loop && (dtype == TF_INT32 || dtype == TF_INT64) && !builder_.resource(v) &&
+        elements >= 0 && elements <= kKnownArgumentElements) {
+      metas.back().int_value = builder_.IntValue(v);
+    }
+  }
   return owner_->Expand(context_, name, mesh_, metas, request, policy_, depth_ + 1);
 }
 
@@ -193,7 +209,7 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
   for (int round = 0; round < 3; ++round) {
     const OutputRequest free;  // nothing asked: the layouts the body gives
     TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> natural,
-                         Callee(*body_name, inputs, free));
+                         Callee(*body_name, inputs, free, /*loop=*/true));
     bool changed = false;
     for (size_t i = 0; i < inputs.size() && i < natural->outputs.size(); ++i) {
       const std::optional<Layout>& entry = builder_.layout(inputs[i]);
@@ -242,9 +258,9 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
   OutputRequest predicate;
   predicate.host_outputs = true;
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> cond_fn,
-                       Callee(*cond_name, inputs, predicate));
+                       Callee(*cond_name, inputs, predicate, /*loop=*/true));
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> body_fn,
-                       Callee(*body_name, inputs, keep));
+                       Callee(*body_name, inputs, keep, /*loop=*/true));
   builder_.AddCollectives(cond_fn->collectives, true);
   builder_.AddCollectives(body_fn->collectives, true);
   return EmitFunctional(node, node.op, {}, inputs,

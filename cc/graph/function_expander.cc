@@ -31,7 +31,7 @@ size_t HashOf(const std::vector<int64_t>& shape) {
 
 bool ValueMeta::operator==(const ValueMeta& other) const {
   if (layout != other.layout || shape != other.shape || dtype != other.dtype ||
-      resource.has_value() != other.resource.has_value()) {
+      int_value != other.int_value || resource.has_value() != other.resource.has_value()) {
     return false;
   }
   return !resource || (resource->value_layout == other.resource->value_layout &&
@@ -55,6 +55,7 @@ size_t FunctionKey::Hash::operator()(const FunctionKey& key) const {
   h = Mix(Mix(h, key.strict), key.lowering_generation);
   for (const ValueMeta& m : key.inputs) {
     h = Mix(Mix(Mix(h, HashOf(m.layout)), HashOf(m.shape)), static_cast<size_t>(m.dtype));
+    if (m.int_value) h = Mix(h, HashOf(*m.int_value));
     if (m.resource) {
       h = Mix(Mix(h, m.resource->value_layout.Hash()), HashOf(m.resource->value_shape));
     }

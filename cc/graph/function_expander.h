@@ -57,6 +57,10 @@ struct ValueMeta {
   std::vector<int64_t> shape;    // global shape
   int dtype = 0;
   std::optional<ResourceInfo> resource;
+  // A callee's argument whose value the caller knows (a small integer constant of its graph:
+  // a shape, axes, a slice's bounds, passed into a branch or a called function): the
+  // callee reads it as that constant, as the caller would. Part of the expansion's key.
+  std::optional<std::vector<int64_t>> int_value;
   // Flat inputs or outputs it takes in the expanded function: one per local device of its
   // mesh, or one (a host tensor).
   int num_flat() const { return layout ? layout->mesh().num_local_devices() : 1; }

@@ -48,6 +48,16 @@ ValueMeta FunctionExpansion::MetaOf(ValueId value) const {
   return m;
 }
 
+// An argument the caller passes a known constant to is that constant here (a host value;
+// its input stays, unread), so that the ops computed from it fold as the caller's would:
+// the bounds a cond branch slices a shape with, the shape it packs for a ScatterNd.
+Status FunctionExpansion::KnownArgument(const std::string& name, const ValueMeta& m) {
+  TFD_ASSIGN_OR_RETURN(ValueId constant,
+                       builder_.HostConstant(*m.int_value, m.shape, m.dtype));
+  args_[name] = constant;
+  return Status::Ok();
+}
+
 Status FunctionExpansion::AddInputs(const std::vector<ValueMeta>& inputs) {
   const std::vector<ArgSpec>& args = spec_.signature.inputs;
   if (args.size() != inputs.size()) {
@@ -114,6 +124,7 @@ Status FunctionExpansion::AddInputs(const std::vector<ValueMeta>& inputs) {
     if (!m.layout) {
       TFD_ASSIGN_OR_RETURN(TF_Output out, placeholder(builder_.host_device(), m.shape, -1));
       args_[args[i].name] = builder_.AddHost(out);
+      if (m.int_value) TFD_RETURN_IF_ERROR(KnownArgument(args[i].name, m));
       continue;
     }
     TFD_RETURN_IF_ERROR(m.layout->LocalShape(m.shape, "input " + std::to_string(i)).status());
@@ -126,6 +137,9 @@ Status FunctionExpansion::AddInputs(const std::vector<ValueMeta>& inputs) {
     }
     args_[args[i].name] = builder_.AddDTensor(*m.layout, m.shape, m.dtype, m.resource,
                                               std::move(components));
+    if (m.int_value && m.layout->IsFullyReplicated()) {
+      TFD_RETURN_IF_ERROR(KnownArgument(args[i].name, m));
+    }
   }
   return Status::Ok();
 }

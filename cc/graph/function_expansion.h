@@ -132,6 +132,7 @@ class FunctionExpansion {
                                                            const std::string& expanded_name);
 
  private:
+  Status KnownArgument(const std::string& name, const ValueMeta& m);
   Status AddInputs(const std::vector<ValueMeta>& inputs);
   Status Order();
   void Requests(const OutputRequest& request);
@@ -155,9 +156,13 @@ class FunctionExpansion {
                         RawAttrs attrs, const std::vector<ValueMeta>& results,
                         bool copy_attrs,
                         std::vector<std::shared_ptr<const ExpandedFunction>> bodies);
+  // `name` expanded for `inputs`. Small integer constants among them are passed on as
+  // constants (ValueMeta::int_value), but not into a loop's body or condition
+  // (`loop`), whose arguments change from one iteration to the next.
   StatusOr<std::shared_ptr<const ExpandedFunction>> Callee(const std::string& name,
                                                          const std::vector<ValueId>& inputs,
-                                                         const OutputRequest& request);
+                                                         const OutputRequest& request,
+                                                         bool loop = false);
   // A scalar predicate as one host tensor: a host value, or a replicated DTensor's.
   StatusOr<TF_Output> Predicate(const NodeSpec& node, ValueId value);
   Status ExpandWithRule(const NodeSpec& node, std::vector<ValueId> inputs);

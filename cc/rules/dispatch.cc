@@ -107,6 +107,20 @@ Status PrepareContext(const RuleTraits& traits, OpContext& ctx, bool in_function
   return Status::Ok();
 }
 
+// Whether some host input whose value a rule may need is not known before the run, and
+// every DTensor input is replicated on every axis (pending reductions allowed).
+bool RunsReplicatedWithoutValues(const RuleTraits& traits, const OpContext& ctx) {
+  const int n = static_cast<int>(ctx.inputs.size());
+  bool unknown = false;
+  for (int i = 0; i < n; ++i) {
+    const InputInfo& in = ctx.inputs[i];
+    if (in.resource) return false;
+    if (in.layout && !in.layout->WithoutPartial().IsFullyReplicated()) return false;
+    unknown = unknown || (traits.IsHostInput(i, n) && !in.int_value);
+  }
+  return unknown;
+}
+
 StatusOr<std::vector<ValueId>> Dispatch(const RegisteredRule* entry, OpContext& ctx,
                                         std::vector<ValueId> inputs, Builder& builder,
                                         const DispatchOptions& options) {
@@ -141,6 +155,14 @@ StatusOr<std::vector<ValueId>> Dispatch(const RegisteredRule* entry, OpContext& 
   std::shared_ptr<const Plan> plan = options.cache ? options.cache->Find(*entry, ctx) : nullptr;
   if (!plan) {
     StatusOr<Plan> made = PlanOp(*rule, entry->traits, ctx);
+    // A rule that cannot plan without a host value known only at run time (a shape made
+    // of data-dependent sizes) runs replicated where no input is sharded: each device
+    // computes what one device would, nothing is gathered (pending sums are reduced).
+    if (!made.ok() && has_rule && RunsReplicatedWithoutValues(entry->traits, ctx)) {
+      entry = &FallbackRule(options.stateful);
+      rule = entry->rule.get();
+      made = PlanOp(*rule, entry->traits, ctx);
+    }
     if (!made.ok()) return WithContext(made.status(), "DTensor op " + ctx.DescribeOp() + options.where);
     plan = std::make_shared<const Plan>(std::move(made).value());
     if (options.cache) options.cache->Insert(*entry, ctx, plan);

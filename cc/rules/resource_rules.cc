@@ -3,9 +3,11 @@
 //   VarHandleOp (layout L requested)  -> each device creates a variable of L's local shape
 //   AssignVariableOp(handle, value)    -> value must have L: a DVariable's layout is fixed
 //   ReadVariableOp(handle)             -> a DTensor with layout L
+//   VariableShape(handle)              -> the GLOBAL shape, a constant, replicated
 #include "cc/core/strings.h"
 #include "cc/spmd/lowering.h"
 #include "cc/rules/registry.h"
+#include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
 namespace {
@@ -108,6 +110,36 @@ class AssignVariableRule : public Rule {
   }
 };
 
+// The variable's global shape, as Shape gives a DTensor's: a constant every device holds,
+// which the ops it sizes read as one (a gradient's zeros in a while loop, an embedding's
+// sparse gradient made dense: ScatterNd's shape).
+class VariableShapeRule : public Rule {
+ public:
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_RETURN_IF_ERROR(Resource(ctx).status());
+    Plan plan;
+    plan.inputs = {std::nullopt};
+    plan.outputs = {Layout::Replicated(ctx.mesh, 1)};
+    return plan;
+  }
+  StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan&,
+                                        Builder& builder) const override {
+    TFD_ASSIGN_OR_RETURN(ResourceInfo resource, Resource(ctx));
+    const std::vector<int64_t>& shape = resource.value_shape;
+    for (int64_t d : shape) {
+      if (d < 0) {
+        return Unimplemented("'" + ctx.op_name + "' of a DVariable of unknown shape " +
+                             ShapeString(shape) + ": give the variable a fixed shape.");
+      }
+    }
+    TFD_ASSIGN_OR_RETURN(ValueId host,
+                         builder.HostConstant(shape, {static_cast<int64_t>(shape.size())},
+                                              ctx.attrs->GetType("out_type").value_or(TF_INT32)));
+    TFD_ASSIGN_OR_RETURN(ValueId out, builder.Broadcast(host, ctx.mesh));
+    return std::vector<ValueId>{out};
+  }
+};
+
 // Per-component ops on handles that produce replicated (or no) outputs.
 class HandleRule : public Rule {
  public:
@@ -131,6 +163,7 @@ const bool kRegistered = RegisterRules({
     {"ReadVariableOp", std::make_shared<ReadVariableRule>(), kVariable},
     {"VarHandleOp", std::make_shared<VarHandleRule>(), Traits().MultiDimAxes().ReadsRequest()},
     {"VarIsInitializedOp", std::make_shared<HandleRule>(), kVariable},
+    {"VariableShape", std::make_shared<VariableShapeRule>(), kVariable},
 });
 
 }  // namespace

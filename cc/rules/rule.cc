@@ -2,6 +2,7 @@
 
 #include "cc/core/strings.h"
 #include "cc/rules/expand.h"
+#include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
 
@@ -25,13 +26,26 @@ std::string OpContext::DescribeOp() const {
 }
 
 StatusOr<std::vector<int64_t>> OpContext::IntValue(int input, const std::string& what) const {
-  if (input >= static_cast<int>(inputs.size()) || !inputs[input].int_value) {
-    return InvalidArgument("'" + op_name + "' needs its " + what + " (input " +
-                           std::to_string(input) +
-                           ") as a constant integer tensor that is on the host or replicated; "
-                           "got a sharded or non-integer tensor. Relayout it to replicated.");
+  if (input < static_cast<int>(inputs.size()) && inputs[input].int_value) {
+    return *inputs[input].int_value;
   }
-  return *inputs[input].int_value;
+  const std::string head = "'" + op_name + "' needs its " + what + " (input " +
+                           std::to_string(input) + ") as a constant integer tensor, on the host "
+                           "or replicated, to plan its layouts; ";
+  if (input >= static_cast<int>(inputs.size())) return InvalidArgument(head + "it has none.");
+  const InputInfo& in = inputs[input];
+  if (in.layout && !in.layout->IsFullyReplicated()) {
+    return InvalidArgument(head + "got a sharded tensor (" + Describe(input) +
+                           "). Relayout it to replicated.");
+  }
+  if (in.dtype != TF_INT32 && in.dtype != TF_INT64) {
+    return InvalidArgument(head + "got " + Describe(input) + ", not an int32 or int64 tensor.");
+  }
+  return InvalidArgument(
+      head + "its value is only known when the function runs (computed from data, or from "
+      "sizes known only then, such as tf.where's rows). Compute it from static shapes and "
+      "Python numbers, or give the op inputs that are all replicated, which each device then "
+      "runs as one device would.");
 }
 
 std::vector<PartialSpec> Plan::PassedPartial(const OpContext& ctx) const {

@@ -495,8 +495,11 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
     if (!local_shape) {
       return fail(FailedPrecondition(
           "The shape of output " + std::to_string(j) + " of '" + op_name +
-          "' is unknown; tf_dtensor needs static shapes. Give the function inputs of fixed "
-          "shape."));
+          "' is unknown, even its rank; tf_dtensor needs static shapes. Give the function "
+          "inputs of fixed shape. A plain tf.Variable read inside the function is such an "
+          "input (TF gives its value no shape there): make it a DVariable "
+          "(`dtensor.DVariable(dtensor.copy_to_mesh(value, layout))`), or pass its value in "
+          "(`fn(x, variable.read_value())`)."));
     }
     Value v;
     v.dtype = DTypeOf(first);

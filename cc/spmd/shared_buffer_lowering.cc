@@ -346,7 +346,12 @@ StatusOr<Handles> ReduceOnEach(CollectiveRunner& run, const std::vector<Handles>
   LocalOpOptions options;
   options.copy_attrs = false;
   options.overrides = {AttrOverride::Type("T", dtype)};
-  if (op == ReduceOp::kSum || op == ReduceOp::kMean) {
+  // Booleans have no AddN, Maximum or Mul: their sum (a ScatterNd's duplicates) and
+  // maximum are a logical or, their product and minimum a logical and, as the collective
+  // ops' int32 wire gives them.
+  const bool logical = dtype == TF_BOOL;
+  if (logical) options.overrides.clear();
+  if (!logical && (op == ReduceOp::kSum || op == ReduceOp::kMean)) {
     LocalOpOptions add = options;
     add.overrides.push_back(AttrOverride::Int("N", static_cast<int64_t>(parts[0].size())));
     TFD_ASSIGN_OR_RETURN(std::vector<Handles> sums,
@@ -375,6 +380,9 @@ StatusOr<Handles> ReduceOnEach(CollectiveRunner& run, const std::vector<Handles>
     return Firsts(*q);
   }
   const char* binary = op == ReduceOp::kMax ? "Maximum" : op == ReduceOp::kMin ? "Minimum" : "Mul";
+  if (logical) {
+    binary = op == ReduceOp::kMin || op == ReduceOp::kProd ? "LogicalAnd" : "LogicalOr";
+  }
   Handles acc;
   for (const Handles& p : parts) acc.push_back(p[0]);
   for (size_t i = 1; i < parts[0].size(); ++i) {

@@ -131,6 +131,23 @@ def _distributed_variable_class(variable_class):
     return DistributedVariable
 
 
+def _traced_constant(value, path):
+    """The value of a variable made while a function is traced, as a host array: an
+    optimizer that builds in its first train step (Nadam's `u_product`, Adafactor's
+    slots) makes variables there from plain numbers, which arrive as the traced graph's
+    constants. The variable itself lives outside the function, so its value must too."""
+    static = tf.get_static_value(value)
+    if static is None:
+        raise TypeError(
+            f"tf_dtensor: the Keras variable '{path}' was created while a function was being "
+            f"traced, from a value computed in that function ({value.name}), which cannot "
+            "be laid out on the mesh before the function runs. Create it before tracing: "
+            "build the model and its optimizer first (`model.build(...)`, "
+            "`model.optimizer.build(model.trainable_variables)`), or give the variable an "
+            "initializer (a callable) instead of a value.")
+    return static
+
+
 def _variable_hooks(variable_class) -> None:
     original_initialize = variable_class._initialize
     distributed_classes: Dict[type, type] = {}
@@ -168,6 +185,8 @@ def _variable_hooks(variable_class) -> None:
                 if not api._is_dtensor(initial) or api.fetch_layout(initial) != layout:
                     initial = _backend.distribute_tensor(initial, layout)
             else:
+                if tf.is_symbolic_tensor(value):
+                    value = _traced_constant(value, self.path)
                 initial = _backend.distribute_tensor(tf.cast(value, self._dtype)
                                                      if not api._is_dtensor(value) else value,
                                                      layout)

@@ -666,6 +666,7 @@ EXCLUDED = {
     "AssignAddVariableOp": _RESOURCE, "AssignSubVariableOp": _RESOURCE,
     "AssignVariableOp": _RESOURCE, "DestroyResourceOp": _RESOURCE,
     "ReadVariableOp": _RESOURCE, "VarHandleOp": _RESOURCE, "VarIsInitializedOp": _RESOURCE,
+    "VariableShape": _RESOURCE,
     "RandomStandardNormal": _STATEFUL_RANDOM, "RandomUniform": _STATEFUL_RANDOM,
     "RandomUniformInt": _STATEFUL_RANDOM, "TruncatedNormal": _STATEFUL_RANDOM,
     "TfDTensorRelayout": "the relayout op itself; every case uses it to build its inputs, and "

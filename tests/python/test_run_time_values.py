@@ -1,0 +1,168 @@
+"""Values that ops size or index by inside tf.function (shapes, bounds, counts), found by
+trying real training programs:
+
+- a DVariable's shape (`VariableShape`, which TF's gradients of gathers and of while loops
+  read) is the constant global shape, as `tf.shape` of a DTensor is;
+- a small integer constant passed into a cond branch or a called function is a constant
+  there too (cc/graph/control_flow.cc), but a loop variable is not, though it starts from
+  one;
+- an op whose shape or bounds are known only at run time (data-dependent sizes, a loop
+  counter) runs as one device would where none of its inputs is sharded
+  (cc/rules/dispatch.cc), and is refused with the reason where one is;
+- pending sums of booleans (a ScatterNd of bools with sharded indices) reduce as a logical
+  or under every lowering.
+Each is checked against the same program on one plain device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+
+from dtensor_testing import (MESH_1D, MESH_8, assert_dtensor_equal, assert_values_equal,
+                             layout_of, reassemble, to_dtensor)
+from tf_dtensor import config, dtensor
+from tf_dtensor.dtensor import Layout
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_variable_shape_of_a_dvariable_is_its_global_shape(traced):
+    v = dtensor.DVariable(to_dtensor(np.zeros([8, 3], np.float32), layout_of("[x,*]", MESH_8)))
+
+    def shape():
+        return resource_variable_ops.variable_shape(v.handle, out_type=tf.int64)
+
+    got = (tf.function(shape) if traced else shape)()
+    np.testing.assert_array_equal(reassemble(got) if dtensor.is_dtensor(got) else got.numpy(),
+                                  [8, 3])
+
+
+def test_gradient_of_a_while_loop_reading_a_dvariable():
+    # TF sizes the gradient's zeros with VariableShape of the handle out of the loop (the
+    # gradient of a Keras RNN under a distribution); it was refused as a shape not known.
+    mesh = dtensor.create_mesh([("b", 2)], devices=["CPU:0", "CPU:1"])
+    w0 = np.full([3, 3], 0.1, np.float32)
+    w = dtensor.DVariable(dtensor.copy_to_mesh(tf.constant(w0), Layout.replicated(mesh, 2)))
+    plain = tf.Variable(w0)
+
+    def loss_and_grad(w):
+        with tf.GradientTape() as tape:
+            _, h = tf.while_loop(lambda i, h: i < 5,
+                                 lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))),
+                                 (0, tf.ones([2, 3])))
+            loss = tf.reduce_sum(h)
+        return loss, tape.gradient(loss, w)
+
+    want_loss, want_grad = tf.function(loss_and_grad)(plain)
+    loss, grad = tf.function(loss_and_grad)(w)
+    assert_values_equal(want_loss.numpy(), reassemble(loss))
+    assert_dtensor_equal(want_grad.numpy(), Layout.replicated(mesh, 2), grad)
+
+
+def test_a_constant_passed_into_a_cond_branch_sizes_its_ops():
+    # The branch packs its ScatterNd's shape from an argument the caller passes a constant
+    # (a variable's shape): the branch reads it as that constant.
+    x = to_dtensor(np.arange(8, dtype=np.float32), layout_of("[x]", MESH_8))
+    ids = np.array([[1], [3], [3], [6]], np.int32)
+
+    def scatter(x, flag):
+        shape = tf.shape(x)
+        return tf.cond(flag,
+                       lambda: tf.scatter_nd(ids, tf.ones([4]), tf.stack([shape[0]])),
+                       lambda: tf.zeros(tf.stack([shape[0]])))
+
+    for flag in (True, False):
+        want = scatter(tf.constant(np.arange(8, dtype=np.float32)), tf.constant(flag)).numpy()
+        assert_values_equal(want, reassemble(tf.function(scatter)(x, tf.constant(flag))))
+
+
+def test_a_loop_counter_started_from_a_constant_still_counts():
+    # Loop variables change every iteration: the constant the counter starts from is not
+    # passed into the body as a constant (the loop ran forever when it was).
+    x = dtensor.copy_to_mesh(tf.reshape(tf.range(24.0), [12, 2]), Layout.replicated(MESH_8, 2))
+
+    @tf.function
+    def sum_of_slices(x):
+        body = lambda i, a: (i + 1, a + tf.reduce_sum(x[i * 4:(i + 1) * 4]))  # noqa: E731
+        return tf.while_loop(lambda i, a: i < 3, body, (0, 0.0))[1]
+
+    assert_values_equal(np.float32(276.0), reassemble(sum_of_slices(x)))
+
+
+def test_slice_with_run_time_bounds_of_a_replicated_tensor():
+    value = np.arange(24, dtype=np.float32).reshape(12, 2)
+    x = dtensor.copy_to_mesh(tf.constant(value), Layout.replicated(MESH_8, 2))
+    got = tf.function(lambda x, i: x[i:i + 2])(x, tf.constant(3))
+    assert_dtensor_equal(value[3:5], Layout.replicated(MESH_8, 2), got)
+
+
+def test_slice_with_run_time_bounds_of_a_sharded_tensor_is_refused_with_the_reason():
+    x = to_dtensor(np.arange(24, dtype=np.float32).reshape(12, 2), layout_of("[x,*]", MESH_1D))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="only known when the function runs.*replicated"):
+        tf.function(lambda x, i: x[i:i + 2])(x, tf.constant(3))
+
+
+def test_fill_of_a_data_dependent_size_runs_replicated():
+    value = np.array([3.0, -1.0, 2.0, 0.0, 5.0, -2.0, 1.0, 4.0], np.float32)
+    x = dtensor.copy_to_mesh(tf.constant(value), Layout.replicated(MESH_8, 1))
+
+    @tf.function
+    def ones_per_positive(x):
+        return tf.ones(tf.shape(tf.where(x > 0))[:1]) * 2.0
+
+    got = ones_per_positive(x)
+    np.testing.assert_array_equal(reassemble(got), np.full([5], 2.0, np.float32))
+
+
+def test_gradient_of_boolean_mask_of_a_sharded_variable_in_function():
+    mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+    value = np.arange(12, dtype=np.float32).reshape(6, 2)
+    v = dtensor.DVariable(dtensor.copy_to_mesh(tf.constant(value),
+                                               Layout(["x", dtensor.UNSHARDED], mesh)))
+
+    @tf.function
+    def loss_and_grad():
+        with tf.GradientTape() as tape:
+            kept = tf.boolean_mask(v, v[:, 0] > 3.0)
+            loss = tf.reduce_sum(kept * kept)
+        return loss, tape.gradient(loss, v)
+
+    loss, grad = loss_and_grad()
+    keep = value[:, 0] > 3.0
+    assert_values_equal(np.float32((value[keep] ** 2).sum()), reassemble(loss))
+    np.testing.assert_allclose(reassemble(grad), np.where(keep[:, None], 2 * value, 0.0))
+
+
+@pytest.mark.parametrize("lowering", ["shared", "copies", "ops"])
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_scatter_nd_of_booleans_with_sharded_indices(lowering, traced):
+    # Each device scatters its own indices; the pending "sum" of booleans is an or.
+    config.set_collective_lowering(lowering)
+    try:
+        ids = np.array([[1], [3], [3], [6], [0], [6], [2], [3]], np.int32)
+        indices = to_dtensor(ids, layout_of("[x,*]", MESH_8))
+        updates = to_dtensor(np.ones([8], bool), layout_of("[x]", MESH_8))
+
+        def scatter(i, u):
+            return tf.logical_or(tf.scatter_nd(i, u, [8]), tf.zeros([8], tf.bool))
+
+        got = (tf.function(scatter) if traced else scatter)(indices, updates)
+        want = scatter(tf.constant(ids), tf.ones([8], tf.bool)).numpy()
+        np.testing.assert_array_equal(reassemble(got), want)
+    finally:
+        config.set_collective_lowering("")
+
+
+def test_a_plain_variable_read_next_to_dtensors_in_a_function_is_refused_with_the_fix():
+    # Eagerly a plain tf.Variable's value joins the mesh replicated; inside a function TF
+    # gives tf_dtensor no shape for it, and the error says what to do.
+    mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+    d = dtensor.DVariable(dtensor.copy_to_mesh(tf.ones([4, 3]), Layout(["x", dtensor.UNSHARDED],
+                                                                       mesh)))
+    m = tf.Variable(tf.fill([4, 3], 2.0))
+    assert_values_equal(np.full([4, 3], 2.0, np.float32), reassemble(d * m))
+    with pytest.raises(tf.errors.FailedPreconditionError, match="plain tf.Variable.*DVariable"):
+        tf.function(lambda: d * m)()
