@@ -330,11 +330,17 @@ def test_dtypes_survive(dtype, combo):
 
 
 def test_reductions_a_dtype_lacks_name_the_placements():
-    t = distribute_tensor(tf.constant([True, False]), MESH_2X2, [Replicate(), Partial("sum")])
+    t = distribute_tensor(tf.constant(["a", "b"]), MESH_2X2, [Replicate(), Partial("sum")])
     with pytest.raises(tf_dtensor.RelayoutError,
                        match=r"`full_tensor` of a DTensor placed as \[R, P\(sum\)\] @ "
-                             r"mesh\(x=2,y=2\): .*bool"):
+                             r"mesh\(x=2,y=2\): .*string"):
         full_tensor(t)
+
+
+def test_booleans_sum_as_a_logical_or():
+    # As TF's collective ops reduce them (over an int32 wire), in every lowering.
+    t = distribute_tensor(tf.constant([True, False]), MESH_2X2, [Replicate(), Partial("sum")])
+    np.testing.assert_array_equal(full_tensor(t).numpy(), [True, False])
 
 
 def test_mean_over_uneven_shards_counts_the_true_number_of_rows():
