@@ -453,6 +453,42 @@ std::optional<Folded> FoldAround(const std::vector<int64_t>& dims, int axis, int
   return f;
 }
 
+// The options of a Reshape of `dtype` values to an int64 shape.
+LocalOpOptions Reshaping(int dtype) {
+  LocalOpOptions reshape;
+  reshape.copy_attrs = false;
+  reshape.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tshape", TF_INT64)};
+  return reshape;
+}
+
+// Swaps the first two axes of `values[i]` ([a, b, r] -> [b, a, r], one Transpose each, all
+// at once), held by `devices[i]`, where `folds[i].p > 1`; the others stay as they are. The
+// new handles are also added to `made`.
+Status SwapLeadingAxes(CollectiveRunner& run, int dtype, Handles& values,
+                       const std::vector<int>& devices, const std::vector<Folded>& folds,
+                       Handles& made) {
+  TFD_ASSIGN_OR_RETURN(LocalHandle perm, run.Host({1, 0, 2}, {3}, TF_INT32));
+  std::vector<Handles> inputs;
+  std::vector<int> movers;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (folds[i].p == 1) continue;
+    inputs.push_back({values[i], perm});
+    movers.push_back(devices[i]);
+  }
+  if (movers.empty()) return Status::Ok();
+  LocalOpOptions transpose;
+  transpose.copy_attrs = false;
+  transpose.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tperm", TF_INT32)};
+  TFD_ASSIGN_OR_RETURN(std::vector<Handles> moved,
+                       run.RunOnEach("Transpose", inputs, movers, transpose, 1));
+  for (size_t i = 0, m = 0; i < values.size(); ++i) {
+    if (folds[i].p == 1) continue;
+    values[i] = moved[m++][0];
+    made.push_back(values[i]);
+  }
+  return Status::Ok();
+}
+
 // The folds of the transposed cut, one per source block: nullopt where the sizes are not
 // known and even, or the pieces would not be aligned views (TF's SplitV makes views along
 // the first axis only for 64-byte aligned pieces, the widest alignment its Eigen builds
@@ -490,10 +526,7 @@ StatusOr<std::vector<Handles>> CutTransposed(CollectiveRunner& run, ValueId valu
     run.DiscardAll(made);
     return status;
   };
-  const AttrOverride type = AttrOverride::Type("T", dtype);
-  LocalOpOptions reshape;
-  reshape.copy_attrs = false;
-  reshape.overrides = {type, AttrOverride::Type("Tshape", TF_INT64)};
+  const LocalOpOptions reshape = Reshaping(dtype);
   std::vector<Handles> fold_inputs;
   for (size_t i = 0; i < sources.size(); ++i) {
     const Folded& f = folds[i];
@@ -508,33 +541,14 @@ StatusOr<std::vector<Handles>> CutTransposed(CollectiveRunner& run, ValueId valu
   Handles front;
   for (const Handles& h : *folded) front.push_back(h[0]);
   made.insert(made.end(), front.begin(), front.end());
-  StatusOr<LocalHandle> perm = run.Host({1, 0, 2}, {3}, TF_INT32);
-  if (!perm.ok()) return fail(perm.status());
-  std::vector<Handles> move_inputs;
-  std::vector<int> movers;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    if (folds[i].p == 1) continue;
-    move_inputs.push_back({front[i], *perm});
-    movers.push_back(sources[i]);
-  }
-  if (!movers.empty()) {
-    LocalOpOptions transpose;
-    transpose.copy_attrs = false;
-    transpose.overrides = {type, AttrOverride::Type("Tperm", TF_INT32)};
-    StatusOr<std::vector<Handles>> moved =
-        run.RunOnEach("Transpose", move_inputs, movers, transpose, 1);
-    if (!moved.ok()) return fail(moved.status());
-    for (size_t i = 0, m = 0; i < sources.size(); ++i) {
-      if (folds[i].p == 1) continue;
-      front[i] = (*moved)[m++][0];
-      made.push_back(front[i]);
-    }
+  if (Status moved = SwapLeadingAxes(run, dtype, front, sources, folds, made); !moved.ok()) {
+    return fail(moved);
   }
   StatusOr<LocalHandle> zero = run.Host({0}, {}, TF_INT32);
   if (!zero.ok()) return fail(zero.status());
   LocalOpOptions split;
   split.copy_attrs = false;
-  split.overrides = {type, AttrOverride::Int("num_split", pieces)};
+  split.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Int("num_split", pieces)};
   std::vector<Handles> split_inputs;
   for (LocalHandle h : front) split_inputs.push_back({*zero, h});
   StatusOr<std::vector<Handles>> cut =
@@ -604,10 +618,7 @@ StatusOr<Handles> JoinStacked(CollectiveRunner& run, int dtype, const std::vecto
     run.DiscardAll(made);
     return status;
   };
-  const AttrOverride type = AttrOverride::Type("T", dtype);
-  LocalOpOptions reshape;
-  reshape.copy_attrs = false;
-  reshape.overrides = {type, AttrOverride::Type("Tshape", TF_INT64)};
+  const LocalOpOptions reshape = Reshaping(dtype);
   // Each piece as one row of the stack ([1, p * r]).
   std::vector<Handles> row_inputs;
   std::vector<int> on;
@@ -636,42 +647,34 @@ StatusOr<Handles> JoinStacked(CollectiveRunner& run, int dtype, const std::vecto
   }
   LocalOpOptions stitch;
   stitch.copy_attrs = false;
-  stitch.overrides = {type, AttrOverride::Int("N", pieces)};
+  stitch.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Int("N", pieces)};
   StatusOr<std::vector<Handles>> stacked =
       run.RunOnEach("DynamicStitch", stitch_inputs, targets, stitch, 1);
   if (!stacked.ok()) return fail(stacked.status());
   for (const Handles& h : *stacked) made.push_back(h[0]);
   // Into place: [K, p, r] -> [p, K, r] where axes come before the pieces.
   Handles placed(targets.size());
-  std::vector<Handles> move_inputs;
-  std::vector<int> movers;
-  StatusOr<LocalHandle> perm = run.Host({1, 0, 2}, {3}, TF_INT32);
-  if (!perm.ok()) return fail(perm.status());
+  std::vector<Handles> cube_inputs;
+  std::vector<int> cubed;
   for (size_t t = 0; t < targets.size(); ++t) {
     placed[t] = (*stacked)[t][0];
     if (folds[t].p == 1) continue;
     StatusOr<LocalHandle> dims = run.Host({folds[t].k, folds[t].p, folds[t].r}, {3}, TF_INT64);
     if (!dims.ok()) return fail(dims.status());
-    move_inputs.push_back({placed[t], *dims});
-    movers.push_back(targets[t]);
+    cube_inputs.push_back({placed[t], *dims});
+    cubed.push_back(targets[t]);
   }
-  if (!movers.empty()) {
-    StatusOr<std::vector<Handles>> cubes = run.RunOnEach("Reshape", move_inputs, movers, reshape, 1);
+  if (!cubed.empty()) {
+    StatusOr<std::vector<Handles>> cubes = run.RunOnEach("Reshape", cube_inputs, cubed, reshape, 1);
     if (!cubes.ok()) return fail(cubes.status());
-    for (const Handles& h : *cubes) made.push_back(h[0]);
-    std::vector<Handles> transpose_inputs;
-    for (const Handles& h : *cubes) transpose_inputs.push_back({h[0], *perm});
-    LocalOpOptions transpose;
-    transpose.copy_attrs = false;
-    transpose.overrides = {type, AttrOverride::Type("Tperm", TF_INT32)};
-    StatusOr<std::vector<Handles>> moved =
-        run.RunOnEach("Transpose", transpose_inputs, movers, transpose, 1);
-    if (!moved.ok()) return fail(moved.status());
     for (size_t t = 0, m = 0; t < targets.size(); ++t) {
       if (folds[t].p == 1) continue;
-      placed[t] = (*moved)[m++][0];
+      placed[t] = (*cubes)[m++][0];
       made.push_back(placed[t]);
     }
+  }
+  if (Status moved = SwapLeadingAxes(run, dtype, placed, targets, folds, made); !moved.ok()) {
+    return fail(moved);
   }
   // Each target's block in its shape.
   std::vector<Handles> block_inputs;
