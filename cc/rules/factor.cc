@@ -17,8 +17,30 @@ bool Mapped(const OpContext& ctx, const FactorSpec& spec, size_t i) {
 }
 
 // Whether `axis` of input `i`, naming factor `f`, spans the factor (does not broadcast).
-bool Spans(const OpContext& ctx, const std::vector<int64_t>& sizes, size_t i, int axis, int f) {
-  return f >= 0 && ctx.inputs[i].shape[axis] == sizes[f];
+bool Spans(const OpContext& ctx, const FactorSpec& spec, const std::vector<int64_t>& sizes,
+           size_t i, int axis, int f) {
+  if (f < 0) return false;
+  const int64_t size = ctx.inputs[i].shape[axis];
+  // A size known only at run time spans a contracted factor (whose sizes must agree: a
+  // segment sum's ids of data-dependent length beside its data); elsewhere it could be a
+  // broadcast 1, and Shardable keeps such a factor whole.
+  if (size < 0) return spec.factors[f] == FactorKind::kContracted;
+  return size == sizes[f];
+}
+
+// Whether factor `f` may be sharded: not where some input's axis of it has a size known
+// only at run time that could broadcast (a 1) or not, beside known sizes above 1.
+bool Shardable(const OpContext& ctx, const FactorSpec& spec, const std::vector<int64_t>& sizes,
+               int f) {
+  if (spec.factors[f] == FactorKind::kContracted || sizes[f] <= 1) return true;
+  for (size_t i = 0; i < spec.inputs.size() && i < ctx.inputs.size(); ++i) {
+    if (!spec.inputs[i]) continue;
+    const std::vector<int>& axes = *spec.inputs[i];
+    for (size_t a = 0; a < axes.size() && a < ctx.inputs[i].shape.size(); ++a) {
+      if (axes[a] == f && ctx.inputs[i].shape[a] < 0) return false;
+    }
+  }
+  return true;
 }
 
 Status CheckSpec(const OpContext& ctx, const FactorSpec& spec) {
@@ -125,7 +147,7 @@ Plan FactorPlan(const OpContext& ctx, const FactorSpec& spec, const FactorAssign
     const std::vector<int>& axes = *spec.inputs[i];
     std::vector<DimSpec> specs(axes.size(), DimSpec::Replicated());
     for (size_t a = 0; a < axes.size(); ++a) {
-      if (Spans(ctx, sizes, i, static_cast<int>(a), axes[a])) specs[a] = spec_of(axes[a]);
+      if (Spans(ctx, spec, sizes, i, static_cast<int>(a), axes[a])) specs[a] = spec_of(axes[a]);
     }
     plan.inputs[i] = in.WithSpecs(std::move(specs));
   }
@@ -159,12 +181,15 @@ StatusOr<Plan> FactorRule::Forward(const OpContext& ctx) const {
     std::iota(order.begin(), order.end(), 0);
   }
   for (int f : order) {
-    if (spec.factors[f] == FactorKind::kNeedReplication || assignment[f].sharded()) continue;
+    if (spec.factors[f] == FactorKind::kNeedReplication || assignment[f].sharded() ||
+        !Shardable(ctx, spec, sizes, f)) {
+      continue;
+    }
     for (size_t i = 0; i < ctx.inputs.size() && !assignment[f].sharded(); ++i) {
       if (!Mapped(ctx, spec, i)) continue;
       const std::vector<int>& axes = *spec.inputs[i];
       for (size_t a = 0; a < axes.size(); ++a) {
-        if (axes[a] != f || !Spans(ctx, sizes, i, static_cast<int>(a), f)) continue;
+        if (axes[a] != f || !Spans(ctx, spec, sizes, i, static_cast<int>(a), f)) continue;
         const DimSpec& s = ctx.layout(static_cast<int>(i)).spec(static_cast<int>(a));
         if (s.sharded() && !used[s.mesh_dim]) {
           assignment[f] = s;
@@ -213,7 +238,7 @@ std::vector<std::optional<Layout>> FactorRule::Backward(
     const std::vector<int>& axes = *spec.inputs[i];
     std::vector<DimSpec> specs(axes.size(), DimSpec::Replicated());
     for (size_t a = 0; a < axes.size(); ++a) {
-      if (Spans(ctx, sizes, i, static_cast<int>(a), axes[a])) specs[a] = assignment[axes[a]];
+      if (Spans(ctx, spec, sizes, i, static_cast<int>(a), axes[a])) specs[a] = assignment[axes[a]];
     }
     result[i] = base.WithSpecs(std::move(specs));
   }

@@ -128,17 +128,12 @@ def test_every_keras_optimizer_trains_as_on_one_device(name):
                          rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(
-        strict=True, raises=tf.errors.InvalidArgumentError,
-        reason="Adadelta's guard against a zero denominator for sparse gradients (a cond "
-               "whose branch deduplicates the rows, data-dependent sizes) leaves the "
-               "segment sum's data sharded and its ids whole: an open defect"))
-    if name == "Adadelta" else name for name in OPTIMIZERS])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_every_keras_optimizer_takes_an_embeddings_sparse_gradient(name):
     # RMSprop, Adagrad and Adadelta make an Embedding's sparse gradient dense in a cond
     # branch with a ScatterNd whose shape is the variable's (VariableShape, passed into the
-    # branch) and a Fill of data-dependent size; the ScatterNd of bools sums as a logical or.
+    # branch) and a Fill of data-dependent size; the ScatterNd of bools sums as a logical or;
+    # Adadelta's segment sum takes ids of data-dependent length beside sharded rows.
     optimizer = OPTIMIZERS[name]
     ids = (np.arange(64).reshape(16, 4) * 7) % 10
     targets = np.linspace(-1, 1, 16, dtype="float32").reshape(16, 1)

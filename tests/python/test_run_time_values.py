@@ -166,3 +166,22 @@ def test_a_plain_variable_read_next_to_dtensors_in_a_function_is_refused_with_th
     assert_values_equal(np.full([4, 3], 2.0, np.float32), reassemble(d * m))
     with pytest.raises(tf.errors.FailedPreconditionError, match="plain tf.Variable.*DVariable"):
         tf.function(lambda: d * m)()
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_segment_sum_of_sharded_rows_with_ids_of_run_time_length(traced):
+    # The ids' length is known only at run time; the segment axis is contracted, so its
+    # sizes must agree with the rows': the ids are cut as the rows are (they were left
+    # whole beside [x,*] rows: "data.shape = [4,3] does not start with [32]").
+    rows = np.arange(96, dtype=np.float32).reshape(32, 3)
+    ids = (np.arange(32) * 7 % 10).astype(np.int32)
+
+    def segment_sums(x, ids):
+        kept = tf.gather(ids, tf.squeeze(tf.where(ids >= 0), 1))
+        return tf.math.unsorted_segment_sum(x * 2.0, kept, 10)
+
+    want = segment_sums(tf.constant(rows), tf.constant(ids)).numpy()
+    x = to_dtensor(rows, layout_of("[x,*]", MESH_8))
+    i = dtensor.copy_to_mesh(tf.constant(ids), Layout.replicated(MESH_8, 1))
+    got = (tf.function(segment_sums) if traced else segment_sums)(x, i)
+    np.testing.assert_allclose(reassemble(got), want)
