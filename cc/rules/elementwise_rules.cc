@@ -6,6 +6,7 @@
 #include "cc/rules/merge.h"
 #include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
+#include "cc/spmd/ledger.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
@@ -142,33 +143,14 @@ class BiasAddRule : public Rule {
   }
 };
 
-// Bytes per element of the numeric types Bitcast takes; 0 for any other.
-int ElementBytes(int dtype) {
-  switch (dtype) {
-    case TF_BOOL: case TF_INT8: case TF_UINT8: case TF_QINT8: case TF_QUINT8:
-      return 1;
-    case TF_INT16: case TF_UINT16: case TF_HALF: case TF_BFLOAT16: case TF_QINT16:
-    case TF_QUINT16:
-      return 2;
-    case TF_INT32: case TF_UINT32: case TF_FLOAT: case TF_QINT32:
-      return 4;
-    case TF_INT64: case TF_UINT64: case TF_DOUBLE: case TF_COMPLEX64:
-      return 8;
-    case TF_COMPLEX128:
-      return 16;
-    default:
-      return 0;
-  }
-}
-
 // Bitcast reinterprets each element's bytes. Between types of one size it is pointwise;
 // to a smaller type each element becomes a new trailing axis, and from a smaller type the
 // trailing axis (its bytes) is read whole:
 //   bitcast([x,y] f32 -> i32) -> [x,y]     bitcast([x,y] f32 -> u8) -> [x,y,*]
 //   bitcast([x,y] of [4, 8, 4] u8 -> f32) -> gather axis 2 -> [x,y]
 StatusOr<FactorSpec> BitcastFactors(const OpContext& ctx) {
-  const int from = ElementBytes(ctx.attrs->GetType("T").value_or(ctx.inputs[0].dtype));
-  const int to = ElementBytes(ctx.attrs->GetType("type").value_or(0));
+  const int from = static_cast<int>(DTypeBytes(ctx.attrs->GetType("T").value_or(ctx.inputs[0].dtype)));
+  const int to = static_cast<int>(DTypeBytes(ctx.attrs->GetType("type").value_or(0)));
   FactorSpec spec;
   std::vector<int> axes = spec.AddAxes(ctx.rank(0));
   spec.inputs = {axes};

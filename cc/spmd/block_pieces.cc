@@ -8,6 +8,8 @@
 #include <optional>
 #include <string_view>
 
+#include "cc/spmd/ledger.h"
+
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
@@ -17,25 +19,6 @@ namespace {
 using Handles = std::vector<LocalHandle>;
 
 }  // namespace
-
-size_t FixedWidth(int dtype) {
-  switch (static_cast<TF_DataType>(dtype)) {
-    case TF_BOOL: case TF_INT8: case TF_UINT8: case TF_QINT8: case TF_QUINT8:
-    case TF_FLOAT8_E5M2: case TF_FLOAT8_E4M3FN:
-      return 1;
-    case TF_INT16: case TF_UINT16: case TF_HALF: case TF_BFLOAT16: case TF_QINT16:
-    case TF_QUINT16:
-      return 2;
-    case TF_FLOAT: case TF_INT32: case TF_UINT32: case TF_QINT32:
-      return 4;
-    case TF_DOUBLE: case TF_INT64: case TF_UINT64: case TF_COMPLEX64:
-      return 8;
-    case TF_COMPLEX128:
-      return 16;
-    default:
-      return 0;
-  }
-}
 
 int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
   int64_t p = 1;
@@ -148,7 +131,7 @@ Status SwapLeadingAxes(CollectiveRunner& run, int dtype, Handles& values,
 // ask; else it copies each piece).
 std::optional<std::vector<Folded>> CutFolds(const std::vector<std::vector<int64_t>>& blocks,
                                             int dim, int64_t pieces, int dtype) {
-  const int64_t width = static_cast<int64_t>(FixedWidth(dtype));
+  const int64_t width = static_cast<int64_t>(DTypeBytes(dtype));
   std::vector<Folded> folds;
   for (const std::vector<int64_t>& block : blocks) {
     std::optional<Folded> f = FoldAround(block, dim, pieces);

@@ -13,10 +13,6 @@
 namespace tf_dtensor {
 namespace pieces {
 
-// Bytes per element of a fixed-width TF type, 0 for the others (strings, resources,
-// variants): TF_DataTypeSize's answer, without linking TF's library into the planning
-// layers (the C++ tests link them alone).
-size_t FixedWidth(int dtype);
 // The product of dims[begin, end).
 int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end);
 // Whether the copies lowering cuts and joins with a Transpose and a DynamicStitch where

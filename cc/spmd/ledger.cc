@@ -10,7 +10,8 @@ namespace tf_dtensor {
 
 size_t DTypeBytes(int dtype) {
   switch (dtype) {
-    case TF_BOOL: case TF_INT8: case TF_UINT8: case TF_QINT8: case TF_QUINT8: return 1;
+    case TF_BOOL: case TF_INT8: case TF_UINT8: case TF_QINT8: case TF_QUINT8:
+    case TF_FLOAT8_E5M2: case TF_FLOAT8_E4M3FN: return 1;
     case TF_HALF: case TF_BFLOAT16: case TF_INT16: case TF_UINT16: return 2;
     case TF_FLOAT: case TF_INT32: case TF_UINT32: case TF_QINT32: return 4;
     case TF_DOUBLE: case TF_INT64: case TF_UINT64: case TF_COMPLEX64: return 8;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cc/spmd/block_pieces.h"
+#include "cc/spmd/ledger.h"
 #include "cc/spmd/lowering.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -27,7 +28,6 @@ namespace {
 
 using Handles = std::vector<LocalHandle>;
 using pieces::CutEach;
-using pieces::FixedWidth;
 using pieces::FoldedPieces;
 using pieces::JoinEach;
 using pieces::Product;
@@ -110,7 +110,7 @@ std::optional<StatusOr<ValueId>> AllToAllStitched(CollectiveRunner& run, ValueId
   if (dims[to_dim] % pieces != 0 || (l == from_dim && dims[from_dim] % pieces != 0)) {
     return std::nullopt;
   }
-  const size_t width = FixedWidth(dtype);
+  const size_t width = DTypeBytes(dtype);
   const int64_t row_elements = Product(dims, l + 1, dims.size()) *
                                (l == to_dim ? dims[to_dim] / pieces : dims[from_dim] / pieces);
   const int64_t total = Product(dims, 0, dims.size());
