@@ -10,6 +10,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
+from tensorflow.python.ops import resource_variable_ops
 
 from tf_dtensor import api, config
 from tf_dtensor._errors import LayoutError, MeshError, PackError, RelayoutError
@@ -267,6 +268,8 @@ def to_local(tensor) -> List[tf.Tensor]:
     if context.executing_eagerly() and not api._is_dtensor(tensor):
         raise LayoutError(f"`to_local` takes a DTensor; got a `{type(tensor).__name__}`. "
                           f"Make one with `distribute_tensor` or `from_local`.")
+    if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
+        tensor = tensor.read_value()  # a DVariable's blocks, as full_tensor takes it
     return list(api.unpack(tensor))
 
 

@@ -67,18 +67,33 @@ class Replicate(Placement):
         return "R"
 
 
+_REDUCTIONS = {"sum": "sum", "mean": "mean", "avg": "mean", "max": "max", "min": "min",
+               "prod": "prod"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Partial(Placement):
-    """The devices along the mesh dimension hold terms whose reduction (`"sum"`, `"mean"`,
-    `"max"`, `"min"`) is the value; the reduction happens when a later op or a
-    `redistribute` needs it. The C++ layout checks `reduce_op`.
+    """The devices along the mesh dimension hold terms whose reduction (`"sum"`, `"mean"`
+    (PyTorch's `"avg"`), `"max"`, `"min"`, `"prod"`) is the value; the reduction happens
+    when a later op or a `redistribute` needs it.
 
     Example:
-      >>> str(Partial()), str(Partial("max"))
-      ('P(sum)', 'P(max)')
+      >>> str(Partial()), str(Partial("max")), Partial("avg") == Partial("mean")
+      ('P(sum)', 'P(max)', True)
     """
 
     reduce_op: str = "sum"
+
+    def __post_init__(self):
+        op = self.reduce_op
+        if not isinstance(op, str):
+            raise TypeError(f"Partial(reduce_op) takes a reduction name; got {op!r}.")
+        # PyTorch's name for the mean is "avg"; "mean" is TensorFlow's (and the layout's).
+        op = _REDUCTIONS.get(op.lower())
+        if op is None:
+            raise ValueError(f"Partial(reduce_op): {self.reduce_op!r} is not one of "
+                             f"{', '.join(sorted(_REDUCTIONS))}.")
+        object.__setattr__(self, "reduce_op", op)
 
     def is_partial(self) -> bool:
         return True

@@ -9,8 +9,10 @@ eagerly and only when a target or a source is a DTensor:
 - a DTensor target's missing output gradient is `ones_like(target)`, a DTensor of the
   target's layout, so the backward pass runs sharded like the forward one;
 - a plain gradient left for a DTensor source (a gradient no sharded op produced, such as
-  unconnected zeros) is moved onto the source's mesh, and a replicated gradient of a
-  sharded source takes the source's layout (each device slices its own block).
+  unconnected zeros) is moved onto the source's mesh, and every gradient takes its
+  source's layout (a replicated gradient of a sharded source is sliced, each device
+  keeping its own block; one of another layout is relaid out), so that an optimizer's
+  eager update of a DVariable, whose layout is fixed, takes it.
 
 Inside `tf.function` the expansion gives every gradient its layout already; nothing
 changes there, nor for code without DTensors.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 from tensorflow.python.eager import backprop
+from tensorflow.python.ops import resource_variable_ops
 
 from tf_dtensor import api
 from tf_dtensor.layout import Layout
@@ -34,6 +37,25 @@ def _is_dtensor(value) -> bool:
         return False
 
 
+def _dtensor_source(source):
+    """The DTensor or DVariable a tape source is, or holds (a Keras variable's `.value`)."""
+    if _is_dtensor(source):
+        return source
+    inner = getattr(source, "value", None)
+    if isinstance(inner, resource_variable_ops.BaseResourceVariable) and _is_dtensor(inner):
+        return inner
+    return None
+
+
+def _is_plain_variable(source) -> bool:
+    """A tf.Variable (or a Keras variable holding one) that is not a DVariable."""
+    inner = getattr(source, "value", None)
+    if isinstance(inner, resource_variable_ops.BaseResourceVariable):
+        source = inner
+    return (isinstance(source, resource_variable_ops.BaseResourceVariable) and
+            not _is_dtensor(source))
+
+
 def _gradient(self, target, sources, output_gradients=None,
               unconnected_gradients=tf.UnconnectedGradients.NONE):
     if not tf.executing_eagerly():
@@ -41,8 +63,8 @@ def _gradient(self, target, sources, output_gradients=None,
     flat_targets = tf.nest.flatten(target)
     flat_sources = tf.nest.flatten(sources)
     dtensor_targets = [_is_dtensor(t) for t in flat_targets]
-    dtensor_sources = [_is_dtensor(s) for s in flat_sources]
-    if not any(dtensor_targets) and not any(dtensor_sources):
+    dtensor_sources = [_dtensor_source(s) for s in flat_sources]
+    if not any(dtensor_targets) and not any(s is not None for s in dtensor_sources):
         return _original_gradient(self, target, sources, output_gradients, unconnected_gradients)
     if output_gradients is None and any(dtensor_targets):
         output_gradients = [tf.ones_like(t) if is_d else None
@@ -52,16 +74,27 @@ def _gradient(self, target, sources, output_gradients=None,
     if len(flat_grads) != len(flat_sources):
         return grads
     fixed = []
-    for source, grad, is_d in zip(flat_sources, flat_grads, dtensor_sources):
-        if is_d and isinstance(grad, tf.Tensor):
+    for plain, source, grad in zip(flat_sources, dtensor_sources, flat_grads):
+        if source is None and _is_dtensor(grad) and _is_plain_variable(plain):
+            # A plain tf.Variable's gradient that sharded ops produced is made whole: its
+            # update runs where the variable lives, which takes a replicated DTensor (as a
+            # function does, cc/graph/function_expansion.cc, EmitOnPlainResource).
+            grad_layout = api.fetch_layout(grad)
+            if not grad_layout.is_fully_replicated():
+                grad = api.relayout(grad, Layout.replicated(grad_layout.mesh, grad_layout.rank))
+        elif source is not None and isinstance(grad, tf.Tensor):
             layout = api.fetch_layout(source)
             if not _is_dtensor(grad):
                 grad = api.copy_to_mesh(grad, Layout.replicated(layout.mesh, layout.rank))
-            # A replicated gradient of a sharded source takes the source's layout: each
-            # device keeps its own block (a slice, no communication).
+            # The gradient takes the source's layout, which an optimizer's update of a
+            # DVariable needs (eager assigns keep a DVariable's layout): a replicated
+            # gradient of a sharded source is sliced (no communication); one the backward
+            # pass left in another layout (the [model,*] gradient of a replicated weight
+            # after a [*,model] one) is relaid out, as inside tf.function the solver asks
+            # for the variable's layout.
             grad_layout = api.fetch_layout(grad)
-            if (grad_layout != layout and grad_layout.is_fully_replicated() and
-                    grad_layout.mesh == layout.mesh and grad_layout.rank == layout.rank):
+            if (grad_layout != layout and grad_layout.mesh == layout.mesh and
+                    grad_layout.rank == layout.rank):
                 grad = api.relayout(grad, layout)
         fixed.append(grad)
     return tf.nest.pack_sequence_as(grads, fixed)

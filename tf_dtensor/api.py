@@ -183,6 +183,8 @@ def pack(tensors: Sequence[Any], layout: Layout, *, run_check: bool = False) -> 
     """
     _layout_arg(layout, "pack")
     _refuse_while_tracing("pack")
+    if not isinstance(tensors, (list, tuple)):
+        tensors = list(tensors)  # a generator is read once, here
     if any(isinstance(t, tf.SparseTensor) for t in tensors):
         return _pack_sparse(tensors, layout, run_check)
     if any(isinstance(t, tf.Variable) for t in tensors):

@@ -82,6 +82,11 @@ class Mesh:
                 f"`global_device_ids` has shape {list(ids.shape)} but {len(names)} dimension "
                 f"names {names} were given; pass the ids as an array shaped like the mesh, "
                 f"e.g. np.arange(n).reshape(...).")
+        if not list(local_devices) and not list(global_devices or []):
+            raise MeshError("A mesh needs devices: `local_devices` is empty and no "
+                            "`global_devices` were given (Empty list of devices not allowed.). "
+                            "List this process's devices, or, for a mesh of other processes "
+                            "alone, pass `global_devices`.")
         dims = list(zip(names, [int(s) for s in ids.shape]))
         self._mesh = _core.Mesh.create(
             dims,

@@ -53,16 +53,25 @@ class DVariable(resource_variable_ops.ResourceVariable):
                 self.__init__(initial_value, *args, dtype=dtype, **kwargs)
             return
         layout = kwargs.pop("layout", None)
+        if layout is not None and layout.is_partial:
+            raise LayoutError(f"A DVariable holds values, not pending reductions: `layout="
+                              f"{layout.short()}` is partial. Use "
+                              f"`layout.without_partial()` (a partial initial value is reduced "
+                              f"into it).")
         if callable(initial_value):
             initial_value = api.call_with_layout(initial_value, layout) if layout else initial_value()
         initial_value = ops.convert_to_tensor(initial_value, dtype=dtype)
         if api._is_dtensor(initial_value):
             value_layout = api.fetch_layout(initial_value)
-            if layout is not None and layout != value_layout:
+            if layout is not None and layout != value_layout.without_partial():
                 raise LayoutError(f"Conflicting layout are provided: DVariable got "
                                   f"`layout={layout.short()}` but its initial value has layout "
                                   f"{value_layout.short()}; relayout the value or drop `layout=`.")
             layout = value_layout
+            if layout.is_partial:
+                # Pending sums are reduced into the variable, as an assign reduces them.
+                layout = layout.without_partial()
+                initial_value = api.relayout(initial_value, layout)
         elif layout is not None:
             initial_value = api.copy_to_mesh(initial_value, layout)
         else:

@@ -50,12 +50,12 @@ class LruCache {
     index_.emplace(key, entries_.begin());
   }
 
-  // Drops every entry whose key `drop(key)` picks; returns how many went.
+  // Drops every entry that `drop(key, value)` picks; returns how many went.
   template <class Pred>
   size_t EraseIf(Pred drop) {
     size_t erased = 0;
     for (auto it = entries_.begin(); it != entries_.end();) {
-      if (drop(it->first)) {
+      if (drop(it->first, it->second)) {
         index_.erase(it->first);
         it = entries_.erase(it);
         ++erased;

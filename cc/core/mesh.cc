@@ -534,4 +534,13 @@ bool Mesh::operator==(const Mesh& other) const {
   return rep_->hash == other.rep_->hash && rep_->key == other.rep_->key;
 }
 
+Status CheckRunsHere(const Mesh& mesh, const std::string& what) {
+  if (mesh.is_single_device() || mesh.num_local_devices() > 0) return Status::Ok();
+  return InvalidArgument(what + " runs on " + mesh.ShortString() + ", whose devices all "
+                         "belong to other processes (the mesh is remote here): this process "
+                         "has no component of its values. Use a mesh with this process's "
+                         "devices (`dtensor.create_distributed_mesh` gives each process its "
+                         "own).");
+}
+
 }  // namespace tf_dtensor

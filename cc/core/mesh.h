@@ -152,6 +152,9 @@ bool IsFullDeviceName(std::string_view device);
 std::string DeviceType(std::string_view device);
 // "CPU:3" for "/job:localhost/replica:0/task:0/device:CPU:3".
 std::string ShortDeviceName(std::string_view device);
+// An error unless this process holds a device of `mesh` (a mesh of other processes alone,
+// `Mesh.is_remote()`, has nothing here to run `what` on).
+Status CheckRunsHere(const Mesh& mesh, const std::string& what);
 
 }  // namespace tf_dtensor
 

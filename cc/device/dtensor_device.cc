@@ -194,8 +194,11 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
       return InvalidArgument(
           "Input " + std::to_string(i) + " of '" + op_name + "' is a DTensor (" +
           dtensors[i]->layout().ShortString() +
-          ") created before TensorFlow's eager context was reset; tensors do not survive a "
-          "reset (TensorFlow invalidates its own too). Create it again after the reset.");
+          ") of another TensorFlow eager context than the op's: TensorFlow's context was "
+          "reset between them. Either the DTensor was made before the reset (tensors do not "
+          "survive a reset; make it again), or the op is a tf.function traced before the "
+          "reset, which still runs in the old context (create the tf.function again after "
+          "the reset).");
     }
   }
   AttrMap attrs = ReadAttrs(op);
@@ -400,6 +403,10 @@ TFE_TensorHandle* DTensorDevice::CopyToDevice(TFE_Context* context, TFE_TensorHa
                          "layout. Use `dtensor.copy_to_mesh(tensor, layout)`, or create it "
                          "under `dtensor.run_on(mesh)` to replicate it."),
          status);
+    return nullptr;
+  }
+  if (Status here = CheckRunsHere(*mesh, "Copying a tensor onto the DTensor device"); !here.ok()) {
+    ToTF(here, status);
     return nullptr;
   }
   EagerBuilder builder(context, *mesh, nullptr, 1, op_pool_, kernels_);

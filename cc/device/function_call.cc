@@ -11,6 +11,7 @@
 #include "cc/spmd/ledger.h"
 #include "cc/tf/attrs.h"
 #include "cc/tf/handles.h"
+#include "cc/tf/resource_value.h"
 
 namespace tf_dtensor {
 namespace {
@@ -308,6 +309,14 @@ Status CallFunction(const FunctionCall& call, FunctionExpander& expander,
       TFD_RETURN_IF_TF_ERROR(status.get(), "reading the shape of input " + std::to_string(i) +
                                                " of '" + call.function + "'");
       m.dtype = TFE_TensorHandleDataType(call.handles[i]);
+      // A plain tf.Variable the function captured: its handle says the value's dtype and
+      // shape, which the function's graph does not (the variable stays where it is; the
+      // function's ops read it there).
+      if (std::optional<ResourceValue> value = ResourceValueOf(call.handles[i])) {
+        m.resource = ResourceInfo{
+            Layout::Replicated(call.mesh, static_cast<int>(value->shape.size())),
+            std::move(value->shape), value->dtype};
+      }
     }
     metas.push_back(std::move(m));
   }

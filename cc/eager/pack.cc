@@ -20,6 +20,7 @@ StatusOr<TFE_TensorHandle*> Pack(TFE_Context* context, const std::string& device
   TFD_RETURN_IF_TF_ERROR(status.get(), "reading pack component 0");
   const Layout layout = RuntimeLayout(user_layout, rank0);
   const Mesh& mesh = layout.mesh();
+  TFD_RETURN_IF_ERROR(CheckRunsHere(mesh, "pack to " + user_layout.ShortString()));
   if (n != mesh.num_local_devices()) {
     return InvalidArgument("pack got " + std::to_string(n) + " components for layout " +
                            user_layout.ShortString() + ", whose mesh has " +

@@ -6,6 +6,7 @@
 #include "cc/graph/function_expansion.h"
 #include "cc/spmd/collectives.h"
 #include "cc/spmd/lowering.h"
+#include "cc/tf/handles.h"
 
 namespace tf_dtensor {
 namespace {
@@ -143,12 +144,26 @@ const std::shared_ptr<const ExpandedFunction>* FunctionExpander::FindLocked(
 }
 
 void FunctionExpander::DropDeletedLocked(TFE_Context* context) {
-  auto deleted = [context](const FunctionKey& key) {
-    return !TFE_ContextHasFunction(context, key.function.c_str());
+  // The SPMD functions of a deleted function go from the context too, as TensorFlow
+  // removes a tf.function's own when it is garbage-collected: a program that makes a new
+  // tf.function per step would otherwise leave every expansion's graph in the context.
+  // Nothing calls them again: their function (and every caller of it) is gone.
+  std::vector<std::string> gone;
+  auto deleted = [context, &gone](const FunctionKey& key,
+                                  const std::shared_ptr<const ExpandedFunction>& expanded) {
+    if (TFE_ContextHasFunction(context, key.function.c_str())) return false;
+    if (expanded) gone.push_back(expanded->name);
+    return true;
   };
   cache_.EraseIf(deleted);
   for (auto it = across_clients_.begin(); it != across_clients_.end();) {
-    it = deleted(it->first) ? across_clients_.erase(it) : std::next(it);
+    it = deleted(it->first, it->second) ? across_clients_.erase(it) : std::next(it);
+  }
+  StatusPtr status(TF_NewStatus());
+  for (const std::string& name : gone) {
+    if (TFE_ContextHasFunction(context, name.c_str())) {
+      TFE_ContextRemoveFunction(context, name.c_str(), status.get());  // best effort
+    }
   }
 }
 

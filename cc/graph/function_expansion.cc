@@ -379,6 +379,31 @@ StatusOr<ValueId> FunctionExpansion::Resolve(const std::string& name) {
   return outs->second[index];
 }
 
+Status FunctionExpansion::EmitOnceOnHost(const NodeSpec& node, std::vector<ValueId> inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const ValueId v = inputs[i];
+    if (builder_.is_host(v)) continue;
+    const std::string what = "input " + std::to_string(i) + " of '" + node.name + "' (" +
+                             node.op + ", run once on the host)";
+    if (builder_.resource(v)) {
+      return InvalidArgument(
+          "'" + node.name + "' (" + node.op + ") of tf.function '" + function_ + "' runs once, "
+          "where a plain tf.Variable it takes lives, or as a side effect of the host, but " +
+          what + " is a DVariable (" + builder_.resource(v)->value_layout.ShortString() +
+          "), whose value lives on the mesh. Make a plain variable it takes a DVariable "
+          "(`dtensor.DVariable(dtensor.copy_to_mesh(value, layout))`), or pass the "
+          "DVariable's value (`v.read_value()`).");
+    }
+    // Whole, as eagerly TensorFlow copies a replicated DTensor to the variable's device:
+    // a sharded value is gathered, a pending sum reduced. The first device's block is it.
+    const Layout whole = Layout::Replicated(builder_.layout(v)->mesh(),
+                                            builder_.layout(v)->rank());
+    TFD_ASSIGN_OR_RETURN(ValueId replicated, Relayout(builder_, v, whole, what));
+    inputs[i] = builder_.AddHost(builder_.component(replicated, 0));
+  }
+  return EmitHostOp(node, inputs);
+}
+
 Status FunctionExpansion::EmitHostOp(const NodeSpec& node, const std::vector<ValueId>& inputs) {
   std::vector<TF_Output> flat;
   bool uses_resource = false;
@@ -516,6 +541,16 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
       }
       return Status::Ok();
     }
+    // Ops that run once, on the host, with their DTensor inputs whole: an op on a plain
+    // tf.Variable the function captured (a host resource: it runs where the variable lives,
+    // as eagerly), and a side effect with no rule and no outputs (SaveV2 of a checkpoint,
+    // WriteFile), which run on every device would write once per device.
+    bool once = spec && spec->is_stateful && spec->outputs.empty() &&
+                !RuleRegistry::Global().Find(node.op);
+    for (ValueId v : inputs) {
+      once = once || (builder_.is_host(v) && builder_.dtype(v) == TF_RESOURCE);
+    }
+    if (once) return EmitOnceOnHost(node, inputs);
     // Ops on host values alone stay on the host, unless a layout was requested of an op
     // that can make its blocks directly (Fill, random ops: those have rules).
     bool any_dtensor = false;

@@ -173,6 +173,9 @@ class FunctionExpansion {
   static std::optional<Layout> DefaultLayoutAttr(const NodeSpec& node);
   Status ApplyDefaultLayout(const NodeSpec& node);
   Status EmitHostOp(const NodeSpec& node, const std::vector<ValueId>& inputs);
+  // An op that runs once on the host (one on a plain tf.Variable the function captured, a
+  // side effect without a rule): its DTensor inputs join it whole.
+  Status EmitOnceOnHost(const NodeSpec& node, std::vector<ValueId> inputs);
   StatusOr<ValueId> Resolve(const std::string& name);
   StatusOr<int> FlatIndex(const NodeSpec& node, const std::string& arg, int index);
   ValueMeta MetaOf(ValueId value) const;

@@ -114,6 +114,14 @@ class GatherRule : public FactorRule {
                            params.layout->ShortString() + ": some device holds no rows. Use "
                            "fewer shards than rows.");
     }
+    // Strings have no sum to combine the row blocks' lookups with: the table is gathered.
+    if (params.dtype == TF_STRING) {
+      if (!resource_) return plan;
+      return Unimplemented("'" + ctx.op_name + "' of a DVariable of strings sharded on its "
+                           "rows (" + params.layout->ShortString() + ") has no rule: strings "
+                           "have no sum to combine the row blocks' lookups. Read the variable "
+                           "(`v.read_value()`) and gather from the value.");
+    }
     const int k = params.layout->spec(static_cast<int>(axis)).mesh_dim;
     // k must be free in the plan: only the indices may have claimed it.
     for (size_t i = 0; i < plan.inputs.size(); ++i) {

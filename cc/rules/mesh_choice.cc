@@ -4,6 +4,24 @@
 #include "cc/tf/ops.h"
 
 namespace tf_dtensor {
+namespace {
+
+// `mesh` in a message beside `other`: its short form ("mesh(x=4)"), with its name and
+// devices where that alone would not tell the two apart.
+std::string Distinct(const Mesh& mesh, const Mesh& other) {
+  std::string text = mesh.ShortString();
+  if (text != other.ShortString()) return text;
+  std::string devices;
+  const std::vector<std::string>& all = mesh.local_devices().empty() ? mesh.global_devices()
+                                                                     : mesh.local_devices();
+  for (size_t i = 0; i < all.size(); ++i) {
+    devices += (i ? "," : "") + ShortDeviceName(all[i]);
+  }
+  return text + " (" + (mesh.name().empty() ? "" : "'" + mesh.name() + "' ") + "on " + devices +
+         ")";
+}
+
+}  // namespace
 
 StatusOr<MeshChoice> ChooseMesh(const MeshChoiceOp& op,
                                 const std::vector<MeshChoiceInput>& inputs) {
@@ -26,7 +44,8 @@ StatusOr<MeshChoice> ChooseMesh(const MeshChoiceOp& op,
     } else if (*mesh != m && !op.calls_function) {
       return InvalidArgument(
           "'" + op.name + "'" + op.where + " got inputs on different meshes: " +
-          UserMesh(*mesh).ShortString() + " and " + UserMesh(m).ShortString() + " (input " +
+          Distinct(UserMesh(*mesh), UserMesh(m)) + " and " +
+          Distinct(UserMesh(m), UserMesh(*mesh)) + " (input " +
           std::to_string(i) + ", " + UserLayout(*inputs[i].layout, inputs[i].parted).ShortString() +
           "). An op runs on one mesh and does not combine values of two meshes: move one "
           "first with `dtensor.copy_to_mesh`, or `dtensor.relayout` to a layout on the other "
@@ -49,6 +68,7 @@ StatusOr<MeshChoice> ChooseMesh(const MeshChoiceOp& op,
                            "to DTensor). Run it under `dtensor.run_on(mesh)` or use "
                            "`dtensor.call_with_layout(fn, layout, ...)`.");
   }
+  TFD_RETURN_IF_ERROR(CheckRunsHere(*mesh, "'" + op.name + "'" + op.where));
   MeshChoice choice{*mesh, {}};
   for (int i = 0; i < n; ++i) {
     if (movable(i) && inputs[i].layout->mesh() != *mesh) choice.moved.push_back(i);

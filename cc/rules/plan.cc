@@ -1,5 +1,7 @@
 #include "cc/rules/plan.h"
 
+#include "cc/tf/dtypes.h"
+
 namespace tf_dtensor {
 namespace {
 
@@ -45,7 +47,11 @@ std::optional<std::vector<PartialSpec>> PassedReductions(const Rule& rule,
       if (partial.size() != 1 || !SumLike(first)) return std::nullopt;
       return first;
     case Linearity::kFirstInput:
-      if (partial.size() != 1 || partial[0] != data[0] || !SumLike(first)) return std::nullopt;
+      // (a + b) / c is a/c + b/c for real and complex numbers, not for truncating integers.
+      if (partial.size() != 1 || partial[0] != data[0] || !SumLike(first) ||
+          IsIntegerDType(ctx.inputs[partial[0]].dtype)) {
+        return std::nullopt;
+      }
       return first;
     case Linearity::kStructural:
       if (data.size() != 1) return std::nullopt;
@@ -124,7 +130,9 @@ StatusOr<Plan> PlanPartialInputs(const Rule& rule, const RuleTraits& traits, con
 
 StatusOr<Plan> PlanOp(const Rule& rule, const RuleTraits& traits, const OpContext& ctx) {
   TFD_ASSIGN_OR_RETURN(Plan plan, rule.Forward(ctx));
-  TFD_ASSIGN_OR_RETURN(plan, PlanPartialInputs(rule, traits, ctx, std::move(plan)));
+  if (!rule.PlansPendingReductions()) {
+    TFD_ASSIGN_OR_RETURN(plan, PlanPartialInputs(rule, traits, ctx, std::move(plan)));
+  }
   return DeferContraction(ctx, std::move(plan));
 }
 

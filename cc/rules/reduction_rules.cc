@@ -2,6 +2,7 @@
 //   sum([x,*], axis=1) -> [x]                       (local)
 //   sum([x,*], axis=0) -> partial(x) -> all-reduce -> [*]
 //   mean([x,*], axis=0) -> local sum, all-reduce(sum), divide by the global count
+//                          (integers: the input is first gathered along axis 0)
 //   argmax([x,*], axis=0) -> the input is first gathered along axis 0 -> [*]
 // keep_dims keeps reduced axes as unsharded size-1 axes.
 //   l2_loss([x,y]) -> partial(x,y) -> all-reduce -> []
@@ -25,6 +26,7 @@
 #include "cc/rules/row_blocks.h"
 #include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
+#include "cc/tf/dtypes.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
@@ -71,8 +73,13 @@ StatusOr<FactorSpec> ReduceFactors(const OpContext& ctx, std::optional<ReduceOp>
 class ReduceRule : public FactorRule {
  public:
   // `op`: how partial results combine; nullopt gathers reduced axes instead.
+  // An integer mean gathers its reduced axes: its quotient truncates, so neither the terms
+  // nor a sum that could wrap in the narrow type give one device's answer.
   explicit ReduceRule(std::optional<ReduceOp> op, bool mean = false)
-      : FactorRule([op](const OpContext& ctx) { return ReduceFactors(ctx, op); }),
+      : FactorRule([op, mean](const OpContext& ctx) {
+          const bool whole = mean && IsIntegerDType(ctx.inputs[0].dtype);
+          return ReduceFactors(ctx, whole ? std::nullopt : op);
+        }),
         mean_(mean) {}
 
   StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,

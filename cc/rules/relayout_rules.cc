@@ -79,18 +79,10 @@ class RelayoutRule : public Rule {
     plan.outputs = {target};
     return plan;
   }
-  // Pending reductions the target keeps as they are stay pending: [x,*] +partial(y:sum)
-  // -> [*,x] +partial(y:sum) moves each term (an all-to-all), it does not reduce them.
-  std::optional<std::vector<PartialSpec>> PartialThrough(const OpContext& ctx) const override {
-    const std::optional<Layout>& in = ctx.inputs[0].layout;
-    std::optional<std::string> text = ctx.attrs->GetString("layout");
-    if (!in || !in->is_partial() || !text) return std::nullopt;
-    StatusOr<Layout> target = Layout::FromString(*text);
-    if (!target.ok() || target->mesh() != in->mesh() || target->partial() != in->partial()) {
-      return std::nullopt;
-    }
-    return in->partial();
-  }
+  // The input is moved to the target as it is, pending reductions included: those the
+  // target keeps stay pending ([x,*] +partial(y:sum) -> [*,x] +partial(y:sum) moves each
+  // term, an all-to-all), the others are reduced ([P,P] -> [P,R] over y only).
+  bool PlansPendingReductions() const override { return true; }
   // The input is asked for the target (on the target's mesh: copy_to_mesh asks the op
   // that makes the value to make it there), whatever is asked of the result.
   std::vector<std::optional<Layout>> Backward(

@@ -105,6 +105,10 @@ class Rule {
   virtual std::optional<std::vector<PartialSpec>> PartialThrough(const OpContext& ctx) const {
     return std::nullopt;
   }
+  // Whether Forward's input layouts are final, pending reductions included: a relayout,
+  // whose input is moved to its target (partial to partial: [P,P] -> [P,R] reduces over
+  // the second mesh dimension only), is not reduced first as other ops' inputs are.
+  virtual bool PlansPendingReductions() const { return false; }
   // `requested_outputs` has one entry per output (nullopt: nothing asked). The default
   // has no preference for any input.
   virtual std::vector<std::optional<Layout>> Backward(

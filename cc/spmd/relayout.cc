@@ -226,8 +226,20 @@ StatusOr<std::vector<RelayoutStep>> PlanRelayout(const Layout& source, const Lay
   // mesh dimensions (one collective over x+y moves 2(g-1)/g of a block, where one per
   // dimension moves 2(gx-1)/gx + 2(gy-1)/gy of it):
   //   [*] +partial(x:sum) -> [x]: reduce-scatter     [*] +partial(x:sum) -> [*]: all-reduce
-  std::vector<std::pair<ReduceOp, std::vector<int>>> all_reduces;
+  // Reductions of kinds that do not commute (a sum over x, a max over y) apply in mesh
+  // dimension order, the first dimension first, as `full_tensor` does: the terms' value is
+  // the max over y of the sums over x. They are all done, one at a time, and the target's
+  // added again after (a kept max over y would otherwise be reduced before the sum over x).
+  auto kind = [](ReduceOp op) { return op == ReduceOp::kMean ? ReduceOp::kSum : op; };
+  bool mixed = false;
   for (const PartialSpec& p : source.partial()) {
+    mixed = mixed || kind(p.op) != kind(source.partial()[0].op);
+  }
+  for (const PartialSpec& p : mixed ? source.partial() : std::vector<PartialSpec>{}) {
+    TFD_RETURN_IF_ERROR(add(AllReduceStep(current, {p.mesh_dim}, p.op)));
+  }
+  std::vector<std::pair<ReduceOp, std::vector<int>>> all_reduces;
+  for (const PartialSpec& p : mixed ? std::vector<PartialSpec>{} : source.partial()) {
     if (Contains(target.partial(), p)) continue;
     int scatter_axis = -1;
     for (int i = 0; i < target.rank(); ++i) {

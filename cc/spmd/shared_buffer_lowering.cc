@@ -21,6 +21,7 @@
 #include "cc/spmd/block_pieces.h"
 #include "cc/spmd/ledger.h"
 #include "cc/spmd/lowering.h"
+#include "cc/tf/dtypes.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
@@ -331,17 +332,48 @@ StatusOr<Handles> ReduceOnEach(CollectiveRunner& run, const std::vector<Handles>
   const bool logical = dtype == TF_BOOL;
   if (logical) options.overrides.clear();
   if (!logical && (op == ReduceOp::kSum || op == ReduceOp::kMean)) {
-    LocalOpOptions add = options;
-    add.overrides.push_back(AttrOverride::Int("N", static_cast<int64_t>(parts[0].size())));
-    TFD_ASSIGN_OR_RETURN(std::vector<Handles> sums,
-                         run.RunOnEach("AddN", parts, devices, add, 1));
-    Handles out = Firsts(sums);
+    // A mean of narrow integers adds in int64 (terms that fit can sum past the type), and
+    // its quotient returns to the dtype: one device's mean of them.
+    const bool widen = op == ReduceOp::kMean && count > 1 && IsIntegerDType(dtype) &&
+                       DTypeBytes(dtype) < 8;
+    const int sum_dtype = widen ? TF_INT64 : dtype;
+    auto cast_each = [&](const Handles& values, int from, int to) -> StatusOr<Handles> {
+      LocalOpOptions cast;
+      cast.copy_attrs = false;
+      cast.overrides = {AttrOverride::Type("SrcT", from), AttrOverride::Type("DstT", to)};
+      std::vector<Handles> one;
+      for (LocalHandle h : values) one.push_back({h});
+      TFD_ASSIGN_OR_RETURN(std::vector<Handles> cast_out,
+                           run.RunOnEach("Cast", one, devices, cast, 1));
+      return Firsts(cast_out);
+    };
+    std::vector<Handles> summed = parts;
+    Handles widened;  // made here, discarded once added
+    for (size_t k = 0; widen && k < parts[0].size(); ++k) {
+      Handles column;
+      for (const Handles& p : parts) column.push_back(p[k]);
+      StatusOr<Handles> wide = cast_each(column, dtype, TF_INT64);
+      if (!wide.ok()) {
+        run.DiscardAll(widened);
+        return wide.status();
+      }
+      for (size_t i = 0; i < parts.size(); ++i) summed[i][k] = (*wide)[i];
+      widened.insert(widened.end(), wide->begin(), wide->end());
+    }
+    LocalOpOptions add;
+    add.copy_attrs = false;
+    add.overrides = {AttrOverride::Type("T", sum_dtype),
+                     AttrOverride::Int("N", static_cast<int64_t>(parts[0].size()))};
+    StatusOr<std::vector<Handles>> sums = run.RunOnEach("AddN", summed, devices, add, 1);
+    run.DiscardAll(widened);
+    if (!sums.ok()) return sums.status();
+    Handles out = Firsts(*sums);
     if (op == ReduceOp::kSum || count == 1) return out;
-    // The divisor as one scalar of the dtype on every device, from one host constant.
+    // The divisor as one scalar of the sum's dtype on every device, from one host constant.
     StatusOr<LocalHandle> host = run.Host({count}, {}, TF_INT64);
     LocalOpOptions cast;
     cast.copy_attrs = false;
-    cast.overrides = {AttrOverride::Type("SrcT", TF_INT64), AttrOverride::Type("DstT", dtype)};
+    cast.overrides = {AttrOverride::Type("SrcT", TF_INT64), AttrOverride::Type("DstT", sum_dtype)};
     StatusOr<std::vector<Handles>> scales =
         host.ok() ? run.RunOnEach("Cast", std::vector<Handles>(devices.size(), {*host}), devices,
                                   cast, 1)
@@ -352,11 +384,19 @@ StatusOr<Handles> ReduceOnEach(CollectiveRunner& run, const std::vector<Handles>
     }
     std::vector<Handles> quotients;
     for (size_t i = 0; i < devices.size(); ++i) quotients.push_back({out[i], (*scales)[i][0]});
-    StatusOr<std::vector<Handles>> q = run.RunOnEach("RealDiv", quotients, devices, options, 1);
+    // Integers' mean truncates, as TF's Mean of integers and the collective ops' final Div.
+    LocalOpOptions divide;
+    divide.copy_attrs = false;
+    divide.overrides = {AttrOverride::Type("T", sum_dtype)};
+    StatusOr<std::vector<Handles>> q = run.RunOnEach(IsIntegerDType(dtype) ? "Div" : "RealDiv",
+                                                     quotients, devices, divide, 1);
     run.DiscardAll(out);
     run.DiscardAll(Firsts(*scales));
     if (!q.ok()) return q.status();
-    return Firsts(*q);
+    if (!widen) return Firsts(*q);
+    StatusOr<Handles> narrow = cast_each(Firsts(*q), TF_INT64, dtype);
+    run.DiscardAll(Firsts(*q));
+    return narrow;
   }
   const char* binary = op == ReduceOp::kMax ? "Maximum" : op == ReduceOp::kMin ? "Minimum" : "Mul";
   if (logical) {

@@ -27,4 +27,14 @@ std::string DataTypeName(int dtype) {
   }
 }
 
+bool IsIntegerDType(int dtype) {
+  switch (dtype) {
+    case TF_INT8: case TF_INT16: case TF_INT32: case TF_INT64:
+    case TF_UINT8: case TF_UINT16: case TF_UINT32: case TF_UINT64:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace tf_dtensor

@@ -10,6 +10,10 @@ namespace tf_dtensor {
 // "float32" for TF_FLOAT: dtype names as Python shows them, for messages.
 std::string DataTypeName(int dtype);
 
+// Whether `dtype` is a signed or unsigned integer type (int8 .. uint64): its division
+// truncates, so it does not distribute over a sum, and its mean is a truncated quotient.
+bool IsIntegerDType(int dtype);
+
 }  // namespace tf_dtensor
 
 #endif  // TF_DTENSOR_CC_TF_DTYPES_H_

@@ -446,10 +446,13 @@ def test_uneven_dvariable_round_trip(layout, tmp_path):
     np.testing.assert_array_equal(checkpoint.global_value(variable).numpy(), value)
 
 
-def test_a_dvariable_handle_saved_by_another_trackable_names_the_handle(tmp_path):
+@pytest.mark.parametrize("spec", ["[*]", "[x]"])
+def test_a_dvariable_saved_by_another_trackable_is_written_once_and_whole(spec, tmp_path):
     # An object that hands TensorFlow's saver the DVariable itself (Keras' variable did, before
-    # tf_dtensor.keras gave it the DVariable's saveable) makes the saver copy the handle to
-    # the host: the error says it is a DVariable's handle and what to do, not "sharded".
+    # tf_dtensor.keras gave it the DVariable's saveable): TF's save function takes the
+    # handle and the plain save counter's, and runs on the DTensor device; its SaveV2 (a
+    # side effect without a rule) runs once on the host with the value whole. It used to be
+    # placed on the host and refused (the handle cannot be copied there).
     from tensorflow.python.trackable import base as trackable
 
     class HandsOverTheVariable(trackable.Trackable):
@@ -459,9 +462,9 @@ def test_a_dvariable_handle_saved_by_another_trackable_names_the_handle(tmp_path
         def _serialize_to_tensors(self):
             return {"VARIABLE_VALUE": self.variable}
 
-    v = dtensor.DVariable(dtensor.call_with_layout(tf.ones, Layout.replicated(MESH_1D, 1),
-                                                   shape=(2,)))
-    with pytest.raises(tf.errors.UnimplementedError,
-                       match=r"Cannot copy the handle of a DVariable \(\[\*\] @ mesh\(x=2\)\).*"
-                             r"read_value\(\)"):
-        tf.train.Checkpoint(w=HandsOverTheVariable(v)).save(str(tmp_path / "ckpt"))
+    v = dtensor.DVariable(dtensor.call_with_layout(tf.range, layout_of(spec, MESH_1D), 4.0))
+    path = tf.train.Checkpoint(w=HandsOverTheVariable(v)).save(str(tmp_path / "ckpt"))
+    saved = tf.train.load_checkpoint(path)
+    np.testing.assert_array_equal(saved.get_tensor("w/.ATTRIBUTES/VARIABLE_VALUE"),
+                                  [0.0, 1.0, 2.0, 3.0])
+    assert saved.get_tensor("save_counter/.ATTRIBUTES/VARIABLE_VALUE") == 1

@@ -150,8 +150,28 @@ def test_dtensor_from_before_a_reset_is_refused_clearly():
         except tf.errors.InvalidArgumentError as e:
             print(json.dumps({"raised": str(e)}))
     """)
-    assert "created before TensorFlow's eager context was reset" in out["raised"]
+    assert "made before the reset" in out["raised"]
     assert "'Sum'" in out["raised"]
+
+
+def test_a_function_traced_before_a_reset_names_both_causes():
+    # The old tf.function still runs in the old context; the DTensor is the new context's.
+    out = _run("""
+        configure(4)
+        mesh = dtensor.create_mesh([("x", 4)], devices=[f"CPU:{d}" for d in range(4)])
+        f = tf.function(lambda t: tf.reduce_sum(t))
+        f(dtensor.call_with_layout(tf.ones, dtensor.Layout(["x"], mesh), shape=(8,)))
+        context._reset_context(); configure(4)
+        mesh = dtensor.create_mesh([("x", 4)], devices=[f"CPU:{d}" for d in range(4)])
+        x = dtensor.call_with_layout(tf.ones, dtensor.Layout(["x"], mesh), shape=(8,))
+        assert float(tf.function(lambda t: tf.reduce_sum(t))(x)) == 8.0  # a new one runs
+        try:
+            f(x)
+            print(json.dumps({"raised": None}))
+        except tf.errors.InvalidArgumentError as e:
+            print(json.dumps({"raised": str(e)}))
+    """)
+    assert "traced before the reset" in out["raised"], out
 
 
 def test_device_handle_is_invalidated_when_tensorflow_deletes_the_device():

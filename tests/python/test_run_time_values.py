@@ -156,18 +156,6 @@ def test_scatter_nd_of_booleans_with_sharded_indices(lowering, traced):
         config.set_collective_lowering("")
 
 
-def test_a_plain_variable_read_next_to_dtensors_in_a_function_is_refused_with_the_fix():
-    # Eagerly a plain tf.Variable's value joins the mesh replicated; inside a function TF
-    # gives tf_dtensor no shape for it, and the error says what to do.
-    mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
-    d = dtensor.DVariable(dtensor.copy_to_mesh(tf.ones([4, 3]), Layout(["x", dtensor.UNSHARDED],
-                                                                       mesh)))
-    m = tf.Variable(tf.fill([4, 3], 2.0))
-    assert_values_equal(np.full([4, 3], 2.0, np.float32), reassemble(d * m))
-    with pytest.raises(tf.errors.FailedPreconditionError, match="plain tf.Variable.*DVariable"):
-        tf.function(lambda: d * m)()
-
-
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
 def test_segment_sum_of_sharded_rows_with_ids_of_run_time_length(traced):
     # The ids' length is known only at run time; the segment axis is contracted, so its

@@ -77,6 +77,7 @@ TEST(Relayout, PartialPlansReduceScatterAndToPartial) {
     Mesh mesh = MakeMesh({{"x", 2}, {"y", 2}}, type);
     const PartialSpec sum_y{1, ReduceOp::kSum};
     const PartialSpec max_x{0, ReduceOp::kMax};
+    const PartialSpec sum_x{0, ReduceOp::kSum};
     struct Row {
       Layout from, to;
       std::vector<std::string> steps;
@@ -88,9 +89,15 @@ TEST(Relayout, PartialPlansReduceScatterAndToPartial) {
         // Partial -> sharded over the same dimension: one reduce-scatter.
         {WithPending("[x,*]", mesh, {sum_y}), MakeLayout("[x,y]", mesh),
          {"reduce-scatter(sum) axis 1 over y [x,*] +partial(y:sum) -> [x,y]"}},
-        // Only the reductions the target drops are done.
+        // Only the reductions the target drops are done, where they commute.
+        {WithPending("[*,*]", mesh, {sum_x, sum_y}), WithPending("[*,*]", mesh, {sum_x}),
+         {"all-reduce(sum) [*,*] +partial(x:sum,y:sum) over y"}},
+        // A max over x and a sum over y apply in mesh order (the max first, as full_tensor
+        // does): all are done, one at a time, and the kept max made again.
         {WithPending("[*,*]", mesh, {max_x, sum_y}), WithPending("[*,*]", mesh, {max_x}),
-         {"all-reduce(sum) [*,*] +partial(x:max,y:sum) over y"}},
+         {"all-reduce(max) [*,*] +partial(x:max,y:sum) over x",
+          "all-reduce(sum) [*,*] +partial(y:sum) over y",
+          "to-partial(max) [*,*] -> [*,*] +partial(x:max)"}},
         // Replicated or sharded -> partial.
         {MakeLayout("[x,*]", mesh), WithPending("[x,*]", mesh, {sum_y}),
          {"to-partial(sum) [x,*] -> [x,*] +partial(y:sum)"}},

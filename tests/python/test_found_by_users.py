@@ -1,0 +1,146 @@
+"""Defects found by trying tf_dtensor as users would (placements, partial values, meshes,
+lifecycle), each checked against one plain device or the documented behaviour.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from dtensor_testing import MESH_2X2, MESH_8, cpus, layout_of, reassemble, to_dtensor
+from tf_dtensor import dtensor
+from tf_dtensor.dtensor import Layout
+from tf_dtensor.placements import (Partial, Replicate, Shard, distribute_tensor, from_local,
+                                   full_tensor, init_device_mesh, placements_of, redistribute,
+                                   to_local)
+
+X = np.arange(16, dtype=np.float32).reshape(4, 4)
+
+
+# --- Partial placements ------------------------------------------------------------------
+
+def test_partial_takes_pytorchs_avg_and_refuses_unknown_reductions_at_once():
+    assert Partial("avg") == Partial("mean") and str(Partial("avg")) == "P(mean)"
+    with pytest.raises(ValueError, match="'bogus' is not one of"):
+        Partial("bogus")
+
+
+@pytest.mark.parametrize("source,target", [
+    ([Partial(), Partial()], [Partial(), Replicate()]),          # reduce over y only
+    ([Partial(), Replicate()], [Partial(), Partial()]),          # a pending sum over y added
+    ([Partial(), Replicate()], [Replicate(), Partial()]),        # the sum moves from x to y
+    ([Shard(0), Partial("sum")], [Shard(0), Partial("max")]),   # sum reduced, a max made
+    ([Partial("max"), Partial("max")], [Replicate(), Partial("max")]),
+])
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_redistribute_between_partial_placements_keeps_the_targets(source, target, traced):
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("x", "y"))
+    t = distribute_tensor(tf.constant(X), mesh, source)
+    if traced:
+        layout = Layout.from_placements(mesh, target, 2)
+        got = tf.function(lambda t: dtensor.relayout(t, layout))(t)
+    else:
+        got = redistribute(t, target)
+    assert placements_of(got) == tuple(target)  # (R, R) before: the target's partial dropped
+    np.testing.assert_array_equal(full_tensor(got).numpy(), X)
+
+
+def test_sum_and_max_over_two_mesh_dimensions_apply_in_mesh_order_on_every_path():
+    # Terms 0, 5 / 5, 0 on (x, y): the max over y of the sums over x is 5; the sum over x
+    # of the maxes over y would be 10. Every path gives full_tensor's 5.
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("x", "y"))
+    terms = [tf.constant([v, v], tf.float32) for v in (0.0, 5.0, 5.0, 0.0)]
+    p = from_local(terms, mesh, [Partial("sum"), Partial("max")])
+    assert full_tensor(p).numpy().tolist() == [5.0, 5.0]
+    for target in ([Shard(0), Replicate()], [Replicate(), Shard(0)],
+                   [Replicate(), Partial("max")], [Partial("sum"), Replicate()]):
+        assert full_tensor(redistribute(p, target)).numpy().tolist() == [5.0, 5.0], target
+
+
+def test_to_local_takes_a_dvariable_as_full_tensor_does():
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("x",))
+    v = dtensor.DVariable(distribute_tensor(tf.range(8.0), mesh, [Shard(0)]))
+    assert [b.numpy().tolist() for b in to_local(v)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_a_dvariable_made_from_a_partial_value_holds_the_reduced_value():
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("x",))
+    p = from_local([tf.constant([1.0, 2.0])] * 4, mesh, [Partial("sum")])
+    v = dtensor.DVariable(p)
+    assert not v.layout.is_partial
+    np.testing.assert_array_equal(reassemble(v.read_value()), [4.0, 8.0])
+    with pytest.raises(ValueError, match="holds values, not pending reductions"):
+        dtensor.DVariable(tf.zeros([2]), layout=dtensor.fetch_layout(p))
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("shape,mesh", [((4, 2), "x4"), ((5,), "2x2"), ((4, 2), "2x2")])
+def test_gather_from_a_row_sharded_string_table(traced, shape, mesh):
+    mesh = (init_device_mesh("cpu", (4,), mesh_dim_names=("x",)) if mesh == "x4"
+            else init_device_mesh("cpu", (2, 2), mesh_dim_names=("x", "y")))
+    words = np.array([f"w{i}" for i in range(int(np.prod(shape)))], object).reshape(shape)
+    placements = [Shard(0)] + [Replicate()] * (len(mesh.dim_names) - 1)
+    table = distribute_tensor(tf.constant(words), mesh, placements)
+    ids = tf.constant([3, 0, 2, 3])
+    gather = lambda t: tf.gather(t, ids)
+    got = (tf.function(gather) if traced else gather)(table)
+    got = np.vectorize(lambda b: b.decode())(reassemble(got))
+    np.testing.assert_array_equal(got, words[[3, 0, 2, 3]].astype(str))
+
+
+# --- meshes ------------------------------------------------------------------------------
+
+def test_a_mesh_without_devices_is_refused_like_tensorflows():
+    with pytest.raises(ValueError, match="Empty list of devices not allowed"):
+        dtensor.Mesh(["x"], np.arange(4), [], [])
+
+
+def test_ops_on_a_mesh_of_other_processes_alone_raise_instead_of_crashing():
+    remote = [f"/job:worker/replica:0/task:1/device:CPU:{i}" for i in range(4)]
+    mesh = dtensor.Mesh(["x"], np.arange(4), [], [], global_devices=remote)
+    assert mesh.is_remote()
+    layout = Layout(["x"], mesh)
+    for make in (lambda: dtensor.call_with_layout(tf.ones, layout, shape=(4,)),
+                 lambda: dtensor.copy_to_mesh(tf.ones([4]), Layout.replicated(mesh, 1))):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="belong to other processes"):
+            make()
+
+
+def test_two_meshes_of_the_same_shape_are_told_apart_in_the_error():
+    a = dtensor.create_mesh([("x", 4)], devices=cpus(4), mesh_name="m1")
+    b = dtensor.create_mesh([("x", 4)], devices=[f"CPU:{i}" for i in range(4, 8)],
+                            mesh_name="m2")
+    x = dtensor.call_with_layout(tf.ones, Layout(["x"], a), shape=(8,))
+    y = dtensor.call_with_layout(tf.ones, Layout(["x"], b), shape=(8,))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'m1' on CPU:0.*'m2' on CPU:4"):
+        x + y
+
+
+def test_pack_reads_a_generator_of_components():
+    layout = layout_of("[x]", MESH_8)
+    t = dtensor.pack((tf.constant([float(i)]) for i in range(8)), layout)
+    np.testing.assert_array_equal(reassemble(t), np.arange(8.0))
+
+
+# --- lifecycle ---------------------------------------------------------------------------
+
+def _spmd_functions():
+    return sum("_tfd_spmd_" in name for name in context.context().list_function_names())
+
+
+def test_the_spmd_functions_of_deleted_tf_functions_leave_the_context():
+    x = to_dtensor(X, layout_of("[x,y]", MESH_2X2))
+    tf.function(lambda t: t * 3.0)(x)  # the sweep runs on the next new expansion
+    gc.collect()
+    before = _spmd_functions()
+    for k in range(20):
+        f = tf.function(lambda t: t + float(k))
+        np.testing.assert_array_equal(reassemble(f(x)), X + k)
+        del f
+        gc.collect()
+    # Each new function's expansion sweeps the deleted ones' SPMD functions away.
+    assert _spmd_functions() <= before + 2
