@@ -9,6 +9,7 @@ from typing import Callable, List, Optional, Sequence
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import tf_dtensor
 from tf_dtensor import dtensor
@@ -27,6 +28,17 @@ def model_parallel(rules: dict, shape=(2, 4)):
     for key, axes in rules.items():
         layout_map[key] = axes
     return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+
+
+def custom_step(model, optimizer):
+    """A custom loop's step (not traced): the squared error, its gradients, the update."""
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return step
 
 
 @contextlib.contextmanager

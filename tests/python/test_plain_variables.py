@@ -159,6 +159,7 @@ def test_an_eager_tape_gives_each_dvariable_its_own_layout():
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
 def test_a_keras_model_parallel_custom_loop_matches_one_device(traced):
     keras = pytest.importorskip("keras")
+    from keras_testing import custom_step, model_parallel
     xv = np.random.RandomState(1).randn(8, 4).astype(np.float32)
     yv = np.zeros([8, 2], np.float32)
 
@@ -174,24 +175,15 @@ def test_a_keras_model_parallel_custom_loop_matches_one_device(traced):
                 x = keras.distribution.distribute_tensor(x, distribution.get_data_layout(x.shape))
                 y = keras.distribution.distribute_tensor(y, distribution.get_data_layout(y.shape))
 
-            def step(x, y):
-                with tf.GradientTape() as tape:
-                    loss = tf.reduce_mean(tf.square(model(x) - y))
-                grads = tape.gradient(loss, model.trainable_variables)
-                opt.apply_gradients(zip(grads, model.trainable_variables))
-                return loss
-
+            step = custom_step(model, opt)
             step = tf.function(step) if traced else step
             losses = [float(reassemble(step(x, y)) if distribution else step(x, y))
                       for _ in range(3)]
             return losses, [reassemble(w.value.read_value()) if distribution else w.numpy()
                             for w in model.weights]
 
-    mesh = keras.distribution.DeviceMesh((4, 2), ["batch", "model"],
-                                         [f"cpu:{i}" for i in range(8)])
-    layout_map = keras.distribution.LayoutMap(mesh)
-    layout_map[".*d1/kernel"] = (None, "model")  # column-parallel; d2 stays replicated
-    got = train(keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch"))
+    # Column-parallel d1; d2 stays replicated.
+    got = train(model_parallel({".*d1/kernel": (None, "model")}, shape=(4, 2)))
     want = train(None)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
     for g, w in zip(got[1], want[1]):
