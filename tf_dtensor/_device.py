@@ -65,6 +65,8 @@ def get() -> _core.Device:
             return device
         device = _core.Device.register(ctx._handle, DEVICE_NAME)  # pylint: disable=protected-access
         device.set_warning_handler(_warn)
+        # A new context may have fewer logical devices: meshes are checked again.
+        _checked_meshes.clear()
         if not _strict_from_environment:
             _strict_from_environment = True
             if os.environ.get("TF_DTENSOR_STRICT", "0") not in ("", "0", "false"):

@@ -191,3 +191,19 @@ def test_device_handle_is_invalidated_when_tensorflow_deletes_the_device():
                           "live_devices": _core.num_live_devices()}))
     """)
     assert out == {"old_alive": False, "new_alive": True, "raised": True, "live_devices": 1}
+
+
+def test_a_mesh_is_checked_again_after_a_reset_to_fewer_devices():
+    out = _run("""
+        configure(8)
+        mesh = dtensor.create_mesh([("x", 8)], devices=[f"CPU:{d}" for d in range(8)])
+        layout = dtensor.Layout(["x"], mesh)
+        assert float(tf.reduce_sum(dtensor.call_with_layout(tf.ones, layout, shape=(16,)))) == 16
+        context._reset_context(); configure(4)
+        try:
+            dtensor.call_with_layout(tf.ones, layout, shape=(16,))
+            print(json.dumps({"raised": None}))
+        except ValueError as e:
+            print(json.dumps({"raised": str(e)}))
+    """)
+    assert "CPU:4` of mesh(x=8) does not exist: this host has 4" in out["raised"], out
