@@ -74,6 +74,7 @@ def main() -> None:
     assert history.history["loss"][-1] < history.history["loss"][0]
 
     out = args.out or tempfile.mkdtemp()
+    os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "model.keras")
     model.save(path)
     want = model.predict(x[:100], batch_size=50, verbose=0)

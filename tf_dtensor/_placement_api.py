@@ -107,7 +107,19 @@ def _to_plain(tensor, function: str = "full_tensor") -> tf.Tensor:
     return plain
 
 
-def distribute_tensor(tensor, mesh: Mesh, placements: Placements):
+def _mesh_arg(mesh: Optional[Mesh], device_mesh: Optional[Mesh], name: str) -> Mesh:
+    """`mesh`, or PyTorch's keyword for it, `device_mesh`."""
+    if mesh is not None and device_mesh is not None and mesh != device_mesh:
+        raise TypeError(f"`{name}` got both `mesh` and `device_mesh` (PyTorch's name for it), "
+                        f"and they differ; give one.")
+    mesh = mesh if mesh is not None else device_mesh
+    if mesh is None:
+        raise TypeError(f"`{name}` needs a mesh (`mesh=`, or PyTorch's `device_mesh=`).")
+    return mesh
+
+
+def distribute_tensor(tensor, mesh: Optional[Mesh] = None, placements: Placements = None, *,
+                      device_mesh: Optional[Mesh] = None):
     """`tensor` laid out on `mesh` as `placements`: a DTensor with the same global value.
 
     A regular tensor is sliced on each device (no device sees more than its block); a
@@ -124,6 +136,9 @@ def distribute_tensor(tensor, mesh: Mesh, placements: Placements):
     Example:
       >>> t = distribute_tensor(tf.ones([5, 2]), mesh, [Shard(0)])   # blocks of 2, 2, 1, 0
     """
+    mesh = _mesh_arg(mesh, device_mesh, "distribute_tensor")
+    if placements is None:
+        raise TypeError("`distribute_tensor` needs `placements`, one per mesh dimension.")
     source_is_dtensor = api._is_dtensor(tensor)
     if not source_is_dtensor:
         tensor = tf.convert_to_tensor(tensor)
@@ -147,8 +162,9 @@ def _local_list(local) -> Optional[List[Any]]:
     return None
 
 
-def from_local(local, mesh: Mesh, placements: Placements, shape: Optional[Sequence[int]] = None,
-               *, run_check: bool = False):
+def from_local(local, mesh: Optional[Mesh] = None, placements: Placements = None,
+               shape: Optional[Sequence[int]] = None, *, run_check: bool = False,
+               device_mesh: Optional[Mesh] = None):
     """A DTensor from blocks that devices already hold, as PyTorch's `DTensor.from_local`.
 
     Args:
@@ -184,6 +200,9 @@ def from_local(local, mesh: Mesh, placements: Placements, shape: Optional[Sequen
                            "only; it was called while tracing a tf.function. Call it outside "
                            "and pass the DTensor in (inside, use `distribute_tensor` or "
                            "`redistribute`).")
+    mesh = _mesh_arg(mesh, device_mesh, "from_local")
+    if placements is None:
+        raise TypeError("`from_local` needs `placements`, one per mesh dimension.")
     blocks = _local_list(local)
     single = blocks is None
     if single:

@@ -144,3 +144,13 @@ def test_the_spmd_functions_of_deleted_tf_functions_leave_the_context():
         gc.collect()
     # Each new function's expansion sweeps the deleted ones' SPMD functions away.
     assert _spmd_functions() <= before + 2
+
+
+def test_pytorchs_device_mesh_keyword_is_taken():
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("x",))
+    t = distribute_tensor(tf.range(8.0), device_mesh=mesh, placements=[Shard(0)])
+    assert placements_of(t) == (Shard(0),)
+    back = from_local(to_local(t), device_mesh=mesh, placements=[Shard(0)])
+    np.testing.assert_array_equal(full_tensor(back).numpy(), np.arange(8.0))
+    with pytest.raises(TypeError, match="needs a mesh"):
+        distribute_tensor(tf.range(8.0), placements=[Shard(0)])

@@ -52,9 +52,11 @@ def explain(model, print_fn: Optional[Callable[[str], None]] = print) -> List[Va
     divide are allowed: the blocks are ceil(n/k) long and the last ones shorter.
 
     Example:
-      >>> tf_dtensor.keras.explain(model)
-      path                  shape      layout                  per device  rule
-      dense/kernel          (16, 32)   [*,model] @ mesh(...)   512 B       LayoutMap['dense/kernel']
+      >>> plans = tf_dtensor.keras.explain(model)
+      path                     shape     dtype    layout              per device  divides  rule
+      sequential/dense/kernel  (16, 32)  float32  [*,model] @ mesh(...)  512 B    yes      LayoutMap['.*dense.*kernel']
+      sequential/dense/bias    (32,)     float32  [*] @ mesh(...)        128 B    yes      no LayoutMap rule matched: replicated
+      2 variables, 640 B on the busiest device at most
     """
     plans = [_plan(variable) for variable in _variables(model)]
     if print_fn is not None:
