@@ -20,6 +20,7 @@ from typing import List
 
 from tensorflow.core.protobuf import cluster_pb2, tensorflow_server_pb2
 from tensorflow.python.eager import context
+from tensorflow.python.framework import errors
 
 # Seconds without a heartbeat after which the coordination service declares a task lost
 # and every other task's pending work fails (an error naming the lost task, not a hang).
@@ -80,9 +81,26 @@ def start(job: str, addresses: List[str], client: int, heartbeat: bool, nccl: bo
     if _started:
         raise ValueError("This process already joined a multi-client cluster; TensorFlow's "
                          "gRPC server cannot be stopped, so a process joins at most once.")
-    context.context().enable_collective_ops(
-        server_def(job, addresses, client, heartbeat, nccl))
-    context.ensure_initialized()
+    try:
+        context.context().enable_collective_ops(
+            server_def(job, addresses, client, heartbeat, nccl))
+        context.ensure_initialized()
+    except errors.UnknownError as error:
+        if "Could not start gRPC server" not in str(error):
+            raise
+        raise errors.UnknownError(
+            None, None,
+            f"Client {client} could not start TensorFlow's server on {addresses[client]} "
+            f"(DTENSOR_JOBS entry {client}): the port is in use, by another program or by "
+            f"another client started with the same DTENSOR_CLIENT_ID. Free the port, or "
+            f"give each client its own id and address. ({error.message})") from None
+    except errors.DeadlineExceededError as error:
+        raise errors.DeadlineExceededError(
+            None, None,
+            f"Client {client} waited for every client of {addresses} to join, and some did "
+            f"not: client 0 ({addresses[0]}) holds the coordination service; check that it "
+            f"started (a port in use stops it) and that every client has the same "
+            f"DTENSOR_JOBS. ({error.message})") from None
     _core.set_multi_client(True)
     _started = True
 

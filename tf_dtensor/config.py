@@ -242,6 +242,18 @@ def num_global_devices(device_type: str) -> int:
     return num_local_devices(device_type) * num_clients()
 
 
+def _this_clients(device) -> str:
+    """A device's name; a short one ("CPU:0") on a client of several is completed with this
+    client's job and task (its own first CPU, not /job:localhost's)."""
+    name = device.to_string() if hasattr(device, "to_string") else str(device)
+    if num_clients() <= 1:
+        return name
+    spec = tf_device.DeviceSpec.from_string(name)
+    if spec.job is None and spec.task is None:
+        name = spec.replace(job=job_name(), replica=0, task=client_id()).to_string()
+    return name
+
+
 def create_mesh(mesh_dims: Union[List[Tuple[str, int]], Dict[str, int], None] = None,
                 mesh_name: str = "",
                 devices: Optional[List[Union[tf_device.DeviceSpec, str]]] = None,
@@ -269,7 +281,7 @@ def create_mesh(mesh_dims: Union[List[Tuple[str, int]], Dict[str, int], None] = 
                 f"create_mesh: this host has no {device_type or 'CPU'} devices to build the "
                 f"mesh from (device_type={device_type or 'CPU'!r}). Use a device type it has "
                 f"(`tf.config.list_logical_devices()`), or pass `devices=`.")
-    device_names = [d.to_string() if hasattr(d, "to_string") else str(d) for d in devices]
+    device_names = [_this_clients(d) for d in devices]
     if mesh_dims is None:
         mesh_dims = [("x", len(device_names))]
     elif isinstance(mesh_dims, dict):

@@ -311,15 +311,27 @@ Status DTensorDevice::DispatchOp(const EagerOp& op, const Routed& routed, int* n
   if (ctx.mesh.spans_processes() && ChecksEagerCollectives()) {
     // Each eager collective is compared with every other client's before it runs: a
     // client whose eager program went another way gets an error naming both, not a hang.
+    // The description names the mesh in full (its size and device order) and the op's
+    // inputs (global shapes): a loss's all-reduce of a scalar is the same collective on
+    // clients whose meshes or blocks differ.
     TFE_Context* context = op.context;
     const Mesh mesh = ctx.mesh;
-    builder.set_collective_check([context, mesh](const CollectiveRecord& r) {
+    const OpContext* op_ctx = &ctx;  // outlives the builder, which runs the check
+    builder.set_collective_check([context, mesh, op_ctx](const CollectiveRecord& r) {
       const std::string kind =
           r.reduction.empty() ? r.kind : r.kind + "(" + r.reduction + ")";
+      std::string inputs;  // what every client has alike: global shapes and layouts
+      for (const InputInfo& in : op_ctx->inputs) {
+        inputs += (inputs.empty() ? "" : ", ") + DataTypeName(in.dtype) + ShapeString(in.shape) +
+                  (in.layout ? " " + in.layout->ShortString() : std::string(" host"));
+      }
+      std::string ids;
+      for (int64_t id : mesh.global_device_ids()) ids += (ids.empty() ? "" : ",") + std::to_string(id);
       return CheckSameProgram(context, mesh,
                               "eager " + kind + " over " + Join(r.mesh_dims, "+") + " of " +
                                   DataTypeName(r.dtype) + ShapeString(r.shape) + " " +
-                                  r.layout_in + " (op '" + r.op + "')");
+                                  r.layout_in + " (op '" + r.op + "' of " + inputs + "; " +
+                                  mesh.ShortString() + " of devices " + ids + ")");
     });
   }
   const int num_inputs = static_cast<int>(op.handles.size());

@@ -122,6 +122,27 @@ def test_clients_running_different_programs_get_an_error_saying_how(mode):
 
 
 @pytest.mark.multi_client
+def test_eager_collectives_of_other_blocks_are_told_apart():
+    """A full reduction to a scalar (a loss) is the same collective on every client: the
+    comparison also names the op's global input shapes and the mesh's devices, so blocks
+    of other shapes (or meshes of other sizes) fail on both clients instead of hanging."""
+    code, out = _run("mismatch.py", 2, timeout=120, env={"TFD_TEST_MODE": "eager_shapes"})
+    assert code == 0, _tail(out)
+    for k in range(2):
+        found = re.search(rf"\[client {k}\] MISMATCH (\w+): (.*)", out)
+        assert found and found.group(1) == "FailedPreconditionError", _tail(out)
+        assert "float32[4, 4]" in found.group(2) and "float32[8, 4]" in found.group(2), found
+
+
+@pytest.mark.multi_client
+def test_a_clients_own_mesh_by_short_names_and_keras_across_clients():
+    code, out = _run("local_mesh.py", 2, timeout=150)
+    assert code == 0, _tail(out)
+    for k in range(2):
+        assert f"[client {k}] OK local mesh {k}" in out, _tail(out)
+
+
+@pytest.mark.multi_client
 def test_a_client_that_never_calls_the_function_times_out_with_a_message():
     code, out = _run("mismatch.py", 2, timeout=120,
                      env={"TFD_TEST_MODE": "missing", "TF_DTENSOR_PROGRAM_CHECK_TIMEOUT_S": "5"})
@@ -218,3 +239,31 @@ def test_dtensor_dataset_across_clients():
     for k in range(2):
         assert f"[client {k}] OK dataset {k}" in out, _tail(out)
         assert f"[client {k}] OK dataset functions {k}" in out, _tail(out)
+
+
+@pytest.mark.multi_client
+def test_a_port_in_use_is_named_in_the_error():
+    import socket
+    import subprocess
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    other = launch.free_ports(1)[0]
+    env = dict(os.environ, DTENSOR_JOBS=f"127.0.0.1:{port},127.0.0.1:{other}",
+               DTENSOR_CLIENT_ID="0", DTENSOR_JOB_NAME="worker", TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(launch.__file__)),
+                                           os.environ.get("PYTHONPATH", "")]))
+    code = ("from tf_dtensor import dtensor\n"
+            "try:\n"
+            "    dtensor.initialize_accelerator_system('CPU', num_logical_cpu_devices=2)\n"
+            "except Exception as e:\n"
+            "    print('RAISED', type(e).__name__, e)\n")
+    try:
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                text=True, timeout=120)
+    finally:
+        held.close()
+    assert f"RAISED UnknownError Client 0 could not start TensorFlow's server on " \
+           f"127.0.0.1:{port}" in result.stdout, result.stdout + result.stderr[-2000:]
+    assert "the port is in use" in result.stdout

@@ -57,6 +57,9 @@ def list_devices(device_type=None) -> List[str]:
     if kind is None:
         accelerators = [d for d in devices if d.device_type != "CPU"]
         devices = accelerators or [d for d in devices if d.device_type == "CPU"]
+    if config.num_clients() > 1:
+        # Every client's devices, by full name: "cpu:0" would name one on each client.
+        return [d.name for d in devices]
     return [f"{d.device_type.lower()}:{d.name.rsplit(':', 1)[-1]}" for d in devices]
 
 
@@ -76,8 +79,20 @@ def _device_name(device: Any) -> str:
 def _to_backend_mesh(device_mesh) -> Mesh:
     """A Keras `DeviceMesh` as a tf_dtensor `Mesh` (same axis names, shape, devices)."""
     devices = [_device_name(d) for d in np.asarray(device_mesh.devices).flatten()]
-    return config.create_mesh(list(zip(device_mesh.axis_names, device_mesh.shape)),
-                              devices=devices)
+    dims = list(zip(device_mesh.axis_names, device_mesh.shape))
+    if config.num_clients() > 1:
+        names = [config._this_clients(d) for d in devices]  # pylint: disable=protected-access
+        mine = f"/job:{config.full_job_name()}/"
+        others = [name for name in names if not name.startswith(mine)]
+        if others:
+            raise NotImplementedError(
+                f"A Keras DeviceMesh over several processes' devices ({others[0]} is another "
+                f"client's) is not supported on tf_dtensor: Keras' TensorFlow trainer does not "
+                f"assemble each process's batch into one global batch. Give the distribution "
+                f"this process's devices (`keras.distribution.list_devices()` entries of "
+                f"{mine[:-1]}), or shard across processes with tf_dtensor directly "
+                f"(`dtensor.create_distributed_mesh`, a custom training loop).")
+    return config.create_mesh(dims, devices=devices)
 
 
 def _to_backend_layout(tensor_layout) -> Layout:

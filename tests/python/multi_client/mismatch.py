@@ -1,7 +1,8 @@
 """One client of a multi-client run in which the clients run different programs
 (TFD_TEST_MODE): "shapes" (the same tf.function on other input shapes), "functions"
 (another tf.function), "missing" (the last client calls none, waits past the others'
-timeout and leaves) or "eager" (eagerly, after a sum every client makes, the last client
+timeout and leaves), "eager_shapes" (an eager sum to a scalar of blocks of other shapes)
+or "eager" (eagerly, after a sum every client makes, the last client
 takes a maximum where the others take a sum: compared by default).
 Each client must get an error saying how the programs differ, or that a client did not
 come, instead of hanging in a collective. Prints `MISMATCH <error class>: <message>`."""
@@ -21,7 +22,7 @@ me, clients = dtensor.client_id(), dtensor.num_clients()
 mesh = dtensor.create_distributed_mesh([("x", 2 * clients)], device_type="CPU")
 layout = dtensor.Layout(["x", dtensor.UNSHARDED], mesh)
 last = me == clients - 1
-rows = 2 if (mode == "shapes" and last) else 1
+rows = 2 if (mode in ("shapes", "eager_shapes") and last) else 1
 t = dtensor.pack([np.ones([rows, 4], np.float32)] * 2, layout)
 
 
@@ -49,7 +50,9 @@ if mode == "missing" and last:
     time.sleep(10)  # past the others' 5 s wait; then leave without meeting them
     os._exit(0)
 try:
-    if mode == "eager":
+    if mode == "eager_shapes":
+        tf.reduce_sum(t)  # a loss: one scalar all-reduce on every client, of other blocks
+    elif mode == "eager":
         np.testing.assert_allclose(dtensor.unpack(tf.reduce_sum(t, axis=0))[0].numpy(),
                                    np.full([4], 2.0 * clients))
         (tf.reduce_max if last else tf.reduce_sum)(t * 2.0, axis=0)
