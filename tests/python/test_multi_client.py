@@ -260,8 +260,11 @@ def test_a_port_in_use_is_named_in_the_error():
             "except Exception as e:\n"
             "    print('RAISED', type(e).__name__, e)\n")
     try:
+        # Run from the client scripts' folder: `python -c` puts its working directory first
+        # on sys.path, and the checkout's root holds an unbuilt tf_dtensor where the
+        # package is installed.
         result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                                text=True, timeout=120)
+                                text=True, timeout=120, cwd=HERE)
     finally:
         held.close()
     assert f"RAISED UnknownError Client 0 could not start TensorFlow's server on " \
