@@ -545,12 +545,16 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
     // tf.Variable the function captured (a host resource: it runs where the variable lives,
     // as eagerly), and a side effect with no rule and no outputs (SaveV2 of a checkpoint,
     // WriteFile), which run on every device would write once per device.
-    bool once = spec && spec->is_stateful && spec->outputs.empty() &&
-                !RuleRegistry::Global().Find(node.op);
+    // (An update of a DVariable without a rule, ResourceApplyGradientDescent, keeps the
+    // replicated fallback: its state lives on the mesh.)
+    bool side_effect = spec && spec->is_stateful && spec->outputs.empty() &&
+                       !RuleRegistry::Global().Find(node.op);
+    bool plain_resource = false;
     for (ValueId v : inputs) {
-      once = once || (builder_.is_host(v) && builder_.dtype(v) == TF_RESOURCE);
+      side_effect = side_effect && !builder_.resource(v);
+      plain_resource = plain_resource || (builder_.is_host(v) && builder_.dtype(v) == TF_RESOURCE);
     }
-    if (once) return EmitOnceOnHost(node, inputs);
+    if (side_effect || plain_resource) return EmitOnceOnHost(node, inputs);
     // Ops on host values alone stay on the host, unless a layout was requested of an op
     // that can make its blocks directly (Fill, random ops: those have rules).
     bool any_dtensor = false;

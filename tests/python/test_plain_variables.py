@@ -216,3 +216,17 @@ def test_an_eager_step_of_a_plain_layer_beside_a_sharded_one_matches_one_device(
         return losses
 
     np.testing.assert_allclose(train(True), train(False), rtol=1e-5)
+
+
+def test_an_update_without_a_rule_of_a_replicated_dvariable_keeps_its_fallback():
+    # A stateful op without outputs and without a rule runs once on the host, unless it
+    # updates a DVariable: its state lives on the mesh (the replicated fallback runs it).
+    v = dtensor.DVariable(to_dtensor(np.ones([4], np.float32), layout_of("[*]", MESH_8)))
+    g = to_dtensor(np.full([4], 2.0, np.float32), layout_of("[*]", MESH_8))
+
+    @tf.function
+    def step(g):
+        tf.raw_ops.ResourceApplyGradientDescent(var=v.handle, alpha=0.5, delta=g)
+
+    step(g)
+    np.testing.assert_array_equal(reassemble(v.read_value()), np.zeros([4], np.float32))
