@@ -37,23 +37,27 @@ def _is_dtensor(value) -> bool:
         return False
 
 
+def _variable_in(source):
+    """The tf.Variable a tape source is, or holds (a Keras variable's `.value`), or None."""
+    inner = getattr(source, "value", None)
+    for candidate in (inner, source):
+        if isinstance(candidate, resource_variable_ops.BaseResourceVariable):
+            return candidate
+    return None
+
+
 def _dtensor_source(source):
-    """The DTensor or DVariable a tape source is, or holds (a Keras variable's `.value`)."""
+    """The DTensor or DVariable a tape source is, or holds."""
     if _is_dtensor(source):
         return source
-    inner = getattr(source, "value", None)
-    if isinstance(inner, resource_variable_ops.BaseResourceVariable) and _is_dtensor(inner):
-        return inner
-    return None
+    variable = _variable_in(source)
+    return variable if variable is not None and _is_dtensor(variable) else None
 
 
 def _is_plain_variable(source) -> bool:
     """A tf.Variable (or a Keras variable holding one) that is not a DVariable."""
-    inner = getattr(source, "value", None)
-    if isinstance(inner, resource_variable_ops.BaseResourceVariable):
-        source = inner
-    return (isinstance(source, resource_variable_ops.BaseResourceVariable) and
-            not _is_dtensor(source))
+    variable = _variable_in(source)
+    return variable is not None and not _is_dtensor(variable)
 
 
 def _gradient(self, target, sources, output_gradients=None,
