@@ -15,6 +15,14 @@ if not _tf.__version__.startswith(_TF_SERIES + "."):
         f"loaded. Install `tensorflow=={_TF_SERIES}.*` or rebuild tf_dtensor against this "
         f"TensorFlow (`pip install --force-reinstall --no-binary tf_dtensor .`).")
 
+# AutoGraph leaves tf_dtensor's own code as it is: converted inside a tf.function or a
+# Dataset.map, the first call's device set-up ran in a converted copy whose module state
+# (the device, once registered) never reached tf_dtensor, and every later call failed.
+from tensorflow.python.autograph.core import config as _autograph_config  # noqa: E402
+
+_autograph_config.CONVERSION_RULES = (
+    (_autograph_config.DoNotConvert("tf_dtensor"),) + tuple(_autograph_config.CONVERSION_RULES))
+
 from tf_dtensor import _core  # noqa: E402  (needs TensorFlow's libraries loaded first)
 from tf_dtensor import _tape  # noqa: E402
 from tf_dtensor import _tf_layout_args  # noqa: E402

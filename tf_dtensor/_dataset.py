@@ -99,14 +99,18 @@ class _Share:
                 size.append(share_shape[axis])
                 continue
             count = layout.mesh.dim_size(spec)
-            step = extent // count
-            offset = location[spec] * step
             if axis == 0 and spec == self.batch_dim:
-                # The share stacks this client's replicas: map the global row offset to the
-                # replica's position in the share.
-                offset = self.replicas.index(location[spec]) * self.per_replica
+                # The share stacks this client's replicas (the batch divides evenly): map
+                # the global row offset to the replica's position in the share.
+                begin.append(self.replicas.index(location[spec]) * self.per_replica)
+                size.append(self.per_replica)
+                continue
+            # Uneven shards as everywhere: ceil(n / k)-sized blocks, the last ones smaller
+            # or empty (n // k blocks dropped the remainder).
+            step = -(-extent // count)
+            offset = min(location[spec] * step, extent)
             begin.append(offset)
-            size.append(step)
+            size.append(min(step, extent - offset))
         return tuple(begin), tuple(size)
 
 

@@ -4,6 +4,7 @@
 
 #include "cc/core/strings.h"
 #include "cc/spmd/layout_types.h"
+#include "cc/spmd/relayout.h"
 #include "cc/tf/handles.h"
 #include "tensorflow/c/tf_tensor.h"
 #include "tensorflow/c/tf_tstring.h"
@@ -85,6 +86,7 @@ StatusOr<TFE_TensorHandle*> Pack(TFE_Context* context, const std::string& device
           "the last ones smaller or empty.");
     }
   }
+  TFD_RETURN_IF_ERROR(CheckReductionsFit(layout, dtype, "pack"));
   auto tensor = std::make_unique<TensorWithLayout>(layout, std::move(global), dtype,
                                                    std::move(placed));
   tensor->set_parted(parted);

@@ -56,8 +56,45 @@ ValueId GraphBuilder::AddHost(TF_Output output) {
   Value v;
   v.host = output;
   v.dtype = TF_OperationOutputType(output);
-  v.shape = InferredShape(output).value_or(std::vector<int64_t>{});
-  return Add(std::move(v));
+  std::optional<std::vector<int64_t>> shape = InferredShape(output);
+  if (!shape) shape = LookupShape(output);
+  v.shape = shape.value_or(std::vector<int64_t>{});
+  const ValueId id = Add(std::move(v));
+  if (!shape) unknown_rank_.insert(id);
+  return id;
+}
+
+std::optional<std::vector<int64_t>> GraphBuilder::LookupShape(TF_Output output) {
+  // A hash table's lookup (Keras' StringLookup, IntegerLookup, TextVectorization): TF
+  // infers its shape only from the table handle's data, which a captured table lacks. The
+  // kernel's is the keys' shape and then the value shape, which the default value has.
+  const std::string type = TF_OperationOpType(output.oper);
+  if ((type != "LookupTableFindV2" && type != "LookupTableFind") || output.index != 0 ||
+      TF_OperationNumInputs(output.oper) != 3) {
+    return std::nullopt;
+  }
+  std::optional<std::vector<int64_t>> keys =
+      InferredShape(TF_OperationInput(TF_Input{output.oper, 1}));
+  std::optional<std::vector<int64_t>> value =
+      InferredShape(TF_OperationInput(TF_Input{output.oper, 2}));
+  if (!keys || !value) return std::nullopt;
+  keys->insert(keys->end(), value->begin(), value->end());
+  SetLocalShape(output, *keys);
+  return InferredShape(output);
+}
+
+StatusOr<ValueId> GraphBuilder::Broadcast(ValueId host_value, const Mesh& mesh) {
+  if (unknown_rank_.count(host_value)) {
+    const TF_Output out = values_[host_value].host;
+    return FailedPrecondition(
+        "Output " + std::to_string(out.index) + " of '" + TF_OperationName(out.oper) + "' (" +
+        TF_OperationOpType(out.oper) + ", run on the host) goes to " + mesh.ShortString() +
+        " as a DTensor, but TensorFlow infers no shape for it, not even its rank; tf_dtensor "
+        "needs static shapes. Give it one inside the function with `tf.ensure_shape` (a hash "
+        "table's lookup: `tf.ensure_shape(table.lookup(keys), keys.shape)`), or pass the value "
+        "in as an argument (a tf.Variable made with shape=None: `fn(x, v.read_value())`).");
+  }
+  return ComponentBuilder<TF_Output>::Broadcast(host_value, mesh);
 }
 
 std::optional<std::vector<int64_t>> GraphBuilder::InferredShape(TF_Output output) const {

@@ -40,6 +40,10 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   ValueId AddDTensor(Layout layout, std::vector<int64_t> shape, int dtype,
                      std::optional<ResourceInfo> resource, std::vector<TF_Output> components);
   ValueId AddHost(TF_Output output);
+  // A host value goes to the mesh replicated, with the shape TF inferred for it: one whose
+  // rank TF does not know (a hash table's lookup, TF gives it no shape without the table's
+  // handle data) is refused with the fix, never taken for a scalar.
+  StatusOr<ValueId> Broadcast(ValueId host_value, const Mesh& mesh) override;
   bool is_host(ValueId value) const { return !values_[value].layout; }
   TF_Output host(ValueId value) const { return values_[value].host; }
   TF_Output component(ValueId value, int device) const { return values_[value].handles[device]; }
@@ -122,6 +126,9 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
 
  private:
   std::string UniqueName(const std::string& op_type);
+  // The shape of a hash table lookup whose handle carries no shape data, set on the graph
+  // (LookupTableFindV2: the keys' shape, then the default value's); nullopt for other ops.
+  std::optional<std::vector<int64_t>> LookupShape(TF_Output output);
   // Where devices do not share buffers (GPUs), a constant is made on each device that
   // reads it: TF builds a Const's tensor once, where an edge from another device would
   // copy it on every call (a host-to-device copy for a host constant). `c` itself when it
@@ -135,6 +142,7 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
 
   TF_Graph* graph_;
   std::string host_device_;
+  std::set<ValueId> unknown_rank_;  // host values whose rank TF's shape inference leaves open
   bool xla_compile_ = false;
   TF_Status* status_;
   std::map<std::string, std::unique_ptr<OpSpec>> op_specs_;

@@ -5,9 +5,11 @@
 namespace tf_dtensor {
 namespace {
 
-bool SumLike(const std::vector<PartialSpec>& partial) {
+// Pending sums, and means of real or complex numbers, pass through linear ops; an integer
+// mean truncates (trunc(a/n) + trunc(b/n) is not trunc((a+b)/n)), so it is made first.
+bool SumLike(const std::vector<PartialSpec>& partial, int dtype) {
   for (const PartialSpec& p : partial) {
-    if (p.op != ReduceOp::kSum && p.op != ReduceOp::kMean) return false;
+    if (p.op != ReduceOp::kSum && (p.op != ReduceOp::kMean || IsIntegerDType(dtype))) return false;
   }
   return true;
 }
@@ -34,21 +36,22 @@ std::optional<std::vector<PartialSpec>> PassedReductions(const Rule& rule,
   }
   if (partial.empty()) return std::nullopt;
   const std::vector<PartialSpec>& first = ctx.inputs[partial[0]].layout->partial();
+  const int dtype = ctx.inputs[partial[0]].dtype;
   switch (traits.linearity) {
     case Linearity::kNone:
       return std::nullopt;
     case Linearity::kEachInput:
-      if (partial.size() != data.size() || !SumLike(first)) return std::nullopt;
+      if (partial.size() != data.size() || !SumLike(first, dtype)) return std::nullopt;
       for (int i : partial) {
         if (ctx.inputs[i].layout->partial() != first) return std::nullopt;
       }
       return first;
     case Linearity::kOneInput:
-      if (partial.size() != 1 || !SumLike(first)) return std::nullopt;
+      if (partial.size() != 1 || !SumLike(first, dtype)) return std::nullopt;
       return first;
     case Linearity::kFirstInput:
       // (a + b) / c is a/c + b/c for real and complex numbers, not for truncating integers.
-      if (partial.size() != 1 || partial[0] != data[0] || !SumLike(first) ||
+      if (partial.size() != 1 || partial[0] != data[0] || !SumLike(first, dtype) ||
           IsIntegerDType(ctx.inputs[partial[0]].dtype)) {
         return std::nullopt;
       }
@@ -57,7 +60,7 @@ std::optional<std::vector<PartialSpec>> PassedReductions(const Rule& rule,
       if (data.size() != 1) return std::nullopt;
       return first;
     case Linearity::kSum:
-      if (data.size() != 1 || !SumLike(first)) return std::nullopt;
+      if (data.size() != 1 || !SumLike(first, dtype)) return std::nullopt;
       return first;
     case Linearity::kMax:
       if (data.size() != 1 || !AllOps(first, ReduceOp::kMax)) return std::nullopt;

@@ -10,6 +10,7 @@
 #include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/layout_types.h"
+#include "cc/spmd/relayout.h"
 
 namespace tf_dtensor {
 namespace {
@@ -74,6 +75,7 @@ class RelayoutRule : public Rule {
     // The runtime form (cc/spmd/layout_types.h): the device marks parted outputs.
     const Layout target = RuntimeLayout(user_target, static_cast<int>(in.shape.size()));
     TFD_RETURN_IF_ERROR(target.LocalShape(in.shape, "input 0 of relayout").status());
+    TFD_RETURN_IF_ERROR(CheckReductionsFit(target, in.dtype, "relayout"));
     Plan plan;
     plan.inputs = {target};
     plan.outputs = {target};

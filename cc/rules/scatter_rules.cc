@@ -13,6 +13,7 @@
 #include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "cc/rules/row_blocks.h"
+#include "cc/tf/dtypes.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
@@ -197,8 +198,12 @@ class ScatterNdRule : public FactorRule {
     if ((indices && indices->is_partial()) || !updates || !updates->is_partial()) {
       return std::nullopt;
     }
+    // Duplicate indices add updates: an integer mean (truncating) is made first.
     for (const PartialSpec& p : updates->partial()) {
-      if (p.op != ReduceOp::kSum && p.op != ReduceOp::kMean) return std::nullopt;
+      if (p.op != ReduceOp::kSum &&
+          (p.op != ReduceOp::kMean || IsIntegerDType(ctx.inputs[1].dtype))) {
+        return std::nullopt;
+      }
     }
     return updates->partial();
   }

@@ -298,6 +298,17 @@ class ReshapeRule : public Rule {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> target, ctx.IntValue(1, "shape"));
     const std::vector<int64_t>& in_shape = ctx.inputs[0].shape;
     const Layout& in = ctx.layout(0);
+    if (std::find(in_shape.begin(), in_shape.end(), int64_t{-1}) != in_shape.end()) {
+      // An input whose size is known only at run time (boolean_mask's, dynamic_partition's
+      // rows) reshaped to a given shape: the kernel checks the count; every device
+      // reshapes the whole input.
+      Plan plan;
+      plan.inputs = {Layout::Replicated(ctx.mesh, ctx.rank(0)),
+                     ctx.inputs[1].layout ? std::optional<Layout>(Layout::Replicated(ctx.mesh, 1))
+                                          : std::nullopt};
+      plan.outputs = {Layout::Replicated(ctx.mesh, static_cast<int>(target.size()))};
+      return plan;
+    }
     int64_t total = std::accumulate(in_shape.begin(), in_shape.end(), int64_t{1},
                                     std::multiplies<int64_t>());
     // Resolve a -1 in the target shape.

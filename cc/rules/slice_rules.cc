@@ -37,11 +37,14 @@ bool Bit(int64_t mask, int i) { return (mask >> i) & 1; }
 
 // Follows TensorFlow's BuildDenseSpec: an ellipsis (implied after the last entry when
 // absent) stands for as many whole axes as the other entries leave.
+// With `bounds_known` false (begin and end known only when the function runs: x[i] with a
+// loop counter), an axis is whole only where both masks leave it so and its stride is 1.
 StatusOr<StridedSliceAxes> AnalyzeStridedSlice(const OpContext& ctx,
                                                const std::vector<int64_t>& shape,
                                                const std::vector<int64_t>& begin,
                                                const std::vector<int64_t>& end,
-                                               const std::vector<int64_t>& strides) {
+                                               const std::vector<int64_t>& strides,
+                                               bool bounds_known = true) {
   const int n = static_cast<int>(begin.size());
   if (static_cast<int>(end.size()) != n || static_cast<int>(strides.size()) != n) {
     return InvalidArgument("'" + ctx.op_name + "' needs begin, end and strides of one length; got " +
@@ -89,6 +92,10 @@ StatusOr<StridedSliceAxes> AnalyzeStridedSlice(const OpContext& ctx,
       continue;
     }
     axes.result_source.push_back(d);
+    if (!bounds_known) {
+      axes.whole[d] = Bit(begin_mask, i) && Bit(end_mask, i) && strides[i] == 1;
+      continue;
+    }
     const int64_t size = shape[d];
     auto clamp = [size](int64_t v) { return std::clamp(v < 0 ? v + size : v, int64_t{0}, size); };
     int64_t start = Bit(begin_mask, i) ? 0 : clamp(begin[i]);
@@ -131,17 +138,73 @@ void LocalizeEntries(const StridedSliceAxes& axes, const Layout& layout,
   }
 }
 
+// Whether the integer operands `inputs` are known only when the function runs, each whole
+// (on the host or replicated) and of static shape `shape`: then the op can run on whole
+// inputs with them as they are.
+bool RunTimeOperands(const OpContext& ctx, const std::vector<int>& inputs,
+                     const std::vector<int64_t>& shape) {
+  for (int i : inputs) {
+    if (i >= static_cast<int>(ctx.inputs.size())) return false;
+    const InputInfo& in = ctx.inputs[i];
+    if ((in.layout && !in.layout->IsFullyReplicated()) || in.shape != shape) return false;
+  }
+  return true;
+}
+
+// Every data input gathered, operands as given, the output replicated.
+Plan RunWhole(const OpContext& ctx) {
+  Plan plan;
+  for (const InputInfo& in : ctx.inputs) {
+    plan.inputs.push_back(in.layout ? std::optional<Layout>(Layout::Replicated(
+                                          ctx.mesh, static_cast<int>(in.shape.size())))
+                                    : std::nullopt);
+  }
+  plan.outputs = {Layout::Replicated(ctx.mesh, ctx.rank(0))};
+  return plan;
+}
+
+// The begin, end and strides inputs (1, 2, 3) of a strided slice op. Inside tf.function
+// begin and end may be known only when it runs (x[i] with a loop counter, as TF's DTensor
+// allows): then `known` is false, begin and end are zeros of their static length, and the
+// rules keep only the sharding of axes the masks take whole, whose entries the kernel
+// ignores, so every device runs the op with the run-time bounds as they are. The strides
+// must be known (a run-time stride could reverse any axis); so must a sharded bound's value.
+struct SliceBounds {
+  std::vector<int64_t> begin, end, strides;
+  bool known = true;
+};
+
+StatusOr<SliceBounds> ReadSliceBounds(const OpContext& ctx) {
+  SliceBounds b;
+  StatusOr<std::vector<int64_t>> begin = ctx.IntValue(1, "begin");
+  StatusOr<std::vector<int64_t>> end = ctx.IntValue(2, "end");
+  TFD_ASSIGN_OR_RETURN(b.strides, ctx.IntValue(3, "strides"));
+  if (begin.ok() && end.ok()) {
+    b.begin = *std::move(begin);
+    b.end = *std::move(end);
+    return b;
+  }
+  const size_t n = b.strides.size();
+  if (!RunTimeOperands(ctx, {1, 2}, {static_cast<int64_t>(n)})) {
+    return begin.ok() ? end.status() : begin.status();
+  }
+  b.begin.assign(n, 0);
+  b.end.assign(n, 0);
+  b.known = false;
+  return b;
+}
+
 // StridedSlice(input, begin, end, strides).
 class StridedSliceRule : public Rule {
  public:
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> begin, ctx.IntValue(1, "begin"));
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> end, ctx.IntValue(2, "end"));
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> strides, ctx.IntValue(3, "strides"));
+    TFD_ASSIGN_OR_RETURN(SliceBounds bounds, ReadSliceBounds(ctx));
+    std::vector<int64_t>& begin = bounds.begin;
+    std::vector<int64_t>& end = bounds.end;
     const std::vector<int64_t>& shape = ctx.inputs[0].shape;
-    TFD_ASSIGN_OR_RETURN(StridedSliceAxes axes,
-                         AnalyzeStridedSlice(ctx, shape, begin, end, strides));
+    TFD_ASSIGN_OR_RETURN(StridedSliceAxes axes, AnalyzeStridedSlice(ctx, shape, begin, end,
+                                                                    bounds.strides, bounds.known));
     const Layout& in = ctx.layout(0);
     std::vector<DimSpec> specs = in.specs();
     for (int d = 0; d < in.rank(); ++d) {
@@ -155,7 +218,7 @@ class StridedSliceRule : public Rule {
     Layout runs = in.WithSpecs(specs);
     plan.inputs = {runs, std::nullopt, std::nullopt, std::nullopt};
     plan.outputs = {in.WithSpecs(out)};
-    if (!runs.IsFullyReplicated()) {
+    if (bounds.known && !runs.IsFullyReplicated()) {
       LocalizeEntries(axes, runs, shape, &begin, &end);
       plan.host_inputs[1] = begin;
       plan.host_inputs[2] = end;
@@ -171,11 +234,11 @@ class StridedSliceGradRule : public Rule {
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ctx.IntValue(0, "shape"));
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> begin, ctx.IntValue(1, "begin"));
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> end, ctx.IntValue(2, "end"));
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> strides, ctx.IntValue(3, "strides"));
-    TFD_ASSIGN_OR_RETURN(StridedSliceAxes axes,
-                         AnalyzeStridedSlice(ctx, shape, begin, end, strides));
+    TFD_ASSIGN_OR_RETURN(SliceBounds bounds, ReadSliceBounds(ctx));
+    std::vector<int64_t>& begin = bounds.begin;
+    std::vector<int64_t>& end = bounds.end;
+    TFD_ASSIGN_OR_RETURN(StridedSliceAxes axes, AnalyzeStridedSlice(ctx, shape, begin, end,
+                                                                    bounds.strides, bounds.known));
     const Layout& dy = ctx.layout(4);
     if (static_cast<int>(axes.result_source.size()) != dy.rank()) {
       return InvalidArgument("'" + ctx.op_name + "' got " + ctx.Describe(4) +
@@ -200,9 +263,11 @@ class StridedSliceGradRule : public Rule {
     if (!out_layout.IsFullyReplicated()) {
       TFD_ASSIGN_OR_RETURN(plan.host_inputs[0],
                            out_layout.UniformLocalShape(shape, "the output of '" + ctx.op_name + "'"));
-      LocalizeEntries(axes, out_layout, shape, &begin, &end);
-      plan.host_inputs[1] = begin;
-      plan.host_inputs[2] = end;
+      if (bounds.known) {
+        LocalizeEntries(axes, out_layout, shape, &begin, &end);
+        plan.host_inputs[1] = begin;
+        plan.host_inputs[2] = end;
+      }
     }
     return plan;
   }
@@ -217,12 +282,12 @@ class TensorStridedSliceUpdateRule : public Rule {
  public:
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> begin, ctx.IntValue(1, "begin"));
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> end, ctx.IntValue(2, "end"));
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> strides, ctx.IntValue(3, "strides"));
+    TFD_ASSIGN_OR_RETURN(SliceBounds bounds, ReadSliceBounds(ctx));
+    std::vector<int64_t>& begin = bounds.begin;
+    std::vector<int64_t>& end = bounds.end;
     const std::vector<int64_t>& shape = ctx.inputs[0].shape;
-    TFD_ASSIGN_OR_RETURN(StridedSliceAxes axes,
-                         AnalyzeStridedSlice(ctx, shape, begin, end, strides));
+    TFD_ASSIGN_OR_RETURN(StridedSliceAxes axes, AnalyzeStridedSlice(ctx, shape, begin, end,
+                                                                    bounds.strides, bounds.known));
     const Layout& in = ctx.layout(0);
     const Layout& value = ctx.layout(4);
     const std::vector<int64_t>& value_shape = ctx.inputs[4].shape;
@@ -265,7 +330,7 @@ class TensorStridedSliceUpdateRule : public Rule {
     Plan plan;
     plan.inputs = {runs, std::nullopt, std::nullopt, std::nullopt, value.WithSpecs(value_specs)};
     plan.outputs = {runs};
-    if (!runs.IsFullyReplicated()) {
+    if (bounds.known && !runs.IsFullyReplicated()) {
       LocalizeEntries(axes, runs, shape, &begin, &end);
       plan.host_inputs[1] = begin;
       plan.host_inputs[2] = end;
@@ -279,8 +344,19 @@ class SliceRule : public Rule {
  public:
 
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> begin, ctx.IntValue(1, "begin"));
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> size, ctx.IntValue(2, "size"));
+    StatusOr<std::vector<int64_t>> begin_value = ctx.IntValue(1, "begin");
+    StatusOr<std::vector<int64_t>> size_value = ctx.IntValue(2, "size");
+    if (!begin_value.ok() || !size_value.ok()) {
+      // Known only when the function runs (tf.slice(x, [k, 0], ...) with a run-time k, as
+      // TF's DTensor allows): every axis may be cut, so the input is gathered and every
+      // device slices it whole.
+      if (!RunTimeOperands(ctx, {1, 2}, {ctx.rank(0)})) {
+        return begin_value.ok() ? size_value.status() : begin_value.status();
+      }
+      return RunWhole(ctx);
+    }
+    std::vector<int64_t> begin = *std::move(begin_value);
+    std::vector<int64_t> size = *std::move(size_value);
     const Layout& in = ctx.layout(0);
     const std::vector<int64_t>& shape = ctx.inputs[0].shape;
     if (static_cast<int>(begin.size()) != in.rank() || static_cast<int>(size.size()) != in.rank()) {
@@ -308,8 +384,14 @@ class SliceRule : public Rule {
 
 // Pad/PadV2/MirrorPad(input, paddings [rank, 2], ...): padded axes need replication.
 StatusOr<FactorSpec> PadFactors(const OpContext& ctx) {
-  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> paddings, ctx.IntValue(1, "paddings"));
   const int rank = ctx.rank(0);
+  StatusOr<std::vector<int64_t>> padding_value = ctx.IntValue(1, "paddings");
+  if (!padding_value.ok() && !RunTimeOperands(ctx, {1}, {rank, 2})) {
+    return padding_value.status();
+  }
+  // Paddings known only when the function runs pad any axis: every axis is gathered.
+  std::vector<int64_t> paddings =
+      padding_value.ok() ? *std::move(padding_value) : std::vector<int64_t>(2 * rank, 1);
   if (static_cast<int>(paddings.size()) != 2 * rank) {
     return InvalidArgument("'" + ctx.op_name + "' needs paddings of shape [" +
                            std::to_string(rank) + ", 2] for " + ctx.Describe(0) + "; got " +
@@ -340,7 +422,8 @@ class MirrorPadRule : public FactorRule {
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
     LocalOpOptions options;
     options.overrides = plan.overrides;
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> paddings, ctx.IntValue(1, "paddings"));
+    StatusOr<std::vector<int64_t>> padding_value = ctx.IntValue(1, "paddings");
+    std::vector<int64_t> paddings = padding_value.ok() ? *padding_value : std::vector<int64_t>{};
     std::vector<int64_t> shape = ctx.inputs[0].shape;
     bool known = paddings.size() == 2 * shape.size();
     for (size_t d = 0; known && d < shape.size(); ++d) {

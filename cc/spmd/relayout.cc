@@ -4,6 +4,8 @@
 #include <utility>
 
 #include "cc/core/strings.h"
+#include "cc/tf/dtypes.h"
+#include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
 
@@ -325,6 +327,25 @@ StatusOr<ValueId> EmitStep(Builder& builder, ValueId value, const RelayoutStep& 
 }
 
 }  // namespace
+
+Status CheckReductionsFit(const Layout& layout, int dtype, const std::string& what) {
+  for (const PartialSpec& p : layout.partial()) {
+    const bool fits = dtype == TF_STRING ? false
+                      : dtype == TF_COMPLEX64 || dtype == TF_COMPLEX128
+                          ? p.op != ReduceOp::kMax && p.op != ReduceOp::kMin
+                      : dtype == TF_BOOL ? p.op != ReduceOp::kMean
+                                         : true;
+    if (!fits) {
+      return InvalidArgument(what + ": layout " + layout.ShortString() + " leaves a pending " +
+                             ReduceOpName(p.op) + " over mesh dimension '" +
+                             layout.mesh().dims()[p.mesh_dim].name + "', which " +
+                             DataTypeName(dtype) + " values cannot be reduced by. Use a "
+                             "layout without it" + (dtype == TF_STRING ? "" :
+                             ", or another reduction (sum or prod)") + ".");
+    }
+  }
+  return Status::Ok();
+}
 
 StatusOr<ValueId> EmitRelayout(Builder& builder, ValueId value,
                                const std::vector<RelayoutStep>& steps) {

@@ -81,6 +81,12 @@ std::vector<std::string> DescribeRelayout(const Layout& source, const Layout& ta
                                           const std::vector<int64_t>& shape,
                                           const std::string& what, bool variable_handle = false);
 
+// Whether values of `dtype` can hold the pending reductions of `layout`: none for strings,
+// no max or min for complex numbers, no mean for booleans (their sum is a logical or).
+// Fails naming `what`, the dtype, the reduction and the fix; pack and relayout check it,
+// so a layout no kernel can reduce is refused where it is made, not at its reduction.
+Status CheckReductionsFit(const Layout& layout, int dtype, const std::string& what);
+
 // Runs `steps` on `builder`, one builder collective per step, starting from `value`.
 StatusOr<ValueId> EmitRelayout(Builder& builder, ValueId value,
                                const std::vector<RelayoutStep>& steps);

@@ -80,6 +80,23 @@ def test_batches_equal_single_device_batches(mesh, batch_dim, feature_spec, labe
     assert_batches(reference_batches(arrays, global_batch), layouts, list(dataset))
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("mesh,spec,batch_dim,global_batch", [
+    (MESH_BM, "[batch,model]", "batch", 4),   # 5 columns over model=2: blocks 3 and 2
+    (MESH_B4, "[batch,*]", None, 6),          # 6 rows over batch=4 and no batch_dim: 2,2,2,0
+])
+def test_uneven_blocks_hold_the_whole_batch(mesh, spec, batch_dim, global_batch, traced):
+    # Eagerly each device took n // k rows or columns: the remainder was silently lost.
+    features = np.arange(24 * 5, dtype=np.float32).reshape(24, 5)
+    layout = layout_of(spec, mesh)
+    dataset = dtensor.DTensorDataset(tf.data.Dataset.from_tensor_slices(features), mesh=mesh,
+                                     layouts=layout, global_batch_size=global_batch,
+                                     batch_dim=batch_dim)
+    iterator = iter(dataset)
+    first = tf.function(lambda it: next(it))(iterator) if traced else next(iterator)
+    assert_dtensor_equal(features[:global_batch], layout, first)
+
+
 def test_element_spec_is_the_global_batch(mesh_2x2):
     layouts = (Layout(["x", "y"], mesh_2x2), Layout(["x"], mesh_2x2))
     dataset = dtensor.DTensorDataset(

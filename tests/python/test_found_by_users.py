@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.eager import context
 
-from dtensor_testing import MESH_2X2, MESH_8, cpus, layout_of, reassemble, to_dtensor
+from dtensor_testing import (MESH_2X2, MESH_8, cpus, layout_of, reassemble, run_python,
+                             to_dtensor)
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import Layout
 from tf_dtensor.placements import (Partial, Replicate, Shard, distribute_tensor, from_local,
@@ -154,3 +155,30 @@ def test_pytorchs_device_mesh_keyword_is_taken():
     np.testing.assert_array_equal(full_tensor(back).numpy(), np.arange(8.0))
     with pytest.raises(TypeError, match="needs a mesh"):
         distribute_tensor(tf.range(8.0), placements=[Shard(0)])
+
+
+def test_a_first_use_inside_autograph_code_leaves_the_device_usable(tmp_path):
+    # AutoGraph converted tf_dtensor's device set-up when a tf.function (or a Dataset.map)
+    # was the first to use it: the device was registered, tf_dtensor never learnt it, and
+    # every later DTensor call failed ("already registered as a custom device"). AutoGraph
+    # converts only code whose source it can read: the program is a file.
+    script = tmp_path / "first_use.py"
+    script.write_text("""
+import tensorflow as tf
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+from tf_dtensor import dtensor
+mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+layout = dtensor.Layout(["x"], mesh)
+
+@tf.function
+def f(x):
+    return dtensor.relayout(x, layout)
+
+f.get_concrete_function(tf.TensorSpec([4], tf.float32))
+with dtensor.run_on(mesh):
+    got = f(tf.range(4.0))
+print("after:", dtensor.relayout(got, dtensor.Layout.replicated(mesh, 1)).numpy().tolist())
+""")
+    result = run_python(f"import runpy; runpy.run_path({str(script)!r})")
+    assert "after: [0.0, 1.0, 2.0, 3.0]" in result.stdout, result.stdout + result.stderr

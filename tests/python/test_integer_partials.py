@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from dtensor_testing import LOWERINGS, MESH_8, collective_lowering, layout_of, reassemble, to_dtensor
+import tf_dtensor
 from tf_dtensor import dtensor
 from tf_dtensor.placements import Partial, from_local, full_tensor, init_device_mesh
 
@@ -59,3 +60,43 @@ def test_a_partial_mean_of_integers_is_their_truncated_mean(lowering, dtype):
         got = full_tensor(p)
     assert got.dtype == tf.as_dtype(dtype)
     np.testing.assert_array_equal(got.numpy(), [4, 2, 100])
+
+
+@pytest.mark.parametrize("op", ["reduce_sum", "matmul", "add"])
+def test_an_integer_partial_mean_is_made_before_linear_ops(op):
+    # Terms 0,1,0,1,... : the mean is 0 (truncated). Passed through the op pending, the
+    # per-device results' mean was 1 for a sum, a matmul and t + t.
+    mesh = MESH_8
+    t = dtensor.pack([tf.constant([i % 2, i % 2], tf.int32) for i in range(8)],
+                     dtensor.Layout([dtensor.UNSHARDED], mesh, partial={"x": "mean"}))
+    fns = {"reduce_sum": tf.reduce_sum,
+           "matmul": lambda t: tf.matmul(tf.reshape(t, [1, 2]), tf.ones([2, 1], tf.int32)),
+           "add": lambda t: t + t}
+    got = fns[op](t)
+    want = fns[op](tf.constant([0, 0], tf.int32)).numpy()
+    np.testing.assert_array_equal(full_tensor(got).numpy() if dtensor.fetch_layout(got).partial
+                                  else reassemble(got), want)
+
+
+@pytest.mark.parametrize("dtype,reduction", [
+    (tf.string, "sum"), (tf.string, "max"), (tf.complex64, "max"), (tf.complex128, "min"),
+    (tf.bool, "mean")])
+def test_a_partial_layout_no_kernel_can_reduce_is_refused_where_it_is_made(dtype, reduction):
+    # It was accepted, and the first reduction failed with a raw kernel error.
+    mesh = MESH_8
+    layout = dtensor.Layout([dtensor.UNSHARDED], mesh, partial={"x": reduction})
+    value = tf.constant(["a", "b"]) if dtype == tf.string else tf.cast([1, 0], dtype)
+    with pytest.raises(tf_dtensor.PackError, match=f"pending {reduction}.*{dtype.name}"):
+        dtensor.pack([value] * 8, layout)
+    replicated = dtensor.copy_to_mesh(value, dtensor.Layout.replicated(mesh, 1))
+    with pytest.raises(Exception, match=f"pending {reduction}.*{dtype.name}"):
+        dtensor.relayout(replicated, layout)
+
+
+def test_partial_layouts_kernels_can_reduce_still_pack():
+    mesh = MESH_8
+    for dtype, reduction in [(tf.complex64, "sum"), (tf.complex64, "prod"), (tf.bool, "sum"),
+                             (tf.bool, "max"), (tf.int8, "mean")]:
+        layout = dtensor.Layout([dtensor.UNSHARDED], mesh, partial={"x": reduction})
+        t = dtensor.pack([tf.cast([1, 0], dtype)] * 8, layout)
+        assert dtensor.fetch_layout(t).partial

@@ -217,6 +217,27 @@ def test_fit_evaluate_predict_with_callbacks_and_uneven_batches(capsys):
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_metric_object_made_before_the_distribution_counts_every_batch():
+    # Its variables are plain until the first traced step builds the compiled metrics and
+    # the next step moves them onto the mesh; the step traced with the plain ones must be
+    # traced again, or its updates miss the variables reset_state and result() use.
+    def fit(metric, epochs=2):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=[metric])
+        return model, model.fit(X[:48], Y_CLS[:48], batch_size=8, epochs=epochs,
+                                shuffle=False, verbose=0).history
+    name = "sparse_top_k_categorical_accuracy"
+    plain, want = fit(keras.metrics.SparseTopKCategoricalAccuracy(k=2))
+    metric = keras.metrics.SparseTopKCategoricalAccuracy(k=2)  # before the distribution
+    with kt.data_parallel().scope():
+        model, got = fit(metric)
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+        np.testing.assert_allclose(model.evaluate(X[:48], Y_CLS[:48], verbose=0),
+                                   plain.evaluate(X[:48], Y_CLS[:48], verbose=0), rtol=1e-5)
+
+
 def test_fit_on_a_tf_data_dataset_with_steps_per_execution():
     dataset = tf.data.Dataset.from_tensor_slices((X, Y_REG)).batch(16)
     plain = mlp()()

@@ -21,7 +21,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
-from dtensor_testing import (MESH_1D, MESH_8, assert_dtensor_equal, assert_values_equal,
+from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal, assert_values_equal,
                              layout_of, reassemble, to_dtensor)
 from tf_dtensor import config, dtensor
 from tf_dtensor.dtensor import Layout
@@ -98,11 +98,85 @@ def test_slice_with_run_time_bounds_of_a_replicated_tensor():
     assert_dtensor_equal(value[3:5], Layout.replicated(MESH_8, 2), got)
 
 
-def test_slice_with_run_time_bounds_of_a_sharded_tensor_is_refused_with_the_reason():
-    x = to_dtensor(np.arange(24, dtype=np.float32).reshape(12, 2), layout_of("[x,*]", MESH_1D))
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match="only known when the function runs.*replicated"):
-        tf.function(lambda x, i: x[i:i + 2])(x, tf.constant(3))
+def test_slice_with_run_time_bounds_of_a_sharded_tensor_gathers_the_cut_axis():
+    # As TF's DTensor: the cut axis is gathered, the other keeps its sharding.
+    value = np.arange(48, dtype=np.float32).reshape(12, 4)
+    x = to_dtensor(value, layout_of("[x,y]", MESH_2X2))
+    got = tf.function(lambda x, i: x[i:i + 2])(x, tf.constant(3))
+    assert_dtensor_equal(value[3:5], layout_of("[*,y]", MESH_2X2), got)
+
+
+@pytest.mark.parametrize("spec", ["[x,*]", "[*,x]", "[x,y]"])
+def test_a_loop_indexing_a_sharded_tensor_by_its_counter_and_its_gradient(spec):
+    value = (np.arange(64, dtype=np.float32).reshape(8, 8) - 30.0) / 50.0
+    mesh = MESH_8 if "y" not in spec else MESH_2X2
+
+    @tf.function
+    def loss_and_grad(t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            h = tf.zeros([8])
+            for i in tf.range(8):
+                h = tf.tanh(h + t[i])           # StridedSlice with a run-time begin
+            loss = tf.reduce_sum(h * h)
+        return loss, tape.gradient(loss, t)     # StridedSliceGrad with one
+
+    want_loss, want_grad = loss_and_grad(tf.constant(value))
+    loss, grad = loss_and_grad(to_dtensor(value, layout_of(spec, mesh)))
+    np.testing.assert_allclose(reassemble(loss), want_loss.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(reassemble(grad), want_grad.numpy(), rtol=1e-5, atol=1e-6)
+    # The indexed axis is gathered; the other keeps its sharding.
+    assert dtensor.fetch_layout(grad).sharding_specs[1] == layout_of(spec, mesh).sharding_specs[1]
+
+
+@pytest.mark.parametrize("op", ["slice", "pad", "strided_update"])
+def test_slice_pad_and_slice_update_with_run_time_operands_of_sharded_tensors(op):
+    value = np.arange(64, dtype=np.float32).reshape(8, 8)
+    fns = {
+        "slice": lambda x, k: tf.slice(x, tf.stack([k, 0]), [2, 8]),
+        "pad": lambda x, k: tf.pad(x, [[k, 0], [0, 1]]),
+        "strided_update": lambda x, k: tf.raw_ops.TensorStridedSliceUpdate(
+            input=x, begin=tf.reshape(k, [1]), end=tf.reshape(k + 1, [1]), strides=[1],
+            value=-tf.ones([8]), shrink_axis_mask=1),
+    }
+    fn = tf.function(fns[op])
+    want = fn(tf.constant(value), tf.constant(2)).numpy()
+    k = dtensor.copy_to_mesh(tf.constant(2), Layout.replicated(MESH_2X2, 0))
+    got = fn(to_dtensor(value, layout_of("[x,y]", MESH_2X2)), k)
+    np.testing.assert_array_equal(reassemble(got), want)
+
+
+def test_a_hash_table_lookup_of_sharded_keys_in_function():
+    # In a function TF infers no shape for a captured table's lookup (Keras' StringLookup):
+    # it was taken for a scalar whose blocks were [2,4]; it has the keys' shape.
+    keys = to_dtensor(np.array([[b"a", b"b", b"c", b"d"]] * 2), layout_of("[x,y]", MESH_2X2))
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(["a", "b"], [1, 2]), -1)
+    lookup = (lambda k: tf.reduce_sum(table.lookup(k), axis=1))
+    got = tf.function(lookup)(keys)
+    np.testing.assert_array_equal(reassemble(got), [1, 1])  # 1 + 2 - 1 - 1
+
+
+def test_a_host_value_of_unknown_rank_is_refused_with_the_fix_not_taken_for_a_scalar():
+    x = to_dtensor(np.ones([2, 4], np.float32), layout_of("[x,y]", MESH_2X2))
+    v = tf.Variable(tf.ones([3]), shape=tf.TensorShape(None))
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match="not even its rank.*ensure_shape.*read_value"):
+        tf.function(lambda x: x[0, :3] * v)(x)
+
+
+def test_reshape_of_a_data_dependent_size_to_a_given_shape_in_function():
+    # The element count of boolean_mask's result is known only at run time; it was refused
+    # as "the element counts differ".
+    value = np.random.RandomState(4).randn(8, 8).astype(np.float32)
+
+    @tf.function
+    def packed(x):
+        flat = tf.boolean_mask(tf.reshape(x, [-1]), tf.reshape(x > 0, [-1]))
+        return tf.reshape(tf.concat([flat, tf.zeros([64 - tf.size(flat)])], 0), [8, 8])
+
+    got = packed(to_dtensor(value, layout_of("[x,y]", MESH_2X2)))
+    np.testing.assert_array_equal(reassemble(got), packed(tf.constant(value)).numpy())
 
 
 def test_fill_of_a_data_dependent_size_runs_replicated():

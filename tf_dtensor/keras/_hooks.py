@@ -279,10 +279,11 @@ def _state_variables(model) -> list:
             (list(optimizer.variables) if optimizer is not None else []))
 
 
-def _adopt(model, mesh) -> None:
+def _adopt(model, mesh) -> bool:
     """Moves every variable of `model` still off the mesh (its optimizer's counters, its
     metrics, weights of layers without layouts) onto `mesh`, replicated: a step mixes no
-    DVariable with a variable on one device."""
+    DVariable with a variable on one device. Returns whether it moved any."""
+    moved = False
     for variable in _state_variables(model):
         if is_distributed(variable) or getattr(variable, "_value", None) is None:
             continue
@@ -290,6 +291,8 @@ def _adopt(model, mesh) -> None:
         variable._layout = None
         with default_mesh(mesh):
             variable._initialize(value.read_value())
+        moved = True
+    return moved
 
 
 def _model_mesh(model):
@@ -315,7 +318,7 @@ def _wrap_make_function(trainer_class, which: str) -> None:
         function = getattr(self, attribute)
         if function is not None and function is not before and \
                 not getattr(function, "_tf_dtensor_wrapped", False):
-            wrapped = _on_mesh(self, function, which)
+            wrapped = _on_mesh(self, function, which, original)
             setattr(self, attribute, wrapped)
             if result is function:
                 result = wrapped
@@ -324,18 +327,28 @@ def _wrap_make_function(trainer_class, which: str) -> None:
     setattr(trainer_class, f"make_{which}_function", make_function)
 
 
-def _on_mesh(model, function, which: str):
+def _on_mesh(model, function, which: str, make_original):
     """`function` taking host batches: lays each out on the model's mesh, returns host values.
 
     Keras calls the train/test function with a tf.data iterator or a list of batches
     (`train_on_batch`), and the predict function with a list of batches. Batches are
     pulled here, `steps_per_execution` at a time, and given to Keras' own step loop as a
     list, so its compiled step sees DTensors.
+
+    A variable adopted onto the mesh after the step was traced (a metric object made
+    before the distribution, whose variables the step only reaches once its first trace
+    has built the compiled metrics) gets a new backing DVariable, but the traced step
+    still captures the old variable: its updates would land there while `reset_state`
+    and `result()` use the new one. The step is then made (and traced) again.
     """
+    attribute = f"{which}_function"
+    state = {"function": function, "called": False}
 
     def on_mesh(iterator_or_batches):
+        function = state["function"]
         mesh = _model_mesh(model)
         if mesh is None:
+            state["called"] = True
             return function(iterator_or_batches)
         if which == "predict":
             batches = list(iterator_or_batches)
@@ -350,7 +363,11 @@ def _on_mesh(model, function, which: str):
             if not batches:
                 raise StopIteration
         batches = [_backend.lay_out_batch(batch, mesh) for batch in batches]
-        _adopt(model, mesh)
+        if _adopt(model, mesh) and state["called"]:
+            make_original(model, force=True)
+            function = state["function"] = getattr(model, attribute)
+            setattr(model, attribute, on_mesh)
+        state["called"] = True
         with default_mesh(mesh):
             return _backend.to_host(function(batches))
 
