@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <functional>
 #include <list>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -34,20 +35,24 @@ class LruCache {
   }
 
   // Caches `value` for `key` as the most recently used entry (replacing the value cached
-  // for it before), dropping the least recently used entry when the cache is full.
-  void Insert(const Key& key, Value value) {
+  // for it before), dropping the least recently used entry when the cache is full. Returns
+  // the value dropped, if any, for its owner to release what it holds elsewhere.
+  std::optional<Value> Insert(const Key& key, Value value) {
     auto it = index_.find(key);
     if (it != index_.end()) {
       it->second->second = std::move(value);
       entries_.splice(entries_.begin(), entries_, it->second);
-      return;
+      return std::nullopt;
     }
+    std::optional<Value> dropped;
     if (entries_.size() == capacity_) {
+      dropped = std::move(entries_.back().second);
       index_.erase(entries_.back().first);
       entries_.pop_back();
     }
     entries_.emplace_front(key, std::move(value));
     index_.emplace(key, entries_.begin());
+    return dropped;
   }
 
   // Drops every entry that `drop(key, value)` picks; returns how many went.

@@ -1,5 +1,6 @@
 #include "cc/eager/pack.h"
 
+#include <cstdlib>
 #include <memory>
 
 #include "cc/core/strings.h"
@@ -135,10 +136,23 @@ Status Unpack(TFE_Context* context, const TensorWithLayout& tensor, int* num_out
 StatusOr<TFE_TensorHandle*> FetchLayout(const TensorWithLayout& tensor) {
   StatusPtr status(TF_NewStatus());
   std::string text = tensor.visible_layout().ToString();
-  TF_Tensor* host = TF_AllocateTensor(TF_STRING, nullptr, 0, sizeof(TF_TString));
-  TF_TString* tstring = static_cast<TF_TString*>(TF_TensorData(host));
+  // A string tensor's element owns heap memory that TF frees only through the buffer's
+  // deallocator: with TF_AllocateTensor every call leaked the layout's text. The buffer
+  // is aligned as TF wants it, so TF_NewTensor takes it as it is instead of copying it
+  // (a copy would share the element's heap string with the original).
+  constexpr size_t kAlign = 64;
+  void* data = std::aligned_alloc(kAlign, kAlign);
+  if (data == nullptr) return Internal("fetch_layout: out of memory.");
+  TF_TString* tstring = static_cast<TF_TString*>(data);
   TF_TString_Init(tstring);
   TF_TString_Copy(tstring, text.data(), text.size());
+  TF_Tensor* host = TF_NewTensor(
+      TF_STRING, nullptr, 0, data, sizeof(TF_TString),
+      [](void* buffer, size_t, void*) {
+        TF_TString_Dealloc(static_cast<TF_TString*>(buffer));
+        std::free(buffer);
+      },
+      nullptr);
   TFE_TensorHandle* out = TFE_NewTensorHandle(host, status.get());
   TF_DeleteTensor(host);
   TFD_RETURN_IF_TF_ERROR(status.get(), "fetch_layout");

@@ -189,10 +189,20 @@ Status FunctionExpansion::ExpandIf(const NodeSpec& node, const std::vector<Value
   // Both branches' collectives are listed; one branch runs per call.
   builder_.AddCollectives(then_fn->collectives, false, true);
   builder_.AddCollectives(else_fn->collectives, false, true);
+  // A list's element value (ResourceInfo::element_value) holds after the If only where both
+  // branches leave it.
+  std::vector<ValueMeta> results = then_fn->outputs;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!results[i].resource || !results[i].resource->element_value) continue;
+    const bool same = i < else_fn->outputs.size() && else_fn->outputs[i].resource &&
+                      else_fn->outputs[i].resource->element_value ==
+                          results[i].resource->element_value;
+    if (!same) results[i].resource->element_value.reset();
+  }
   return EmitFunctional(node, node.op, {predicate}, args,
                         {{"then_branch", FunctionAttr(then_fn->name)},
                          {"else_branch", FunctionAttr(else_fn->name)}},
-                        then_fn->outputs, true, {then_fn, else_fn});
+                        results, true, {then_fn, else_fn});
 }
 
 Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId> inputs) {

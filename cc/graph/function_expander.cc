@@ -37,7 +37,8 @@ bool ValueMeta::operator==(const ValueMeta& other) const {
   }
   return !resource || (resource->value_layout == other.resource->value_layout &&
                        resource->value_shape == other.resource->value_shape &&
-                       resource->value_dtype == other.resource->value_dtype);
+                       resource->value_dtype == other.resource->value_dtype &&
+                       resource->element_value == other.resource->element_value);
 }
 
 bool OutputRequest::operator==(const OutputRequest& other) const {
@@ -59,6 +60,7 @@ size_t FunctionKey::Hash::operator()(const FunctionKey& key) const {
     if (m.int_value) h = Mix(h, HashOf(*m.int_value));
     if (m.resource) {
       h = Mix(Mix(h, m.resource->value_layout.Hash()), HashOf(m.resource->value_shape));
+      if (m.resource->element_value) h = Mix(h, HashOf(*m.resource->element_value));
     }
   }
   h = Mix(Mix(h, HashOf(key.request.single)), key.request.host_outputs);
@@ -99,7 +101,16 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
   if (mesh.spans_processes()) {
     across_clients_[key] = expanded;
   } else {
-    cache_.Insert(key, expanded);
+    // An expansion dropped from the full cache leaves the context too (each has a name of
+    // its own: a function called with more input shapes than the cache holds registered
+    // a new one per call, without bound). One still held by a caller stays.
+    std::optional<std::shared_ptr<const ExpandedFunction>> dropped =
+        cache_.Insert(key, expanded);
+    if (dropped && *dropped && dropped->use_count() == 1 &&
+        TFE_ContextHasFunction(context, (*dropped)->name.c_str())) {
+      StatusPtr status(TF_NewStatus());
+      TFE_ContextRemoveFunction(context, (*dropped)->name.c_str(), status.get());  // best effort
+    }
   }
   return expanded;
 }

@@ -15,6 +15,16 @@ namespace tf_dtensor {
 Status ApplyFallbackPolicy(const OpContext& ctx, const FallbackPolicy& policy) {
   bool gathers = false;
   for (const InputInfo& in : ctx.inputs) {
+    if (in.resource && in.dtype == TF_VARIANT && !in.resource->value_layout.IsFullyReplicated()) {
+      // A TensorList (a loop's accumulator, a TensorArray) whose elements are sharded: its
+      // elements cannot be gathered inside it.
+      return Unimplemented(
+          "'" + ctx.op_name + "' has no tf_dtensor rule and takes a TensorList (a loop's "
+          "accumulator or a TensorArray) whose elements are sharded (" +
+          in.resource->value_layout.ShortString() + "); it cannot run on a replicated copy. "
+          "Relayout the values written to the list to replicated, or, for a gradient "
+          "through nested tf.cond and loops, make the loop's inputs replicated.");
+    }
     if (in.resource && !in.resource->value_layout.IsFullyReplicated()) {
       return Unimplemented("'" + ctx.op_name + "' has no tf_dtensor rule and uses a DVariable with "
                            "sharded layout " + in.resource->value_layout.ShortString() +

@@ -38,6 +38,36 @@ struct ListOp {
 
 using ListOpFn = std::function<StatusOr<ListOp>(const OpContext&)>;
 
+// The value every element of the list this op leaves holds, where known (ResourceInfo::
+// element_value): a push of a small replicated integer constant onto a list not yet
+// written or holding only that constant, and a pop from such a list. Any other write
+// (SetItem, a scatter, a resize that adds unset elements) forgets it.
+std::optional<std::vector<int64_t>> ElementValue(const OpContext& ctx,
+                                                 const std::vector<ValueId>& inputs,
+                                                 Builder& builder) {
+  constexpr size_t kMaxElements = 64;  // shapes and axes; larger values are not tracked
+  // Eagerly an op reads the values it needs; only a function's plan needs them known.
+  if (!ctx.in_function) return std::nullopt;
+  const std::optional<ResourceInfo>& before =
+      ctx.inputs.empty() ? std::nullopt : ctx.inputs[0].resource;
+  if (ctx.op_name == "TensorListPopBack") {
+    if (!before || !before->element_value || !before->value_layout.IsFullyReplicated() ||
+        (before->value_dtype != TF_INT32 && before->value_dtype != TF_INT64)) {
+      return std::nullopt;
+    }
+    return before->element_value;
+  }
+  if (ctx.op_name != "TensorListPushBack" || inputs.size() < 2) return std::nullopt;
+  if (builder.resource(inputs[1])) return std::nullopt;
+  std::optional<std::vector<int64_t>> value = builder.IntValue(inputs[1]);
+  if (!value || value->size() > kMaxElements) return std::nullopt;
+  int64_t elements = 1;
+  for (int64_t d : ctx.inputs[1].shape) elements *= d;
+  if (elements != static_cast<int64_t>(value->size())) return std::nullopt;
+  if (before && before->element_value != value) return std::nullopt;
+  return value;
+}
+
 class ListRule : public Rule {
  public:
   explicit ListRule(ListOpFn fn) : fn_(std::move(fn)) {}
@@ -60,8 +90,20 @@ class ListRule : public Rule {
     options.global_shapes = op.shapes;
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> outs,
                          builder.LocalOp(ctx.op_name, inputs, options, plan.outputs));
+    const std::optional<std::vector<int64_t>> value = ElementValue(ctx, inputs, builder);
     for (size_t o = 0; o < outs.size() && o < op.lists.size(); ++o) {
-      if (op.lists[o]) builder.set_resource(outs[o], *op.lists[o]);
+      if (!op.lists[o]) continue;
+      ResourceInfo info = *op.lists[o];
+      info.element_value = value;
+      builder.set_resource(outs[o], std::move(info));
+    }
+    // The element popped from such a list is that constant (the local pop still runs, for
+    // the list it leaves), so that the shapes and axes computed from it fold.
+    if (value && ctx.op_name == "TensorListPopBack" && outs.size() == 2) {
+      const ResourceInfo& info = *ctx.inputs[0].resource;
+      TFD_ASSIGN_OR_RETURN(ValueId host,
+                           builder.HostConstant(*value, info.value_shape, info.value_dtype));
+      TFD_ASSIGN_OR_RETURN(outs[1], builder.Broadcast(host, ctx.mesh));
     }
     return outs;
   }

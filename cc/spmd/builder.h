@@ -106,6 +106,11 @@ struct ResourceInfo {
   // may run under a lowering that stores replicas the other way (an update would go to
   // the one variable once per device, or to one device's copy only).
   std::optional<bool> shared_storage;
+  // A TensorList's: the integer value every element holds, known while planning (a list
+  // only TensorListPushBack wrote, each time the same constant: the Shape that a while
+  // loop's gradient accumulates per iteration for its BroadcastGradientArgs, when the
+  // traced shapes have unknown sizes). TensorListPopBack reads it as that constant.
+  std::optional<std::vector<int64_t>> element_value;
 };
 
 class Builder {

@@ -392,7 +392,24 @@ def install() -> None:
         setattr(distribution_lib, name, getattr(_backend, name))
     _variable_hooks(tf_core.Variable)
     _trainer_hooks(tf_trainer.TensorFlowTrainer)
+    _numpy_hooks()
     _INSTALLED["done"] = True
+
+
+def _numpy_hooks() -> None:
+    """`keras.ops.convert_to_numpy` (and `np.asarray` through it) of a sharded DTensor gives
+    its whole value, as Keras' JAX backend gathers a sharded array, instead of raising."""
+    import keras.src.backend as backend
+    from keras.src.backend import tensorflow as tf_backend
+    from keras.src.backend.tensorflow import core as tf_core
+    original = tf_core.convert_to_numpy
+
+    def convert_to_numpy(x):
+        return original(_backend.to_host(x))
+
+    for module in (backend, tf_backend, tf_core):
+        if getattr(module, "convert_to_numpy", None) is original:
+            module.convert_to_numpy = convert_to_numpy
 
 
 def installed() -> bool:
