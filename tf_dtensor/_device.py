@@ -29,11 +29,18 @@ class UnsupportedOpWarning(UserWarning):
 _lock = threading.Lock()
 _device: Optional[_core.Device] = None
 _strict_from_environment = False
-# The scopes open in Python, outermost first. The C++ device keeps its own copy; a device
-# registered on a new context (after a context reset) is given these, so scopes that
-# enclose a reset stay balanced.
-_mesh_stack: List[object] = []
-_layout_stack: List[object] = []
+# The scopes open in Python, outermost first, per thread (a scope in one thread must not
+# place or lay out another's ops). The C++ device keeps its own copy, per thread too; a
+# device registered on a new context (after a context reset) is given the registering
+# thread's, so scopes that enclose a reset stay balanced.
+class _Scopes(threading.local):
+    def __init__(self):
+        super().__init__()
+        self.meshes: List[object] = []
+        self.layouts: List[object] = []
+
+
+_scopes = _Scopes()
 
 
 def _warn(message: str) -> None:
@@ -71,9 +78,9 @@ def get() -> _core.Device:
             _strict_from_environment = True
             if os.environ.get("TF_DTENSOR_STRICT", "0") not in ("", "0", "false"):
                 device.strict = True
-        for mesh in _mesh_stack:
+        for mesh in _scopes.meshes:
             device.push_default_mesh(mesh._mesh if mesh is not None else None)  # pylint: disable=protected-access
-        for layout in _layout_stack:
+        for layout in _scopes.layouts:
             device.push_default_layout(layout._layout if layout is not None else None)  # pylint: disable=protected-access
         _device = device
     return device
@@ -158,12 +165,12 @@ def mesh_scope(mesh, place_ops: bool = True):
     only sets the mesh of ops placed there otherwise)."""
     check_mesh(mesh)
     get().push_default_mesh(mesh._mesh if mesh is not None else None)
-    _mesh_stack.append(mesh)
+    _scopes.meshes.append(mesh)
     try:
         with ops.device(DEVICE_NAME) if place_ops else contextlib.nullcontext():
             yield
     finally:
-        _mesh_stack.pop()
+        _scopes.meshes.pop()
         # The device of the current context: a reset inside the scope replaced the one
         # that the push went to, and gave the new one this scope's entry.
         get().pop_default_mesh()
@@ -176,16 +183,16 @@ def layout_scope(layout):
         raise LayoutError(f"{layout.short()} cannot be the layout of new values: MATCH (keep "
                         f"the input's sharding of an axis) is for `relayout` targets only.")
     get().push_default_layout(layout._layout if layout is not None else None)
-    _layout_stack.append(layout)
+    _scopes.layouts.append(layout)
     try:
         yield
     finally:
-        _layout_stack.pop()
+        _scopes.layouts.pop()
         get().pop_default_layout()
 
 
 def default_mesh():
-    for mesh in reversed(_mesh_stack):
+    for mesh in reversed(_scopes.meshes):
         if mesh is not None:
             return mesh
     return None

@@ -144,16 +144,20 @@ def distribute_tensor(tensor, mesh: Optional[Mesh] = None, placements: Placement
         tensor = tf.convert_to_tensor(tensor)
     layout = _layout_for(mesh, placements, _rank_of(tensor, "distribute_tensor"),
                          "distribute_tensor")
-    if source_is_dtensor or not context.executing_eagerly():
-        return api.relayout(tensor, layout)
+    try:
+        if source_is_dtensor or not context.executing_eagerly():
+            return api.relayout(tensor, layout)
 
-    @tf.custom_gradient
-    def _distribute(x):
-        def grad(dy):
-            return _to_plain(dy) if api._is_dtensor(dy) else dy
-        return api.copy_to_mesh(x, layout), grad
+        @tf.custom_gradient
+        def _distribute(x):
+            def grad(dy):
+                return _to_plain(dy) if api._is_dtensor(dy) else dy
+            return api.copy_to_mesh(x, layout), grad
 
-    return _distribute(tensor)
+        return _distribute(tensor)
+    except RelayoutError as error:
+        raise RelayoutError(f"`distribute_tensor` to placements {_describe(layout)}: "
+                            f"{error.message}") from error
 
 
 def _local_list(local) -> Optional[List[Any]]:

@@ -80,7 +80,7 @@ int DTensorDevice::num_live() { return live_devices.load(); }
 void DTensorDevice::PushDefaultMesh(std::optional<Mesh> mesh) {
   if (mesh) RegisterMesh(*mesh);
   std::lock_guard<std::mutex> lock(mutex_);
-  mesh_stack_.push_back(std::move(mesh));
+  mesh_stacks_[std::this_thread::get_id()].push_back(std::move(mesh));
 }
 
 void DTensorDevice::RegisterMesh(const Mesh& mesh) {
@@ -102,12 +102,17 @@ std::optional<Mesh> DTensorDevice::mesh_for_unplaced() const {
 
 void DTensorDevice::PopDefaultMesh() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!mesh_stack_.empty()) mesh_stack_.pop_back();
+  auto stack = mesh_stacks_.find(std::this_thread::get_id());
+  if (stack == mesh_stacks_.end()) return;
+  if (!stack->second.empty()) stack->second.pop_back();
+  if (stack->second.empty()) mesh_stacks_.erase(stack);
 }
 
 std::optional<Mesh> DTensorDevice::default_mesh() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto it = mesh_stack_.rbegin(); it != mesh_stack_.rend(); ++it) {
+  auto stack = mesh_stacks_.find(std::this_thread::get_id());
+  if (stack == mesh_stacks_.end()) return std::nullopt;
+  for (auto it = stack->second.rbegin(); it != stack->second.rend(); ++it) {
     if (*it) return *it;
   }
   return std::nullopt;
@@ -115,20 +120,25 @@ std::optional<Mesh> DTensorDevice::default_mesh() const {
 
 void DTensorDevice::PushDefaultLayout(std::optional<Layout> layout) {
   std::lock_guard<std::mutex> lock(mutex_);
-  layout_stack_.push_back(std::move(layout));
-  layouts_pushed_.store(static_cast<int>(layout_stack_.size()));
+  layout_stacks_[std::this_thread::get_id()].push_back(std::move(layout));
+  layouts_pushed_.fetch_add(1);
 }
 
 void DTensorDevice::PopDefaultLayout() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!layout_stack_.empty()) layout_stack_.pop_back();
-  layouts_pushed_.store(static_cast<int>(layout_stack_.size()));
+  auto stack = layout_stacks_.find(std::this_thread::get_id());
+  if (stack == layout_stacks_.end() || stack->second.empty()) return;
+  stack->second.pop_back();
+  layouts_pushed_.fetch_sub(1);
+  if (stack->second.empty()) layout_stacks_.erase(stack);
 }
 
 std::optional<Layout> DTensorDevice::default_layout() const {
   if (layouts_pushed_.load() == 0) return std::nullopt;
   std::lock_guard<std::mutex> lock(mutex_);
-  return layout_stack_.empty() ? std::nullopt : layout_stack_.back();
+  auto stack = layout_stacks_.find(std::this_thread::get_id());
+  return stack == layout_stacks_.end() || stack->second.empty() ? std::nullopt
+                                                                 : stack->second.back();
 }
 
 // tf.data's ops (datasets, their iterators and optionals) run on the host only.

@@ -7,8 +7,10 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <optional>
 #include <set>
 #include <string>
@@ -110,10 +112,13 @@ class DTensorDevice {
   std::string name_;
   std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
   mutable std::mutex mutex_;
-  std::vector<std::optional<Mesh>> mesh_stack_;
+  // The default mesh and layout scopes, per thread: a scope opened in one thread must not
+  // place or lay out another thread's ops (the custom device runs each op in the thread
+  // that issues it).
+  std::map<std::thread::id, std::vector<std::optional<Mesh>>> mesh_stacks_;
   std::vector<Mesh> registered_meshes_;  // distinct user meshes seen, at most two kept
-  std::vector<std::optional<Layout>> layout_stack_;
-  std::atomic<int> layouts_pushed_{0};  // layout_stack_.size(), read without the lock
+  std::map<std::thread::id, std::vector<std::optional<Layout>>> layout_stacks_;
+  std::atomic<int> layouts_pushed_{0};  // layouts pushed in all threads, read without the lock
   std::set<std::string> warned_;
   std::function<void(const std::string&)> warning_handler_;
   FunctionExpander expander_;

@@ -333,8 +333,11 @@ Status CallFunction(const FunctionCall& call, FunctionExpander& expander,
   if (call.mesh.spans_processes()) {
     TFD_RETURN_IF_ERROR(CheckProgramOnce(call, *expanded, metas));
   }
+  std::unique_lock<std::mutex> one_at_a_time(expanded->run_mutex, std::defer_lock);
+  if (expanded->uses_instance_keys.load()) one_at_a_time.lock();
   TFD_RETURN_IF_ERROR(call.parts_in ? RunOnParts(call, *expanded, device_name, outputs)
                                     : RunWhole(call, *expanded, device_name, outputs));
+  if (one_at_a_time.owns_lock()) one_at_a_time.unlock();
   if (ledger::Active()) {
     for (CollectiveRecord record : expanded->collectives) {
       record.where = call.function;

@@ -95,6 +95,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
                                       depth));
   // A nested function with TF collective ops is expanded anew at each call site: two
   // calls in one step must not share instance keys.
+  if (InstanceKeysIssued() != keys_before) expanded->uses_instance_keys.store(true);
   if (depth > 0 && InstanceKeysIssued() != keys_before) return expanded;
   std::lock_guard<std::mutex> lock(mutex_);
   if (!FindLocked(key)) ++num_cached_;

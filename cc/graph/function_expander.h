@@ -83,6 +83,11 @@ struct ExpandedFunction {
   // its first run (cc/device/program_check.h). It lives with the expansion: a new one, even
   // at a freed one's address, is compared anew, as on every other client.
   mutable std::atomic<bool> program_checked{false};
+  // Whether it runs TF collective ops (the `ops` lowering): their instance keys are fixed
+  // in the graph, so two calls at once from two threads would meet at the same keys ("Second
+  // consumer arrived") and abort the process's collectives. Such calls take `run_mutex`.
+  mutable std::atomic<bool> uses_instance_keys{false};
+  mutable std::mutex run_mutex;
 };
 
 // What the caller asks of the results: call_with_layout's (or `_default_layout`'s) layout

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include "cc/core/strings.h"
@@ -45,6 +46,8 @@ ValueMeta FunctionExpansion::MetaOf(ValueId value) const {
   m.shape = builder_.shape(value);
   m.dtype = builder_.dtype(value);
   m.resource = builder_.resource(value);
+  auto host_resource = host_resources_.find(value);
+  if (!m.resource && host_resource != host_resources_.end()) m.resource = host_resource->second;
   return m;
 }
 
@@ -124,6 +127,9 @@ Status FunctionExpansion::AddInputs(const std::vector<ValueMeta>& inputs) {
     if (!m.layout) {
       TFD_ASSIGN_OR_RETURN(TF_Output out, placeholder(builder_.host_device(), m.shape, -1));
       args_[args[i].name] = builder_.AddHost(out);
+      if (m.resource && m.dtype == TF_RESOURCE) {
+        host_resources_.insert_or_assign(args_[args[i].name], *m.resource);
+      }
       if (m.int_value) TFD_RETURN_IF_ERROR(KnownArgument(args[i].name, m));
       continue;
     }
@@ -424,6 +430,15 @@ Status FunctionExpansion::EmitHostOp(const NodeSpec& node, const std::vector<Val
 }
 
 Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<ValueId> inputs) {
+  // A value of unknown rank assigned to a DVariable (a checkpoint's restored tensor: TF
+  // infers no shape for RestoreV2's) has the variable's shape, checked when it runs.
+  static const std::set<std::string>* const kAssigns = new std::set<std::string>{
+      "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"};
+  if (kAssigns->count(node.op) && inputs.size() == 2 && builder_.resource(inputs[0]) &&
+      builder_.is_host(inputs[1]) && builder_.rank_unknown(inputs[1])) {
+    TFD_ASSIGN_OR_RETURN(inputs[1], builder_.EnsureHostShape(
+                                        inputs[1], builder_.resource(inputs[0])->value_shape));
+  }
   const RegisteredRule* rule = RuleRegistry::Global().Find(node.op);
   auto recorded = std::make_shared<RecordedContext>(node.op, DecodeAttrs(node.attrs), mesh_);
   OpContext& ctx = recorded->ctx;

@@ -179,6 +179,9 @@ class FunctionExpansion {
   StatusOr<ValueId> Resolve(const std::string& name);
   StatusOr<int> FlatIndex(const NodeSpec& node, const std::string& arg, int index);
   ValueMeta MetaOf(ValueId value) const;
+  // The value a plain tf.Variable's handle (a host argument) points to: passed on to
+  // nested calls, whose own argument then carries it, as the top level's does.
+  std::map<ValueId, ResourceInfo> host_resources_;
 
   FunctionExpander* owner_;
   TFE_Context* context_;

@@ -83,6 +83,17 @@ std::optional<std::vector<int64_t>> GraphBuilder::LookupShape(TF_Output output) 
   return InferredShape(output);
 }
 
+StatusOr<ValueId> GraphBuilder::EnsureHostShape(ValueId value,
+                                                 const std::vector<int64_t>& shape) {
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = {AttrOverride::Shape("shape", shape),
+                       AttrOverride::Type("T", values_[value].dtype)};
+  TFD_ASSIGN_OR_RETURN(TF_Operation * op,
+                       Emit("EnsureShape", {values_[value].host}, options, host_device_));
+  return AddHost(TF_Output{op, 0});
+}
+
 StatusOr<ValueId> GraphBuilder::Broadcast(ValueId host_value, const Mesh& mesh) {
   if (unknown_rank_.count(host_value)) {
     const TF_Output out = values_[host_value].host;

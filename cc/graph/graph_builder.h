@@ -44,6 +44,11 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   // rank TF does not know (a hash table's lookup, TF gives it no shape without the table's
   // handle data) is refused with the fix, never taken for a scalar.
   StatusOr<ValueId> Broadcast(ValueId host_value, const Mesh& mesh) override;
+  // Whether TF's shape inference left the rank of host value `value` open.
+  bool rank_unknown(ValueId value) const { return unknown_rank_.count(value) > 0; }
+  // `value` (a host value) through EnsureShape: it has `shape` in the graph, and the run
+  // checks it (a restored tensor assigned to a DVariable of that shape).
+  StatusOr<ValueId> EnsureHostShape(ValueId value, const std::vector<int64_t>& shape);
   bool is_host(ValueId value) const { return !values_[value].layout; }
   TF_Output host(ValueId value) const { return values_[value].host; }
   TF_Output component(ValueId value, int device) const { return values_[value].handles[device]; }

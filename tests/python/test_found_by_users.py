@@ -182,3 +182,44 @@ print("after:", dtensor.relayout(got, dtensor.Layout.replicated(mesh, 1)).numpy(
 """)
     result = run_python(f"import runpy; runpy.run_path({str(script)!r})")
     assert "after: [0.0, 1.0, 2.0, 3.0]" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_loaded_saved_model_takes_dtensors(tmp_path):
+    # The restored function reads its captured variable inside a nested call, whose
+    # handle carried no shape: the read was taken for a scalar ("'MatMul' needs matrices").
+    class Module(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable(np.arange(12, dtype=np.float32).reshape(4, 3))
+
+        @tf.function
+        def f(self, x):
+            return tf.matmul(x, self.w)
+
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) - 3
+    module = Module()
+    module.f(tf.constant(x))  # traced for plain tensors only, as a serving export is
+    tf.saved_model.save(module, str(tmp_path))
+    loaded = tf.saved_model.load(str(tmp_path))
+    got = loaded.f(to_dtensor(x, layout_of("[x,*]", MESH_2X2)))
+    np.testing.assert_allclose(reassemble(got), x @ np.arange(12, dtype=np.float32).reshape(4, 3))
+
+
+def test_a_checkpoint_restores_a_keras_optimizer_slot_on_a_mesh(tmp_path):
+    # TF infers no shape for the restored tensor that a tf.function assigns to the slot's
+    # DVariable: the restore was refused.
+    import keras
+    w = dtensor.DVariable(dtensor.copy_to_mesh(tf.ones([4, 2]), Layout.replicated(MESH_2X2, 2)))
+    optimizer = keras.optimizers.Adam(0.1)
+    x = to_dtensor(np.ones([8, 4], np.float32), layout_of("[x,*]", MESH_2X2))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.matmul(x, w) ** 2)
+    optimizer.apply_gradients([(tape.gradient(loss, w), w)])
+    slot = optimizer.variables[2]
+    saved = reassemble(slot.value.read_value())
+    checkpoint = tf.train.Checkpoint(slot=slot)
+    path = checkpoint.save(str(tmp_path / "ckpt"))
+    slot.assign(tf.zeros_like(slot.value))
+    checkpoint.restore(path).assert_consumed()
+    np.testing.assert_allclose(reassemble(slot.value.read_value()), saved)
+    assert np.abs(saved).sum() > 0

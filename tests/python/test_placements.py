@@ -330,11 +330,11 @@ def test_dtypes_survive(dtype, combo):
 
 
 def test_reductions_a_dtype_lacks_name_the_placements():
-    t = distribute_tensor(tf.constant(["a", "b"]), MESH_2X2, [Replicate(), Partial("sum")])
+    # Refused where the placements are given (it was at the first reduction).
     with pytest.raises(tf_dtensor.RelayoutError,
-                       match=r"`full_tensor` of a DTensor placed as \[R, P\(sum\)\] @ "
-                             r"mesh\(x=2,y=2\): .*string"):
-        full_tensor(t)
+                       match=r"`distribute_tensor` to placements \[R, P\(sum\)\] @ "
+                             r"mesh\(x=2,y=2\): .*pending sum.*string"):
+        distribute_tensor(tf.constant(["a", "b"]), MESH_2X2, [Replicate(), Partial("sum")])
 
 
 def test_booleans_sum_as_a_logical_or():

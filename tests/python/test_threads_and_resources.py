@@ -1,0 +1,137 @@
+"""Threads and resources, found by trying tf_dtensor as users would: a scope opened in one
+thread leaves other threads' ops alone, and repeated calls release what they hold (the
+expansion cache's dropped functions, fetch_layout's text)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from dtensor_testing import MESH_8, cpus, layout_of, reassemble
+from tf_dtensor import dtensor
+from tf_dtensor.dtensor import Layout
+
+MESH_4 = dtensor.create_mesh([("b", 4)], devices=cpus(4))
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_layout_scope_in_one_thread_leaves_another_threads_ops_alone():
+    # Thread B ran call_with_layout (a layout scope) in a loop; thread A's copy_to_mesh,
+    # relayout and arithmetic came back on B's mesh and sharding, silently.
+    source = tf.range(8.0)
+    target = Layout(["b"], MESH_4)
+    stop = threading.Event()
+    errors = []
+
+    def scopes():
+        try:
+            while not stop.is_set():
+                dtensor.call_with_layout(tf.ones, Layout(["x"], MESH_8), shape=[8])
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    other = threading.Thread(target=scopes)
+    other.start()
+    wrong = []
+    try:
+        for _ in range(150):
+            replicated = dtensor.copy_to_mesh(source, Layout.replicated(MESH_4, 1))
+            for got, want in ((replicated, Layout.replicated(MESH_4, 1)),
+                              (dtensor.relayout(replicated, target), target),
+                              (replicated * 2.0, Layout.replicated(MESH_4, 1))):
+                if dtensor.fetch_layout(got) != want:
+                    wrong.append(dtensor.fetch_layout(got).to_string())
+    finally:
+        stop.set()
+        other.join()
+    assert not errors and not wrong, (errors, wrong[:3])
+    np.testing.assert_array_equal(reassemble(dtensor.relayout(replicated, target)), np.arange(8.0))
+
+
+def test_a_default_mesh_in_one_thread_is_not_another_threads():
+    seen = {}
+    ready, done = threading.Event(), threading.Event()
+
+    def inside():
+        with dtensor.run_on(MESH_4):
+            ready.set()
+            done.wait(30)
+
+    other = threading.Thread(target=inside)
+    other.start()
+    try:
+        assert ready.wait(30)
+        ones = dtensor.call_with_layout(tf.ones, Layout(["x"], MESH_8), shape=[8])
+        seen["mesh"] = dtensor.fetch_layout(ones).mesh
+    finally:
+        done.set()
+        other.join()
+    assert seen["mesh"] == MESH_8
+
+
+def test_fetch_layout_does_not_keep_its_text():
+    # Every call leaked the layout's text (~450 bytes for 8 devices).
+    t = dtensor.call_with_layout(tf.ones, Layout(["x"], MESH_8), shape=[8])
+    for _ in range(2000):
+        dtensor.fetch_layout(t)
+    gc.collect()
+    before = _rss_kib()
+    for _ in range(20000):
+        dtensor.fetch_layout(t)
+    gc.collect()
+    assert _rss_kib() - before < 4 * 1024  # the leak was ~9 MiB
+
+
+def test_expansions_dropped_from_the_full_cache_leave_the_context():
+    # Called with more input shapes than the cache holds (256), every expansion stayed
+    # registered in the context: memory grew by ~800 KiB a call, without bound.
+    @tf.function(reduce_retracing=False)
+    def double(x):
+        return x * 2.0
+
+    layout = Layout(["x", dtensor.UNSHARDED], MESH_8)
+    for n in range(1, 301):
+        out = double(dtensor.call_with_layout(tf.ones, layout, shape=[8, n]))
+    np.testing.assert_array_equal(reassemble(out), np.full([8, 300], 2.0, np.float32))
+    spmd = [name for name in context.context().list_function_names() if "_tfd_spmd_" in name]
+    assert len(spmd) <= 260, len(spmd)
+
+
+def test_two_threads_calling_one_function_with_tf_collective_ops():
+    # Under the `ops` lowering (meshes across processes, NCCL) a function's collectives
+    # have fixed instance keys: two calls at once met at the same keys ("Second consumer
+    # arrived") and every later collective of the process failed.
+    from dtensor_testing import collective_lowering
+    with collective_lowering("ops"):
+        x = dtensor.call_with_layout(tf.ones, Layout(["x"], MESH_8), shape=[8])
+        total = tf.function(tf.reduce_sum)
+        assert reassemble(total(x)) == 8.0
+        errors, results = [], []
+
+        def calls():
+            try:
+                for _ in range(30):
+                    results.append(float(reassemble(total(x))))
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=calls) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]
+        assert results == [8.0] * 60
+        assert reassemble(total(x)) == 8.0
