@@ -82,6 +82,13 @@ class DVariable(resource_variable_ops.ResourceVariable):
         with ops.device(_device.DEVICE_NAME), _device.layout_scope(layout):
             super().__init__(initial_value, *args, dtype=dtype, **kwargs)
 
+    @property
+    def _layout(self):
+        """The layout under the name Keras reads of the variable an optimizer makes slots
+        for (`add_variable_from_reference`): a Keras optimizer's slots of a DVariable get
+        its layout (they were made replicated, and the first sharded update was refused)."""
+        return self.layout
+
     # Checkpointing (see checkpoint.py): one slice per distinct shard, under the usual key.
 
     @property

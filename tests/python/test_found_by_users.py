@@ -223,3 +223,26 @@ def test_a_checkpoint_restores_a_keras_optimizer_slot_on_a_mesh(tmp_path):
     checkpoint.restore(path).assert_consumed()
     np.testing.assert_allclose(reassemble(slot.value.read_value()), saved)
     assert np.abs(saved).sum() > 0
+
+
+def test_a_keras_optimizer_steps_a_sharded_dvariable_as_one_device():
+    # Its slots were made replicated (Keras reads a reference variable's `_layout`), and
+    # the first update of the sharded weight was refused.
+    import keras
+    value = np.arange(32, dtype=np.float32).reshape(8, 4) / 10.0
+    x = np.ones([16, 8], np.float32)
+
+    def step(w, x):
+        optimizer = keras.optimizers.Adam(0.1)
+        for _ in range(2):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.matmul(x, w) ** 2)
+            optimizer.apply_gradients([(tape.gradient(loss, w), w)])
+        return optimizer
+
+    want = tf.Variable(value)
+    step(want, tf.constant(x))
+    w = dtensor.DVariable(to_dtensor(value, layout_of("[*,y]", MESH_2X2)))
+    optimizer = step(w, to_dtensor(x, layout_of("[x,*]", MESH_2X2)))
+    assert dtensor.fetch_layout(optimizer.variables[2].value).sharding_specs == ["unsharded", "y"]
+    np.testing.assert_allclose(reassemble(w.read_value()), want.numpy(), rtol=1e-5, atol=1e-7)
