@@ -283,11 +283,16 @@ StatusOr<Plan> ShapedPlan(const OpContext& ctx, const Layout& in, const Layout& 
 class ReshapeRule : public Rule {
  public:
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    if (ctx.inputs.size() == 2 && !ctx.inputs[1].int_value && ctx.inputs[1].shape.size() == 1 &&
-        ctx.inputs[1].shape[0] >= 0) {
+    const std::vector<int64_t>& in_shape = ctx.inputs[0].shape;
+    const bool shape_known = ctx.inputs.size() == 2 && ctx.inputs[1].int_value.has_value();
+    const bool size_known =
+        std::find(in_shape.begin(), in_shape.end(), int64_t{-1}) == in_shape.end();
+    if ((!shape_known || !size_known) && ctx.inputs.size() == 2 &&
+        ctx.inputs[1].shape.size() == 1 && ctx.inputs[1].shape[0] >= 0) {
       // A shape known only at run time (computed from a data-dependent size inside
-      // tf.function, as the gradient of boolean_mask's gather does): the input is
-      // gathered and every device reshapes it whole.
+      // tf.function, as the gradient of boolean_mask's gather does), or an input of such a
+      // size (boolean_mask's, dynamic_partition's rows) reshaped to a given shape: the input
+      // is gathered, every device reshapes it whole and the kernel checks the count.
       Plan plan;
       plan.inputs = {Layout::Replicated(ctx.mesh, ctx.rank(0)),
                      ctx.inputs[1].layout ? std::optional<Layout>(Layout::Replicated(ctx.mesh, 1))
@@ -296,19 +301,7 @@ class ReshapeRule : public Rule {
       return plan;
     }
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> target, ctx.IntValue(1, "shape"));
-    const std::vector<int64_t>& in_shape = ctx.inputs[0].shape;
     const Layout& in = ctx.layout(0);
-    if (std::find(in_shape.begin(), in_shape.end(), int64_t{-1}) != in_shape.end()) {
-      // An input whose size is known only at run time (boolean_mask's, dynamic_partition's
-      // rows) reshaped to a given shape: the kernel checks the count; every device
-      // reshapes the whole input.
-      Plan plan;
-      plan.inputs = {Layout::Replicated(ctx.mesh, ctx.rank(0)),
-                     ctx.inputs[1].layout ? std::optional<Layout>(Layout::Replicated(ctx.mesh, 1))
-                                          : std::nullopt};
-      plan.outputs = {Layout::Replicated(ctx.mesh, static_cast<int>(target.size()))};
-      return plan;
-    }
     int64_t total = std::accumulate(in_shape.begin(), in_shape.end(), int64_t{1},
                                     std::multiplies<int64_t>());
     // Resolve a -1 in the target shape.
