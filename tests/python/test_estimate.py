@@ -114,29 +114,44 @@ def _transformer_step(mesh_shape, config):
     return step, (placement.tensor(tokens, ("batch", U)), placement.tensor(targets, ("batch", U)))
 
 
-def _measured_intermediates(step, args) -> int:
+def _measured_intermediates(step, args, runs=2) -> int:
     """The most the step's own buffers held at once, over all devices (virtual CPUs share
-    TensorFlow's one CPU allocator, which tracks buffers of 256 KiB and more)."""
+    TensorFlow's one CPU allocator, which tracks buffers of 256 KiB and more); the highest
+    of `runs` runs, since how far the devices' peaks overlap changes from run to run."""
     step(*args)  # first call: builds kernels and constants
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    step(*args)
-    return tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+    peaks = []
+    for _ in range(runs):
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        step(*args)
+        peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - before)
+    return max(peaks)
 
 
-def _estimate_against_a_run(step, args):
-    """The estimate of `step(*args)`, checked against a run: its intermediates from 0.8 to
-    1.3 of the peak TensorFlow's allocator saw, its collectives exactly the ledger's."""
+def _estimate_against_a_run(step, args, lockstep=True):
+    """The estimate of `step(*args)`, checked against a run: its collectives exactly the
+    ledger's, and its intermediates against the peak TensorFlow's allocator saw.
+
+    The run measures the peak of the sum over devices (one shared allocator); the estimate
+    gives each device's peak. The first lies between the largest of the second and their
+    sum, wherever TensorFlow's scheduling puts the devices' peaks, so these hold on any
+    run: the summed estimate covers the run (at least 0.8 of it: the estimate counts no
+    kernel scratch), and no device's estimate exceeds it (by 1.3 at most).
+
+    `lockstep`: the devices meet at collectives all through the step (a model-parallel mesh
+    dimension), so their peaks coincide and the run comes close to the sum (1.3 at most).
+    A data-parallel step meets only at its gradient all-reduce: between, the devices drift
+    apart by as much as the machine's load makes them (the 8x1 transformer step measured
+    1.12 alone, 1.23 after the rest of the suite, 1.43 beside another Bazel test)."""
     e = debug.estimate(step, *args)
     measured = _measured_intermediates(step, args)
     with debug.collectives() as ledger:
         step(*args)
-    estimated = sum(d.intermediate_bytes for d in e.devices.values())
-    # The run measures the peak of the sum over devices (one shared allocator), which is at
-    # most the sum of their peaks that the estimate gives; by how much depends on how
-    # TensorFlow interleaves the devices' ops: the 8x1 step under the `ops` lowering
-    # measured 1.12 alone and 1.23 after the rest of the suite. Hence 1.3 above.
-    assert 0.8 <= estimated / measured <= 1.3, (estimated, measured, e.table())
+    per_device = [d.intermediate_bytes for d in e.devices.values()]
+    assert 0.8 <= sum(per_device) / measured, (sum(per_device), measured, e.table())
+    assert max(per_device) / measured <= 1.3, (max(per_device), measured, e.table())
+    if lockstep:
+        assert sum(per_device) / measured <= 1.3, (sum(per_device), measured, e.table())
     assert _without_line(e.collectives) == _without_line(ledger.records)
     return e
 
@@ -155,7 +170,7 @@ def test_transformer_step_memory_close_to_a_run(policy, mesh_shape):
                             blocks=1, batch=32)
     with collective_lowering(policy):
         step, args = _transformer_step(mesh_shape, config)
-        _estimate_against_a_run(step, args)
+        _estimate_against_a_run(step, args, lockstep=mesh_shape[1] > 1)
 
 
 def test_transformer_variables_on_one_device_are_its_weights_and_adam_slots():
@@ -180,7 +195,7 @@ def test_cnn_step_memory_close_to_a_run(policy, mesh_shape):
         step, _ = cnn.make_train_step(cnn.CNN(placement))
         args = (placement.tensor(images, placement.image_specs),
                 placement.tensor(labels, ("batch",)))
-        _estimate_against_a_run(step, args)
+        _estimate_against_a_run(step, args, lockstep=len(mesh_shape) > 1)
 
 
 def test_the_training_guides_step_plans_the_collectives_it_runs():
