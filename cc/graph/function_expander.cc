@@ -35,10 +35,7 @@ bool ValueMeta::operator==(const ValueMeta& other) const {
       int_value != other.int_value || resource.has_value() != other.resource.has_value()) {
     return false;
   }
-  return !resource || (resource->value_layout == other.resource->value_layout &&
-                       resource->value_shape == other.resource->value_shape &&
-                       resource->value_dtype == other.resource->value_dtype &&
-                       resource->element_value == other.resource->element_value);
+  return !resource || resource->SameValue(*other.resource);
 }
 
 bool OutputRequest::operator==(const OutputRequest& other) const {

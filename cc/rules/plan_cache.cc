@@ -11,8 +11,7 @@ size_t Mix(size_t h, size_t v) { return h * 1000003u ^ v; }
 
 bool SameResource(const std::optional<ResourceInfo>& a, const std::optional<ResourceInfo>& b) {
   if (a.has_value() != b.has_value()) return false;
-  return !a || (a->value_layout == b->value_layout && a->value_shape == b->value_shape &&
-                a->value_dtype == b->value_dtype && a->element_value == b->element_value);
+  return !a || a->SameValue(*b);
 }
 
 // `host`: the input is a declared host argument, whose value is part of the key.

@@ -48,6 +48,17 @@ StatusOr<std::vector<int64_t>> OpContext::IntValue(int input, const std::string&
       "runs as one device would.");
 }
 
+Plan Plan::Whole(const OpContext& ctx, int output_rank) {
+  Plan plan;
+  for (const InputInfo& in : ctx.inputs) {
+    plan.inputs.push_back(in.layout ? std::optional<Layout>(Layout::Replicated(
+                                          ctx.mesh, static_cast<int>(in.shape.size())))
+                                    : std::nullopt);
+  }
+  plan.outputs = {Layout::Replicated(ctx.mesh, output_rank)};
+  return plan;
+}
+
 std::vector<PartialSpec> Plan::PassedPartial(const OpContext& ctx) const {
   for (size_t i = 0; i < inputs.size() && i < ctx.inputs.size(); ++i) {
     const std::optional<Layout>& given = ctx.inputs[i].layout;

@@ -86,6 +86,10 @@ struct Plan {
   // an axis was gathered, in words for Collectives() and debug.
   std::vector<std::string> notes;
 
+  // Every input that has a layout whole on each device, and one output of `output_rank`,
+  // replicated: the plan of an op that runs as one device would (operands known only at
+  // run time, sizes only known then).
+  static Plan Whole(const OpContext& ctx, int output_rank);
   // Pending reductions of the inputs that the op passes to its outputs unreduced (it is
   // linear in them): those an input has (in `ctx`) and keeps in its planned layout, which
   // PlanOp also puts in the outputs' layouts.

@@ -293,12 +293,7 @@ class ReshapeRule : public Rule {
       // tf.function, as the gradient of boolean_mask's gather does), or an input of such a
       // size (boolean_mask's, dynamic_partition's rows) reshaped to a given shape: the input
       // is gathered, every device reshapes it whole and the kernel checks the count.
-      Plan plan;
-      plan.inputs = {Layout::Replicated(ctx.mesh, ctx.rank(0)),
-                     ctx.inputs[1].layout ? std::optional<Layout>(Layout::Replicated(ctx.mesh, 1))
-                                          : std::nullopt};
-      plan.outputs = {Layout::Replicated(ctx.mesh, static_cast<int>(ctx.inputs[1].shape[0]))};
-      return plan;
+      return Plan::Whole(ctx, static_cast<int>(ctx.inputs[1].shape[0]));
     }
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> target, ctx.IntValue(1, "shape"));
     const Layout& in = ctx.layout(0);

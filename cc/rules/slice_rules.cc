@@ -151,18 +151,6 @@ bool RunTimeOperands(const OpContext& ctx, const std::vector<int>& inputs,
   return true;
 }
 
-// Every data input gathered, operands as given, the output replicated.
-Plan RunWhole(const OpContext& ctx) {
-  Plan plan;
-  for (const InputInfo& in : ctx.inputs) {
-    plan.inputs.push_back(in.layout ? std::optional<Layout>(Layout::Replicated(
-                                          ctx.mesh, static_cast<int>(in.shape.size())))
-                                    : std::nullopt);
-  }
-  plan.outputs = {Layout::Replicated(ctx.mesh, ctx.rank(0))};
-  return plan;
-}
-
 // The begin, end and strides inputs (1, 2, 3) of a strided slice op. Inside tf.function
 // begin and end may be known only when it runs (x[i] with a loop counter, as TF's DTensor
 // allows): then `known` is false, begin and end are zeros of their static length, and the
@@ -353,7 +341,7 @@ class SliceRule : public Rule {
       if (!RunTimeOperands(ctx, {1, 2}, {ctx.rank(0)})) {
         return begin_value.ok() ? size_value.status() : begin_value.status();
       }
-      return RunWhole(ctx);
+      return Plan::Whole(ctx, ctx.rank(0));
     }
     std::vector<int64_t> begin = *std::move(begin_value);
     std::vector<int64_t> size = *std::move(size_value);

@@ -111,6 +111,15 @@ struct ResourceInfo {
   // loop's gradient accumulates per iteration for its BroadcastGradientArgs, when the
   // traced shapes have unknown sizes). TensorListPopBack reads it as that constant.
   std::optional<std::vector<int64_t>> element_value;
+
+  // Whether `other` describes the same value to plan for: its layout, shape and dtype, and
+  // a list's element value. Expansions and plans are keyed on these. `shared_storage` is
+  // not among them: dispatch checks it against the lowering in force before any plan is
+  // looked up, and a read (the only op it allows across lowerings) plans alike.
+  bool SameValue(const ResourceInfo& other) const {
+    return value_layout == other.value_layout && value_shape == other.value_shape &&
+           value_dtype == other.value_dtype && element_value == other.element_value;
+  }
 };
 
 class Builder {
