@@ -1,6 +1,7 @@
 // tf.function control flow inside an expansion: calls of other functions (expanded with
-// the layouts of their arguments, and cached), If (both branches asked for the
-// then-branch's result layouts) and While (loop variables keep their entry layouts).
+// the layouts of their arguments, and cached), If and Case (every branch asked for the
+// result layouts merged over the branches) and While (loop variables keep their entry
+// layouts).
 #include "cc/graph/function_expansion.h"
 
 #include <set>
@@ -11,7 +12,9 @@
 namespace tf_dtensor {
 
 using expansion_internal::EmptyListAttr;
+using expansion_internal::IsBranching;
 using expansion_internal::IsCall;
+using expansion_internal::IsCase;
 using expansion_internal::IsIf;
 using expansion_internal::IsWhile;
 
@@ -75,7 +78,7 @@ Status FunctionExpansion::EmitFunctional(const NodeSpec& node, const std::string
   TFD_ASSIGN_OR_RETURN(TF_Operation * op,
                        builder_.Emit(op_type, all, options, builder_.host_device(), attrs));
   FunctionalCost& cost = functional_[op];
-  cost.alternatives = IsIf(op_type);
+  cost.alternatives = IsBranching(op_type);
   cost.loop = IsWhile(op_type);
   for (const ValueMeta& m : results) {
     for (int k = 0; k < m.num_flat(); ++k) {
@@ -126,7 +129,8 @@ Status FunctionExpansion::ExpandCall(const NodeSpec& node, const std::string& ca
 StatusOr<TF_Output> FunctionExpansion::Predicate(const NodeSpec& node, ValueId value) {
   if (builder_.is_host(value)) return builder_.host(value);
   if (!builder_.layout(value)->IsFullyReplicated() || !builder_.shape(value).empty()) {
-    return InvalidArgument("The condition of '" + node.name + "' (" + node.op + ") in tf.function '" +
+    return InvalidArgument(std::string(IsCase(node.op) ? "The branch index" : "The condition") +
+                           " of '" + node.name + "' (" + node.op + ") in tf.function '" +
                            function_ + "' must be a replicated scalar; got layout " +
                            builder_.layout(value)->ShortString() + " and shape " +
                            ShapeString(builder_.shape(value)) + ".");
@@ -134,75 +138,114 @@ StatusOr<TF_Output> FunctionExpansion::Predicate(const NodeSpec& node, ValueId v
   return builder_.component(value, 0);
 }
 
-Status FunctionExpansion::ExpandIf(const NodeSpec& node, const std::vector<ValueId>& inputs) {
-  const std::string* then_attr = FindRawAttr(node.attrs, "then_branch");
-  const std::string* else_attr = FindRawAttr(node.attrs, "else_branch");
-  std::optional<std::string> then_name = then_attr ? FunctionNameOf(*then_attr) : std::nullopt;
-  std::optional<std::string> else_name = else_attr ? FunctionNameOf(*else_attr) : std::nullopt;
-  if (!then_name || !else_name || inputs.empty()) {
+namespace {
+
+// `into` with the sharding of `other` on axes `into` leaves unsharded, where the mesh
+// dimension is still free (as TensorFlow's DTensor merges an If's branches: [x,*] and
+// [*,y] give [x,y]).
+std::optional<Layout> MergeBranchLayout(const std::optional<Layout>& into,
+                                        const std::optional<Layout>& other) {
+  if (!into || !other || into->mesh() != other->mesh() || into->rank() != other->rank() ||
+      into->is_partial() || other->is_partial() || into->HasMultiDimAxis() ||
+      other->HasMultiDimAxis()) {
+    return into;
+  }
+  std::vector<DimSpec> specs = into->specs();
+  std::set<int> used;
+  for (const DimSpec& d : specs) {
+    if (d.sharded()) used.insert(d.mesh_dim);
+  }
+  for (int a = 0; a < into->rank(); ++a) {
+    const DimSpec& e = other->spec(a);
+    if (!specs[a].sharded() && e.sharded() && !used.count(e.mesh_dim)) {
+      specs[a] = e;
+      used.insert(e.mesh_dim);
+    }
+  }
+  return into->WithSpecs(specs);
+}
+
+}  // namespace
+
+Status FunctionExpansion::ExpandBranches(const NodeSpec& node, const std::vector<ValueId>& inputs) {
+  // If: then_branch and else_branch, chosen by a predicate; Case: `branches`, chosen by an
+  // index (out of range: the last).
+  std::vector<std::string> names;
+  if (IsCase(node.op)) {
+    const std::string* branches = FindRawAttr(node.attrs, "branches");
+    std::optional<std::vector<std::string>> found =
+        branches ? FunctionNamesOf(*branches) : std::nullopt;
+    if (found) names = *std::move(found);
+  } else {
+    for (const char* attr : {"then_branch", "else_branch"}) {
+      const std::string* raw = FindRawAttr(node.attrs, attr);
+      std::optional<std::string> name = raw ? FunctionNameOf(*raw) : std::nullopt;
+      if (name) names.push_back(*std::move(name));
+    }
+  }
+  if (names.empty() || (IsIf(node.op) && names.size() != 2) || inputs.empty()) {
     return Internal("'" + node.name + "' (" + node.op + ") lacks its branches.");
   }
-  TFD_ASSIGN_OR_RETURN(TF_Output predicate, Predicate(node, inputs[0]));
+  TFD_ASSIGN_OR_RETURN(TF_Output chooser, Predicate(node, inputs[0]));
   std::vector<ValueId> args(inputs.begin() + 1, inputs.end());
-  // Each result takes the then-branch's sharding, plus the else-branch's on axes the
-  // then-branch leaves unsharded (as TensorFlow's DTensor merges them: [x,*] and [*,y]
-  // give [x,y]); both branches are asked for it, which costs a branch at most a slice
-  // where it was less sharded.
-  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> then_free,
-                       Callee(*then_name, args, OutputRequest()));
-  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> else_free,
-                       Callee(*else_name, args, OutputRequest()));
+  // Each result takes the first branch's sharding, plus each later branch's on axes those
+  // before it leave unsharded; every branch is asked for it, which costs a branch at most
+  // a slice where it was less sharded.
+  std::vector<std::shared_ptr<const ExpandedFunction>> free;
+  for (const std::string& name : names) {
+    TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> f,
+                         Callee(name, args, OutputRequest()));
+    free.push_back(std::move(f));
+  }
   OutputRequest same;
-  for (size_t i = 0; i < then_free->outputs.size(); ++i) {
-    std::optional<Layout> merged = then_free->outputs[i].layout;
-    const std::optional<Layout>& other =
-        i < else_free->outputs.size() ? else_free->outputs[i].layout : std::nullopt;
-    if (merged && other && !then_free->outputs[i].resource && merged->mesh() == other->mesh() &&
-        merged->rank() == other->rank() && !merged->is_partial() && !other->is_partial() &&
-        !merged->HasMultiDimAxis() && !other->HasMultiDimAxis()) {
-      std::vector<DimSpec> specs = merged->specs();
-      std::set<int> used;
-      for (const DimSpec& d : specs) {
-        if (d.sharded()) used.insert(d.mesh_dim);
+  for (size_t i = 0; i < free[0]->outputs.size(); ++i) {
+    std::optional<Layout> merged = free[0]->outputs[i].layout;
+    if (!free[0]->outputs[i].resource) {
+      for (size_t b = 1; b < free.size(); ++b) {
+        if (i < free[b]->outputs.size()) merged = MergeBranchLayout(merged, free[b]->outputs[i].layout);
       }
-      for (int a = 0; a < merged->rank(); ++a) {
-        const DimSpec& e = other->spec(a);
-        if (!specs[a].sharded() && e.sharded() && !used.count(e.mesh_dim)) {
-          specs[a] = e;
-          used.insert(e.mesh_dim);
-        }
-      }
-      merged = merged->WithSpecs(specs);
     }
     same.each.push_back(merged);
   }
-  bool then_as_is = true;
-  for (size_t i = 0; i < same.each.size(); ++i) {
-    then_as_is = then_as_is && same.each[i] == then_free->outputs[i].layout;
+  std::vector<std::shared_ptr<const ExpandedFunction>> branches;
+  for (size_t b = 0; b < names.size(); ++b) {
+    bool as_is = free[b]->outputs.size() == same.each.size();
+    for (size_t i = 0; as_is && i < same.each.size(); ++i) {
+      as_is = same.each[i] == free[b]->outputs[i].layout;
+    }
+    if (as_is) {
+      branches.push_back(free[b]);
+      continue;
+    }
+    TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> asked,
+                         Callee(names[b], args, same));
+    branches.push_back(std::move(asked));
   }
-  std::shared_ptr<const ExpandedFunction> then_fn = then_free;
-  if (!then_as_is) {
-    TFD_ASSIGN_OR_RETURN(then_fn, Callee(*then_name, args, same));
-  }
-  TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> else_fn,
-                       Callee(*else_name, args, same));
-  // Both branches' collectives are listed; one branch runs per call.
-  builder_.AddCollectives(then_fn->collectives, false, true);
-  builder_.AddCollectives(else_fn->collectives, false, true);
-  // A list's element value (ResourceInfo::element_value) holds after the If only where both
-  // branches leave it.
-  std::vector<ValueMeta> results = then_fn->outputs;
+  // Every branch's collectives are listed; one branch runs per call.
+  for (const auto& branch : branches) builder_.AddCollectives(branch->collectives, false, true);
+  // A list's element value (ResourceInfo::element_value) holds after the op only where
+  // every branch leaves it.
+  std::vector<ValueMeta> results = branches[0]->outputs;
   for (size_t i = 0; i < results.size(); ++i) {
     if (!results[i].resource || !results[i].resource->element_value) continue;
-    const bool same = i < else_fn->outputs.size() && else_fn->outputs[i].resource &&
-                      else_fn->outputs[i].resource->element_value ==
-                          results[i].resource->element_value;
-    if (!same) results[i].resource->element_value.reset();
+    for (size_t b = 1; b < branches.size(); ++b) {
+      const bool same_value = i < branches[b]->outputs.size() && branches[b]->outputs[i].resource &&
+                              branches[b]->outputs[i].resource->element_value ==
+                                  results[i].resource->element_value;
+      if (!same_value) results[i].resource->element_value.reset();
+    }
   }
-  return EmitFunctional(node, node.op, {predicate}, args,
-                        {{"then_branch", FunctionAttr(then_fn->name)},
-                         {"else_branch", FunctionAttr(else_fn->name)}},
-                        results, true, {then_fn, else_fn});
+  RawAttrs attrs;
+  if (IsCase(node.op)) {
+    std::vector<std::string> expanded;
+    for (const auto& branch : branches) expanded.push_back(branch->name);
+    attrs.emplace_back("branches", FunctionListAttr(expanded));
+  } else {
+    attrs = {{"then_branch", FunctionAttr(branches[0]->name)},
+             {"else_branch", FunctionAttr(branches[1]->name)}};
+  }
+  return EmitFunctional(node, node.op, {chooser}, args, std::move(attrs), results, true,
+                        std::move(branches));
 }
 
 Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId> inputs) {

@@ -109,7 +109,7 @@ bool MovesData(const std::string& op) {
       "Fill", "ZerosLike", "OnesLike", "Cast", "Bitcast", "Pad", "PadV2", "MirrorPad",
       "BroadcastTo", "BroadcastGradientArgs", "Range", "OneHot", "ReverseV2", "_Send",
       "_Recv", "_HostSend", "_HostRecv", "PartitionedCall", "StatefulPartitionedCall",
-      "If", "StatelessIf", "While", "StatelessWhile", "DynamicStitch",
+      "If", "StatelessIf", "Case", "StatelessCase", "While", "StatelessWhile", "DynamicStitch",
       "ParallelDynamicStitch", "ScatterNd", "TensorScatterUpdate", "AllToAll",
       "DeviceIndex", "Where", "Unique", "EmptyTensorList", "TensorListReserve",
       "TensorListFromTensor", "TensorListStack", "TensorListGetItem", "TensorListSetItem",

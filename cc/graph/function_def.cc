@@ -170,25 +170,35 @@ const std::string* FindRawAttr(const RawAttrs& attrs, const std::string& name) {
   return nullptr;
 }
 
+namespace {
+
+// The name of a serialized NameAttrList (name = 1).
+std::optional<std::string> NameOfNameAttrList(std::string_view bytes) {
+  WireReader func(bytes);
+  int f, w;
+  while (!func.done()) {
+    std::string_view name;
+    if (!func.ReadTag(&f, &w)) return std::nullopt;
+    if (f == 1 && w == 2) {
+      if (!func.ReadBytes(&name)) return std::nullopt;
+      return std::string(name);
+    }
+    if (!func.Skip(w)) return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<std::string> FunctionNameOf(std::string_view attr_value) {
   WireReader reader(attr_value);
   int field, wire_type;
   while (!reader.done()) {
     if (!reader.ReadTag(&field, &wire_type)) return std::nullopt;
     std::string_view s;
-    if (field == 10 && wire_type == 2) {  // AttrValue.func: NameAttrList, name = 1
+    if (field == 10 && wire_type == 2) {  // AttrValue.func: NameAttrList
       if (!reader.ReadBytes(&s)) return std::nullopt;
-      WireReader func(s);
-      int f, w;
-      while (!func.done()) {
-        std::string_view name;
-        if (!func.ReadTag(&f, &w)) return std::nullopt;
-        if (f == 1 && w == 2) {
-          if (!func.ReadBytes(&name)) return std::nullopt;
-          return std::string(name);
-        }
-        if (!func.Skip(w)) return std::nullopt;
-      }
+      return NameOfNameAttrList(s);
     } else if (!reader.Skip(wire_type)) {
       return std::nullopt;
     }
@@ -196,11 +206,53 @@ std::optional<std::string> FunctionNameOf(std::string_view attr_value) {
   return std::nullopt;
 }
 
+std::optional<std::vector<std::string>> FunctionNamesOf(std::string_view attr_value) {
+  WireReader reader(attr_value);
+  int field, wire_type;
+  std::vector<std::string> names;
+  while (!reader.done()) {
+    if (!reader.ReadTag(&field, &wire_type)) return std::nullopt;
+    std::string_view s;
+    if (field != 1 || wire_type != 2) {  // AttrValue.list: ListValue
+      if (!reader.Skip(wire_type)) return std::nullopt;
+      continue;
+    }
+    if (!reader.ReadBytes(&s)) return std::nullopt;
+    WireReader list(s);
+    int f, w;
+    while (!list.done()) {
+      if (!list.ReadTag(&f, &w)) return std::nullopt;
+      std::string_view func;
+      if (f == 9 && w == 2) {  // ListValue.func: repeated NameAttrList
+        if (!list.ReadBytes(&func)) return std::nullopt;
+        std::optional<std::string> name = NameOfNameAttrList(func);
+        if (!name) return std::nullopt;
+        names.push_back(*std::move(name));
+      } else if (!list.Skip(w)) {
+        return std::nullopt;
+      }
+    }
+  }
+  return names;
+}
+
 std::string FunctionAttr(const std::string& name) {
   WireWriter func;
   func.Bytes(1, name);
   WireWriter value;
   value.Bytes(10, func.str());
+  return value.Take();
+}
+
+std::string FunctionListAttr(const std::vector<std::string>& names) {
+  WireWriter list;
+  for (const std::string& name : names) {
+    WireWriter func;
+    func.Bytes(1, name);
+    list.Bytes(9, func.str());
+  }
+  WireWriter value;
+  value.Bytes(1, list.str());
   return value.Take();
 }
 

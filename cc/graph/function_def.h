@@ -65,8 +65,11 @@ const std::string* FindRawAttr(const RawAttrs& attrs, const std::string& name);
 
 // The function an AttrValue names (`func`), e.g. PartitionedCall's `f`.
 std::optional<std::string> FunctionNameOf(std::string_view attr_value);
+// The functions a list AttrValue names (`list.func`), e.g. Case's `branches`.
+std::optional<std::vector<std::string>> FunctionNamesOf(std::string_view attr_value);
 // Serialized AttrValues.
 std::string FunctionAttr(const std::string& name);
+std::string FunctionListAttr(const std::vector<std::string>& names);
 std::string TypeListAttr(const std::vector<int>& types);
 
 }  // namespace tf_dtensor

@@ -35,7 +35,7 @@ void TF_GraphSetOutputHandleShapesAndTypes(TF_Graph* graph, TF_Output output,
 namespace tf_dtensor {
 
 using expansion_internal::IsCall;
-using expansion_internal::IsIf;
+using expansion_internal::IsBranching;
 using expansion_internal::IsWhile;
 using expansion_internal::SplitName;
 using expansion_internal::TensorName;
@@ -303,7 +303,7 @@ Status FunctionExpansion::EnterNodeMesh(const NodeSpec& node, std::vector<ValueI
   op.name = node.op;
   op.where = " (node '" + node.name + "' of tf.function '" + function_ + "')";
   op.rule = RuleRegistry::Global().Find(node.op);
-  op.calls_function = IsCall(node.op) || IsIf(node.op) || IsWhile(node.op) ||
+  op.calls_function = IsCall(node.op) || IsBranching(node.op) || IsWhile(node.op) ||
                       (!builder_.FindOp(node.op) &&
                        TFE_ContextHasFunction(context_, node.op.c_str()));
   if (node.op == kRelayoutOp) {
@@ -523,7 +523,7 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
                            function_ + "': these move tensors between the host and the mesh "
                            "and run eagerly. Call them outside the function and pass DTensors in.");
     }
-    if (IsCall(node.op) || IsIf(node.op) || IsWhile(node.op) ||
+    if (IsCall(node.op) || IsBranching(node.op) || IsWhile(node.op) ||
         (!builder_.FindOp(node.op) && TFE_ContextHasFunction(context_, node.op.c_str()))) {
       for (size_t i = 0; i < inputs.size(); ++i) {
         TFD_ASSIGN_OR_RETURN(inputs[i], Settle(inputs[i], "input " + std::to_string(i) + " of '" +
@@ -539,7 +539,7 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
     if (!builder_.FindOp(node.op) && TFE_ContextHasFunction(context_, node.op.c_str())) {
       return ExpandCall(node, node.op, inputs);
     }
-    if (IsIf(node.op)) return ExpandIf(node, inputs);
+    if (IsBranching(node.op)) return ExpandBranches(node, inputs);
     if (IsWhile(node.op)) return ExpandWhile(node, inputs);
     // A control-only op that gathers side effects (tf.function's automatic control dependencies make
     // one wait for a step's assigns, and the return wait for it) runs on every device its

@@ -40,6 +40,9 @@ inline bool IsCall(const std::string& op) {
 }
 
 inline bool IsIf(const std::string& op) { return op == "If" || op == "StatelessIf"; }
+inline bool IsCase(const std::string& op) { return op == "Case" || op == "StatelessCase"; }
+// One of several branches runs (If, Case).
+inline bool IsBranching(const std::string& op) { return IsIf(op) || IsCase(op); }
 inline bool IsWhile(const std::string& op) { return op == "While" || op == "StatelessWhile"; }
 
 // An empty list AttrValue (e.g. output_shapes: "not given").
@@ -146,11 +149,12 @@ class FunctionExpansion {
   Status ExpandNode(const NodeSpec& node);
   Status ExpandCall(const NodeSpec& node, const std::string& callee,
                     const std::vector<ValueId>& inputs);
-  Status ExpandIf(const NodeSpec& node, const std::vector<ValueId>& inputs);
+  // If and Case: one of several branches runs, chosen by input 0 (a predicate or an index).
+  Status ExpandBranches(const NodeSpec& node, const std::vector<ValueId>& inputs);
   Status ExpandWhile(const NodeSpec& node, std::vector<ValueId> inputs);
-  // Emits a functional op (a call, If, While) over the flat components of `inputs`
+  // Emits a functional op (a call, If, Case, While) over the flat components of `inputs`
   // after `prefix` (e.g. If's predicate); its results are `results`' values. `bodies`:
-  // the expanded functions it runs (the callee, both branches, cond and body), for its cost.
+  // the expanded functions it runs (the callee, the branches, cond and body), for its cost.
   Status EmitFunctional(const NodeSpec& node, const std::string& op_type,
                         const std::vector<TF_Output>& prefix, const std::vector<ValueId>& inputs,
                         RawAttrs attrs, const std::vector<ValueMeta>& results,
@@ -163,7 +167,8 @@ class FunctionExpansion {
                                                          const std::vector<ValueId>& inputs,
                                                          const OutputRequest& request,
                                                          bool loop = false);
-  // A scalar predicate as one host tensor: a host value, or a replicated DTensor's.
+  // A scalar predicate (or branch index) as one host tensor: a host value, or a
+  // replicated DTensor's.
   StatusOr<TF_Output> Predicate(const NodeSpec& node, ValueId value);
   Status ExpandWithRule(const NodeSpec& node, std::vector<ValueId> inputs);
   // Chooses the mesh `node` runs on (ChooseMesh, as the eager path does: its DTensor

@@ -207,3 +207,73 @@ def test_cond_result_merges_the_branches_shardings(mesh_2x2):
         out = pick(t, tf.constant(flag))
         assert dtensor.fetch_layout(out) == layout_of("[x,y]", mesh_2x2)
         np.testing.assert_allclose(reassemble(out), value * factor)
+
+
+def _switch_program(index, a, b):
+    # Three branches: elementwise (keeps [x,y]), a contraction over the sharded axis, and a
+    # reduction whose result is replicated; index 7 is out of range and runs the last.
+    return tf.switch_case(index, [lambda: a * 2.0 + b,
+                                  lambda: tf.matmul(a, b, transpose_b=True),
+                                  lambda: a - tf.reduce_mean(b, axis=0)])
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 7])
+def test_switch_case_runs_the_chosen_branch_without_gathering(index, mesh_2x2):
+    """tf.switch_case (a Case op) expands every branch for its inputs' layouts, as If does;
+    it had no rule and gathered its inputs with a warning. The result is [x,y] whichever
+    branch runs: the branches' [x,y], [x,*] and [x,y] merged."""
+    a, b = random_array((4, 4), seed=5), random_array((4, 4), seed=6)
+    layout = layout_of("[x,y]", mesh_2x2)
+    want = tf.function(_switch_program)(tf.constant(index), tf.constant(a), tf.constant(b))
+    for i in (tf.constant(index), to_dtensor(np.int32(index), Layout.replicated(mesh_2x2, 0))):
+        got = run_without_fallback(tf.function(_switch_program), i, to_dtensor(a, layout),
+                                   to_dtensor(b, layout))
+        assert_dtensor_equal(want.numpy(), layout, got)
+
+
+def test_switch_case_result_merges_the_branches_shardings(mesh_2x2):
+    # Branches giving [x,*], [*,y] and [*,*]: the result is [x,y] (If's merge, over every
+    # branch), and each branch slices what it left unsharded.
+    value = np.arange(16, dtype=np.float32).reshape(4, 4)
+    t = dtensor.copy_to_mesh(tf.constant(value), Layout.replicated(mesh_2x2, 2))
+
+    @tf.function
+    def pick(a, i):
+        return tf.switch_case(i, [lambda: dtensor.relayout(a * 2.0, layout_of("[x,*]", mesh_2x2)),
+                                  lambda: dtensor.relayout(a * 3.0, layout_of("[*,y]", mesh_2x2)),
+                                  lambda: a * 4.0])
+
+    for index, factor in ((0, 2.0), (1, 3.0), (2, 4.0)):
+        out = run_without_fallback(pick, t, tf.constant(index))
+        assert dtensor.fetch_layout(out) == layout_of("[x,y]", mesh_2x2)
+        np.testing.assert_allclose(reassemble(out), value * factor)
+
+
+def test_switch_case_gradient_equals_one_device(mesh_2x2):
+    a = random_array((4, 4), seed=7)
+    layout = layout_of("[x,y]", mesh_2x2)
+
+    def loss_and_grad(x, index):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.switch_case(index, [lambda: tf.sin(x), lambda: x * x]) ** 2)
+        return loss, tape.gradient(loss, x)
+
+    for index in (0, 1):
+        want_loss, want_grad = tf.function(loss_and_grad)(tf.constant(a), tf.constant(index))
+        loss, grad = run_without_fallback(tf.function(loss_and_grad), to_dtensor(a, layout),
+                                          tf.constant(index))
+        assert_values_equal(want_loss.numpy(), reassemble(loss))
+        assert_dtensor_equal(want_grad.numpy(), layout, grad)
+
+
+def test_switch_case_index_read_from_sharded_data(mesh_1d):
+    # Every device must pick the same branch: the index is gathered to a replicated scalar
+    # first, not taken from each device's block.
+    a = to_dtensor(random_array((4, 4), seed=8), layout_of("[x,*]", mesh_1d))
+    @tf.function
+    def pick(a, i):
+        return tf.switch_case(i[0], [lambda: a * 2.0, lambda: a * 3.0])
+
+    index = to_dtensor(np.array([1, 0, 0, 0], dtype=np.int32), layout_of("[x]", mesh_1d))
+    assert_dtensor_equal(reassemble(a) * 3.0, layout_of("[x,*]", mesh_1d), pick(a, index))
