@@ -65,7 +65,11 @@ void ToTF(const Status& status, TF_Status* tf_status) {
   TF_SetStatus(tf_status, static_cast<TF_Code>(status.code()), status.message().c_str());
 }
 
-DTensorDevice::DTensorDevice(std::string name) : name_(std::move(name)) {
+DTensorDevice::DTensorDevice(std::string name)
+    : name_(std::move(name)), serial_([] {
+        static std::atomic<uint64_t> next{0};
+        return next.fetch_add(1) + 1;
+      }()) {
   RegisterOps();
   live_devices.fetch_add(1);
 }
@@ -118,10 +122,25 @@ std::optional<Mesh> DTensorDevice::default_mesh() const {
   return std::nullopt;
 }
 
+namespace {
+
+// Per thread: device serial -> layout scopes open there.
+std::map<uint64_t, int>& LayoutScopesOfThisThread() {
+  thread_local std::map<uint64_t, int> open;
+  return open;
+}
+
+}  // namespace
+
+bool DTensorDevice::layout_scope_open_here() const {
+  const std::map<uint64_t, int>& open = LayoutScopesOfThisThread();
+  return !open.empty() && open.count(serial_);
+}
+
 void DTensorDevice::PushDefaultLayout(std::optional<Layout> layout) {
   std::lock_guard<std::mutex> lock(mutex_);
   layout_stacks_[std::this_thread::get_id()].push_back(std::move(layout));
-  layouts_pushed_.fetch_add(1);
+  ++LayoutScopesOfThisThread()[serial_];
 }
 
 void DTensorDevice::PopDefaultLayout() {
@@ -129,12 +148,14 @@ void DTensorDevice::PopDefaultLayout() {
   auto stack = layout_stacks_.find(std::this_thread::get_id());
   if (stack == layout_stacks_.end() || stack->second.empty()) return;
   stack->second.pop_back();
-  layouts_pushed_.fetch_sub(1);
+  std::map<uint64_t, int>& open = LayoutScopesOfThisThread();
+  auto count = open.find(serial_);
+  if (count != open.end() && --count->second <= 0) open.erase(count);
   if (stack->second.empty()) layout_stacks_.erase(stack);
 }
 
 std::optional<Layout> DTensorDevice::default_layout() const {
-  if (layouts_pushed_.load() == 0) return std::nullopt;
+  if (!layout_scope_open_here()) return std::nullopt;
   std::lock_guard<std::mutex> lock(mutex_);
   auto stack = layout_stacks_.find(std::this_thread::get_id());
   return stack == layout_stacks_.end() || stack->second.empty() ? std::nullopt
@@ -254,7 +275,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
     return Status::Ok();
   }
   // A repeated op whose expansion was local-only runs its local ops directly.
-  routed.local_only = LocalOnlyReplays::MeshOf(routed.rule, dtensors, layouts_pushed_.load() != 0);
+  routed.local_only = LocalOnlyReplays::MeshOf(routed.rule, dtensors, layout_scope_open_here());
   if (routed.local_only &&
       local_only_.Replay(eager, routed.rule, *routed.local_only, name_, num_outputs, outputs)) {
     return Status::Ok();

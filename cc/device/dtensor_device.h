@@ -118,7 +118,13 @@ class DTensorDevice {
   std::map<std::thread::id, std::vector<std::optional<Mesh>>> mesh_stacks_;
   std::vector<Mesh> registered_meshes_;  // distinct user meshes seen, at most two kept
   std::map<std::thread::id, std::vector<std::optional<Layout>>> layout_stacks_;
-  std::atomic<int> layouts_pushed_{0};  // layouts pushed in all threads, read without the lock
+  // Whether this thread has a layout scope open on this device: read without the lock on
+  // every op (an open scope turns off the local-only replay fast path). Per thread, so
+  // one thread's `call_with_layout` leaves the others' fast path on.
+  bool layout_scope_open_here() const;
+  // This device's number, never reused (a device made again may get a freed address):
+  // keys the per-thread count of open layout scopes.
+  const uint64_t serial_;
   std::set<std::string> warned_;
   std::function<void(const std::string&)> warning_handler_;
   FunctionExpander expander_;

@@ -194,3 +194,44 @@ def test_plans_that_read_attributes_are_found_again(op):
     for _ in range(6):
         op(x)
     assert device.num_cached_plans == before
+
+
+def test_a_layout_scope_in_another_thread_leaves_this_threads_local_only_runs():
+    # An open layout scope (call_with_layout) turns the fast path off in its own thread,
+    # where the scope may lay out what an op makes; another thread's scope must not.
+    import threading
+
+    from tf_dtensor import dtensor
+
+    device = _device.get()
+    layout = layout_of("[x,y]", MESH_2X2)
+    a = random_array((4, 6), seed=11)
+    da = to_dtensor(a, layout)
+    tf.nn.relu(da)  # expanded; records the run
+    opened, release = threading.Event(), threading.Event()
+
+    def hold_a_scope():
+        def body():
+            opened.set()
+            release.wait(30)
+            return tf.zeros([4, 6])
+        dtensor.call_with_layout(body, layout)
+
+    holder = threading.Thread(target=hold_a_scope)
+    holder.start()
+    try:
+        assert opened.wait(30)
+        before = device.num_local_only_runs
+        assert_dtensor_equal(np.maximum(a, 0), layout, tf.nn.relu(da))
+        assert device.num_local_only_runs == before + 1
+    finally:
+        release.set()
+        holder.join()
+
+    def in_own_scope():
+        before = device.num_local_only_runs
+        got = tf.nn.relu(da)
+        assert device.num_local_only_runs == before
+        return got
+
+    assert_dtensor_equal(np.maximum(a, 0), layout, dtensor.call_with_layout(in_own_scope, layout))
