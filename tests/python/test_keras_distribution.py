@@ -251,6 +251,18 @@ def test_variables_and_optimizer_slots_get_their_layouts():
     assert component.shape == (16, 8)
 
 
+def test_layout_map_rank_mismatch_names_the_variable_its_shape_layout_and_fix():
+    distribution = kt.model_parallel({".*d1/.*": (None, "model")})  # also matches d1/bias
+    with distribution.scope(), pytest.raises(tf_dtensor.LayoutError) as caught:
+        mlp()()
+    message = str(caught.value)
+    for part in ("Keras variable `sequential", "d1/bias` (shape (32,), rank 1)",
+                 "[*,model] @ mesh(batch=2,model=4)", "LayoutMap['.*d1/.*']",
+                 "rank 2", "Give that key a layout of rank 1", "(None,)",
+                 "narrow its regex", "tf_dtensor.keras.explain(model)"):
+        assert part in message, (part, message)
+
+
 def test_fit_evaluate_predict_with_callbacks_and_uneven_batches(capsys):
     # 60 samples in batches of 16: the last batch has 12 rows, which 8 devices do not divide.
     x, y = X[:60], Y_REG[:60]

@@ -32,6 +32,7 @@ import tensorflow as tf
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 from tf_dtensor import api
+from tf_dtensor._errors import LayoutError
 from tf_dtensor.keras import _backend
 from tf_dtensor.layout import Layout
 from tf_dtensor.variable import DVariable
@@ -148,6 +149,32 @@ def _traced_constant(value, path):
     return static
 
 
+def _variable_layout(variable) -> Layout:
+    """The tf_dtensor `Layout` of a Keras variable about to be made (its `_layout`).
+
+    Raises:
+      LayoutError: the layout's rank is not the variable's (a LayoutMap key whose regex
+        also matches variables of another rank); the message names the variable, its
+        shape, the layout, the rule that gave it and the fix.
+    """
+    layout = _backend.as_layout(variable._layout)
+    rank = len(variable._shape)
+    if layout.rank == rank:
+        return layout
+    rule = getattr(variable, "_tf_dtensor_rule", None) or "its layout"
+    if rule.startswith("LayoutMap["):
+        fix = (f"Give that key a layout of rank {rank} (one entry per axis, e.g. "
+               f"{(None,) * rank}), or narrow its regex so that it does not match "
+               f"`{variable.path}`; `tf_dtensor.keras.explain(model)` lists each variable's "
+               f"path and the rule that matched it")
+    else:
+        fix = f"Give it a layout of rank {rank} (one entry per axis)"
+    raise LayoutError(
+        f"Cannot lay out Keras variable `{variable.path}` (shape {tuple(variable._shape)}, "
+        f"rank {rank}) as {layout.short()}: {rule} gave it a layout of rank {layout.rank}, "
+        f"and a layout needs one entry per axis of the variable. {fix}.")
+
+
 def _variable_hooks(variable_class) -> None:
     original_initialize = variable_class._initialize
     distributed_classes: Dict[type, type] = {}
@@ -174,7 +201,7 @@ def _variable_hooks(variable_class) -> None:
             self._tf_dtensor_rule = "replicated on the mesh of the model's other weights"
         if self._layout is None:
             return original_initialize(self, value)
-        layout = _backend.to_layout(self._layout, len(self._shape))
+        layout = _variable_layout(self)
         _backend.warn_if_replicated(self, layout, getattr(self, "_tf_dtensor_rule", None),
                                     rules_tried(distribution))
         with tf.init_scope():
