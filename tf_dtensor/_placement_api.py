@@ -10,6 +10,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
+from tensorflow.python.framework import ops
 from tensorflow.python.ops import resource_variable_ops
 
 from tf_dtensor import api, config
@@ -126,9 +127,10 @@ def distribute_tensor(tensor, mesh: Optional[Mesh] = None, placements: Placement
     DTensor is redistributed. `Partial` placements give terms whose reduction is `tensor`,
     as recent PyTorch does: for `sum` the first device along the dimension holds the value
     and the others zeros; for `mean`/`max`/`min` every device holds the value. Works
-    eagerly and inside `tf.function` (call a function that takes regular tensors under
-    `dtensor.run_on(mesh)`); eagerly, the gradient with respect to a regular `tensor` is a
-    regular tensor.
+    eagerly and inside `tf.function`, also in one called with regular tensors alone
+    outside `run_on` (the function then runs on the DTensor device, as under
+    `run_on(mesh)`). Eagerly, the gradient with respect to a regular `tensor` is a
+    regular tensor; inside a function it is a DTensor.
 
     Raises:
       LayoutError: placements that do not fit the tensor or the mesh.
@@ -145,7 +147,9 @@ def distribute_tensor(tensor, mesh: Optional[Mesh] = None, placements: Placement
     layout = _layout_for(mesh, placements, _rank_of(tensor, "distribute_tensor"),
                          "distribute_tensor")
     try:
-        if source_is_dtensor or not context.executing_eagerly():
+        if not context.executing_eagerly():
+            return _runs_on_mesh(api.relayout(tensor, layout), layout)
+        if source_is_dtensor:
             return api.relayout(tensor, layout)
 
         @tf.custom_gradient
@@ -158,6 +162,25 @@ def distribute_tensor(tensor, mesh: Optional[Mesh] = None, placements: Placement
     except RelayoutError as error:
         raise RelayoutError(f"`distribute_tensor` to placements {_describe(layout)}: "
                             f"{error.message}") from error
+
+
+def _runs_on_mesh(traced, layout: Layout):
+    """`traced` (a relayout to `layout` inside a tf.function being traced), in a function
+    that runs on the DTensor device also when called with regular tensors alone.
+
+    A tf.function reaches the DTensor device when it is called with a DTensor or under
+    `run_on(mesh)`; one called with regular tensors alone outside any mesh scope runs on a
+    regular device, which cannot lay anything out. So the function captures a replicated
+    scalar DTensor on `layout.mesh` (made now, eagerly): a DTensor input routes every call
+    to the device, where the function runs as under `run_on(mesh)`. Nothing reads it.
+    """
+    if api.get_default_mesh() is not None:
+        return traced  # the call runs on the device already: nothing to add
+    with tf.init_scope():
+        token = api.pack([tf.zeros([])] * layout.mesh.num_local_devices(),
+                         Layout.replicated(layout.mesh, 0))
+    ops.get_default_graph().capture(token)
+    return traced
 
 
 def _local_list(local) -> Optional[List[Any]]:

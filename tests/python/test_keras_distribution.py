@@ -251,6 +251,88 @@ def test_variables_and_optimizer_slots_get_their_layouts():
     assert component.shape == (16, 8)
 
 
+MLP_LAYOUTS = {"d1/kernel": "[*,model] @ mesh(batch=2,model=4)",
+               "d1/bias": "[model] @ mesh(batch=2,model=4)",
+               "d2/kernel": "[model,*] @ mesh(batch=2,model=4)",
+               "d2/bias": "[*] @ mesh(batch=2,model=4)"}
+
+
+def _slot_layouts(model) -> dict:
+    """Optimizer slot path -> (its layout, its weight's layout), short forms."""
+    weights = {v.path.replace("/", "_"): v for v in model.trainable_weights}
+    pairs = {}
+    for slot in model.optimizer.variables:
+        for prefix, weight in weights.items():
+            if slot.name.startswith(prefix + "_"):
+                pairs[slot.path] = (slot._value.layout.short(), weight._value.layout.short())
+    return pairs
+
+
+@pytest.mark.parametrize("kind", ["data", "model"])
+def test_model_built_before_set_distribution_is_laid_out_at_its_first_fit(kind):
+    # Built (and compiled) before the distribution was set, the model kept its plain
+    # variables: fit trained it on one device beside the optimizer's replicated slots, and
+    # a LayoutMap key that also matched a slot failed on the slot's rank. Its variables are
+    # now laid out at the first step as if made under the distribution.
+    plain = mlp()()
+    want = plain.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
+                     verbose=0).history
+    distribution = kt.data_parallel() if kind == "data" else kt.model_parallel(MLP_RULES)
+    model = mlp()()
+    with distribution.scope():
+        got = model.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
+                        verbose=0).history
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
+        for w, p in zip(model.weights, plain.weights):
+            np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(model.predict(X[:8], verbose=0),
+                                   plain.predict(X[:8], verbose=0), rtol=1e-5, atol=1e-6)
+    if kind == "model":
+        assert kt.layouts(model) == MLP_LAYOUTS
+    else:
+        assert set(kt.layouts(model).values()) == {"[*,*] @ mesh(batch=8)",
+                                                   "[*] @ mesh(batch=8)"}
+    slots = _slot_layouts(model)
+    assert len(slots) == 8 and all(slot == weight for slot, weight in slots.values())
+    for variable in _hooks._state_variables(model):
+        assert _hooks.is_distributed(variable), variable.path
+
+
+def test_model_trained_on_one_device_continues_on_the_distribution_as_on_one_device():
+    # The optimizer was built (slots made, weights keyed) before the distribution was set:
+    # its slots move into their weights' layouts and it still finds every weight.
+    plain, model = mlp()(), mlp()()
+    for m in (plain, model):
+        m.fit(X[:32], Y_REG[:32], batch_size=16, epochs=1, shuffle=False, verbose=0)
+    want = plain.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
+                     verbose=0).history
+    with kt.model_parallel(MLP_RULES).scope():
+        got = model.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
+                        verbose=0).history
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
+    for w, p in zip(model.weights + model.optimizer.variables,
+                    plain.weights + plain.optimizer.variables):
+        np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6,
+                                   err_msg=w.path)
+    assert kt.layouts(model) == MLP_LAYOUTS
+    slots = _slot_layouts(model)
+    assert len(slots) == 8 and all(slot == weight for slot, weight in slots.values())
+
+
+def test_layout_map_rank_mismatch_names_the_variable_its_shape_layout_and_fix():
+    distribution = kt.model_parallel({".*d1/.*": (None, "model")})  # also matches d1/bias
+    with distribution.scope(), pytest.raises(tf_dtensor.LayoutError) as caught:
+        mlp()()
+    message = str(caught.value)
+    for part in ("Keras variable `sequential", "d1/bias` (shape (32,), rank 1)",
+                 "[*,model] @ mesh(batch=2,model=4)", "LayoutMap['.*d1/.*']",
+                 "rank 2", "Give that key a layout of rank 1", "(None,)",
+                 "narrow its regex", "tf_dtensor.keras.explain(model)"):
+        assert part in message, (part, message)
+
+
 def test_fit_evaluate_predict_with_callbacks_and_uneven_batches(capsys):
     # 60 samples in batches of 16: the last batch has 12 rows, which 8 devices do not divide.
     x, y = X[:60], Y_REG[:60]

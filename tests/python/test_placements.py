@@ -273,6 +273,29 @@ def test_every_placement_inside_tf_function(mesh, combo, shape):
     assert_values_equal(2.0 * x, full_tensor(grad).numpy())
 
 
+@pytest.mark.parametrize("mesh,combo,shape", [p for p in COMBOS if p.values[2] == (5, 3)])
+def test_distribute_tensor_inside_tf_function_needs_no_run_on(mesh, combo, shape):
+    # Called with a regular tensor and outside `run_on`, the function ran on a regular
+    # device and failed on the relayout; it now runs on the mesh and gives what eager does.
+    x = random_array(shape, seed=11)
+    layout = Layout.from_placements(mesh, combo, 2)
+    eager = distribute_tensor(tf.constant(x) * 2.0, mesh, combo)
+
+    @tf.function
+    def distribute(v):
+        with tf.GradientTape() as tape:
+            tape.watch(v)
+            t = distribute_tensor(v * 2.0, device_mesh=mesh, placements=combo)
+            loss = tf.reduce_sum(tf.square(full_tensor(t, mesh=mesh)))
+        return t, tape.gradient(loss, v)
+
+    inside, grad = distribute(tf.constant(x))
+    _check_value(2.0 * x, layout, inside)
+    assert dtensor.fetch_layout(inside) == dtensor.fetch_layout(eager)
+    assert_values_equal(full_tensor(eager).numpy(), full_tensor(inside).numpy())
+    assert_values_equal(8.0 * x, full_tensor(grad).numpy())
+
+
 @pytest.mark.parametrize("mesh,combo,shape", COMBOS)
 def test_from_local_gradient_is_each_devices_block(mesh, combo, shape):
     x = random_array(shape, seed=3)

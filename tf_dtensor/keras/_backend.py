@@ -105,15 +105,19 @@ def _to_backend_layout(tensor_layout) -> Layout:
     return Layout(specs, tensor_layout.device_mesh.backend_mesh)
 
 
+def as_layout(layout: Any) -> Layout:
+    """A tf_dtensor `Layout` from a Keras `TensorLayout` or a `Layout`."""
+    if isinstance(layout, Layout):
+        return layout
+    if hasattr(layout, "backend_layout"):
+        return layout.backend_layout
+    raise TypeError(f"Expected a keras.distribution.TensorLayout or a tf_dtensor Layout; "
+                    f"got {type(layout).__name__}: {layout!r}.")
+
+
 def to_layout(layout: Any, rank: int) -> Layout:
     """A tf_dtensor `Layout` from a Keras `TensorLayout` or a `Layout`, checked against `rank`."""
-    if isinstance(layout, Layout):
-        result = layout
-    elif hasattr(layout, "backend_layout"):
-        result = layout.backend_layout
-    else:
-        raise TypeError(f"Expected a keras.distribution.TensorLayout or a tf_dtensor Layout; "
-                        f"got {type(layout).__name__}: {layout!r}.")
+    result = as_layout(layout)
     if result.rank != rank:
         raise ValueError(f"Layout {result.short()} has rank {result.rank} but the value has "
                          f"rank {rank}; give one sharding spec per axis.")

@@ -10,9 +10,11 @@ unfinished prototype. `install()` puts tf_dtensor's in its place and changes fou
   `DVariable` made directly in that layout; reading it whole (`numpy()`, `np.array`)
   gathers its shards.
 - `keras.src.backend.tensorflow.trainer.TensorFlowTrainer.make_{train,test,predict}_function`:
-  for a model with DVariables, each host batch is laid out on the mesh (batch-sharded
-  under a distribution) before the step runs, and the step's outputs come back as regular
-  tensors before Keras reads them.
+  for a model with DVariables, or one run under a distribution, the model's variables
+  still off the mesh are first moved onto it (a model built before `set_distribution`
+  is laid out by the distribution; its optimizer, if built, finds its weights again),
+  each host batch is laid out on the mesh (batch-sharded under a distribution) before the
+  step runs, and the step's outputs come back as regular tensors before Keras reads them.
 
 Everything else (LayoutMap matching, `get_variable_layout`, optimizers, metrics, saving)
 is Keras' own code running on DTensors. Keras internals move between releases, so
@@ -25,6 +27,7 @@ import contextlib
 import functools
 import re
 import threading
+import weakref
 from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
@@ -32,6 +35,7 @@ import tensorflow as tf
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 from tf_dtensor import api
+from tf_dtensor._errors import LayoutError
 from tf_dtensor.keras import _backend
 from tf_dtensor.layout import Layout
 from tf_dtensor.variable import DVariable
@@ -148,6 +152,32 @@ def _traced_constant(value, path):
     return static
 
 
+def _variable_layout(variable) -> Layout:
+    """The tf_dtensor `Layout` of a Keras variable about to be made (its `_layout`).
+
+    Raises:
+      LayoutError: the layout's rank is not the variable's (a LayoutMap key whose regex
+        also matches variables of another rank); the message names the variable, its
+        shape, the layout, the rule that gave it and the fix.
+    """
+    layout = _backend.as_layout(variable._layout)
+    rank = len(variable._shape)
+    if layout.rank == rank:
+        return layout
+    rule = getattr(variable, "_tf_dtensor_rule", None) or "its layout"
+    if rule.startswith("LayoutMap["):
+        fix = (f"Give that key a layout of rank {rank} (one entry per axis, e.g. "
+               f"{(None,) * rank}), or narrow its regex so that it does not match "
+               f"`{variable.path}`; `tf_dtensor.keras.explain(model)` lists each variable's "
+               f"path and the rule that matched it")
+    else:
+        fix = f"Give it a layout of rank {rank} (one entry per axis)"
+    raise LayoutError(
+        f"Cannot lay out Keras variable `{variable.path}` (shape {tuple(variable._shape)}, "
+        f"rank {rank}) as {layout.short()}: {rule} gave it a layout of rank {layout.rank}, "
+        f"and a layout needs one entry per axis of the variable. {fix}.")
+
+
 def _variable_hooks(variable_class) -> None:
     original_initialize = variable_class._initialize
     distributed_classes: Dict[type, type] = {}
@@ -174,7 +204,7 @@ def _variable_hooks(variable_class) -> None:
             self._tf_dtensor_rule = "replicated on the mesh of the model's other weights"
         if self._layout is None:
             return original_initialize(self, value)
-        layout = _backend.to_layout(self._layout, len(self._shape))
+        layout = _variable_layout(self)
         _backend.warn_if_replicated(self, layout, getattr(self, "_tf_dtensor_rule", None),
                                     rules_tried(distribution))
         with tf.init_scope():
@@ -279,20 +309,104 @@ def _state_variables(model) -> list:
             (list(optimizer.variables) if optimizer is not None else []))
 
 
-def _adopt(model, mesh) -> bool:
-    """Moves every variable of `model` still off the mesh (its optimizer's counters, its
-    metrics, weights of layers without layouts) onto `mesh`, replicated: a step mixes no
-    DVariable with a variable on one device. Returns whether it moved any."""
-    moved = False
-    for variable in _state_variables(model):
-        if is_distributed(variable) or getattr(variable, "_value", None) is None:
-            continue
+def _slot_references(optimizer) -> Dict[int, Any]:
+    """id of each variable of a built optimizer made from a model weight (a slot) -> that
+    weight. Keras names a slot `{weight path, '/' as '_'}_{slot}` and gives it the weight's
+    shape (`add_variable_from_reference`); the longest weight path that fits wins."""
+    if optimizer is None or not getattr(optimizer, "built", False):
+        return {}
+    weights = list(getattr(optimizer, "_trainable_variables", []))
+    references = {}
+    for variable in optimizer.variables:
+        fits = [weight for weight in weights
+                if variable.name.startswith(weight.path.replace("/", "_") + "_") and
+                tuple(variable.shape) == tuple(weight.shape)]
+        if fits:
+            references[id(variable)] = max(fits, key=lambda weight: len(weight.path))
+    return references
+
+
+def _optimizers(optimizer) -> list:
+    """`optimizer` and those it wraps (a LossScaleOptimizer's inner one)."""
+    found = []
+    while optimizer is not None and optimizer not in found:
+        found.append(optimizer)
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return found
+
+
+def _variable_keys(optimizer) -> list:
+    """A built optimizer's key (`_var_key`) for each weight it updates, in order."""
+    keys = []
+    for each in _optimizers(optimizer):
+        if getattr(each, "built", False):
+            keys += [each._var_key(v) for v in getattr(each, "_trainable_variables", [])]
+    return keys
+
+
+def _rekey(optimizer, before: list) -> None:
+    """A built optimizer finds a weight by a key made from the variable behind it
+    (`_var_key`): after adoption put a DVariable there, the keys it holds are remade."""
+    new = dict(zip(before, _variable_keys(optimizer)))
+    for each in _optimizers(optimizer):
+        if isinstance(getattr(each, "_trainable_variables_indices", None), dict):
+            each._trainable_variables_indices = {
+                new.get(key, key): index
+                for key, index in each._trainable_variables_indices.items()}
+        if isinstance(getattr(each, "_exclude_from_weight_decay", None), set):
+            each._exclude_from_weight_decay = {
+                new.get(key, key) for key in each._exclude_from_weight_decay}
+        if isinstance(getattr(each, "_exclude_from_weight_decay_cache", None), dict):
+            each._exclude_from_weight_decay_cache = {}
+
+
+# Each model -> how many times `_adopt` has moved its variables: a step traced before the
+# last move captured the variables it replaced, and is traced again.
+_ADOPTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _adopt(model) -> bool:
+    """Moves every variable of `model` still off the mesh onto it: a step mixes no DVariable
+    with a variable on one device. Returns whether it moved any.
+
+    Under an active distribution whose mesh is the model's, or one while none of the
+    model's variables is on a mesh (a model built before `set_distribution`), each is laid
+    out as a variable made under the distribution would be: weights by its LayoutMap, an
+    optimizer slot in its weight's layout, the rest replicated. Their values are kept.
+    Otherwise (weights laid out by layer arguments, other variables made off the mesh: the
+    optimizer's counters, metrics, plain layers) each is replicated on the model's mesh.
+    """
+    mesh = _model_mesh(model)
+    distribution = _backend.active_distribution()
+    if distribution is not None:
+        distribution_mesh = distribution.device_mesh.backend_mesh
+        if mesh is None:
+            mesh = distribution_mesh
+        elif distribution_mesh != mesh:
+            distribution = None
+    if mesh is None:
+        return False
+    plain = [variable for variable in _state_variables(model)
+             if not is_distributed(variable) and getattr(variable, "_value", None) is not None]
+    if not plain:
+        return False
+    optimizer = getattr(model, "optimizer", None)
+    keys = _variable_keys(optimizer)
+    references = _slot_references(optimizer) if distribution is not None else {}
+    for variable in plain:  # weights first: a slot takes its weight's new layout
         value = variable._value
         variable._layout = None
+        if hasattr(variable, "_tf_dtensor_rule"):
+            del variable._tf_dtensor_rule
+        reference = references.get(id(variable))
+        if reference is not None and is_distributed(reference):
+            variable._layout = reference._layout
+            variable._tf_dtensor_rule = f"its weight's layout (`{reference.path}`)"
         with default_mesh(mesh):
             variable._initialize(value.read_value())
-        moved = True
-    return moved
+    _rekey(optimizer, keys)
+    _ADOPTIONS[model] = _ADOPTIONS.get(model, 0) + 1
+    return True
 
 
 def _model_mesh(model):
@@ -335,20 +449,29 @@ def _on_mesh(model, function, which: str, make_original):
     pulled here, `steps_per_execution` at a time, and given to Keras' own step loop as a
     list, so its compiled step sees DTensors.
 
-    A variable adopted onto the mesh after the step was traced (a metric object made
+    Before each call, variables of the model still off the mesh are adopted onto it
+    (`_adopt`): a model built before `set_distribution` is laid out by the distribution
+    at its first step. A variable adopted after the step was traced (a metric object made
     before the distribution, whose variables the step only reaches once its first trace
-    has built the compiled metrics) gets a new backing DVariable, but the traced step
-    still captures the old variable: its updates would land there while `reset_state`
-    and `result()` use the new one. The step is then made (and traced) again.
+    has built the compiled metrics; a model trained before the distribution was set) gets
+    a new backing DVariable, but the traced step still captures the old variable: its
+    updates would land there while `reset_state` and `result()` use the new one. The step
+    is then made (and traced) again.
     """
     attribute = f"{which}_function"
-    state = {"function": function, "called": False}
+    state = {"function": function, "called": False, "adoptions": 0}
 
     def on_mesh(iterator_or_batches):
         function = state["function"]
+        _adopt(model)
+        adoptions = _ADOPTIONS.get(model, 0)
+        if state["called"] and state["adoptions"] != adoptions:
+            make_original(model, force=True)
+            function = state["function"] = getattr(model, attribute)
+            setattr(model, attribute, on_mesh)
+        state["called"], state["adoptions"] = True, adoptions
         mesh = _model_mesh(model)
         if mesh is None:
-            state["called"] = True
             return function(iterator_or_batches)
         if which == "predict":
             batches = list(iterator_or_batches)
@@ -363,11 +486,6 @@ def _on_mesh(model, function, which: str, make_original):
             if not batches:
                 raise StopIteration
         batches = [_backend.lay_out_batch(batch, mesh) for batch in batches]
-        if _adopt(model, mesh) and state["called"]:
-            make_original(model, force=True)
-            function = state["function"] = getattr(model, attribute)
-            setattr(model, attribute, on_mesh)
-        state["called"] = True
         with default_mesh(mesh):
             return _backend.to_host(function(batches))
 
