@@ -5,6 +5,7 @@
 
 #include <set>
 
+#include "cc/rules/list_elements.h"
 #include "cc/spmd/relayout.h"
 #include "cc/tf/handles.h"
 
@@ -239,6 +240,22 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
         changed = true;
         continue;
       }
+      const std::optional<ResourceInfo>& list = builder_.resource(inputs[i]);
+      if (out.dtype == TF_VARIANT && list && out.resource &&
+          list->value_layout != out.resource->value_layout &&
+          list->value_layout.mesh() == out.resource->value_layout.mesh() &&
+          list->value_layout.rank() == out.resource->value_layout.rank()) {
+        // A TensorList whose elements the body leaves in another layout (a gradient loop
+        // adds sharded rows to a list that enters as zeros of replicated rows): the entry
+        // list takes the body's element layout once, before the loop (a slice of each
+        // element there), so that every iteration sees the elements it leaves. Unlike a
+        // loop variable of a layout, a list is not relaid out at the end of the body.
+        TFD_ASSIGN_OR_RETURN(inputs[i], RelayoutListElements(builder_, inputs[i],
+                                                             out.resource->value_layout,
+                                                             "the elements of " + what));
+        changed = true;
+        continue;
+      }
       if (!entry || !out.layout || out.resource || *entry == *out.layout ||
           entry->is_partial() || out.layout->is_partial() ||
           entry->mesh() != out.layout->mesh()) {
@@ -271,6 +288,21 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
                        Callee(*cond_name, inputs, predicate, /*loop=*/true));
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> body_fn,
                        Callee(*body_name, inputs, keep, /*loop=*/true));
+  for (size_t i = 0; i < inputs.size() && i < body_fn->outputs.size(); ++i) {
+    const std::optional<ResourceInfo>& list = builder_.resource(inputs[i]);
+    const ValueMeta& out = body_fn->outputs[i];
+    if (out.dtype != TF_VARIANT || !list || !out.resource ||
+        list->value_layout == out.resource->value_layout) {
+      continue;
+    }
+    return Unimplemented("Loop variable " + std::to_string(i) + " of '" + node.name +
+                         "' in tf.function '" + function_ + "' is a TensorList that enters "
+                         "with elements " + list->value_layout.ShortString() +
+                         " and leaves an iteration with elements " +
+                         out.resource->value_layout.ShortString() +
+                         "; the elements of a list must keep one layout through a loop. "
+                         "Relayout the values written to the list to one layout.");
+  }
   builder_.AddCollectives(cond_fn->collectives, true);
   builder_.AddCollectives(body_fn->collectives, true);
   return EmitFunctional(node, node.op, {}, inputs,

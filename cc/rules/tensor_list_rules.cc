@@ -18,6 +18,7 @@
 
 #include "cc/core/strings.h"
 #include "cc/rules/expand.h"
+#include "cc/rules/list_elements.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -122,20 +123,6 @@ std::optional<ElementInfo> Elements(const OpContext& ctx, int input) {
   return ctx.inputs[input].resource;
 }
 
-// The local shape of an element: each device's block, -1 where the blocks differ in size
-// (one element_shape argument serves every device) or the size is unknown.
-std::vector<int64_t> LocalElementShape(const ElementInfo& info) {
-  std::vector<int64_t> local = info.value_shape;
-  const Layout& layout = info.value_layout;
-  if (layout.is_single_device() || layout.rank() != static_cast<int>(local.size())) return local;
-  for (int d = 0; d < layout.rank(); ++d) {
-    const int64_t n = layout.NumShards(d);
-    if (n == 1 || local[d] < 0) continue;
-    local[d] = local[d] % n == 0 ? local[d] / n : -1;
-  }
-  return local;
-}
-
 // Sets host argument `input` (an element_shape) to the local element shape of `info`, or,
 // without one, to a shape of unknown dims of the same rank (an unknown rank, a scalar -1,
 // stays).
@@ -146,13 +133,6 @@ void LocalizeElementShape(const OpContext& ctx, int input, const std::optional<E
   } else if (ctx.inputs[input].shape.size() == 1) {  // a vector; a scalar is kept
     plan.host_inputs[input] = std::vector<int64_t>(ctx.inputs[input].shape[0], -1);
   }
-}
-
-// `layout` with a new unsharded leading axis: the layout of stacked elements.
-Layout Stacked(const Layout& element) {
-  std::vector<DimSpec> specs = {DimSpec::Replicated()};
-  for (const DimSpec& s : element.specs()) specs.push_back(s);
-  return element.WithSpecs(specs);
 }
 
 // A data input whose axis 0 indexes list elements: its layout with axis 0 unsharded

@@ -7,14 +7,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, assert_values_equal,
-                             layout_of, random_array, reassemble, run_without_fallback,
-                             to_dtensor)
+from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal,
+                             assert_values_equal, collective_lowering, layout_of, random_array,
+                             reassemble, run_without_fallback, to_dtensor)
 from tf_dtensor import dtensor
 
 _T, _B, _D = 5, 4, 3
 _XS = random_array((_T, _B, _D), seed=31)
 _W = random_array((_D, _D), seed=32, low=-0.5, high=0.5)
+_W8 = random_array((8, 8), seed=35, low=-0.5, high=0.5)
 
 
 def _scan(xs, w):
@@ -116,3 +117,55 @@ def test_gather_scatter_concat_split():
     expected = fn(tf.constant(_XS), tf.constant(rows))
     assert_dtensor_equal(expected[0], layout, gathered)
     assert_dtensor_equal(expected[1], layout_of("[*,y]", MESH_2X2), joined)
+
+
+_SEQ = random_array((5, 8), seed=34)
+
+
+def _loop_over_rows(kind, xs, w):
+    """tf.scan, tf.map_fn or a TensorArray loop over the rows of xs, each step using the
+    captured weight w (a vector [8] or a matrix [8,8])."""
+    def step(h, x):
+        return tf.tanh((h * w if len(w.shape) == 1 else tf.linalg.matvec(w, h)) + x)
+
+    if kind == "scan":
+        return tf.scan(step, xs, initializer=tf.zeros([8]))
+    if kind == "map_fn":
+        return tf.map_fn(lambda x: step(x, x), xs)
+    rows = tf.TensorArray(tf.float32, size=5).unstack(xs)
+    out = tf.TensorArray(tf.float32, size=5)
+
+    def body(t, h, out):
+        h = step(h, rows.read(t))
+        return t + 1, h, out.write(t, h)
+
+    _, _, out = tf.while_loop(lambda t, *_: t < 5, body, (0, tf.zeros([8]), out))
+    return out.stack()
+
+
+@pytest.mark.parametrize("lowering", ["", "ops"], ids=["auto", "ops"])
+@pytest.mark.parametrize("spec", ["[x]", "[*,x]"])
+@pytest.mark.parametrize("kind", ["scan", "map_fn", "tensor_array"])
+def test_loop_gradients_with_a_sharded_captured_weight(kind, spec, lowering):
+    # The gradient loop sums the gradient of the list of rows it reads (zeros like the
+    # rows: replicated elements of [8]) and each step's gradient rows (sharded by the
+    # weight: blocks of [1]): AddN of two lists whose elements are laid out differently.
+    value = _W8 if spec == "[*,x]" else _W8[0]
+
+    def make(w):
+        @tf.function
+        def loss_and_grads(xs):
+            with tf.GradientTape() as tape:
+                tape.watch(xs)
+                loss = tf.reduce_sum(_loop_over_rows(kind, xs, w) ** 2)
+            return (loss, *tape.gradient(loss, [w, xs]))
+        return loss_and_grads
+
+    expected = make(tf.Variable(value))(tf.constant(_SEQ))
+    w = dtensor.DVariable(to_dtensor(value, layout_of(spec, MESH_8)))
+    with collective_lowering(lowering):
+        actual = run_without_fallback(make(w), to_dtensor(_SEQ, layout_of("[*,*]", MESH_8)))
+    for e, a in zip(expected, actual):
+        assert tuple(a.shape) == tuple(e.shape)
+        assert_values_equal(e.numpy(), reassemble(a))
+

@@ -64,5 +64,31 @@ TEST(TensorListRules, ConcatNeedsElementAxisZeroWhole) {
   EXPECT_ERROR(op.Forward(), kUnimplemented, {"sharded axis 0"});
 }
 
+TEST(TensorListRules, AddNOfListsSlicesTheirElementsToOneLayout) {
+  // A loop gradient's sum of the zeros it starts from (replicated rows) and a step's
+  // gradient rows (sharded): the replicated elements are sliced, with no communication.
+  OpCase op("AddN", Mesh2x2());
+  List(op, "[*,*]", {4, 3});
+  List(op, "[x,*]", {4, 3});
+  EXPECT_EQ(op.PlanString(), "[] [] -> []");
+  EXPECT_LINES(op.Collectives(),
+               {"elements of list input 0: slice axis 1 over x [*,*,*] -> [*,x,*]"});
+  EXPECT_LINES(op.Steps(), {"host constant [4, 3] int32",
+                            "local TensorListStack [] host [2] -> [*,*,*] element_dtype=float32 "
+                            "num_elements=-1",
+                            "slice axis 1 over x [*,*,*] -> [*,x,*]", "host constant [2, 3] int32",
+                            "local TensorListFromTensor [*,x,*] host [2] -> [] "
+                            "element_dtype=float32 shape_type=int32",
+                            "local AddN [] [] -> []"});
+}
+
+TEST(TensorListRules, AddNOfListsOfCrossedElementsTakesTheFirstLayout) {
+  OpCase op("AddN", Mesh2x2());
+  List(op, "[x,*]", {4, 6});
+  List(op, "[*,x]", {4, 6});
+  EXPECT_LINES(op.Collectives(),
+               {"elements of list input 1: all-to-all axis 2 -> 1 [*,*,x] -> [*,x,*]"});
+}
+
 }  // namespace
 }  // namespace tf_dtensor
