@@ -194,6 +194,16 @@ Status FunctionExpansion::ExpandIf(const NodeSpec& node, const std::vector<Value
   // branches leave it.
   std::vector<ValueMeta> results = then_fn->outputs;
   for (size_t i = 0; i < results.size(); ++i) {
+    // A variant that one branch leaves without element metadata (tf.cond's gradient
+    // gives OptionalNone where the other branch wraps a loop's accumulator list) takes
+    // the other branch's: its elements are only ever read where that branch ran. Not
+    // its element value, which the first branch does not leave.
+    if (!results[i].resource && results[i].dtype == TF_VARIANT && i < else_fn->outputs.size() &&
+        else_fn->outputs[i].resource) {
+      results[i].resource = else_fn->outputs[i].resource;
+      results[i].resource->element_value.reset();
+      continue;
+    }
     if (!results[i].resource || !results[i].resource->element_value) continue;
     const bool same = i < else_fn->outputs.size() && else_fn->outputs[i].resource &&
                       else_fn->outputs[i].resource->element_value ==
