@@ -169,3 +169,33 @@ def test_loop_gradients_with_a_sharded_captured_weight(kind, spec, lowering):
         assert tuple(a.shape) == tuple(e.shape)
         assert_values_equal(e.numpy(), reassemble(a))
 
+
+@pytest.mark.parametrize("lowering", ["", "ops"], ids=["auto", "ops"])
+@pytest.mark.parametrize("spec,joined", [("[x,*]", "[*,*]"), ("[*,x]", "[*,x]"),
+                                         ("[x,*]@x=2", "[*,*]@x=2")],
+                         ids=["[x,*]", "[*,x]", "[x,*]@x=2"])
+def test_tensor_array_concat_in_a_function(spec, joined, lowering):
+    # Elements sharded along the joined axis are gathered along it first (each device's
+    # joined blocks would interleave the elements' rows); elements of differing lengths
+    # (infer_shape=False) leave that size open.
+    mesh = MESH_1D if spec.endswith("@x=2") else MESH_8
+    spec, joined = spec.split("@")[0], joined.split("@")[0]
+    xs = random_array((16, 8), seed=36)
+
+    def concat(xs):
+        equal = tf.TensorArray(tf.float32, size=3)
+
+        def body(t, ta):
+            return t + 1, ta.write(t, xs * tf.cast(t + 1, tf.float32))
+
+        _, equal = tf.while_loop(lambda t, _: t < 3, body, (0, equal))
+        unequal = tf.TensorArray(tf.float32, size=2, infer_shape=False)
+        unequal = unequal.write(0, xs[:4]).write(1, 2.0 * xs[4:])
+        return equal.concat(), unequal.concat()
+
+    expected = tf.function(concat)(tf.constant(xs))
+    with collective_lowering(lowering):
+        actual = run_without_fallback(tf.function(concat), to_dtensor(xs, layout_of(spec, mesh)))
+    assert_dtensor_equal(expected[0], layout_of(joined, mesh), actual[0])
+    assert tuple(actual[1].shape) == tuple(expected[1].shape)
+    assert_values_equal(expected[1].numpy(), reassemble(actual[1]))
