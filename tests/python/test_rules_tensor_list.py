@@ -199,3 +199,27 @@ def test_tensor_array_concat_in_a_function(spec, joined, lowering):
     assert_dtensor_equal(expected[0], layout_of(joined, mesh), actual[0])
     assert tuple(actual[1].shape) == tuple(expected[1].shape)
     assert_values_equal(expected[1].numpy(), reassemble(actual[1]))
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("rows,item,summed", [("[*,*,*]", "[x,*]", "[*,x,*]"),
+                                              ("[*,x,*]", "[*,*]", "[*,x,*]"),
+                                              ("[*,x,*]", "[*,y]", "[*,x,*]")],
+                         ids=["[*,*,*]-[x,*]", "[*,x,*]-[*,*]", "[*,x,*]-[*,y]"])
+def test_add_n_of_lists_gives_their_elements_one_layout(rows, item, summed, in_function):
+    # The elements take the layout the others reach by slicing, else the first list's; the
+    # reserved list's unset elements add as zeros.
+    def fn(xs, x):
+        rows_list = tf.raw_ops.TensorListFromTensor(tensor=xs, element_shape=-1)
+        items = tf.raw_ops.TensorListReserve(element_shape=-1, num_elements=_T,
+                                             element_dtype=tf.float32)
+        items = tf.raw_ops.TensorListSetItem(input_handle=items, index=1, item=x)
+        total = tf.raw_ops.AddN(inputs=[rows_list, items])
+        return tf.raw_ops.TensorListStack(input_handle=total, element_shape=-1,
+                                          element_dtype=tf.float32, num_elements=_T)
+
+    fn = tf.function(fn) if in_function else fn
+    expected = fn(tf.constant(_XS), tf.constant(_XS[0]))
+    actual = run_without_fallback(fn, to_dtensor(_XS, layout_of(rows, MESH_2X2)),
+                                  to_dtensor(_XS[0], layout_of(item, MESH_2X2)))
+    assert_dtensor_equal(expected, layout_of(summed, MESH_2X2), actual)
