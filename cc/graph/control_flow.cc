@@ -257,9 +257,10 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
           list->value_layout.rank() == out.resource->value_layout.rank()) {
         // A TensorList whose elements the body leaves in another layout (a gradient loop
         // adds sharded rows to a list that enters as zeros of replicated rows): the entry
-        // list takes the body's element layout once, before the loop (a slice of each
-        // element there), so that every iteration sees the elements it leaves. Unlike a
-        // loop variable of a layout, a list is not relaid out at the end of the body.
+        // list takes the body's element layout once, before the loop (there a slice of
+        // each element, no communication), so that every iteration sees the elements it
+        // leaves. Unlike a loop variable of a layout, a list is not relaid out at the end
+        // of the body.
         TFD_ASSIGN_OR_RETURN(inputs[i], RelayoutListElements(builder_, inputs[i],
                                                              out.resource->value_layout,
                                                              "the elements of " + what));
