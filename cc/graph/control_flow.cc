@@ -6,6 +6,7 @@
 
 #include <set>
 
+#include "cc/rules/list_elements.h"
 #include "cc/spmd/relayout.h"
 #include "cc/tf/handles.h"
 
@@ -227,6 +228,20 @@ Status FunctionExpansion::ExpandBranches(const NodeSpec& node, const std::vector
   // every branch leaves it.
   std::vector<ValueMeta> results = branches[0]->outputs;
   for (size_t i = 0; i < results.size(); ++i) {
+    // A variant that the first branch leaves without element metadata (tf.cond's gradient
+    // gives OptionalNone where the other branch wraps a loop's accumulator list) takes
+    // the first other branch's that has it: its elements are only ever read where that
+    // branch ran. Not its element value, which the first branch does not leave.
+    if (!results[i].resource && results[i].dtype == TF_VARIANT) {
+      for (size_t b = 1; b < branches.size(); ++b) {
+        if (i < branches[b]->outputs.size() && branches[b]->outputs[i].resource) {
+          results[i].resource = branches[b]->outputs[i].resource;
+          results[i].resource->element_value.reset();
+          break;
+        }
+      }
+      continue;
+    }
     if (!results[i].resource || !results[i].resource->element_value) continue;
     for (size_t b = 1; b < branches.size(); ++b) {
       const bool same_value = i < branches[b]->outputs.size() && branches[b]->outputs[i].resource &&
@@ -282,6 +297,23 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
         changed = true;
         continue;
       }
+      const std::optional<ResourceInfo>& list = builder_.resource(inputs[i]);
+      if (out.dtype == TF_VARIANT && list && out.resource &&
+          list->value_layout != out.resource->value_layout &&
+          list->value_layout.mesh() == out.resource->value_layout.mesh() &&
+          list->value_layout.rank() == out.resource->value_layout.rank()) {
+        // A TensorList whose elements the body leaves in another layout (a gradient loop
+        // adds sharded rows to a list that enters as zeros of replicated rows): the entry
+        // list takes the body's element layout once, before the loop (there a slice of
+        // each element, no communication), so that every iteration sees the elements it
+        // leaves. Unlike a loop variable of a layout, a list is not relaid out at the end
+        // of the body.
+        TFD_ASSIGN_OR_RETURN(inputs[i], RelayoutListElements(builder_, inputs[i],
+                                                             out.resource->value_layout,
+                                                             "the elements of " + what));
+        changed = true;
+        continue;
+      }
       if (!entry || !out.layout || out.resource || *entry == *out.layout ||
           entry->is_partial() || out.layout->is_partial() ||
           entry->mesh() != out.layout->mesh()) {
@@ -314,6 +346,21 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
                        Callee(*cond_name, inputs, predicate, /*loop=*/true));
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> body_fn,
                        Callee(*body_name, inputs, keep, /*loop=*/true));
+  for (size_t i = 0; i < inputs.size() && i < body_fn->outputs.size(); ++i) {
+    const std::optional<ResourceInfo>& list = builder_.resource(inputs[i]);
+    const ValueMeta& out = body_fn->outputs[i];
+    if (out.dtype != TF_VARIANT || !list || !out.resource ||
+        list->value_layout == out.resource->value_layout) {
+      continue;
+    }
+    return Unimplemented("Loop variable " + std::to_string(i) + " of '" + node.name +
+                         "' in tf.function '" + function_ + "' is a TensorList that enters "
+                         "with elements " + list->value_layout.ShortString() +
+                         " and leaves an iteration with elements " +
+                         out.resource->value_layout.ShortString() +
+                         "; the elements of a list must keep one layout through a loop. "
+                         "Relayout the values written to the list to one layout.");
+  }
   builder_.AddCollectives(cond_fn->collectives, true);
   builder_.AddCollectives(body_fn->collectives, true);
   return EmitFunctional(node, node.op, {}, inputs,

@@ -4,7 +4,9 @@
 // No collectives unless the inputs disagree; then the merge rule in
 // propagation/merge.h picks the output and the other inputs are relaid out.
 #include "cc/rules/merge.h"
+#include "cc/rules/expand.h"
 #include "cc/rules/factor.h"
+#include "cc/rules/list_elements.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/ledger.h"
 #include "tensorflow/c/tf_datatype.h"
@@ -53,6 +55,69 @@ class PointwiseRule : public Rule {
   }
 };
 
+
+// AddN of TensorLists (variant scalars, replicated) adds them element by element: a loop's
+// gradient sums the list it carries and the one a step's TensorListGetItem gradient
+// makes. Their elements may be laid out differently (the carried list starts as zeros
+// like the forward list's replicated rows, the step's holds sharded gradient rows), and
+// the local lists must hold blocks of one shape: the elements all take one layout first
+// (list_elements.h), preferring the most sharded one, reached by slicing alone:
+//   list of [*] + list of [x] -> list of [x]   (the first list's elements sliced)
+class AddNRule : public PointwiseRule {
+ public:
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_ASSIGN_OR_RETURN(Plan plan, PointwiseRule::Forward(ctx));
+    if (std::optional<Layout> common = CommonLayout(ctx)) {
+      for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+        if (!ctx.inputs[i].resource) continue;
+        for (std::string& line : DescribeListRelayout(*ctx.inputs[i].resource, *common,
+                                                      "the elements of " + ctx.Describe(i))) {
+          plan.notes.push_back("elements of list input " + std::to_string(i) + ": " + line);
+        }
+      }
+    }
+    return plan;
+  }
+
+  StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
+                                        Builder& builder) const override {
+    std::optional<Layout> common = CommonLayout(ctx);
+    if (!common) return PointwiseRule::Expand(ctx, plan, builder);
+    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
+    std::optional<ResourceInfo> info;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (!ctx.inputs[i].resource) continue;
+      TFD_ASSIGN_OR_RETURN(inputs[i], RelayoutListElements(builder, inputs[i], *common,
+                                                           "the elements of " + ctx.Describe(i)));
+      if (!info) info = builder.resource(inputs[i]);
+    }
+    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> outs,
+                         builder.LocalOp(ctx.op_name, inputs, LocalOpOptions(), plan.outputs));
+    info->element_value.reset();  // a sum of the elements, not the value they held
+    for (ValueId out : outs) builder.set_resource(out, *info);
+    return outs;
+  }
+
+ private:
+  // The one element layout of lists whose element layouts differ; nullopt for plain
+  // tensors and for lists that agree (or whose elements are not set yet).
+  static std::optional<Layout> CommonLayout(const OpContext& ctx) {
+    std::vector<Layout> layouts;
+    for (const InputInfo& in : ctx.inputs) {
+      if (in.dtype != TF_VARIANT) return std::nullopt;
+      if (!in.resource) continue;  // a list not written yet: its elements take any layout
+      layouts.push_back(in.resource->value_layout);
+    }
+    bool same = true;
+    for (const Layout& l : layouts) same = same && l == layouts.front();
+    if (same) return std::nullopt;  // none, one, or all alike
+    const std::vector<int64_t>* shape = nullptr;
+    for (const InputInfo& in : ctx.inputs) {
+      if (in.resource && !shape) shape = &in.resource->value_shape;
+    }
+    return CommonElementLayout(layouts, *shape);
+  }
+};
 
 // Select (v1) takes a rank-1 condition that picks whole rows: it aligns on the left.
 class SelectRule : public PointwiseRule {
@@ -178,7 +243,7 @@ const bool kRegistered = RegisterRules({
     {"Acos", Pointwise()},
     {"Acosh", Pointwise()},
     {"Add", Pointwise(), Traits().Linear(Linearity::kEachInput)},
-    {"AddN", Pointwise(), Traits().Linear(Linearity::kEachInput)},
+    {"AddN", std::make_shared<AddNRule>(), Traits().Linear(Linearity::kEachInput)},
     {"AddV2", Pointwise(), Traits().Linear(Linearity::kEachInput)},
     {"Angle", Pointwise()},
     {"ApproximateEqual", Pointwise()},

@@ -10,6 +10,7 @@
 //   stack(list of [x,*] of [B,D]) -> [*,x,*] of [T,B,D]       (gather likewise)
 //   from_tensor(t [*,x,*]) -> list of [x,*];  from_tensor(t [x,*]) gathers axis 0 first
 //   concat(list of [*,y]) -> [*,y]; split(t [*,y]) -> list of [*,y]   (axis 0 whole)
+//   concat(list of [x,y]) gathers the elements' axis 0 first -> [*,y]
 // The element_shape arguments of the local ops get the local element shape (-1 where the
 // blocks differ in size); a list made before its element layout is known gets one of
 // unknown dims, so that any block fits.
@@ -18,6 +19,7 @@
 
 #include "cc/core/strings.h"
 #include "cc/rules/expand.h"
+#include "cc/rules/list_elements.h"
 #include "cc/rules/registry.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -34,6 +36,8 @@ struct ListOp {
   std::optional<std::vector<int64_t>> constant;
   // Per output: its global shape, where known (elements read from a list).
   std::vector<std::optional<std::vector<int64_t>>> shapes;
+  // The layout the elements of the list input 0 take before the local op, if another.
+  std::optional<Layout> elements_to;
 };
 
 using ListOpFn = std::function<StatusOr<ListOp>(const OpContext&)>;
@@ -73,6 +77,12 @@ class ListRule : public Rule {
   explicit ListRule(ListOpFn fn) : fn_(std::move(fn)) {}
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(ListOp op, fn_(ctx));
+    if (op.elements_to) {
+      for (std::string& line : DescribeListRelayout(*ctx.inputs[0].resource, *op.elements_to,
+                                                    "the elements of " + ctx.Describe(0))) {
+        op.plan.notes.push_back("elements of list input 0: " + line);
+      }
+    }
     return op.plan;
   }
   StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
@@ -86,6 +96,10 @@ class ListRule : public Rule {
       return std::vector<ValueId>{out};
     }
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
+    if (op.elements_to) {
+      TFD_ASSIGN_OR_RETURN(inputs[0], RelayoutListElements(builder, inputs[0], *op.elements_to,
+                                                           "the elements of " + ctx.Describe(0)));
+    }
     LocalOpOptions options;
     options.global_shapes = op.shapes;
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> outs,
@@ -122,20 +136,6 @@ std::optional<ElementInfo> Elements(const OpContext& ctx, int input) {
   return ctx.inputs[input].resource;
 }
 
-// The local shape of an element: each device's block, -1 where the blocks differ in size
-// (one element_shape argument serves every device) or the size is unknown.
-std::vector<int64_t> LocalElementShape(const ElementInfo& info) {
-  std::vector<int64_t> local = info.value_shape;
-  const Layout& layout = info.value_layout;
-  if (layout.is_single_device() || layout.rank() != static_cast<int>(local.size())) return local;
-  for (int d = 0; d < layout.rank(); ++d) {
-    const int64_t n = layout.NumShards(d);
-    if (n == 1 || local[d] < 0) continue;
-    local[d] = local[d] % n == 0 ? local[d] / n : -1;
-  }
-  return local;
-}
-
 // Sets host argument `input` (an element_shape) to the local element shape of `info`, or,
 // without one, to a shape of unknown dims of the same rank (an unknown rank, a scalar -1,
 // stays).
@@ -146,13 +146,6 @@ void LocalizeElementShape(const OpContext& ctx, int input, const std::optional<E
   } else if (ctx.inputs[input].shape.size() == 1) {  // a vector; a scalar is kept
     plan.host_inputs[input] = std::vector<int64_t>(ctx.inputs[input].shape[0], -1);
   }
-}
-
-// `layout` with a new unsharded leading axis: the layout of stacked elements.
-Layout Stacked(const Layout& element) {
-  std::vector<DimSpec> specs = {DimSpec::Replicated()};
-  for (const DimSpec& s : element.specs()) specs.push_back(s);
-  return element.WithSpecs(specs);
 }
 
 // A data input whose axis 0 indexes list elements: its layout with axis 0 unsharded
@@ -202,6 +195,11 @@ StatusOr<ListOp> Write(const OpContext& ctx, int item) {
   }
   op.plan.inputs[item] = info->value_layout;
   op.plan.outputs = {ListLayout(ctx)};
+  // Elements of differing sizes (a TensorArray of infer_shape=False, which concat joins)
+  // leave those sizes open: [4,3] then [6,3] -> [-1,3].
+  for (size_t d = 0; d < in.shape.size(); ++d) {
+    if (info->value_shape[d] != in.shape[d]) info->value_shape[d] = -1;
+  }
   op.lists = {info};
   return op;
 }
@@ -284,18 +282,36 @@ StatusOr<ListOp> ScatterInto(const OpContext& ctx) {
 }
 
 // TensorListConcatV2(list, element_shape, leading_dims) -> (tensor, lengths): elements
-// joined along their axis 0, which must be whole.
+// joined along their axis 0, which each element's sizes leave open:
+//   concat(list of [*,y] of [4,6]) -> [*,y] of [-1,6]
+// Each device joins its own blocks, so a sharded axis 0 is gathered first: the joined rows
+// of blocks would interleave the elements' rows, which no layout describes.
+//   concat(list of [x,y]) -> elements [x,y] -> [*,y] (all-gather) -> [*,y]
 StatusOr<ListOp> Concat(const OpContext& ctx) {
   ListOp op;
-  TFD_ASSIGN_OR_RETURN(op, Read(ctx, 1, false));
+  op.plan.inputs = Unchanged(ctx);
   std::optional<ElementInfo> info = Elements(ctx, 0);
-  if (info && info->value_layout.rank() > 0 && info->value_layout.spec(0).sharded()) {
-    return Unimplemented("'" + ctx.op_name + "' joins elements of layout " +
-                         info->value_layout.ShortString() +
-                         " along their sharded axis 0; write elements with axis 0 unsharded.");
+  if (info && info->value_layout.rank() > 0) {
+    if (info->value_layout.spec(0).sharded()) {
+      std::vector<DimSpec> specs = info->value_layout.specs();
+      specs[0] = DimSpec::Replicated();
+      op.elements_to = info->value_layout.WithSpecs(specs);
+      if (info->value_shape[0] < 0) {
+        return Unimplemented("'" + ctx.op_name + "' joins elements of layout " +
+                             info->value_layout.ShortString() + " and differing lengths along "
+                             "their sharded axis 0; write elements with axis 0 unsharded.");
+      }
+      info->value_layout = *op.elements_to;
+    }
+    info->value_shape[0] = -1;  // any length: the element_shape of every element
   }
-  if (!op.shapes.empty() && op.shapes[0] && !op.shapes[0]->empty()) {
-    (*op.shapes[0])[0] = -1;  // the joined axis
+  LocalizeElementShape(ctx, 1, info, op.plan);
+  if (info) {
+    op.plan.outputs.push_back(info->value_layout);
+    op.shapes.push_back(info->value_shape);  // the joined axis: of unknown length
+  } else if (std::optional<std::vector<int64_t>> shape = ctx.inputs[1].int_value;
+             shape && ctx.inputs[1].shape.size() == 1) {
+    op.plan.outputs.push_back(Layout::Replicated(ctx.mesh, static_cast<int>(shape->size())));
   }
   op.plan.outputs.push_back(Layout::Replicated(ctx.mesh, 1));
   return op;

@@ -44,6 +44,11 @@ StatusOr<std::vector<ValueId>> RecordingBuilder::LocalOp(const std::string& op_n
   std::vector<ValueId> results;
   for (size_t o = 0; o < out_layouts.size(); ++o) {
     std::vector<int64_t> shape = o < output_shapes_.size() ? output_shapes_[o] : std::vector<int64_t>{};
+    // A shape the rule gives is that of an op other than the one recorded (a list's
+    // elements stacked to be relaid out), or better known than the recorded op's.
+    if (o < options.global_shapes.size() && options.global_shapes[o]) {
+      shape = *options.global_shapes[o];
+    }
     int dtype = inputs.empty() ? TF_FLOAT : values_[inputs[0]].dtype;
     results.push_back(Add({out_layouts[o], std::move(shape), dtype, std::nullopt}));
     outs.push_back(out_layouts[o].SpecString());

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 import tf_dtensor
 from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal,
-                             assert_values_equal, layout_of, random_array, reassemble,
-                             run_without_fallback, spec_params, to_dtensor)
+                             assert_values_equal, collective_lowering, layout_of, random_array,
+                             reassemble, run_without_fallback, spec_params, to_dtensor)
 from function_testing import check_function, no_relayout, num_expanded
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import Layout
@@ -277,3 +277,68 @@ def test_switch_case_index_read_from_sharded_data(mesh_1d):
 
     index = to_dtensor(np.array([1, 0, 0, 0], dtype=np.int32), layout_of("[x]", mesh_1d))
     assert_dtensor_equal(reassemble(a) * 3.0, layout_of("[x,*]", mesh_1d), pick(a, index))
+
+
+@pytest.mark.parametrize("lowering", ["", "ops"], ids=["auto", "ops"])
+@pytest.mark.parametrize("pred", [True, False])
+@pytest.mark.parametrize("spec", ["[x,*]", "[*,x]"])
+def test_gradient_of_a_cond_around_a_while_loop_with_a_sharded_input(spec, pred, lowering):
+    # cond_v2's gradient wraps the branch's intermediates in optionals (OptionalFromValue,
+    # OptionalNone in the other branch, OptionalGetValue in the gradient branch), the
+    # loop's accumulator lists of sharded elements among them.
+    xs = random_array((5, 8), seed=3)
+
+    @tf.function
+    def loss_and_grads(w, xs, pred):
+        with tf.GradientTape() as tape:
+            tape.watch([w, xs])
+
+            def loop():
+                _, h = tf.while_loop(
+                    lambda i, h: i < 3,
+                    lambda i, h: (i + 1, tf.tanh(tf.linalg.matvec(w, h) + xs[i])), (0, xs[0]))
+                return h
+
+            loss = tf.reduce_sum(tf.cond(pred, loop, lambda: xs[1] * 2.0) ** 2)
+        return (loss, *tape.gradient(loss, [w, xs]))
+
+    expected = loss_and_grads(tf.constant(_A / 8), tf.constant(xs), tf.constant(pred))
+    with collective_lowering(lowering):
+        actual = run_without_fallback(tf.function(loss_and_grads.python_function),
+                                      to_dtensor(_A / 8, layout_of(spec, MESH_8)),
+                                      to_dtensor(xs, layout_of("[*,x]", MESH_8)),
+                                      to_dtensor(np.array(pred), layout_of("[]", MESH_8)))
+    for e, a in zip(expected, actual):
+        assert tuple(a.shape) == tuple(e.shape)
+        assert_values_equal(e.numpy(), reassemble(a))
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_gradient_of_a_switch_case_around_a_while_loop_with_a_sharded_input(index):
+    # As tf.cond's: Case's gradient wraps each branch's intermediates in optionals, the
+    # branches that do not run giving OptionalNone, over three branches here.
+    xs = random_array((5, 8), seed=4)
+
+    @tf.function
+    def loss_and_grads(w, xs, index):
+        with tf.GradientTape() as tape:
+            tape.watch([w, xs])
+
+            def loop():
+                _, h = tf.while_loop(
+                    lambda i, h: i < 3,
+                    lambda i, h: (i + 1, tf.tanh(tf.linalg.matvec(w, h) + xs[i])), (0, xs[0]))
+                return h
+
+            out = tf.switch_case(index, [lambda: xs[1] * 2.0, loop, lambda: tf.sin(xs[2])])
+            loss = tf.reduce_sum(out ** 2)
+        return (loss, *tape.gradient(loss, [w, xs]))
+
+    expected = loss_and_grads(tf.constant(_A / 8), tf.constant(xs), tf.constant(index))
+    actual = run_without_fallback(tf.function(loss_and_grads.python_function),
+                                  to_dtensor(_A / 8, layout_of("[x,*]", MESH_8)),
+                                  to_dtensor(xs, layout_of("[*,x]", MESH_8)),
+                                  to_dtensor(np.int32(index), layout_of("[]", MESH_8)))
+    for e, a in zip(expected, actual):
+        assert tuple(a.shape) == tuple(e.shape)
+        assert_values_equal(e.numpy(), reassemble(a))

@@ -57,11 +57,55 @@ TEST(TensorListRules, FromTensorGathersTheLeadingAxis) {
   EXPECT_EQ(op.PlanString(), "[*,y,*] host[3, 2] -> []");
 }
 
-TEST(TensorListRules, ConcatNeedsElementAxisZeroWhole) {
+TEST(TensorListRules, ConcatGathersTheElementsAxisZero) {
   OpCase op("TensorListConcatV2", Mesh2x2());
+  List(op, "[x,y]", {4, 6});
+  op.Host({-1, 6}).Host({});
+  // Each device's joined blocks would interleave the elements' rows: axis 0 is gathered.
+  EXPECT_EQ(op.PlanString(), "= host[-1, 3] host -> [*,y] [*]");
+  EXPECT_LINES(op.Collectives(),
+               {"elements of list input 0: all-gather axis 1 [*,x,y] -> [*,*,y]"});
+  EXPECT_LINES(op.Steps(), {"host constant [-1, 3] int32", "host constant [2, 3] int32",
+                            "local TensorListStack [] host [2] -> [*,x,y] element_dtype=float32 "
+                            "num_elements=-1",
+                            "all-gather axis 1 [*,x,y] -> [*,*,y]", "host constant [4, 3] int32",
+                            "local TensorListFromTensor [*,*,y] host [2] -> [] "
+                            "element_dtype=float32 shape_type=int32",
+                            "local TensorListConcatV2 [] host [2] host [0] -> [*,y] [*]"});
+}
+
+TEST(TensorListRules, ConcatOfElementsOfDifferingLengths) {
+  OpCase op("TensorListConcatV2", Mesh2x2());
+  List(op, "[*,y]", {-1, 6});
+  op.Host({-1, 6}).Host({});
+  EXPECT_EQ(op.PlanString(), "= host[-1, 3] host -> [*,y] [*]");
+  EXPECT_LINES(op.Collectives(), {});
+}
+
+TEST(TensorListRules, AddNOfListsSlicesTheirElementsToOneLayout) {
+  // A loop gradient's sum of the zeros it starts from (replicated rows) and a step's
+  // gradient rows (sharded): the replicated elements are sliced, with no communication.
+  OpCase op("AddN", Mesh2x2());
+  List(op, "[*,*]", {4, 3});
   List(op, "[x,*]", {4, 3});
-  op.Host({-1, 3}).Host({});
-  EXPECT_ERROR(op.Forward(), kUnimplemented, {"sharded axis 0"});
+  EXPECT_EQ(op.PlanString(), "[] [] -> []");
+  EXPECT_LINES(op.Collectives(),
+               {"elements of list input 0: slice axis 1 over x [*,*,*] -> [*,x,*]"});
+  EXPECT_LINES(op.Steps(), {"host constant [4, 3] int32",
+                            "local TensorListStack [] host [2] -> [*,*,*] element_dtype=float32 "
+                            "num_elements=-1",
+                            "slice axis 1 over x [*,*,*] -> [*,x,*]", "host constant [2, 3] int32",
+                            "local TensorListFromTensor [*,x,*] host [2] -> [] "
+                            "element_dtype=float32 shape_type=int32",
+                            "local AddN [] [] -> []"});
+}
+
+TEST(TensorListRules, AddNOfListsOfCrossedElementsTakesTheFirstLayout) {
+  OpCase op("AddN", Mesh2x2());
+  List(op, "[x,*]", {4, 6});
+  List(op, "[*,x]", {4, 6});
+  EXPECT_LINES(op.Collectives(),
+               {"elements of list input 1: all-to-all axis 2 -> 1 [*,*,x] -> [*,x,*]"});
 }
 
 }  // namespace

@@ -401,6 +401,26 @@ for _name in ("TensorListSplit", "TensorListConcatV2"):
         return Call([T(t), H(lengths, tf.int64)], composite=list_split_concat)
 
 
+def optional_round_trip(t):
+    """An optional of a list of t's rows and one of t itself, read back; whether each holds
+    a value (OptionalNone's does not)."""
+    of_list = _L.OptionalFromValue(components=[_from_tensor(t)])
+    handle, = _L.OptionalGetValue(optional=of_list, output_types=[tf.variant],
+                                  output_shapes=[[]])
+    of_value = _L.OptionalFromValue(components=[t])
+    value, = _L.OptionalGetValue(optional=of_value, output_types=[t.dtype],
+                                 output_shapes=[t.shape])
+    has = tf.stack([_L.OptionalHasValue(optional=of_list),
+                    _L.OptionalHasValue(optional=_L.OptionalNone())])
+    return [_stack(handle, t.dtype), value, tf.cast(has, tf.int32)]
+
+
+for _name in ("OptionalFromValue", "OptionalGetValue", "OptionalHasValue", "OptionalNone"):
+    @op(_name)
+    def _(d):
+        return Call([T(_list_tensor(d))], composite=optional_round_trip)
+
+
 # ---------------------------------------------------------------------------------------
 # Not fuzzed (merged into fuzz_ops.EXCLUDED)
 # ---------------------------------------------------------------------------------------
