@@ -116,6 +116,47 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
   return expanded;
 }
 
+StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandEagerCall(
+    TFE_Context* context, const std::string& function, const Mesh& mesh,
+    std::vector<ValueMeta> inputs, const std::vector<TFE_TensorHandle*>& host_handles,
+    const OutputRequest& request, const FallbackPolicy& policy) {
+  auto foldable = [&](size_t i) {
+    const ValueMeta& m = inputs[i];
+    int64_t elements = 1;
+    for (int64_t d : m.shape) elements *= d;
+    return i < host_handles.size() && host_handles[i] && !m.layout && !m.resource &&
+           (m.dtype == TF_INT32 || m.dtype == TF_INT64) && elements >= 0 &&
+           elements <= kKnownArgumentElements;
+  };
+  bool any = false;
+  for (size_t i = 0; i < inputs.size(); ++i) any = any || foldable(i);
+  if (!any) return Expand(context, function, mesh, inputs, request, policy);
+  bool needs = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    needs = needs_input_values_.count(function) > 0;
+  }
+  std::optional<Status> without;
+  if (!needs) {
+    StatusOr<std::shared_ptr<const ExpandedFunction>> expanded =
+        Expand(context, function, mesh, inputs, request, policy);
+    if (expanded.ok()) return expanded;
+    without = expanded.status();
+  }
+  // The function's graph reads a host input as a value it plans with (`tf.reduce_sum(x,
+  // axis)` with `axis` an argument): each call's value is a constant of its expansion.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (foldable(i)) inputs[i].int_value = ReadIntValue(host_handles[i]);
+  }
+  StatusOr<std::shared_ptr<const ExpandedFunction>> folded =
+      Expand(context, function, mesh, inputs, request, policy);
+  if (folded.ok() && without) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    needs_input_values_.insert(function);
+  }
+  return folded;
+}
+
 StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncached(
     TFE_Context* context, const std::string& function, const Mesh& mesh,
     const std::vector<ValueMeta>& inputs, const OutputRequest& request,
@@ -170,6 +211,10 @@ void FunctionExpander::DropDeletedLocked(TFE_Context* context) {
   cache_.EraseIf(deleted);
   for (auto it = across_clients_.begin(); it != across_clients_.end();) {
     it = deleted(it->first, it->second) ? across_clients_.erase(it) : std::next(it);
+  }
+  for (auto it = needs_input_values_.begin(); it != needs_input_values_.end();) {
+    it = TFE_ContextHasFunction(context, it->c_str()) ? std::next(it)
+                                                      : needs_input_values_.erase(it);
   }
   StatusPtr status(TF_NewStatus());
   for (const std::string& name : gone) {

@@ -13,6 +13,7 @@ from tensorflow.python.eager import context
 
 from dtensor_testing import (MESH_2X2, MESH_8, cpus, layout_of, reassemble, run_python,
                              to_dtensor)
+from tf_dtensor import _device as dtensor_device
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import Layout
 from tf_dtensor.placements import (Partial, Replicate, Shard, distribute_tensor, from_local,
@@ -167,6 +168,7 @@ def test_a_first_use_inside_autograph_code_leaves_the_device_usable(tmp_path):
 import tensorflow as tf
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+from tf_dtensor import _device as dtensor_device
 from tf_dtensor import dtensor
 mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
 layout = dtensor.Layout(["x"], mesh)
@@ -246,3 +248,56 @@ def test_a_keras_optimizer_steps_a_sharded_dvariable_as_one_device():
     optimizer = step(w, to_dtensor(x, layout_of("[x,*]", MESH_2X2)))
     assert dtensor.fetch_layout(optimizer.variables[2].value).sharding_specs == ["unsharded", "y"]
     np.testing.assert_allclose(reassemble(w.read_value()), want.numpy(), rtol=1e-5, atol=1e-7)
+
+
+# --- program features around sharded values (autodiff, host arguments) ------------------
+
+_ROWS5 = np.arange(20, dtype=np.float32).reshape(5, 4) / 7.0
+
+
+@pytest.mark.parametrize("op", [
+    lambda a: tf.reduce_sum(tf.sin(a), axis=1),
+    lambda a: tf.reduce_mean(a, axis=0),
+    lambda a: tf.transpose(a),
+    lambda a: tf.math.cumsum(a, axis=0, exclusive=True),
+    lambda a: a[1:4, ::2],
+    lambda a: tf.reshape(a, [10, 2]),
+], ids=["sum", "mean", "transpose", "cumsum", "strided_slice", "reshape"])
+@pytest.mark.parametrize("spec", ["[x,*]", "[*,x]", "[*,*]"])
+def test_forward_accumulator_gives_eager_jvps_of_sharded_values(op, spec):
+    # Eagerly, TF computes each op's JVP with a tf.function that takes the op's inputs as
+    # arguments, its axes and shapes too: they were refused as values known only at run
+    # time ("'Sum' needs its reduction axes (input 1) as a constant integer tensor").
+    def jvp(a):
+        with tf.autodiff.ForwardAccumulator(a, tf.ones_like(a) * 0.5) as accumulator:
+            y = op(a)
+        return y, accumulator.jvp(y)
+
+    want = jvp(tf.constant(_ROWS5))
+    got = jvp(to_dtensor(_ROWS5, layout_of(spec, dtensor.create_mesh([("x", 4)],
+                                                                       devices=cpus(4)))))
+    for w, g in zip(want, got):
+        assert tuple(g.shape) == tuple(w.shape) and g.dtype == w.dtype
+        np.testing.assert_allclose(reassemble(g), w.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_function_taking_its_reduction_axis_as_a_tensor_reads_each_calls_value():
+    mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    x = to_dtensor(_ROWS5, layout_of("[x,*]", mesh))
+    total = tf.function(lambda a, axis: tf.reduce_sum(a, axis))
+    for axis in ([1], [0], 1):  # a new value is a new expansion, never a stale one
+        want = tf.reduce_sum(_ROWS5, axis).numpy()
+        np.testing.assert_allclose(reassemble(total(x, tf.constant(axis))), want, rtol=1e-6)
+
+
+def test_a_host_step_counter_passed_in_does_not_expand_the_function_again():
+    # Only a function that cannot be expanded without them keys on host values.
+    mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    x = to_dtensor(_ROWS5, layout_of("[x,*]", mesh))
+    step = tf.function(lambda a, n: a * tf.cast(n, tf.float32))
+    step(x, tf.constant(0))
+    before = dtensor_device.get().function_cache_stats()
+    for n in range(1, 4):
+        np.testing.assert_allclose(reassemble(step(x, tf.constant(n))), _ROWS5 * n)
+    after = dtensor_device.get().function_cache_stats()
+    assert (after["hit"], after["miss"]) == (before["hit"] + 3, before["miss"])
