@@ -301,3 +301,33 @@ def test_a_host_step_counter_passed_in_does_not_expand_the_function_again():
         np.testing.assert_allclose(reassemble(step(x, tf.constant(n))), _ROWS5 * n)
     after = dtensor_device.get().function_cache_stats()
     assert (after["hit"], after["miss"]) == (before["hit"] + 3, before["miss"])
+
+
+@pytest.mark.parametrize("spec,mesh", [("[*,*]", "x4"), ("[x,*]", "x4"), ("[x,y]", "2x2")])
+def test_python_callbacks_in_a_function_run_once_on_the_whole_value(spec, mesh):
+    # tf.py_function and tf.numpy_function inside a tf.function were planned as ops of
+    # every device and refused ("The shape of output 0 of 'EagerPyFunc' is unknown"); they
+    # run once, on the host, as eagerly, and `tf.ensure_shape` takes their result onto the
+    # mesh.
+    mesh = (dtensor.create_mesh([("x", 4)], devices=cpus(4)) if mesh == "x4" else MESH_2X2)
+    seen = []
+
+    def doubled(b):
+        seen.append(np.asarray(b).shape)
+        return np.asarray(b) * np.float32(2.0)
+
+    def body(a):
+        with tf.GradientTape() as tape:
+            tape.watch(a)
+            y = tf.ensure_shape(tf.py_function(lambda b: tf.sin(b), [a * 2], tf.float32), [5, 4])
+            s = tf.reduce_sum(y * a)
+        z = tf.ensure_shape(tf.numpy_function(doubled, [a], tf.float32), [5, 4]) + a
+        return s, tape.gradient(s, a), z
+
+    want = tf.function(body)(tf.constant(_ROWS5))
+    seen.clear()
+    got = tf.function(body)(to_dtensor(_ROWS5, layout_of(spec, mesh)))
+    assert seen == [(5, 4)]  # one call, with the whole value
+    for w, g in zip(want, got):
+        assert tuple(g.shape) == tuple(w.shape) and g.dtype == w.dtype
+        np.testing.assert_allclose(reassemble(g), w.numpy(), rtol=1e-6, atol=1e-6)
