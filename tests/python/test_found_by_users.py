@@ -331,3 +331,48 @@ def test_python_callbacks_in_a_function_run_once_on_the_whole_value(spec, mesh):
     for w, g in zip(want, got):
         assert tuple(g.shape) == tuple(w.shape) and g.dtype == w.dtype
         np.testing.assert_allclose(reassemble(g), w.numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec,mesh", [("[x,*]", "x4"), ("[*,x]", "x4"), ("[x,y]", "2x2")])
+def test_enable_check_numerics_checks_a_function_on_sharded_values(spec, mesh):
+    # tf.debugging.enable_check_numerics puts a DebugNumericSummaryV2 after every float
+    # output inside a tf.function; it had no rule and TF infers no shape for it, so every
+    # function on DTensors failed ("The shape of output 0 of 'DebugNumericSummaryV2' is
+    # unknown"). (An eager op, the call included, with a sharded float result still fails
+    # under it: TF's eager check reads each result whole with NumPy, also on TF's DTensor.)
+    mesh = (dtensor.create_mesh([("x", 4)], devices=cpus(4)) if mesh == "x4" else MESH_2X2)
+    w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+
+    def body(a, w):
+        with tf.GradientTape() as tape:
+            tape.watch(w)
+            y = tf.reduce_sum(tf.nn.relu(a @ w) ** 2)
+        return y, tf.reduce_sum(tf.square(tape.gradient(y, w)))  # replicated results
+
+    want = tf.function(body)(tf.constant(_ROWS5 - 1.0), tf.constant(w))
+    x = to_dtensor(_ROWS5 - 1.0, layout_of(spec, mesh))
+    wd = to_dtensor(w, Layout.replicated(mesh, 2))
+    tf.debugging.enable_check_numerics()
+    try:
+        got = tf.function(body)(x, wd)
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match='Detected Infinity or NaN in output 0 of graph op "Log"'):
+            tf.function(lambda a: tf.math.log(a) * 2.0)(x)
+    finally:
+        tf.debugging.disable_check_numerics()
+    for wanted, g in zip(want, got):
+        np.testing.assert_allclose(reassemble(g), wanted.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [2, 3, 4, 5, 8])
+def test_debug_numeric_summaries_of_sharded_values_are_one_devices(mode):
+    # Mode 8 (the check's): each block's -inf, +inf and NaN slots add up; the others count
+    # and name the whole tensor.
+    value = _ROWS5.copy()
+    value[1, 2], value[4, 0] = np.inf, np.nan
+    summary = tf.function(lambda a: tf.raw_ops.DebugNumericSummaryV2(
+        input=a, tensor_debug_mode=mode, tensor_id=7))
+    want = summary(tf.constant(value)).numpy()
+    got = summary(to_dtensor(value, layout_of("[x,y]", MESH_2X2)))
+    assert tuple(got.shape) == want.shape
+    np.testing.assert_array_equal(reassemble(got), want)
