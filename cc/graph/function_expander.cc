@@ -118,13 +118,14 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
 
 StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandEagerCall(
     TFE_Context* context, const std::string& function, const Mesh& mesh,
-    std::vector<ValueMeta> inputs, const std::vector<TFE_TensorHandle*>& host_handles,
+    std::vector<ValueMeta> inputs, const std::vector<TFE_TensorHandle*>& value_handles,
     const OutputRequest& request, const FallbackPolicy& policy) {
   auto foldable = [&](size_t i) {
     const ValueMeta& m = inputs[i];
     int64_t elements = 1;
     for (int64_t d : m.shape) elements *= d;
-    return i < host_handles.size() && host_handles[i] && !m.layout && !m.resource &&
+    return i < value_handles.size() && value_handles[i] && !m.resource &&
+           (!m.layout || m.layout->IsFullyReplicated()) &&
            (m.dtype == TF_INT32 || m.dtype == TF_INT64) && elements >= 0 &&
            elements <= kKnownArgumentElements;
   };
@@ -143,10 +144,10 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandEagerC
     if (expanded.ok()) return expanded;
     without = expanded.status();
   }
-  // The function's graph reads a host input as a value it plans with (`tf.reduce_sum(x,
-  // axis)` with `axis` an argument): each call's value is a constant of its expansion.
+  // The function's graph reads an input as a value it plans with (`tf.reduce_sum(x, axis)`
+  // with `axis` an argument): each call's value is a constant of its expansion.
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (foldable(i)) inputs[i].int_value = ReadIntValue(host_handles[i]);
+    if (foldable(i)) inputs[i].int_value = ReadIntValue(value_handles[i]);
   }
   StatusOr<std::shared_ptr<const ExpandedFunction>> folded =
       Expand(context, function, mesh, inputs, request, policy);

@@ -150,15 +150,17 @@ class FunctionExpander {
                                                            const FallbackPolicy& policy,
                                                            int depth = 0);
   // The SPMD function of a call from eager code: `Expand`, with the values of the call's
-  // small integer host inputs (`host_handles[i]`, null for a DTensor input) read only where
-  // the function cannot be expanded without them: a function that takes a reduction's axes,
-  // a permutation or a shape as an argument (tf.autodiff.ForwardAccumulator's eager JVPs
-  // are such functions). Those values then join the key of every later call of the function,
-  // as TensorFlow's DTensor folds them into all; other functions' keys stay shapes and
+  // small integer inputs, host tensors or replicated DTensors (`value_handles[i]` holds
+  // input i's whole value, or is null), read only where the function cannot be expanded
+  // without them: a function that takes a reduction's axes, a permutation or a shape as an
+  // argument (tf.autodiff.ForwardAccumulator's eager JVPs are such functions, and the
+  // backward function of such a function, which gets the shapes it saved as replicated
+  // DTensors). Those values then join the key of every later call of the function, as
+  // TensorFlow's DTensor folds them into all; other functions' keys stay shapes and
   // layouts, so a step counter passed in does not expand them again at each new value.
   StatusOr<std::shared_ptr<const ExpandedFunction>> ExpandEagerCall(
       TFE_Context* context, const std::string& function, const Mesh& mesh,
-      std::vector<ValueMeta> inputs, const std::vector<TFE_TensorHandle*>& host_handles,
+      std::vector<ValueMeta> inputs, const std::vector<TFE_TensorHandle*>& value_handles,
       const OutputRequest& request, const FallbackPolicy& policy);
   // Expansions made and cached so far: a repeated call adds none, and an expansion the
   // cache drops later still counts (for tests and debugging).

@@ -290,6 +290,27 @@ def test_a_function_taking_its_reduction_axis_as_a_tensor_reads_each_calls_value
         np.testing.assert_allclose(reassemble(total(x, tf.constant(axis))), want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("spec", ["[x,*]", "[*,x]"])
+def test_an_eager_tape_differentiates_a_function_taking_its_axis_as_a_tensor(spec):
+    # The backward function gets the shapes the forward one saved as replicated DTensors,
+    # whose values its Reshape needs ("The shape of output 0 of 'Reshape' is unknown").
+    mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    total = tf.function(lambda a, axis: tf.reduce_sum(tf.sin(a) * a, axis))
+
+    def loss_and_gradient(a):
+        with tf.GradientTape() as tape:
+            tape.watch(a)
+            y = total(a, tf.constant([1]))
+            s = tf.reduce_sum(y * tf.range(5.0))
+        return y, tape.gradient(s, a)
+
+    want = loss_and_gradient(tf.constant(_ROWS5))
+    got = loss_and_gradient(to_dtensor(_ROWS5, layout_of(spec, mesh)))
+    for w, g in zip(want, got):
+        assert tuple(g.shape) == tuple(w.shape)
+        np.testing.assert_allclose(reassemble(g), w.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_host_step_counter_passed_in_does_not_expand_the_function_again():
     # Only a function that cannot be expanded without them keys on host values.
     mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
