@@ -297,6 +297,9 @@ Status CallFunction(const FunctionCall& call, FunctionExpander& expander,
                     int* num_outputs, TFE_TensorHandle** outputs) {
   StatusPtr status(TF_NewStatus());
   std::vector<ValueMeta> metas;
+  // Per input, a local handle holding its whole value (a host tensor, or a replicated
+  // DTensor's first component), for the expansion to read where it must.
+  std::vector<TFE_TensorHandle*> value_handles(call.handles.size(), nullptr);
   for (size_t i = 0; i < call.handles.size(); ++i) {
     ValueMeta m;
     if (const TensorWithLayout* t = call.dtensors[i]) {
@@ -304,11 +307,16 @@ Status CallFunction(const FunctionCall& call, FunctionExpander& expander,
       m.shape = t->shape();
       m.dtype = t->dtype();
       m.resource = t->resource();
+      if (!t->resource() && !t->parted() && t->layout().IsFullyReplicated() &&
+          t->num_components() > 0) {
+        value_handles[i] = t->component(0);
+      }
     } else {
       m.shape = HandleShape(call.handles[i], status.get());
       TFD_RETURN_IF_TF_ERROR(status.get(), "reading the shape of input " + std::to_string(i) +
                                                " of '" + call.function + "'");
       m.dtype = TFE_TensorHandleDataType(call.handles[i]);
+      value_handles[i] = call.handles[i];
       // A plain tf.Variable the function captured: its handle says the value's dtype and
       // shape, which the function's graph does not (the variable stays where it is; the
       // function's ops read it there).
@@ -323,8 +331,8 @@ Status CallFunction(const FunctionCall& call, FunctionExpander& expander,
   OutputRequest request;
   if (call.requested && call.requested->mesh() == call.mesh) request.single = call.requested;
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
-                       expander.Expand(call.context, call.function, call.mesh, metas, request,
-                                       policy));
+                       expander.ExpandEagerCall(call.context, call.function, call.mesh,
+                                                metas, value_handles, request, policy));
   const int num_results = static_cast<int>(expanded->outputs.size());
   if (num_results > *num_outputs) {
     return Internal("The SPMD function of '" + call.function +

@@ -19,10 +19,6 @@ using expansion_internal::IsCase;
 using expansion_internal::IsIf;
 using expansion_internal::IsWhile;
 
-// The most elements of an integer argument whose constant value a call passes on (shapes,
-// axes and bounds are small; larger tensors would only lengthen the expansion's key).
-constexpr int64_t kKnownArgumentElements = 64;
-
 StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Callee(
     const std::string& name, const std::vector<ValueId>& inputs, const OutputRequest& request,
     bool loop) {

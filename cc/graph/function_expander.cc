@@ -113,6 +113,48 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
   return expanded;
 }
 
+StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandEagerCall(
+    TFE_Context* context, const std::string& function, const Mesh& mesh,
+    std::vector<ValueMeta> inputs, const std::vector<TFE_TensorHandle*>& value_handles,
+    const OutputRequest& request, const FallbackPolicy& policy) {
+  auto foldable = [&](size_t i) {
+    const ValueMeta& m = inputs[i];
+    int64_t elements = 1;
+    for (int64_t d : m.shape) elements *= d;
+    return i < value_handles.size() && value_handles[i] && !m.resource &&
+           (!m.layout || m.layout->IsFullyReplicated()) &&
+           (m.dtype == TF_INT32 || m.dtype == TF_INT64) && elements >= 0 &&
+           elements <= kKnownArgumentElements;
+  };
+  bool any = false;
+  for (size_t i = 0; i < inputs.size(); ++i) any = any || foldable(i);
+  if (!any) return Expand(context, function, mesh, inputs, request, policy);
+  bool needs = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    needs = needs_input_values_.count(function) > 0;
+  }
+  std::optional<Status> without;
+  if (!needs) {
+    StatusOr<std::shared_ptr<const ExpandedFunction>> expanded =
+        Expand(context, function, mesh, inputs, request, policy);
+    if (expanded.ok()) return expanded;
+    without = expanded.status();
+  }
+  // The function's graph reads an input as a value it plans with (`tf.reduce_sum(x, axis)`
+  // with `axis` an argument): each call's value is a constant of its expansion.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (foldable(i)) inputs[i].int_value = ReadIntValue(value_handles[i]);
+  }
+  StatusOr<std::shared_ptr<const ExpandedFunction>> folded =
+      Expand(context, function, mesh, inputs, request, policy);
+  if (folded.ok() && without) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    needs_input_values_.insert(function);
+  }
+  return folded;
+}
+
 StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncached(
     TFE_Context* context, const std::string& function, const Mesh& mesh,
     const std::vector<ValueMeta>& inputs, const OutputRequest& request,
@@ -167,6 +209,10 @@ void FunctionExpander::DropDeletedLocked(TFE_Context* context) {
   cache_.EraseIf(deleted);
   for (auto it = across_clients_.begin(); it != across_clients_.end();) {
     it = deleted(it->first, it->second) ? across_clients_.erase(it) : std::next(it);
+  }
+  for (auto it = needs_input_values_.begin(); it != needs_input_values_.end();) {
+    it = TFE_ContextHasFunction(context, it->c_str()) ? std::next(it)
+                                                      : needs_input_values_.erase(it);
   }
   StatusPtr status(TF_NewStatus());
   for (const std::string& name : gone) {

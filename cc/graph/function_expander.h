@@ -37,6 +37,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cc/core/layout.h"
@@ -50,6 +51,10 @@
 #include "tensorflow/c/eager/c_api.h"
 
 namespace tf_dtensor {
+
+// The most elements of an integer argument whose constant value a call passes on (shapes,
+// axes and bounds are small; larger tensors would only lengthen the expansion's key).
+inline constexpr int64_t kKnownArgumentElements = 64;
 
 // A function argument or result: a DTensor (with layout) or a host tensor.
 struct ValueMeta {
@@ -144,6 +149,19 @@ class FunctionExpander {
                                                            const OutputRequest& request,
                                                            const FallbackPolicy& policy,
                                                            int depth = 0);
+  // The SPMD function of a call from eager code: `Expand`, with the values of the call's
+  // small integer inputs, host tensors or replicated DTensors (`value_handles[i]` holds
+  // input i's whole value, or is null), read only where the function cannot be expanded
+  // without them: a function that takes a reduction's axes, a permutation or a shape as an
+  // argument (tf.autodiff.ForwardAccumulator's eager JVPs are such functions, and the
+  // backward function of such a function, which gets the shapes it saved as replicated
+  // DTensors). Those values then join the key of every later call of the function, as
+  // TensorFlow's DTensor folds them into all; other functions' keys stay shapes and
+  // layouts, so a step counter passed in does not expand them again at each new value.
+  StatusOr<std::shared_ptr<const ExpandedFunction>> ExpandEagerCall(
+      TFE_Context* context, const std::string& function, const Mesh& mesh,
+      std::vector<ValueMeta> inputs, const std::vector<TFE_TensorHandle*>& value_handles,
+      const OutputRequest& request, const FallbackPolicy& policy);
   // Expansions made and cached so far: a repeated call adds none, and an expansion the
   // cache drops later still counts (for tests and debugging).
   int64_t num_cached() const;
@@ -178,6 +196,9 @@ class FunctionExpander {
       kMaxCachedFunctions};
   std::unordered_map<FunctionKey, std::shared_ptr<const ExpandedFunction>, FunctionKey::Hash>
       across_clients_;  // meshes spanning clients (above)
+  // Functions whose calls from eager code fold their small integer host inputs' values
+  // into the key (ExpandEagerCall); a deleted function's name leaves with its expansions.
+  std::unordered_set<std::string> needs_input_values_;
   int64_t num_cached_ = 0;
   int64_t num_hits_ = 0;
   int64_t num_misses_ = 0;

@@ -561,9 +561,15 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
     // as eagerly), and a side effect with no rule and no outputs (SaveV2 of a checkpoint,
     // WriteFile), which run on every device would write once per device.
     // (An update of a DVariable without a rule, ResourceApplyGradientDescent, keeps the
-    // replicated fallback: its state lives on the mesh.)
-    bool side_effect = spec && spec->is_stateful && spec->outputs.empty() &&
-                       !RuleRegistry::Global().Find(node.op);
+    // replicated fallback: its state lives on the mesh.) A Python callback
+    // (tf.py_function, tf.numpy_function) runs once too, as eagerly: on every device it
+    // would call the Python function once per device, and TF infers no shape for its
+    // results (`tf.ensure_shape` gives them one before they join the mesh).
+    static const std::set<std::string>* const kPythonCallbacks =
+        new std::set<std::string>{"EagerPyFunc", "PyFunc", "PyFuncStateless"};
+    bool side_effect = (spec && spec->is_stateful && spec->outputs.empty() &&
+                        !RuleRegistry::Global().Find(node.op)) ||
+                       kPythonCallbacks->count(node.op) > 0;
     bool plain_resource = false;
     for (ValueId v : inputs) {
       side_effect = side_effect && !builder_.resource(v);

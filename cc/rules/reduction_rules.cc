@@ -378,6 +378,59 @@ StatusOr<FactorSpec> L2LossFactors(const OpContext& ctx) {
   return SumToChannelFactors(ctx, /*keep_channel=*/false);
 }
 
+// DebugNumericSummaryV2, which tf.debugging.enable_check_numerics puts after every float
+// output inside a tf.function: a summary vector whose length its mode gives (TF infers no
+// shape for it). REDUCE_INF_NAN_THREE_SLOTS (mode 8, the check's) holds -inf, +inf and NaN
+// or 0 per slot, so each device summarises its block and the summaries add: [x,*] ->
+// partial(x) [*] of 3 (a slot's -inf plus 0 is -inf, NaN plus anything NaN). The other
+// modes count or name the whole tensor (its id, size, shape): the input is gathered.
+class DebugSummaryRule : public FactorRule {
+ public:
+  DebugSummaryRule() : FactorRule(Spec) {}
+
+  StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
+                                        Builder& builder) const override {
+    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> in, PrepareInputs(ctx, plan, builder));
+    LocalOpOptions options;
+    options.overrides = plan.overrides;
+    TFD_ASSIGN_OR_RETURN(int64_t length, Length(ctx));
+    options.global_shapes = {std::vector<int64_t>{length}};
+    return ExpandWithInputs(ctx, plan, in, options, builder);
+  }
+
+ private:
+  static constexpr int64_t kReduceInfNanThreeSlots = 8;
+
+  // The summary's length in each mode the kernel has (TensorDebugMode).
+  static StatusOr<int64_t> Length(const OpContext& ctx) {
+    const int64_t mode = ctx.attrs->GetInt("tensor_debug_mode", -1);
+    switch (mode) {
+      case 2: return 2;   // CURT_HEALTH
+      case 3: return 5;   // CONCISE_HEALTH
+      case 4: return 11;  // FULL_HEALTH
+      case 5: return 10;  // SHAPE
+      case kReduceInfNanThreeSlots: return 3;
+      default:
+        return InvalidArgument("'" + ctx.op_name + "' has tensor_debug_mode " +
+                               std::to_string(mode) + ", which its kernel does not " +
+                               "summarise; expected 2, 3, 4, 5 or 8.");
+    }
+  }
+
+  static StatusOr<FactorSpec> Spec(const OpContext& ctx) {
+    TFD_RETURN_IF_ERROR(Length(ctx).status());
+    const bool adds = ctx.attrs->GetInt("tensor_debug_mode", -1) == kReduceInfNanThreeSlots;
+    FactorSpec spec;
+    std::vector<int> in;
+    for (int d = 0; d < ctx.rank(0); ++d) {
+      in.push_back(spec.Add(adds ? FactorKind::kContracted : FactorKind::kNeedReplication));
+    }
+    spec.inputs = {in};
+    spec.outputs = {{FactorSpec::kNew}};
+    return spec;
+  }
+};
+
 std::shared_ptr<const Rule> ReduceOver(std::optional<ReduceOp> op) {
   return std::make_shared<ReduceRule>(op);
 }
@@ -393,6 +446,7 @@ const bool kRegistered = RegisterRules({
     {"BiasAddGrad", Factors(BiasAddGradFactors)},
     {"Cumprod", Factors(ScanFactors), Traits().Host(1, HostValue::kAxis)},
     {"Cumsum", Factors(ScanFactors), Traits().Host(1, HostValue::kAxis)},
+    {"DebugNumericSummaryV2", std::make_shared<DebugSummaryRule>()},
     {"EuclideanNorm", ReduceOver(std::nullopt), kReduce},
     {"L2Loss", Factors(L2LossFactors)},
     {"LogSoftmax", std::make_shared<SoftmaxRule>(/*log=*/true)},

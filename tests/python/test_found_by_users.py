@@ -13,6 +13,7 @@ from tensorflow.python.eager import context
 
 from dtensor_testing import (MESH_2X2, MESH_8, cpus, layout_of, reassemble, run_python,
                              to_dtensor)
+from tf_dtensor import _device as dtensor_device
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import Layout
 from tf_dtensor.placements import (Partial, Replicate, Shard, distribute_tensor, from_local,
@@ -167,6 +168,7 @@ def test_a_first_use_inside_autograph_code_leaves_the_device_usable(tmp_path):
 import tensorflow as tf
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+from tf_dtensor import _device as dtensor_device
 from tf_dtensor import dtensor
 mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
 layout = dtensor.Layout(["x"], mesh)
@@ -246,3 +248,152 @@ def test_a_keras_optimizer_steps_a_sharded_dvariable_as_one_device():
     optimizer = step(w, to_dtensor(x, layout_of("[x,*]", MESH_2X2)))
     assert dtensor.fetch_layout(optimizer.variables[2].value).sharding_specs == ["unsharded", "y"]
     np.testing.assert_allclose(reassemble(w.read_value()), want.numpy(), rtol=1e-5, atol=1e-7)
+
+
+# --- program features around sharded values (autodiff, host arguments) ------------------
+
+_ROWS5 = np.arange(20, dtype=np.float32).reshape(5, 4) / 7.0
+
+
+@pytest.mark.parametrize("op", [
+    lambda a: tf.reduce_sum(tf.sin(a), axis=1),
+    lambda a: tf.reduce_mean(a, axis=0),
+    lambda a: tf.transpose(a),
+    lambda a: tf.math.cumsum(a, axis=0, exclusive=True),
+    lambda a: a[1:4, ::2],
+    lambda a: tf.reshape(a, [10, 2]),
+], ids=["sum", "mean", "transpose", "cumsum", "strided_slice", "reshape"])
+@pytest.mark.parametrize("spec", ["[x,*]", "[*,x]", "[*,*]"])
+def test_forward_accumulator_gives_eager_jvps_of_sharded_values(op, spec):
+    # Eagerly, TF computes each op's JVP with a tf.function that takes the op's inputs as
+    # arguments, its axes and shapes too: they were refused as values known only at run
+    # time ("'Sum' needs its reduction axes (input 1) as a constant integer tensor").
+    def jvp(a):
+        with tf.autodiff.ForwardAccumulator(a, tf.ones_like(a) * 0.5) as accumulator:
+            y = op(a)
+        return y, accumulator.jvp(y)
+
+    want = jvp(tf.constant(_ROWS5))
+    got = jvp(to_dtensor(_ROWS5, layout_of(spec, dtensor.create_mesh([("x", 4)],
+                                                                       devices=cpus(4)))))
+    for w, g in zip(want, got):
+        assert tuple(g.shape) == tuple(w.shape) and g.dtype == w.dtype
+        np.testing.assert_allclose(reassemble(g), w.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_function_taking_its_reduction_axis_as_a_tensor_reads_each_calls_value():
+    mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    x = to_dtensor(_ROWS5, layout_of("[x,*]", mesh))
+    total = tf.function(lambda a, axis: tf.reduce_sum(a, axis))
+    for axis in ([1], [0], 1):  # a new value is a new expansion, never a stale one
+        want = tf.reduce_sum(_ROWS5, axis).numpy()
+        np.testing.assert_allclose(reassemble(total(x, tf.constant(axis))), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("spec", ["[x,*]", "[*,x]"])
+def test_an_eager_tape_differentiates_a_function_taking_its_axis_as_a_tensor(spec):
+    # The backward function gets the shapes the forward one saved as replicated DTensors,
+    # whose values its Reshape needs ("The shape of output 0 of 'Reshape' is unknown").
+    mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    total = tf.function(lambda a, axis: tf.reduce_sum(tf.sin(a) * a, axis))
+
+    def loss_and_gradient(a):
+        with tf.GradientTape() as tape:
+            tape.watch(a)
+            y = total(a, tf.constant([1]))
+            s = tf.reduce_sum(y * tf.range(5.0))
+        return y, tape.gradient(s, a)
+
+    want = loss_and_gradient(tf.constant(_ROWS5))
+    got = loss_and_gradient(to_dtensor(_ROWS5, layout_of(spec, mesh)))
+    for w, g in zip(want, got):
+        assert tuple(g.shape) == tuple(w.shape)
+        np.testing.assert_allclose(reassemble(g), w.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_host_step_counter_passed_in_does_not_expand_the_function_again():
+    # Only a function that cannot be expanded without them keys on host values.
+    mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    x = to_dtensor(_ROWS5, layout_of("[x,*]", mesh))
+    step = tf.function(lambda a, n: a * tf.cast(n, tf.float32))
+    step(x, tf.constant(0))
+    before = dtensor_device.get().function_cache_stats()
+    for n in range(1, 4):
+        np.testing.assert_allclose(reassemble(step(x, tf.constant(n))), _ROWS5 * n)
+    after = dtensor_device.get().function_cache_stats()
+    assert (after["hit"], after["miss"]) == (before["hit"] + 3, before["miss"])
+
+
+@pytest.mark.parametrize("spec,mesh", [("[*,*]", "x4"), ("[x,*]", "x4"), ("[x,y]", "2x2")])
+def test_python_callbacks_in_a_function_run_once_on_the_whole_value(spec, mesh):
+    # tf.py_function and tf.numpy_function inside a tf.function were planned as ops of
+    # every device and refused ("The shape of output 0 of 'EagerPyFunc' is unknown"); they
+    # run once, on the host, as eagerly, and `tf.ensure_shape` takes their result onto the
+    # mesh.
+    mesh = (dtensor.create_mesh([("x", 4)], devices=cpus(4)) if mesh == "x4" else MESH_2X2)
+    seen = []
+
+    def doubled(b):
+        seen.append(np.asarray(b).shape)
+        return np.asarray(b) * np.float32(2.0)
+
+    def body(a):
+        with tf.GradientTape() as tape:
+            tape.watch(a)
+            y = tf.ensure_shape(tf.py_function(lambda b: tf.sin(b), [a * 2], tf.float32), [5, 4])
+            s = tf.reduce_sum(y * a)
+        z = tf.ensure_shape(tf.numpy_function(doubled, [a], tf.float32), [5, 4]) + a
+        return s, tape.gradient(s, a), z
+
+    want = tf.function(body)(tf.constant(_ROWS5))
+    seen.clear()
+    got = tf.function(body)(to_dtensor(_ROWS5, layout_of(spec, mesh)))
+    assert seen == [(5, 4)]  # one call, with the whole value
+    for w, g in zip(want, got):
+        assert tuple(g.shape) == tuple(w.shape) and g.dtype == w.dtype
+        np.testing.assert_allclose(reassemble(g), w.numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec,mesh", [("[x,*]", "x4"), ("[*,x]", "x4"), ("[x,y]", "2x2")])
+def test_enable_check_numerics_checks_a_function_on_sharded_values(spec, mesh):
+    # tf.debugging.enable_check_numerics puts a DebugNumericSummaryV2 after every float
+    # output inside a tf.function; it had no rule and TF infers no shape for it, so every
+    # function on DTensors failed ("The shape of output 0 of 'DebugNumericSummaryV2' is
+    # unknown"). (An eager op, the call included, with a sharded float result still fails
+    # under it: TF's eager check reads each result whole with NumPy, also on TF's DTensor.)
+    mesh = (dtensor.create_mesh([("x", 4)], devices=cpus(4)) if mesh == "x4" else MESH_2X2)
+    w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+
+    def body(a, w):
+        with tf.GradientTape() as tape:
+            tape.watch(w)
+            y = tf.reduce_sum(tf.nn.relu(a @ w) ** 2)
+        return y, tf.reduce_sum(tf.square(tape.gradient(y, w)))  # replicated results
+
+    want = tf.function(body)(tf.constant(_ROWS5 - 1.0), tf.constant(w))
+    x = to_dtensor(_ROWS5 - 1.0, layout_of(spec, mesh))
+    wd = to_dtensor(w, Layout.replicated(mesh, 2))
+    tf.debugging.enable_check_numerics()
+    try:
+        got = tf.function(body)(x, wd)
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match='Detected Infinity or NaN in output 0 of graph op "Log"'):
+            tf.function(lambda a: tf.math.log(a) * 2.0)(x)
+    finally:
+        tf.debugging.disable_check_numerics()
+    for wanted, g in zip(want, got):
+        np.testing.assert_allclose(reassemble(g), wanted.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [2, 3, 4, 5, 8])
+def test_debug_numeric_summaries_of_sharded_values_are_one_devices(mode):
+    # Mode 8 (the check's): each block's -inf, +inf and NaN slots add up; the others count
+    # and name the whole tensor.
+    value = _ROWS5.copy()
+    value[1, 2], value[4, 0] = np.inf, np.nan
+    summary = tf.function(lambda a: tf.raw_ops.DebugNumericSummaryV2(
+        input=a, tensor_debug_mode=mode, tensor_id=7))
+    want = summary(tf.constant(value)).numpy()
+    got = summary(to_dtensor(value, layout_of("[x,y]", MESH_2X2)))
+    assert tuple(got.shape) == want.shape
+    np.testing.assert_array_equal(reassemble(got), want)

@@ -47,6 +47,16 @@ TEST(ReductionRules, TwoDimensionalMesh) {
        {"all-gather axis 0 [x,y] -> [*,y]", "local Cumsum [*,y] host [1] -> [*,y]"}},
       {"L2Loss", {T("[x,y]", {8, 8})}, "[x,y] -> []",
        {"local L2Loss [x,y] -> []", "all-reduce(sum) [] over x,y"}},
+      // tf.debugging.enable_check_numerics' summary (mode 8): the blocks' -inf, +inf and
+      // NaN slots add; the other modes name and count the whole tensor, gathered.
+      {"DebugNumericSummaryV2", {T("[x,y]", {8, 8})}, "[x,y] -> [*]",
+       {"local DebugNumericSummaryV2 [x,y] -> [*]", "all-reduce(sum) [*] over x,y"},
+       {}, {{"tensor_debug_mode", 8}}},
+      {"DebugNumericSummaryV2", {T("[x,*]", {8, 8})}, "[*,*] -> [*]",
+       {"all-gather axis 0 [x,*] -> [*,*]", "local DebugNumericSummaryV2 [*,*] -> [*]"},
+       {}, {{"tensor_debug_mode", 2}}},
+      {"DebugNumericSummaryV2", {T("[x,*]", {8, 8})}, "error",
+       {"tensor_debug_mode 9", "expected 2, 3, 4, 5 or 8"}, {}, {{"tensor_debug_mode", 9}}},
       {"Sum", {T("[x,*]", {8, 8}), H({2})}, "error",
        {"axis 2", "out of range", "input 0 (shape [8, 8], layout [x,*]) of 'Sum'"}},
   };

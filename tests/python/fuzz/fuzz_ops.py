@@ -239,6 +239,16 @@ def _(d):
     return Call([T(d.array(d.shape(0, 4), d.dtype()))])
 
 
+# tf.debugging.enable_check_numerics' summary (mode 8) and tfdbg's (2-5). TF infers no
+# shape for it: a tf.function's result has none.
+@op("DebugNumericSummaryV2", grad=False, function_shape_known=False)
+def _(d):
+    x = d.array(d.shape(0, 4), d.dtype())
+    if x.size and d.bool():
+        x.flat[d.int(0, x.size - 1)] = d.choice([np.inf, -np.inf, np.nan])
+    return Call([T(x)], {"tensor_debug_mode": d.choice([2, 3, 4, 5, 8]), "tensor_id": 7})
+
+
 for _name in ("Cumsum", "Cumprod"):
     @op(_name)
     def _(d):
