@@ -81,7 +81,9 @@ def _record(raw: Dict) -> Collective:
 
 
 class Ledger:
-    """The collectives issued inside one `debug.collectives()` block, in issue order.
+    """The collectives issued inside one `debug.collectives()` block, in issue order: by
+    the block's own thread, and by threads with no ledger open (TensorFlow's executor
+    threads); another thread's open ledger keeps that thread's.
 
     Filled when the block ends. `len(ledger)`, iteration and indexing give the
     `Collective` records; `count` and `total_bytes` sum them with optional filters;
