@@ -173,6 +173,7 @@ def test_a_loop_body_collective_is_marked_per_iteration():
     looped = [r for r in ledger if r.in_loop]
     assert looped and all(r.mesh_dims == ("y",) for r in looped), ledger.table()
     assert "per iteration" in ledger.table()
+    assert f"of which {len(looped)} per iteration" in ledger.table().splitlines()[-1]
 
 
 def test_both_branches_of_a_conditional_are_listed_and_marked():
@@ -189,6 +190,29 @@ def test_both_branches_of_a_conditional_are_listed_and_marked():
     branch = [r for r in ledger if r.in_branch]
     assert {r.kind for r in branch} == {"all-reduce", "all-gather"}, ledger.table()
     assert "if its branch runs" in ledger.table()
+
+
+def test_the_total_says_which_collectives_are_alternatives_or_per_iteration():
+    # The total adds every branch's collectives, though one branch runs per call: the
+    # table's total row said only "2 ... 256 B" for a cond whose taken branch issued one
+    # all-reduce (or none), and count() had no way to leave the branches out.
+    a, w = _row_parallel()
+    rows = to_dtensor(A, layout_of("[x,*]", MESH_2X2))
+
+    @tf.function
+    def step(a, w, rows, flag):
+        gathered = dtensor.relayout(rows, layout_of("[*,*]", MESH_2X2))  # always runs
+        picked = tf.cond(flag, lambda: tf.matmul(a, w), lambda: tf.matmul(a, w) * 2.0)
+        return gathered, picked
+
+    with debug.collectives() as ledger:
+        step(a, w, rows, tf.constant(True))
+    assert ledger.count() == 3 and ledger.count(in_branch=True) == 2, ledger.table()
+    assert [r.kind for r in ledger.select(in_branch=False)] == ["all-gather"]
+    total = ledger.table().splitlines()[-1]
+    assert total.startswith("total") and "of which 2 (256 B) if their branches run" in total, \
+        ledger.table()
+    assert "per iteration" not in total
 
 
 def test_nothing_is_recorded_outside_and_ledgers_nest():
