@@ -51,6 +51,7 @@ _CONTROL_FLOW = frozenset(["If", "StatelessIf", "While", "StatelessWhile", "Case
 # tf_dtensor's own ops move a value between layouts: on one device they pass it on (a
 # regular device has no kernel for them).
 _LAYOUT_ONLY = frozenset([_core.RELAYOUT_OP, _core.RELAYOUT_LIKE_OP])
+_ASSIGNS = frozenset(["AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"])
 
 
 @dataclasses.dataclass
@@ -277,6 +278,16 @@ def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6, **kwargs) -> CheckR
         with _ledger.collectives() as ledger, warnings.catch_warnings():
             if op.type in _CONTROL_FLOW:
                 warnings.simplefilter("ignore", UnsupportedOpWarning)
+            if op.type in _ASSIGNS and op.inputs[0].ref() in pairs:
+                # Inside the function the value is brought to the variable's layout (a
+                # gradient's reduce-scatter into a sharded weight); an eager assign refuses
+                # another sharding, so that relayout is made here, as part of the op (a
+                # pending reduction the op makes itself).
+                target = pairs[op.inputs[0].ref()][0]
+                value = sharded_in[1]
+                if isinstance(target, DVariable) and api._is_dtensor(value) and \
+                        api.fetch_layout(value).without_partial() != target.layout:
+                    sharded_in[1] = api.relayout(value, target.layout)
             sharded_out = execute.execute(op_type, len(op.outputs), sharded_in, attrs, ctx)
         with ops.device(host):
             if op.type in _LAYOUT_ONLY:

@@ -215,3 +215,30 @@ def test_replicas_that_disagree_are_found_at_the_op_that_made_them():
     bad = report.first_mismatch
     assert bad is not None and bad.type == "Exp", str(report)
     assert "the block [0:8, 0:4] on CPU:1 differs from one device" in bad.problem, bad.problem
+
+
+def test_a_gradient_assigned_to_a_sharded_variable_is_brought_to_its_layout():
+    # Eagerly the gradient of a column-sharded weight came out replicated, and the eager
+    # assign refuses another layout: check raised InvalidArgumentError ("Relayout the
+    # value first") on a step that runs fine (inside the function the gradient is
+    # reduce-scattered into the weight's layout). Uneven rows (5 over 4) and a cond too.
+    from dtensor_testing import cpus
+
+    mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    x = to_dtensor(X[:5], layout_of("[x,*]", mesh))
+    w = dtensor.DVariable(dtensor.copy_to_mesh(tf.constant(W0), layout_of("[*,x]", mesh)))
+
+    @tf.function
+    def step(x, flag):
+        with tf.GradientTape() as tape:
+            h = tf.matmul(x, w)
+            loss = tf.cond(flag, lambda: tf.reduce_sum(h * h), lambda: tf.reduce_mean(h))
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+        return loss
+
+    flag = dtensor.copy_to_mesh(tf.constant(True), Layout([], mesh))
+    report = debug.check(step, x, flag)
+    assert report.ok, str(report)
+    assign = next(o for o in report.ops if o.type == "AssignSubVariableOp")
+    assert assign.input_layouts[1] == "[*,x] @ mesh(x=4)"  # relaid out as in the function
+    np.testing.assert_array_equal(reassemble(w.read_value()), W0)
