@@ -91,8 +91,11 @@ def _notes(layout: Layout, shape: List[int]) -> List[str]:
     notes = []
     if layout.is_partial:
         pending = ", ".join(f"{op} over {dim}" for dim, op in sorted(layout.partial.items()))
+        ops = set(layout.partial.values())
+        shown = ("summands joined by +" if ops == {"sum"} else
+                 f"terms in {ops.pop()}(...)" if len(ops) == 1 else "terms in reduce(...)")
         notes.append(f"partial: pending {pending}; a block's value combines what its devices "
-                     f"hold (summands joined by +)")
+                     f"hold ({shown})")
     specs = ["*" if s == UNSHARDED else s for s in layout.sharding_specs]
     for axis, spec in enumerate(specs):
         pieces = layout.num_shards(axis)
@@ -214,8 +217,14 @@ def explain(op_name: str, layouts: Sequence[Optional[Layout]], shapes: Sequence[
       >>> [l.short() for l in plan["backward"]]
       ['[*,*] @ mesh(x=2)', '[*,x] @ mesh(x=2)']
     """
-    wanted = [l._layout if l is not None else None for l in (output_layouts or [])]
-    plan = _core.explain(op_name, [l._layout if l is not None else None for l in layouts],
+    def bound(given, what: str):
+        if given is not None and not isinstance(given, Layout):
+            raise TypeError(f"`{what}` is {given!r}: explain takes a `Layout` (or None, a "
+                            f"host tensor); `Layout.from_string` reads the full form.")
+        return given._layout if given is not None else None
+
+    wanted = [bound(l, f"output_layouts[{i}]") for i, l in enumerate(output_layouts or [])]
+    plan = _core.explain(op_name, [bound(l, f"layouts[{i}]") for i, l in enumerate(layouts)],
                          [list(s) for s in shapes],
                          {int(k): list(v) for k, v in (int_values or {}).items()},
                          dict(attrs or {}),

@@ -30,4 +30,18 @@ bool IsStatelessWithoutFunctions(const std::string& op_name) {
   return true;
 }
 
+std::optional<InputCount> InputCountOf(const std::string& op_name) {
+  const tf::OpDef* def = RegisteredOpDef(op_name);
+  if (def == nullptr) return std::nullopt;
+  InputCount count;
+  for (const auto& arg : def->input_arg()) {
+    if (arg.number_attr().empty() && arg.type_list_attr().empty()) {
+      ++count.fixed;
+    } else {
+      count.lists = true;
+    }
+  }
+  return count;
+}
+
 }  // namespace tf_dtensor

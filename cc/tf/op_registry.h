@@ -4,6 +4,7 @@
 #ifndef TF_DTENSOR_CC_TF_OP_REGISTRY_H_
 #define TF_DTENSOR_CC_TF_OP_REGISTRY_H_
 
+#include <optional>
 #include <string>
 
 namespace tf_dtensor {
@@ -16,6 +17,15 @@ bool IsStatefulOp(const std::string& op_name);
 // stateless (no resources, step containers, rendezvous or collectives to look up) and
 // without function attributes (no function library to run them).
 bool IsStatelessWithoutFunctions(const std::string& op_name);
+
+// How many inputs TF's definition of `op_name` takes: `fixed` single-tensor inputs, and
+// whether it also takes lists (`values` of ConcatV2, AddN's `inputs`), whose lengths an
+// attribute sets. nullopt for an op TF does not know.
+struct InputCount {
+  int fixed = 0;
+  bool lists = false;
+};
+std::optional<InputCount> InputCountOf(const std::string& op_name);
 
 }  // namespace tf_dtensor
 
