@@ -39,6 +39,7 @@ from tf_dtensor import _core, _ledger
 from tf_dtensor import api
 from tf_dtensor import checkpoint
 from tf_dtensor._device import UnsupportedOpWarning
+from tf_dtensor._estimate import Spec
 from tf_dtensor.layout import LayoutType
 from tf_dtensor.variable import DVariable
 
@@ -205,6 +206,11 @@ def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6, **kwargs) -> CheckR
       A `CheckReport`: `ok`, `ops` (each `CheckedOp` with layouts and collectives) and
       `first_mismatch`; `str(report)` says which op differs and how.
     """
+    for given in tf.nest.flatten((args, kwargs)):
+        if isinstance(given, Spec):
+            raise TypeError(f"debug.check runs the function, so it needs values: got "
+                            f"{given!r}. Pass a DTensor (`copy_to_mesh`, `pack`); "
+                            f"`debug.estimate` is the one that takes `debug.spec`.")
     function = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
     concrete = function.get_concrete_function(*args, **kwargs)
     concrete.add_to_graph()  # the functions its ops call (branches, bodies), by name

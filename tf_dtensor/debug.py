@@ -148,6 +148,9 @@ def block_table(layout: Layout, shape: Sequence[int]) -> str:
       uneven: axis 0 (5) over x=2 -> blocks of 3, 2
     """
     shape = [int(d) for d in shape]
+    if any(d < 0 for d in shape):
+        raise LayoutError(f"block_table draws blocks of known sizes; got shape {shape} "
+                          f"(-1: unknown) for {layout.short()}. Give the global shape.")
     layout.local_shape(shape)  # raises for a rank other than the layout's
     rows, cols, blocks = _blocks(layout, shape)
     partial = layout.partial

@@ -242,3 +242,11 @@ def test_a_gradient_assigned_to_a_sharded_variable_is_brought_to_its_layout():
     assign = next(o for o in report.ops if o.type == "AssignSubVariableOp")
     assert assign.input_layouts[1] == "[*,x] @ mesh(x=4)"  # relaid out as in the function
     np.testing.assert_array_equal(reassemble(w.read_value()), W0)
+
+
+def test_an_abstract_argument_is_refused_with_what_to_pass():
+    # A debug.spec reached the user's function while tracing: a raw TypeError from inside
+    # it ("unsupported operand type(s) for *: 'Spec' and 'int'").
+    spec = debug.spec([8, 6], tf.float32, layout_of("[x,*]", MESH_2X2))
+    with pytest.raises(TypeError, match="debug.check runs the function, so it needs values"):
+        debug.check(lambda v: v * 2.0, spec)

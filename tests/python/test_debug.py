@@ -302,3 +302,10 @@ def test_explain_refuses_inputs_that_do_not_fit_the_op(mesh_2x2, layouts, shapes
     # Ops with lists take any number of them past their single inputs.
     plan = tf_dtensor.debug.explain("AddN", [layout_of("[x,*]", mesh_2x2)] * 3, [[4, 8]] * 3)
     assert plan["outputs"] == [layout_of("[x,*]", mesh_2x2)]
+
+
+def test_block_table_refuses_an_unknown_size(mesh_2x2):
+    # It drew "[0:-1, 0:3]" twice and an "uneven" note for a -1 (unknown) size.
+    with pytest.raises(tf_dtensor.LayoutError, match=re.escape(
+            "block_table draws blocks of known sizes; got shape [-1, 3]")):
+        tf_dtensor.debug.block_table(layout_of("[x,*]", mesh_2x2), [-1, 3])
