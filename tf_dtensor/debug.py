@@ -61,6 +61,10 @@ def _blocks(layout: Layout, shape: List[int]) -> Tuple[int, int, List[_Block]]:
     mesh = layout.mesh
     rank = layout.rank
     drawn = list(range(min(rank, 2)))
+    if layout.is_single_device():  # one device holds the whole tensor (a layout of no rank)
+        whole = _Block(0, 0, [(0, size) for size in shape[:2]])
+        whole.summands[()] = [_short_device(mesh.single_device)]
+        return 1, 1, [whole]
     pieces = [layout.num_shards(a) for a in drawn]
     rows, cols = (pieces + [1, 1])[:2] if rank != 1 else (1, pieces[0])
 

@@ -309,3 +309,12 @@ def test_block_table_refuses_an_unknown_size(mesh_2x2):
     with pytest.raises(tf_dtensor.LayoutError, match=re.escape(
             "block_table draws blocks of known sizes; got shape [-1, 3]")):
         tf_dtensor.debug.block_table(layout_of("[x,*]", mesh_2x2), [-1, 3])
+
+
+def test_block_table_of_a_single_device_layout_is_one_block_on_that_device():
+    # It raised MeshError ("... has no global device ids"), so visualize of a value on one
+    # device failed too.
+    layout = Layout.from_device("/job:localhost/replica:0/task:0/device:CPU:1")
+    table = tf_dtensor.debug.block_table(layout, [4, 2])
+    cells, notes = _cells(table)
+    assert cells == {"[0:4, 0:2]": "CPU:1"} and notes == [], table
