@@ -101,13 +101,22 @@ py::dict Explain(const std::string& op_name, const std::vector<std::optional<Lay
                           "per input."),
           Subject::kOp);
   }
-  if (std::optional<InputCount> count = InputCountOf(op_name)) {
+  if (std::optional<OpArgCounts> counts = ArgCountsOf(op_name)) {
+    const ArgCount& in = counts->inputs;
     const int n = static_cast<int>(shapes.size());
-    if (count->lists ? n < count->fixed : n != count->fixed) {
+    if (in.lists ? n < in.fixed : n != in.fixed) {
       Raise(InvalidArgument("explain got " + std::to_string(n) + " inputs for '" + op_name +
-                            "', which takes " + (count->lists ? "at least " : "") +
-                            std::to_string(count->fixed) + " (TensorFlow's definition of the "
+                            "', which takes " + (in.lists ? "at least " : "") +
+                            std::to_string(in.fixed) + " (TensorFlow's definition of the "
                             "op); give one layout and one shape per input, in order."),
+            Subject::kOp);
+    }
+    const ArgCount& out = counts->outputs;
+    const int wanted = static_cast<int>(output_layouts.size());
+    if (wanted > 0 && !out.lists && wanted != out.fixed) {
+      Raise(InvalidArgument("explain got " + std::to_string(wanted) + " output layouts for '" +
+                            op_name + "', which has " + std::to_string(out.fixed) +
+                            " outputs; give one per output (None: nothing asked)."),
             Subject::kOp);
     }
   }

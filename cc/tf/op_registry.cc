@@ -30,18 +30,21 @@ bool IsStatelessWithoutFunctions(const std::string& op_name) {
   return true;
 }
 
-std::optional<InputCount> InputCountOf(const std::string& op_name) {
+std::optional<OpArgCounts> ArgCountsOf(const std::string& op_name) {
   const tf::OpDef* def = RegisteredOpDef(op_name);
   if (def == nullptr) return std::nullopt;
-  InputCount count;
-  for (const auto& arg : def->input_arg()) {
-    if (arg.number_attr().empty() && arg.type_list_attr().empty()) {
-      ++count.fixed;
-    } else {
-      count.lists = true;
+  auto count = [](const auto& args) {
+    ArgCount c;
+    for (const auto& arg : args) {
+      if (arg.number_attr().empty() && arg.type_list_attr().empty()) {
+        ++c.fixed;
+      } else {
+        c.lists = true;
+      }
     }
-  }
-  return count;
+    return c;
+  };
+  return OpArgCounts{count(def->input_arg()), count(def->output_arg())};
 }
 
 }  // namespace tf_dtensor

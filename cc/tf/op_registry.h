@@ -18,14 +18,18 @@ bool IsStatefulOp(const std::string& op_name);
 // without function attributes (no function library to run them).
 bool IsStatelessWithoutFunctions(const std::string& op_name);
 
-// How many inputs TF's definition of `op_name` takes: `fixed` single-tensor inputs, and
-// whether it also takes lists (`values` of ConcatV2, AddN's `inputs`), whose lengths an
-// attribute sets. nullopt for an op TF does not know.
-struct InputCount {
+// How many inputs and outputs TF's definition of `op_name` has: `fixed` single tensors, and
+// whether there are also lists (`values` of ConcatV2, AddN's `inputs`, Split's `output`),
+// whose lengths an attribute sets. nullopt for an op TF does not know.
+struct ArgCount {
   int fixed = 0;
   bool lists = false;
 };
-std::optional<InputCount> InputCountOf(const std::string& op_name);
+struct OpArgCounts {
+  ArgCount inputs;
+  ArgCount outputs;
+};
+std::optional<OpArgCounts> ArgCountsOf(const std::string& op_name);
 
 }  // namespace tf_dtensor
 

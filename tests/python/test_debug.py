@@ -299,6 +299,10 @@ def test_explain_refuses_inputs_that_do_not_fit_the_op(mesh_2x2, layouts, shapes
                                                   "`Layout`")):
         tf_dtensor.debug.explain("MatMul", ["[*,x]", layout_of("[x,*]", mesh_2x2)],
                                  [[4, 8], [8, 4]])
+    with pytest.raises(tf_dtensor.LayoutError, match=re.escape(
+            "explain got 2 output layouts for 'MatMul', which has 1 outputs")):
+        tf_dtensor.debug.explain("MatMul", [layout_of("[*,x]", mesh_2x2)] * 2, [[4, 8], [8, 4]],
+                                 output_layouts=[layout_of("[*,*]", mesh_2x2)] * 2)
     # Ops with lists take any number of them past their single inputs.
     plan = tf_dtensor.debug.explain("AddN", [layout_of("[x,*]", mesh_2x2)] * 3, [[4, 8]] * 3)
     assert plan["outputs"] == [layout_of("[x,*]", mesh_2x2)]
