@@ -5,8 +5,11 @@ its graph is run op by op twice: each op eagerly on the DTensor device with the 
 values (its rule plans and expands it, as any eager op), and on the host CPU with the
 plain global values. After each op, every output's global value (a DTensor's relaid out
 to replicated, pending reductions done) is compared with the plain one: shape, dtype and
-values within `rtol`/`atol`. The first op that differs is reported with its input and
-output layouts and the collectives its sharded run issued.
+values within `rtol`/`atol`; then each device's block of it, so replicas that disagree are
+found at the op that made them (a partial value's summands are not compared); and every
+variable the op took (what an assign or an optimizer's apply op wrote into it). The first
+op that differs is reported with its input and output layouts and the collectives its
+sharded run issued.
 
 Variables the function reads or writes are copied first on both sides (a DVariable into
 a DVariable of its layout, and into a plain variable), so checking changes no state.
@@ -32,10 +35,12 @@ from tensorflow.python.framework import tensor_shape
 from tensorflow.python.framework import tensor_util
 from tensorflow.python.ops import resource_variable_ops
 
-from tf_dtensor import _ledger
+from tf_dtensor import _core, _ledger
 from tf_dtensor import api
 from tf_dtensor import checkpoint
 from tf_dtensor._device import UnsupportedOpWarning
+from tf_dtensor._estimate import Spec
+from tf_dtensor.layout import LayoutType
 from tf_dtensor.variable import DVariable
 
 _SKIPPED_TYPES = frozenset(["Placeholder", "NoOp"])
@@ -44,6 +49,10 @@ _CALLS = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
 # op on every device): compared whole, not sharded as inside an expanded function.
 _CONTROL_FLOW = frozenset(["If", "StatelessIf", "While", "StatelessWhile", "Case",
                            "StatelessCase"])
+# tf_dtensor's own ops move a value between layouts: on one device they pass it on (a
+# regular device has no kernel for them).
+_LAYOUT_ONLY = frozenset([_core.RELAYOUT_OP, _core.RELAYOUT_LIKE_OP])
+_ASSIGNS = frozenset(["AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"])
 
 
 @dataclasses.dataclass
@@ -126,11 +135,8 @@ def _layout_text(value) -> Optional[str]:
     return None
 
 
-def _compare(sharded, plain, rtol: float, atol: float) -> tuple:
-    """(max error, problem or "") between one output's two runs."""
-    a, b = _global(sharded), _global(plain)
-    if a is None or b is None:
-        return 0.0, ""
+def _difference(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tuple:
+    """(max error, problem or "") between two numpy values of the same role."""
     if a.shape != b.shape:
         return float("inf"), f"shape {list(a.shape)} against {list(b.shape)} on one device"
     if a.dtype != b.dtype:
@@ -143,6 +149,48 @@ def _compare(sharded, plain, rtol: float, atol: float) -> tuple:
     if not np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
         return error, (f"values differ by up to {error:.3g} (rtol={rtol}, atol={atol})")
     return error, ""
+
+
+def _device_blocks_difference(sharded, whole: np.ndarray, rtol: float, atol: float) -> tuple:
+    """(max error, problem or "") between each device's component of `sharded` and the
+    block of the one-device value `whole` its layout gives that device.
+
+    The global value reads one replica of each block, so replicas that disagree (a
+    dropped reduction that left the right value on the first device only) show here, at
+    the op that made them. Partial values are skipped: their devices hold summands.
+    """
+    layout = api.fetch_layout(sharded)
+    if layout.type != LayoutType.STATIC or layout.is_partial:
+        return 0.0, ""
+    mesh = layout.mesh
+    offsets = {int(i): n for n, i in enumerate(np.ravel(mesh.global_device_ids()))}
+    shards = layout.offset_to_shard()
+    worst = 0.0
+    for device_id, device, component in zip(mesh.local_device_ids(), mesh.local_devices(),
+                                            api.unpack(sharded)):
+        size, start = layout.shard_geometry(whole.shape, shards[offsets[int(device_id)]])
+        region = tuple(slice(o, o + n) for o, n in zip(start, size))
+        error, problem = _difference(component.numpy(), whole[region], rtol, atol)
+        worst = max(worst, error)
+        if problem:
+            where = ", ".join(f"{o}:{o + n}" for o, n in zip(start, size)) or "scalar"
+            return error, (f"the block [{where}] on {device.rsplit('device:', 1)[-1]} "
+                           f"differs from one device ({problem}), while the global value "
+                           f"(read from one replica of each block) agrees")
+    return worst, ""
+
+
+def _compare(sharded, plain, rtol: float, atol: float) -> tuple:
+    """(max error, problem or "") between one output's two runs: the global values, then
+    every device's block."""
+    a, b = _global(sharded), _global(plain)
+    if a is None or b is None:
+        return 0.0, ""
+    error, problem = _difference(a, b, rtol, atol)
+    if problem or not api._is_dtensor(sharded):
+        return error, problem
+    block_error, problem = _device_blocks_difference(sharded, b, rtol, atol)
+    return max(error, block_error), problem
 
 
 def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6, **kwargs) -> CheckReport:
@@ -158,6 +206,11 @@ def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6, **kwargs) -> CheckR
       A `CheckReport`: `ok`, `ops` (each `CheckedOp` with layouts and collectives) and
       `first_mismatch`; `str(report)` says which op differs and how.
     """
+    for given in tf.nest.flatten((args, kwargs)):
+        if isinstance(given, Spec):
+            raise TypeError(f"debug.check runs the function, so it needs values: got "
+                            f"{given!r}. Pass a DTensor (`copy_to_mesh`, `pack`); "
+                            f"`debug.estimate` is the one that takes `debug.spec`.")
     function = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
     concrete = function.get_concrete_function(*args, **kwargs)
     concrete.add_to_graph()  # the functions its ops call (branches, bodies), by name
@@ -231,9 +284,22 @@ def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6, **kwargs) -> CheckR
         with _ledger.collectives() as ledger, warnings.catch_warnings():
             if op.type in _CONTROL_FLOW:
                 warnings.simplefilter("ignore", UnsupportedOpWarning)
+            if op.type in _ASSIGNS and op.inputs[0].ref() in pairs:
+                # Inside the function the value is brought to the variable's layout (a
+                # gradient's reduce-scatter into a sharded weight); an eager assign refuses
+                # another sharding, so that relayout is made here, as part of the op (a
+                # pending reduction the op makes itself).
+                target = pairs[op.inputs[0].ref()][0]
+                value = sharded_in[1]
+                if isinstance(target, DVariable) and api._is_dtensor(value) and \
+                        api.fetch_layout(value).without_partial() != target.layout:
+                    sharded_in[1] = api.relayout(value, target.layout)
             sharded_out = execute.execute(op_type, len(op.outputs), sharded_in, attrs, ctx)
         with ops.device(host):
-            plain_out = execute.execute(op_type, len(op.outputs), plain_in, attrs, ctx)
+            if op.type in _LAYOUT_ONLY:
+                plain_out = [tf.identity(plain_in[0])]
+            else:
+                plain_out = execute.execute(op_type, len(op.outputs), plain_in, attrs, ctx)
         record = CheckedOp(op.name, op.type, [_layout_text(v) for v in sharded_in],
                            [_layout_text(v) for v in sharded_out], ledger.records)
         checked.append(record)
@@ -245,13 +311,21 @@ def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6, **kwargs) -> CheckR
                 return CheckReport(name, checked, record)
         for t, a in zip(op.outputs, sharded_out):
             sharded[t.ref()] = a
-        # A resource passed on (Identity of a handle) keeps its pair; a written variable's
-        # plain copy takes the sharded one's value again (the write was compared, if the
-        # op returned it; else the next read compares it).
-        for t in op.inputs:
+        # A variable the op may have written (an assign, an optimizer's apply op) is
+        # compared after it on both sides: the op returns nothing of it, and its next
+        # reader would see the same value on both sides. Then its plain copy takes the
+        # sharded value, so that a difference is never carried to a later op. A resource
+        # passed on (Identity of a handle) keeps its pair.
+        for i, t in enumerate(op.inputs):
             if t.ref() in pairs and op.type not in ("ReadVariableOp",):
                 sharded_copy, plain_copy = pairs[t.ref()]
-                whole = _global(sharded_copy.read_value())
+                sharded_value = sharded_copy.read_value()
+                error, problem = _compare(sharded_value, plain_copy.read_value(), rtol, atol)
+                record.max_error = max(record.max_error, error)
+                if problem:
+                    record.problem = f"the variable of input {i} after the op: {problem}"
+                    return CheckReport(name, checked, record)
+                whole = _global(sharded_value)
                 with ops.device(host):
                     plain_copy.assign(whole)
         for t in op.outputs:

@@ -81,7 +81,9 @@ def _record(raw: Dict) -> Collective:
 
 
 class Ledger:
-    """The collectives issued inside one `debug.collectives()` block, in issue order.
+    """The collectives issued inside one `debug.collectives()` block, in issue order: by
+    the block's own thread, and by threads with no ledger open (TensorFlow's executor
+    threads); another thread's open ledger keeps that thread's.
 
     Filled when the block ends. `len(ledger)`, iteration and indexing give the
     `Collective` records; `count` and `total_bytes` sum them with optional filters;
@@ -115,16 +117,20 @@ class Ledger:
 
     def select(self, kind: Optional[str] = None, mesh_dim: Optional[str] = None,
                op: Optional[str] = None, requested: Optional[bool] = None,
-               where: Optional[str] = None, line: Optional[str] = None) -> List[Collective]:
+               where: Optional[str] = None, line: Optional[str] = None,
+               in_branch: Optional[bool] = None) -> List[Collective]:
         """The records of `kind` ("all-reduce", ...), over `mesh_dim` (among others), issued
         for `op`, asked for by the user (`requested=True`) or implied by a rule (`False`),
         eagerly (`where="eager"`) or in a tf.function (its name), from a source `line`
-        ("train.py:42", matched at the end of the path); None matches all."""
+        ("train.py:42", matched at the end of the path), in a branch of a conditional
+        (`in_branch=True`: listed for every branch, though one branch runs per call;
+        `False`: the collectives that ran whichever branch was taken); None matches all."""
         return [r for r in self._records
                 if (kind is None or r.kind == kind)
                 and (mesh_dim is None or mesh_dim in r.mesh_dims)
                 and (op is None or r.op == op)
                 and (requested is None or r.requested == requested)
+                and (in_branch is None or r.in_branch == in_branch)
                 and (where is None or where in (r.where, _function_name(r.where)))
                 and (line is None or _same_line(r.line, line))]
 
@@ -171,8 +177,18 @@ class Ledger:
                 rows.append((where, op, label, str(len(same)),
                              _bytes(sum(r.bytes_per_device for r in same)),
                              f"{layout} -> {same[0].layout_out}", why, line))
+        # The total adds every record once: say which of them may run more often (a loop
+        # body's) or not at all (a branch's; one branch of a conditional runs per call).
+        caveats = []
+        looped = [r for r in self._records if r.in_loop]
+        if looped:
+            caveats.append(f"{len(looped)} per iteration")
+        branched = [r for r in self._records if r.in_branch]
+        if branched:
+            caveats.append(f"{len(branched)} ({_bytes(sum(r.bytes_per_device for r in branched))})"
+                           f" if their branches run")
         rows.append(("total", "", "", str(len(self._records)), _bytes(self.total_bytes()),
-                     "", "", ""))
+                     "", "of which " + ", ".join(caveats) if caveats else "", ""))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         lines = []
         for row in rows:

@@ -61,6 +61,10 @@ def _blocks(layout: Layout, shape: List[int]) -> Tuple[int, int, List[_Block]]:
     mesh = layout.mesh
     rank = layout.rank
     drawn = list(range(min(rank, 2)))
+    if layout.is_single_device():  # one device holds the whole tensor (a layout of no rank)
+        whole = _Block(0, 0, [(0, size) for size in shape[:2]])
+        whole.summands[()] = [_short_device(mesh.single_device)]
+        return 1, 1, [whole]
     pieces = [layout.num_shards(a) for a in drawn]
     rows, cols = (pieces + [1, 1])[:2] if rank != 1 else (1, pieces[0])
 
@@ -91,8 +95,11 @@ def _notes(layout: Layout, shape: List[int]) -> List[str]:
     notes = []
     if layout.is_partial:
         pending = ", ".join(f"{op} over {dim}" for dim, op in sorted(layout.partial.items()))
+        ops = set(layout.partial.values())
+        shown = ("summands joined by +" if ops == {"sum"} else
+                 f"terms in {ops.pop()}(...)" if len(ops) == 1 else "terms in reduce(...)")
         notes.append(f"partial: pending {pending}; a block's value combines what its devices "
-                     f"hold (summands joined by +)")
+                     f"hold ({shown})")
     specs = ["*" if s == UNSHARDED else s for s in layout.sharding_specs]
     for axis, spec in enumerate(specs):
         pieces = layout.num_shards(axis)
@@ -145,6 +152,9 @@ def block_table(layout: Layout, shape: Sequence[int]) -> str:
       uneven: axis 0 (5) over x=2 -> blocks of 3, 2
     """
     shape = [int(d) for d in shape]
+    if any(d < 0 for d in shape):
+        raise LayoutError(f"block_table draws blocks of known sizes; got shape {shape} "
+                          f"(-1: unknown) for {layout.short()}. Give the global shape.")
     layout.local_shape(shape)  # raises for a rank other than the layout's
     rows, cols, blocks = _blocks(layout, shape)
     partial = layout.partial
@@ -214,8 +224,14 @@ def explain(op_name: str, layouts: Sequence[Optional[Layout]], shapes: Sequence[
       >>> [l.short() for l in plan["backward"]]
       ['[*,*] @ mesh(x=2)', '[*,x] @ mesh(x=2)']
     """
-    wanted = [l._layout if l is not None else None for l in (output_layouts or [])]
-    plan = _core.explain(op_name, [l._layout if l is not None else None for l in layouts],
+    def bound(given, what: str):
+        if given is not None and not isinstance(given, Layout):
+            raise TypeError(f"`{what}` is {given!r}: explain takes a `Layout` (or None, a "
+                            f"host tensor); `Layout.from_string` reads the full form.")
+        return given._layout if given is not None else None
+
+    wanted = [bound(l, f"output_layouts[{i}]") for i, l in enumerate(output_layouts or [])]
+    plan = _core.explain(op_name, [bound(l, f"layouts[{i}]") for i, l in enumerate(layouts)],
                          [list(s) for s in shapes],
                          {int(k): list(v) for k, v in (int_values or {}).items()},
                          dict(attrs or {}),

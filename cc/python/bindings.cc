@@ -8,7 +8,9 @@
 
 #include "cc/core/layout.h"
 #include "cc/core/mesh.h"
+#include "cc/core/strings.h"
 #include "cc/device/custom_device.h"
+#include "cc/tf/op_registry.h"
 #include "cc/tf/ops.h"
 #include "cc/eager/tensor_with_layout.h"
 #include "cc/propagation/propagate.h"
@@ -90,6 +92,45 @@ py::dict Explain(const std::string& op_name, const std::vector<std::optional<Lay
     if (layout) mesh = layout->mesh();
   }
   if (!mesh) throw py::value_error("explain needs at least one input layout or a requested layout");
+  // The inputs are checked as TF checks an op's inputs before a rule sees them: a rule
+  // reads each input its op has, and one missing would be read out of range.
+  if (layouts.size() != shapes.size()) {
+    Raise(InvalidArgument("explain got " + std::to_string(layouts.size()) + " layouts and " +
+                          std::to_string(shapes.size()) + " shapes for '" + op_name +
+                          "'; give one layout (or None, a host tensor) and one global shape "
+                          "per input."),
+          Subject::kOp);
+  }
+  if (std::optional<OpArgCounts> counts = ArgCountsOf(op_name)) {
+    const ArgCount& in = counts->inputs;
+    const int n = static_cast<int>(shapes.size());
+    if (in.lists ? n < in.fixed : n != in.fixed) {
+      Raise(InvalidArgument("explain got " + std::to_string(n) + " inputs for '" + op_name +
+                            "', which takes " + (in.lists ? "at least " : "") +
+                            std::to_string(in.fixed) + " (TensorFlow's definition of the "
+                            "op); give one layout and one shape per input, in order."),
+            Subject::kOp);
+    }
+    const ArgCount& out = counts->outputs;
+    const int wanted = static_cast<int>(output_layouts.size());
+    if (wanted > 0 && !out.lists && wanted != out.fixed) {
+      Raise(InvalidArgument("explain got " + std::to_string(wanted) + " output layouts for '" +
+                            op_name + "', which has " + std::to_string(out.fixed) +
+                            " outputs; give one per output (None: nothing asked)."),
+            Subject::kOp);
+    }
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (layouts[i] && layouts[i]->rank() != static_cast<int>(shapes[i].size())) {
+      Raise(InvalidArgument("explain got input " + std::to_string(i) + " of '" + op_name +
+                            "' with layout " + layouts[i]->ShortString() + " of rank " +
+                            std::to_string(layouts[i]->rank()) + " and shape " +
+                            ShapeString(shapes[i]) + " of rank " +
+                            std::to_string(shapes[i].size()) +
+                            "; a layout has one spec per axis of its shape."),
+            Subject::kOp);
+    }
+  }
   OpContext ctx(op_name, &attr_map, *mesh);
   for (size_t i = 0; i < shapes.size(); ++i) {
     InputInfo info;

@@ -168,9 +168,10 @@ class ComponentBuilder : public Builder {
               std::vector<PartialSpec> out_partial) {
     const bool record = keeps_collectives() || ledger::Active();
     if (collective_depth_ > 0 || !(record || checks_collectives())) return Status::Ok();
-    const Layout& layout = *values_[value].layout;
+    Layout layout = *values_[value].layout;
     StatusOr<Layout> out = Layout::FromSpecs(std::move(out_specs), layout.mesh(), layout.type(),
                                              std::move(out_partial));
+    if (reduces) layout = PendingOver(layout, mesh_dims, op);
     CollectiveRecord note =
         MakeCollectiveRecord(kind, reduces ? ReduceOpName(op) : "", layout,
                              values_[value].shape, values_[value].dtype, mesh_dims,
@@ -185,6 +186,23 @@ class ComponentBuilder : public Builder {
   // where clients compare their collectives: TF_DTENSOR_CHECK_EAGER_COLLECTIVES).
   virtual bool checks_collectives() const { return false; }
   virtual Status BeforeCollective(const CollectiveRecord&) { return Status::Ok(); }
+  // `layout` with a pending `op` over each of `mesh_dims` it does not already list: what
+  // a reduction's input is. Eagerly a rule reduces its devices' partial results while
+  // their value still carries the result's layout ([*,*], reduced over y: shown as
+  // [*,*] +partial(y:sum), as inside a tf.function).
+  static Layout PendingOver(const Layout& layout, const std::vector<int>& mesh_dims,
+                            ReduceOp op) {
+    std::vector<PartialSpec> added;
+    for (int d : mesh_dims) {
+      if (std::none_of(layout.partial().begin(), layout.partial().end(),
+                       [d](const PartialSpec& p) { return p.mesh_dim == d; })) {
+        added.push_back(PartialSpec{d, op});
+      }
+    }
+    if (added.empty()) return layout;
+    StatusOr<Layout> shown = layout.WithPartial(std::move(added));
+    return shown.ok() ? *shown : layout;
+  }
   // The pending reductions of `layout` that are not over `mesh_dims`.
   static std::vector<PartialSpec> PartialsBesides(const Layout& layout,
                                                   const std::vector<int>& mesh_dims) {

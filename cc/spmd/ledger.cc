@@ -3,6 +3,8 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <thread>
 
 #include "tensorflow/c/tf_datatype.h"
 
@@ -58,9 +60,18 @@ namespace ledger {
 namespace {
 
 std::atomic<int> open_ledgers{0};
+// Ledgers open on this thread. A collective issued on a thread with a ledger of its own
+// goes to that thread's ledgers only, as a `debug.collectives()` block (a scope, like
+// TensorFlow's device scopes) is per thread; one issued on a thread without (TensorFlow's
+// executor threads, another Python thread) goes to every open ledger.
+thread_local int ledgers_on_this_thread = 0;
 std::mutex mu;
-std::vector<CollectiveRecord>& Records() {
-  static auto* records = new std::vector<CollectiveRecord>();
+struct Noted {
+  CollectiveRecord record;
+  std::optional<std::thread::id> owner;  // the issuing thread, when it has a ledger open
+};
+std::vector<Noted>& Records() {
+  static auto* records = new std::vector<Noted>();
   return *records;
 }
 const std::string& Empty() {
@@ -77,16 +88,21 @@ bool Active() { return open_ledgers.load(std::memory_order_relaxed) > 0; }
 int64_t Begin() {
   std::lock_guard<std::mutex> lock(mu);
   open_ledgers.fetch_add(1);
+  ++ledgers_on_this_thread;
   return static_cast<int64_t>(Records().size());
 }
 
 std::vector<CollectiveRecord> End(int64_t start) {
   std::lock_guard<std::mutex> lock(mu);
-  std::vector<CollectiveRecord>& all = Records();
+  std::vector<Noted>& all = Records();
   std::vector<CollectiveRecord> mine;
+  const std::thread::id me = std::this_thread::get_id();
   if (start >= 0 && start <= static_cast<int64_t>(all.size())) {
-    mine.assign(all.begin() + start, all.end());
+    for (auto it = all.begin() + start; it != all.end(); ++it) {
+      if (!it->owner || *it->owner == me) mine.push_back(it->record);
+    }
   }
+  if (ledgers_on_this_thread > 0) --ledgers_on_this_thread;
   if (open_ledgers.fetch_sub(1) == 1) all.clear();
   return mine;
 }
@@ -112,8 +128,10 @@ void Record(CollectiveRecord record) {
     }
     if (source) record.line = (*source)();  // outside `mu`: the source may take the GIL
   }
+  std::optional<std::thread::id> owner;
+  if (ledgers_on_this_thread > 0) owner = std::this_thread::get_id();
   std::lock_guard<std::mutex> lock(mu);
-  if (open_ledgers.load() > 0) Records().push_back(std::move(record));
+  if (open_ledgers.load() > 0) Records().push_back(Noted{std::move(record), owner});
 }
 
 OpScope::OpScope(const std::string& op, bool relayout)

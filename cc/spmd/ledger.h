@@ -65,8 +65,10 @@ namespace ledger {
 bool Active();
 // Opens a ledger: returns the position its records start at.
 int64_t Begin();
-// Closes the ledger opened at `start`: its records (those noted since). The last one to
-// close drops the records.
+// Closes the ledger opened at `start` (on this thread): its records, those noted since on
+// this thread or on a thread with no ledger open (TensorFlow's executor threads). A
+// collective issued on another thread that has a ledger open belongs to that thread's
+// ledgers. The last one to close drops the records.
 std::vector<CollectiveRecord> End(int64_t start);
 // Adds a record while a ledger is open; an empty `line` is filled from the line source.
 void Record(CollectiveRecord record);

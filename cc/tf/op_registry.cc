@@ -30,4 +30,21 @@ bool IsStatelessWithoutFunctions(const std::string& op_name) {
   return true;
 }
 
+std::optional<OpArgCounts> ArgCountsOf(const std::string& op_name) {
+  const tf::OpDef* def = RegisteredOpDef(op_name);
+  if (def == nullptr) return std::nullopt;
+  auto count = [](const auto& args) {
+    ArgCount c;
+    for (const auto& arg : args) {
+      if (arg.number_attr().empty() && arg.type_list_attr().empty()) {
+        ++c.fixed;
+      } else {
+        c.lists = true;
+      }
+    }
+    return c;
+  };
+  return OpArgCounts{count(def->input_arg()), count(def->output_arg())};
+}
+
 }  // namespace tf_dtensor

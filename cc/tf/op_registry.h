@@ -4,6 +4,7 @@
 #ifndef TF_DTENSOR_CC_TF_OP_REGISTRY_H_
 #define TF_DTENSOR_CC_TF_OP_REGISTRY_H_
 
+#include <optional>
 #include <string>
 
 namespace tf_dtensor {
@@ -16,6 +17,19 @@ bool IsStatefulOp(const std::string& op_name);
 // stateless (no resources, step containers, rendezvous or collectives to look up) and
 // without function attributes (no function library to run them).
 bool IsStatelessWithoutFunctions(const std::string& op_name);
+
+// How many inputs and outputs TF's definition of `op_name` has: `fixed` single tensors, and
+// whether there are also lists (`values` of ConcatV2, AddN's `inputs`, Split's `output`),
+// whose lengths an attribute sets. nullopt for an op TF does not know.
+struct ArgCount {
+  int fixed = 0;
+  bool lists = false;
+};
+struct OpArgCounts {
+  ArgCount inputs;
+  ArgCount outputs;
+};
+std::optional<OpArgCounts> ArgCountsOf(const std::string& op_name);
 
 }  // namespace tf_dtensor
 

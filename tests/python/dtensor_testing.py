@@ -242,10 +242,11 @@ def explain_plan(op_name: str, layouts: Sequence[Layout], shapes: Sequence[Seque
                  host_inputs: Sequence[Tuple[Sequence[int], Sequence[int]]] = (),
                  attrs: Optional[dict] = None, host_first: bool = False) -> dict:
     """`debug.explain`'s plan for the op; host inputs follow the tensor inputs as
-    `(shape, int_values)` pairs, or precede them with `host_first` (Split's axis,
+    `(shape, int_values)` pairs (int_values None: a host tensor whose value the plan does
+    not read, PadV2's constant), or precede them with `host_first` (Split's axis,
     StridedSliceGrad's shape and slice spec)."""
     tensors = [(l, list(s), None) for l, s in zip(layouts, shapes)]
-    hosts = [(None, list(s), list(v)) for s, v in host_inputs]
+    hosts = [(None, list(s), None if v is None else list(v)) for s, v in host_inputs]
     inputs = hosts + tensors if host_first else tensors + hosts
     return tf_dtensor.debug.explain(
         op_name, [l for l, _, _ in inputs], [s for _, s, _ in inputs],

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dtensor_testing import MESH_2X2, layout_of, reassemble, to_dtensor
+from dtensor_testing import MESH_2X2, collective_lowering, layout_of, reassemble, to_dtensor
 from tf_dtensor import _core, debug, dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
 
@@ -152,3 +152,101 @@ def test_nested_functions_and_control_flow_are_compared_whole():
     call = next(o for o in report.ops if o.type.endswith("PartitionedCall"))
     # The nested function was expanded sharded: its sum over x all-reduced.
     assert [c.label for c in call.collectives] == ["all-reduce(sum) over x"], call
+
+
+def test_a_relayout_inside_the_function_is_checked_as_an_identity_on_one_device():
+    # The plain run once executed tf_dtensor's relayout op on the host CPU, which has no
+    # kernel for it: check raised InvalidArgumentError instead of checking.
+    t = to_dtensor(X, layout_of("[x,*]", MESH_2X2))
+
+    @tf.function
+    def f(v):
+        moved = dtensor.relayout(v, layout_of("[*,y]", MESH_2X2))
+        return tf.reduce_sum(dtensor.relayout_like(moved * 2.0, v), axis=0)
+
+    report = debug.check(f, t)
+    assert report.ok, str(report)
+    relayout = next(o for o in report.ops if o.type == _core.RELAYOUT_OP)
+    assert relayout.output_layouts == ["[*,y] @ mesh(x=2,y=2)"]
+    assert _core.RELAYOUT_LIKE_OP in [o.type for o in report.ops]
+
+
+def test_a_wrong_variable_write_is_found_at_the_write():
+    # The assign returns nothing, and the variable's plain copy used to take the sharded
+    # value after every write: a wrong write was never compared, and check said "all ops
+    # agree".
+    summands = Layout([U], MESH_2X2, partial={"y": "sum"})
+    p = dtensor.pack([tf.constant([1., 2., 3., 4.]), tf.constant([10., 20., 30., 40.])] * 2,
+                     summands)
+    v = dtensor.DVariable(dtensor.copy_to_mesh(tf.zeros([4]), layout_of("[*]", MESH_2X2)))
+
+    @tf.function
+    def step(p):
+        v.assign_add(p)
+        return v.read_value()
+
+    assert debug.check(step, p).ok
+    with broken("AssignAddVariableOp"):
+        report = debug.check(step, p)
+    bad = report.first_mismatch
+    assert bad is not None and bad.type == "AssignAddVariableOp", str(report)
+    assert "the variable of input 0 after the op: values differ" in bad.problem, bad.problem
+    assert bad.input_layouts == ["[*] @ mesh(x=2,y=2)", "[*] +partial(y:sum) @ mesh(x=2,y=2)"]
+    np.testing.assert_array_equal(reassemble(v.read_value()), np.zeros(4))
+
+
+def test_replicas_that_disagree_are_found_at_the_op_that_made_them():
+    # A dropped reduction of a partial value whose first device holds the whole sum
+    # leaves that device right and the other replicas wrong. The global value reads one
+    # replica, so check used to blame the next op that read another replica (here the
+    # relayout that slices columns on each device).
+    t = to_dtensor(X[:, :4], layout_of("[*,*]", MESH_2X2))
+
+    @tf.function
+    def f(v):
+        p = dtensor.relayout(v, Layout([U, U], MESH_2X2, partial={"y": "sum"}))
+        columns = dtensor.relayout(tf.exp(p), layout_of("[*,y]", MESH_2X2))
+        return tf.reduce_sum(columns, axis=1)
+
+    with collective_lowering("ops"):
+        assert debug.check(f, t).ok
+        with broken("Exp"):
+            report = debug.check(f, t)
+    bad = report.first_mismatch
+    assert bad is not None and bad.type == "Exp", str(report)
+    assert "the block [0:8, 0:4] on CPU:1 differs from one device" in bad.problem, bad.problem
+
+
+def test_a_gradient_assigned_to_a_sharded_variable_is_brought_to_its_layout():
+    # Eagerly the gradient of a column-sharded weight came out replicated, and the eager
+    # assign refuses another layout: check raised InvalidArgumentError ("Relayout the
+    # value first") on a step that runs fine (inside the function the gradient is
+    # reduce-scattered into the weight's layout). Uneven rows (5 over 4) and a cond too.
+    from dtensor_testing import cpus
+
+    mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    x = to_dtensor(X[:5], layout_of("[x,*]", mesh))
+    w = dtensor.DVariable(dtensor.copy_to_mesh(tf.constant(W0), layout_of("[*,x]", mesh)))
+
+    @tf.function
+    def step(x, flag):
+        with tf.GradientTape() as tape:
+            h = tf.matmul(x, w)
+            loss = tf.cond(flag, lambda: tf.reduce_sum(h * h), lambda: tf.reduce_mean(h))
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+        return loss
+
+    flag = dtensor.copy_to_mesh(tf.constant(True), Layout([], mesh))
+    report = debug.check(step, x, flag)
+    assert report.ok, str(report)
+    assign = next(o for o in report.ops if o.type == "AssignSubVariableOp")
+    assert assign.input_layouts[1] == "[*,x] @ mesh(x=4)"  # relaid out as in the function
+    np.testing.assert_array_equal(reassemble(w.read_value()), W0)
+
+
+def test_an_abstract_argument_is_refused_with_what_to_pass():
+    # A debug.spec reached the user's function while tracing: a raw TypeError from inside
+    # it ("unsupported operand type(s) for *: 'Spec' and 'int'").
+    spec = debug.spec([8, 6], tf.float32, layout_of("[x,*]", MESH_2X2))
+    with pytest.raises(TypeError, match="debug.check runs the function, so it needs values"):
+        debug.check(lambda v: v * 2.0, spec)

@@ -107,6 +107,8 @@ def test_block_table_partial_max_on_1d_mesh(mesh_1d):
         Layout([U, U], mesh_1d, partial={"x": "max"}), [2, 3]))
     assert cells == {"[0:2, 0:3]": "max(CPU:0, CPU:1)"}
     assert notes[0].startswith("partial: pending max over x")
+    # The note named "summands joined by +" for a max, which the table does not draw so.
+    assert notes[0].endswith("(terms in max(...))") and "+" not in notes[0], notes
 
 
 def test_block_table_uneven_with_empty_block():
@@ -278,3 +280,45 @@ def test_host_inputs_are_the_ones_the_traits_declare():
     assert _core.host_inputs("ConcatV2", 4) == [3]
     assert _core.host_inputs("AddV2", 2) == []
     assert _core.host_inputs("NoSuchOp", 2) == []
+
+
+@pytest.mark.parametrize("layouts,shapes,message", [
+    (["[*,x]"], [[4, 8]], "explain got 1 inputs for 'MatMul', which takes 2"),
+    (["[*,x]", "[x,*]"], [[4, 8]], "explain got 2 layouts and 1 shapes for 'MatMul'"),
+    (["[*,x]", "[x,*]", "[x,*]"], [[4, 8], [8, 4], [8, 4]], "got 3 inputs for 'MatMul'"),
+    (["[*,x]", "[x,*]"], [[4, 8], [8]], "explain got input 1 of 'MatMul' with layout "
+                                        "[x,*] @ mesh(x=2,y=2) of rank 2 and shape [8] of "
+                                        "rank 1"),
+])
+def test_explain_refuses_inputs_that_do_not_fit_the_op(mesh_2x2, layouts, shapes, message):
+    # A missing input crashed the process (the rule read past the inputs given); extra
+    # inputs were planned as if the op took them.
+    with pytest.raises(tf_dtensor.LayoutError, match=re.escape(message)):
+        tf_dtensor.debug.explain("MatMul", [layout_of(l, mesh_2x2) for l in layouts], shapes)
+    with pytest.raises(TypeError, match=re.escape("`layouts[0]` is '[*,x]': explain takes a "
+                                                  "`Layout`")):
+        tf_dtensor.debug.explain("MatMul", ["[*,x]", layout_of("[x,*]", mesh_2x2)],
+                                 [[4, 8], [8, 4]])
+    with pytest.raises(tf_dtensor.LayoutError, match=re.escape(
+            "explain got 2 output layouts for 'MatMul', which has 1 outputs")):
+        tf_dtensor.debug.explain("MatMul", [layout_of("[*,x]", mesh_2x2)] * 2, [[4, 8], [8, 4]],
+                                 output_layouts=[layout_of("[*,*]", mesh_2x2)] * 2)
+    # Ops with lists take any number of them past their single inputs.
+    plan = tf_dtensor.debug.explain("AddN", [layout_of("[x,*]", mesh_2x2)] * 3, [[4, 8]] * 3)
+    assert plan["outputs"] == [layout_of("[x,*]", mesh_2x2)]
+
+
+def test_block_table_refuses_an_unknown_size(mesh_2x2):
+    # It drew "[0:-1, 0:3]" twice and an "uneven" note for a -1 (unknown) size.
+    with pytest.raises(tf_dtensor.LayoutError, match=re.escape(
+            "block_table draws blocks of known sizes; got shape [-1, 3]")):
+        tf_dtensor.debug.block_table(layout_of("[x,*]", mesh_2x2), [-1, 3])
+
+
+def test_block_table_of_a_single_device_layout_is_one_block_on_that_device():
+    # It raised MeshError ("... has no global device ids"), so visualize of a value on one
+    # device failed too.
+    layout = Layout.from_device("/job:localhost/replica:0/task:0/device:CPU:1")
+    table = tf_dtensor.debug.block_table(layout, [4, 2])
+    cells, notes = _cells(table)
+    assert cells == {"[0:4, 0:2]": "CPU:1"} and notes == [], table

@@ -173,6 +173,7 @@ def test_a_loop_body_collective_is_marked_per_iteration():
     looped = [r for r in ledger if r.in_loop]
     assert looped and all(r.mesh_dims == ("y",) for r in looped), ledger.table()
     assert "per iteration" in ledger.table()
+    assert f"of which {len(looped)} per iteration" in ledger.table().splitlines()[-1]
 
 
 def test_both_branches_of_a_conditional_are_listed_and_marked():
@@ -189,6 +190,29 @@ def test_both_branches_of_a_conditional_are_listed_and_marked():
     branch = [r for r in ledger if r.in_branch]
     assert {r.kind for r in branch} == {"all-reduce", "all-gather"}, ledger.table()
     assert "if its branch runs" in ledger.table()
+
+
+def test_the_total_says_which_collectives_are_alternatives_or_per_iteration():
+    # The total adds every branch's collectives, though one branch runs per call: the
+    # table's total row said only "2 ... 256 B" for a cond whose taken branch issued one
+    # all-reduce (or none), and count() had no way to leave the branches out.
+    a, w = _row_parallel()
+    rows = to_dtensor(A, layout_of("[x,*]", MESH_2X2))
+
+    @tf.function
+    def step(a, w, rows, flag):
+        gathered = dtensor.relayout(rows, layout_of("[*,*]", MESH_2X2))  # always runs
+        picked = tf.cond(flag, lambda: tf.matmul(a, w), lambda: tf.matmul(a, w) * 2.0)
+        return gathered, picked
+
+    with debug.collectives() as ledger:
+        step(a, w, rows, tf.constant(True))
+    assert ledger.count() == 3 and ledger.count(in_branch=True) == 2, ledger.table()
+    assert [r.kind for r in ledger.select(in_branch=False)] == ["all-gather"]
+    total = ledger.table().splitlines()[-1]
+    assert total.startswith("total") and "of which 2 (256 B) if their branches run" in total, \
+        ledger.table()
+    assert "per iteration" not in total
 
 
 def test_nothing_is_recorded_outside_and_ledgers_nest():
@@ -318,3 +342,74 @@ def test_a_sum_pending_over_two_mesh_dimensions_is_one_all_reduce():
     (r,) = ledger
     assert (r.kind, r.mesh_dims, r.group_size) == ("all-reduce", ("x", "y"), 4)
     assert r.bytes_per_device == 2 * 3 * 8 * 4 * 4 // 4
+
+
+@pytest.mark.parametrize("policy", ["shared", "ops"])
+def test_an_eager_reduction_shows_its_input_as_partial(policy):
+    # A rule's eager all-reduce reduces partial results that still carry the result's
+    # layout: the record said "[*,*] -> [*,*]", an all-reduce of a replicated value.
+    # Now it reads as inside a tf.function: pending over the reduced dimension.
+    a, w = _row_parallel()
+    with collective_lowering(policy), debug.collectives() as ledger:
+        tf.matmul(a, w)
+        tf.reduce_sum(a, axis=1)
+
+    @tf.function
+    def f(a, w):
+        return tf.matmul(a, w)
+
+    with collective_lowering(policy), debug.collectives() as in_function:
+        f(a, w)
+    assert [(r.op, r.layout_in, r.layout_out) for r in ledger] == [
+        ("MatMul", "[*,*] +partial(y:sum)", "[*,*]"), ("Sum", "[*] +partial(y:sum)", "[*]")]
+    assert [(r.layout_in, r.layout_out) for r in in_function] == [
+        ("[*,*] +partial(y:sum)", "[*,*]")]
+    assert "[*,*] +partial(y:sum) -> [*,*]" in ledger.table()
+
+
+def test_each_thread_s_ledger_holds_the_collectives_of_its_own_thread():
+    # Two threads, each with a ledger open while the other runs ops: each ledger used to
+    # hold both threads' collectives (one list shared by every open ledger).
+    import threading
+
+    a, w = _row_parallel()
+    rows = to_dtensor(A, layout_of("[x,*]", MESH_2X2))
+    started, finished = threading.Barrier(2), threading.Barrier(2)
+    ledgers = {}
+
+    def run(name, op):
+        with debug.collectives() as ledger:
+            started.wait()
+            for _ in range(5):
+                op()
+            finished.wait()
+        ledgers[name] = ledger
+
+    threads = [threading.Thread(target=run, args=("matmul", lambda: tf.matmul(a, w))),
+               threading.Thread(target=run, args=(
+                   "relayout", lambda: dtensor.relayout(rows, layout_of("[*,*]", MESH_2X2))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [(r.op, r.kind) for r in ledgers["matmul"]] == [("MatMul", "all-reduce")] * 5, \
+        ledgers["matmul"].table()
+    assert [(r.op, r.kind) for r in ledgers["relayout"]] == \
+        [("TfDTensorRelayout", "all-gather")] * 5, ledgers["relayout"].table()
+    # A thread without a ledger of its own (here the main thread's ops) still reaches an
+    # open ledger of another thread: TensorFlow's executor threads issue work that way.
+    opened, ran = threading.Event(), threading.Event()
+
+    def watch():
+        with debug.collectives() as ledger:
+            opened.set()
+            ran.wait()
+        ledgers["watch"] = ledger
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    opened.wait()
+    tf.matmul(a, w)
+    ran.set()
+    watcher.join()
+    assert [r.op for r in ledgers["watch"]] == ["MatMul"]

@@ -16,9 +16,9 @@ import tensorflow as tf
 
 import tf_dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
-from dtensor_testing import (MESH_1D, MESH_2X2, assert_values_equal, check_op, layout_of,
-                             layout_params, layouts_for, random_array, reassemble,
-                             run_without_fallback, to_dtensor)
+from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, assert_values_equal,
+                             check_op, layout_of, layout_params, layouts_for, random_array,
+                             reassemble, run_without_fallback, to_dtensor)
 
 ND_INDICES = np.array([[4, 1], [0, 2], [4, 1], [3, 0]], np.int32)  # [4, 2], a duplicate
 ROW_INDICES = np.array([[4], [0], [2], [0]], np.int32)            # [4, 1], a duplicate
@@ -99,9 +99,19 @@ def test_scatter_nd_in_function_keeps_the_slice_axis_sharded(mesh_2x2):
 
 @pytest.mark.parametrize("layouts", layout_params((3, 2), (3,)))
 def test_sparse_to_dense(layouts):
+    # SparseToDense(indices, output_shape, values, default_value): its host inputs sit
+    # between the data inputs, which check_op's plan cannot say; explain needs all four.
     indices = np.array([[0, 1], [2, 0], [3, 1]], np.int64)
-    check_op(lambda i, v: tf.sparse.to_dense(tf.SparseTensor(i, v, [4, 2])), "SparseToDense",
-             [indices, random_array((3,))], layouts)
+    values = random_array((3,))
+    fn = lambda i, v: tf.sparse.to_dense(tf.SparseTensor(i, v, [4, 2]))  # noqa: E731
+    expected = fn(tf.constant(indices), tf.constant(values)).numpy()
+    actual = run_without_fallback(fn, to_dtensor(indices, layouts[0]),
+                                  to_dtensor(values, layouts[1]))
+    plan = tf_dtensor.debug.explain("SparseToDense", [layouts[0], None, layouts[1], None],
+                                    [[3, 2], [2], [3], []])
+    # The output is replicated (an empty plan: replicated whatever the rank).
+    assert plan["outputs"] == []
+    assert_dtensor_equal(expected, Layout.replicated(layouts[0].mesh, 2), actual)
 
 
 @pytest.mark.parametrize("op_name, layouts, shapes, host, want, collectives", [

@@ -160,7 +160,8 @@ def test_pad(layouts, name):
 def test_pad_with_a_constant(layouts):
     paddings = [[0, 0], [1, 1]]
     check_op(lambda x: tf.pad(x, paddings, constant_values=7.0), "PadV2",
-             [random_array(SHAPE)], layouts, host_inputs=[([2, 2], [0, 0, 1, 1])])
+             [random_array(SHAPE)], layouts,
+             host_inputs=[([2, 2], [0, 0, 1, 1]), ([], None)])  # paddings, constant_values
 
 
 @pytest.mark.parametrize("mode", ["REFLECT", "SYMMETRIC"])

@@ -3,6 +3,10 @@
 // (unless the record already has one), called only while a ledger is open.
 #include "cc/spmd/ledger.h"
 
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
 #include "tests/cc/testing.h"
 
 namespace tf_dtensor {
@@ -44,6 +48,57 @@ TEST(Ledger, KeepsRecordsOnlyWhileOpenAndNamesTheirLine) {
   std::vector<CollectiveRecord> plain = ledger::End(again);
   EXPECT_EQ(plain.size(), 1u);
   EXPECT_EQ(plain[0].line, "");
+}
+
+TEST(Ledger, KeepsEachThreadsCollectivesInThatThreadsLedgers) {
+  // Thread A and thread B each have a ledger open while both record: each gets its own.
+  // A record from a thread with no ledger open (TensorFlow's executor threads) goes to
+  // every open ledger.
+  const int64_t mine = ledger::Begin();
+  std::vector<CollectiveRecord> theirs;
+  std::mutex mu;
+  std::condition_variable cv;
+  int step = 0;
+  std::thread other([&] {
+    const int64_t start = ledger::Begin();
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      step = 1;
+      cv.notify_all();
+      cv.wait(lock, [&] { return step == 2; });
+    }
+    ledger::Record(Named("all-gather"));
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      step = 3;
+      cv.notify_all();
+      cv.wait(lock, [&] { return step == 4; });
+    }
+    theirs = ledger::End(start);
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return step == 1; });
+  }
+  ledger::Record(Named("all-reduce"));
+  std::thread([] { ledger::Record(Named("all-to-all")); }).join();  // no ledger of its own
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    step = 2;
+    cv.notify_all();
+    cv.wait(lock, [&] { return step == 3; });
+    step = 4;
+    cv.notify_all();
+  }
+  other.join();
+  std::vector<CollectiveRecord> got = ledger::End(mine);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].kind, "all-reduce");
+  EXPECT_EQ(got[1].kind, "all-to-all");
+  ASSERT_EQ(theirs.size(), 2u);
+  EXPECT_EQ(theirs[0].kind, "all-to-all");
+  EXPECT_EQ(theirs[1].kind, "all-gather");
+  EXPECT_FALSE(ledger::Active());
 }
 
 }  // namespace
