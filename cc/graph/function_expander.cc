@@ -104,11 +104,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
     // a new one per call, without bound). One still held by a caller stays.
     std::optional<std::shared_ptr<const ExpandedFunction>> dropped =
         cache_.Insert(key, expanded);
-    if (dropped && *dropped && dropped->use_count() == 1 &&
-        TFE_ContextHasFunction(context, (*dropped)->name.c_str())) {
-      StatusPtr status(TF_NewStatus());
-      TFE_ContextRemoveFunction(context, (*dropped)->name.c_str(), status.get());  // best effort
-    }
+    if (dropped && *dropped && dropped->use_count() == 1) RemoveFromContext(context, **dropped);
   }
   return expanded;
 }
@@ -194,16 +190,28 @@ const std::shared_ptr<const ExpandedFunction>* FunctionExpander::FindLocked(
   return it == across_clients_.end() ? nullptr : &it->second;
 }
 
+void RemoveFromContext(TFE_Context* context, const ExpandedFunction& expanded) {
+  if (TFE_ContextHasFunction(context, expanded.name.c_str())) {
+    StatusPtr status(TF_NewStatus());
+    TFE_ContextRemoveFunction(context, expanded.name.c_str(), status.get());  // best effort
+  }
+  for (const std::shared_ptr<const ExpandedFunction>& callee : expanded.callees) {
+    // Held by `expanded` alone: cached nowhere (nor by another caller) and called by no
+    // one else. A cached callee leaves with its own cache entry.
+    if (callee.use_count() == 1) RemoveFromContext(context, *callee);
+  }
+}
+
 void FunctionExpander::DropDeletedLocked(TFE_Context* context) {
   // The SPMD functions of a deleted function go from the context too, as TensorFlow
   // removes a tf.function's own when it is garbage-collected: a program that makes a new
   // tf.function per step would otherwise leave every expansion's graph in the context.
   // Nothing calls them again: their function (and every caller of it) is gone.
-  std::vector<std::string> gone;
+  std::vector<std::shared_ptr<const ExpandedFunction>> gone;
   auto deleted = [context, &gone](const FunctionKey& key,
                                   const std::shared_ptr<const ExpandedFunction>& expanded) {
     if (TFE_ContextHasFunction(context, key.function.c_str())) return false;
-    if (expanded) gone.push_back(expanded->name);
+    if (expanded) gone.push_back(expanded);
     return true;
   };
   cache_.EraseIf(deleted);
@@ -214,11 +222,8 @@ void FunctionExpander::DropDeletedLocked(TFE_Context* context) {
     it = TFE_ContextHasFunction(context, it->c_str()) ? std::next(it)
                                                       : needs_input_values_.erase(it);
   }
-  StatusPtr status(TF_NewStatus());
-  for (const std::string& name : gone) {
-    if (TFE_ContextHasFunction(context, name.c_str())) {
-      TFE_ContextRemoveFunction(context, name.c_str(), status.get());  // best effort
-    }
+  for (const std::shared_ptr<const ExpandedFunction>& expanded : gone) {
+    RemoveFromContext(context, *expanded);
   }
 }
 

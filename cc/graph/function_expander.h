@@ -93,7 +93,15 @@ struct ExpandedFunction {
   // consumer arrived") and abort the process's collectives. Such calls take `run_mutex`.
   mutable std::atomic<bool> uses_instance_keys{false};
   mutable std::mutex run_mutex;
+  // The expansions its graph calls (nested functions, branches, loop bodies): they live
+  // as long as it does. One with TF collective ops is expanded anew at each call site and
+  // cached nowhere else, so it leaves the context with its caller (RemoveFromContext).
+  std::vector<std::shared_ptr<const ExpandedFunction>> callees;
 };
+
+// Removes `expanded`'s SPMD function from the context, and those of its callees that no
+// one else holds (best effort: a name the context no longer has is skipped).
+void RemoveFromContext(TFE_Context* context, const ExpandedFunction& expanded);
 
 // What the caller asks of the results: call_with_layout's (or `_default_layout`'s) layout
 // for the first result, as TensorFlow's DTensor gives it,

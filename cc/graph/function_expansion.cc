@@ -778,6 +778,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
   while (TF_GraphNextOperation(graph_.get(), &pos)) ++count;
   result->num_nodes = count;
   result->collectives = builder_.collectives();
+  result->callees = bodies_;
   return std::shared_ptr<const ExpandedFunction>(std::move(result));
 }
 

@@ -105,7 +105,10 @@ def test_expansions_dropped_from_the_full_cache_leave_the_context():
     for n in range(1, 301):
         out = double(dtensor.call_with_layout(tf.ones, layout, shape=[8, n]))
     np.testing.assert_array_equal(reassemble(out), np.full([8, 300], 2.0, np.float32))
-    spmd = [name for name in context.context().list_function_names() if "_tfd_spmd_" in name]
+    # Its own expansions only: those of earlier tests' functions leave when their cache
+    # entries are dropped, which this test's 300 calls need not all reach.
+    spmd = [name for name in context.context().list_function_names()
+            if "_tfd_spmd_" in name and name.startswith("__inference_double_")]
     assert len(spmd) <= 260, len(spmd)
 
 
