@@ -279,6 +279,42 @@ def test_switch_case_index_read_from_sharded_data(mesh_1d):
     assert_dtensor_equal(reassemble(a) * 3.0, layout_of("[x,*]", mesh_1d), pick(a, index))
 
 
+def _loss_and_grads_around_a_loop(branching):
+    """A tf.function of (w, xs, chooser): the loss of `branching(chooser, loop, xs)`, one of
+    whose branches runs a tanh recurrence over xs's rows with w, and its gradients with
+    respect to w and xs."""
+
+    @tf.function
+    def loss_and_grads(w, xs, chooser):
+        with tf.GradientTape() as tape:
+            tape.watch([w, xs])
+
+            def loop():
+                _, h = tf.while_loop(
+                    lambda i, h: i < 3,
+                    lambda i, h: (i + 1, tf.tanh(tf.linalg.matvec(w, h) + xs[i])), (0, xs[0]))
+                return h
+
+            loss = tf.reduce_sum(branching(chooser, loop, xs) ** 2)
+        return (loss, *tape.gradient(loss, [w, xs]))
+
+    return loss_and_grads
+
+
+def _check_gradients_around_a_loop(branching, chooser, w_spec, seed, lowering=""):
+    xs = random_array((5, 8), seed=seed)
+    loss_and_grads = _loss_and_grads_around_a_loop(branching)
+    expected = loss_and_grads(tf.constant(_A / 8), tf.constant(xs), tf.constant(chooser))
+    with collective_lowering(lowering):
+        actual = run_without_fallback(tf.function(loss_and_grads.python_function),
+                                      to_dtensor(_A / 8, layout_of(w_spec, MESH_8)),
+                                      to_dtensor(xs, layout_of("[*,x]", MESH_8)),
+                                      to_dtensor(np.array(chooser), layout_of("[]", MESH_8)))
+    for e, a in zip(expected, actual):
+        assert tuple(a.shape) == tuple(e.shape)
+        assert_values_equal(e.numpy(), reassemble(a))
+
+
 @pytest.mark.parametrize("lowering", ["", "ops"], ids=["auto", "ops"])
 @pytest.mark.parametrize("pred", [True, False])
 @pytest.mark.parametrize("spec", ["[x,*]", "[*,x]"])
@@ -286,59 +322,16 @@ def test_gradient_of_a_cond_around_a_while_loop_with_a_sharded_input(spec, pred,
     # cond_v2's gradient wraps the branch's intermediates in optionals (OptionalFromValue,
     # OptionalNone in the other branch, OptionalGetValue in the gradient branch), the
     # loop's accumulator lists of sharded elements among them.
-    xs = random_array((5, 8), seed=3)
-
-    @tf.function
-    def loss_and_grads(w, xs, pred):
-        with tf.GradientTape() as tape:
-            tape.watch([w, xs])
-
-            def loop():
-                _, h = tf.while_loop(
-                    lambda i, h: i < 3,
-                    lambda i, h: (i + 1, tf.tanh(tf.linalg.matvec(w, h) + xs[i])), (0, xs[0]))
-                return h
-
-            loss = tf.reduce_sum(tf.cond(pred, loop, lambda: xs[1] * 2.0) ** 2)
-        return (loss, *tape.gradient(loss, [w, xs]))
-
-    expected = loss_and_grads(tf.constant(_A / 8), tf.constant(xs), tf.constant(pred))
-    with collective_lowering(lowering):
-        actual = run_without_fallback(tf.function(loss_and_grads.python_function),
-                                      to_dtensor(_A / 8, layout_of(spec, MESH_8)),
-                                      to_dtensor(xs, layout_of("[*,x]", MESH_8)),
-                                      to_dtensor(np.array(pred), layout_of("[]", MESH_8)))
-    for e, a in zip(expected, actual):
-        assert tuple(a.shape) == tuple(e.shape)
-        assert_values_equal(e.numpy(), reassemble(a))
+    _check_gradients_around_a_loop(
+        lambda pred, loop, xs: tf.cond(pred, loop, lambda: xs[1] * 2.0), pred, spec, seed=3,
+        lowering=lowering)
 
 
 @pytest.mark.parametrize("index", [0, 1, 2])
 def test_gradient_of_a_switch_case_around_a_while_loop_with_a_sharded_input(index):
     # As tf.cond's: Case's gradient wraps each branch's intermediates in optionals, the
     # branches that do not run giving OptionalNone, over three branches here.
-    xs = random_array((5, 8), seed=4)
-
-    @tf.function
-    def loss_and_grads(w, xs, index):
-        with tf.GradientTape() as tape:
-            tape.watch([w, xs])
-
-            def loop():
-                _, h = tf.while_loop(
-                    lambda i, h: i < 3,
-                    lambda i, h: (i + 1, tf.tanh(tf.linalg.matvec(w, h) + xs[i])), (0, xs[0]))
-                return h
-
-            out = tf.switch_case(index, [lambda: xs[1] * 2.0, loop, lambda: tf.sin(xs[2])])
-            loss = tf.reduce_sum(out ** 2)
-        return (loss, *tape.gradient(loss, [w, xs]))
-
-    expected = loss_and_grads(tf.constant(_A / 8), tf.constant(xs), tf.constant(index))
-    actual = run_without_fallback(tf.function(loss_and_grads.python_function),
-                                  to_dtensor(_A / 8, layout_of("[x,*]", MESH_8)),
-                                  to_dtensor(xs, layout_of("[*,x]", MESH_8)),
-                                  to_dtensor(np.int32(index), layout_of("[]", MESH_8)))
-    for e, a in zip(expected, actual):
-        assert tuple(a.shape) == tuple(e.shape)
-        assert_values_equal(e.numpy(), reassemble(a))
+    _check_gradients_around_a_loop(
+        lambda index, loop, xs: tf.switch_case(
+            index, [lambda: xs[1] * 2.0, loop, lambda: tf.sin(xs[2])]),
+        np.int32(index), "[x,*]", seed=4)
