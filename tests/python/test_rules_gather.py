@@ -65,17 +65,22 @@ def test_embedding_lookup_gradient_sums_over_the_batch(mesh_2x2):
     assert_dtensor_equal(expected, layout_of("[*,*]", mesh_2x2), actual)
 
 
+# OneHot's host inputs after the indices: depth (6, which the plan reads), on_value and
+# off_value (scalars whose values it does not).
+ONE_HOT_HOST_INPUTS = [([], [6]), ([], None), ([], None)]
+
+
 @pytest.mark.parametrize("axis", [-1, 0, 1])
 @pytest.mark.parametrize("layouts", layout_params(INDICES.shape))
 def test_one_hot(layouts, axis):
     check_op(lambda i: tf.one_hot(i, 6, axis=axis), "OneHot", [INDICES], layouts,
-             host_inputs=[([], [6])], attrs={"axis": axis})
+             host_inputs=ONE_HOT_HOST_INPUTS, attrs={"axis": axis})
 
 
 def test_one_hot_with_int64_labels_and_values(mesh_2x2):
     labels = INDICES.astype(np.int64)
     check_op(lambda i: tf.one_hot(i, 6, on_value=3, off_value=-1, dtype=tf.int32), "OneHot",
-             [labels], [layout_of("[x,y]", mesh_2x2)], host_inputs=[([], [6])])
+             [labels], [layout_of("[x,y]", mesh_2x2)], host_inputs=ONE_HOT_HOST_INPUTS)
 
 
 SEGMENT_OPS = {
