@@ -34,13 +34,18 @@ def tfd_cc_library(name, **kwargs):
         **kwargs
     )
 
-def tfd_py_tests(srcs, deps, data = [], shard_count = {}, size = "medium", tags = []):
+def tfd_py_tests(srcs, deps, data = [], shard_count = {}, size = "medium", tags = [], default = None):
     """One py_test per pytest file in srcs, named after it, run by //bazel:pytest_main.py.
 
     shard_count: {file: shards} for the long files; their tests are split round-robin
     (pytest_main.py). Every test sees 8 virtual CPUs (the conftest.py files in data).
+    default: the files a plain `bazel test //...` runs; the others are tagged "full", which
+    .bazelrc filters out unless `--config=full` is given (the pip path runs every file; Bazel's
+    default run checks its own build of the extension and package with a cross-section).
+    None: every file runs by default.
     """
     for src in srcs:
+        extra_tags = [] if default == None or src in default else ["full"]
         native.py_test(
             name = src[:-len(".py")],
             srcs = ["//bazel:pytest_main.py", src],
@@ -51,5 +56,5 @@ def tfd_py_tests(srcs, deps, data = [], shard_count = {}, size = "medium", tags 
             python_version = "PY3",
             shard_count = shard_count.get(src, 1),
             size = size,
-            tags = tags,
+            tags = tags + extra_tags,
         )

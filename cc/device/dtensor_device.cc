@@ -257,8 +257,9 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   routed.rule = RuleRegistry::Global().Find(op_name);
   const bool any_dtensor =
       std::any_of(dtensors.begin(), dtensors.end(), [](const auto* t) { return t != nullptr; });
-  // tf.data ops (no rule) with no DTensor input run on the host.
-  if (!routed.rule && !any_dtensor && IsHostDataOp(op_name)) {
+  // tf.data ops with no DTensor input run on the host. The Optional ops have rules (for
+  // functions and DTensor inputs), but an optional made of regular values stays regular.
+  if (!any_dtensor && IsHostDataOp(op_name)) {
     return RunOnHost(op, context, op_name, handles, num_outputs, outputs);
   }
   // A constant made from a Python value under a mesh scope (`tf.constant(...)` inside

@@ -122,6 +122,29 @@ def test_iterator_next_and_stop_iteration(mesh_1d):
     assert_dtensor_equal(FEATURES[0:4], layout, next(iter(dataset)))
 
 
+def test_regular_dataset_iterated_under_run_on_stays_on_the_host(mesh_1d):
+    # tf.data ops placed on the DTensor device with no DTensor input run on the host and give
+    # regular tensors, as in TensorFlow's DTensor. The Optional ops have sharding rules (for
+    # functions that carry optionals); eagerly on host values they must still take the host
+    # route, and give the values an iteration outside the scope gives.
+    dataset = tf.data.Dataset.from_tensor_slices(FEATURES[:3]).batch(2)
+    with dtensor.run_on(mesh_1d):
+        iterator = iter(dataset)
+        first = next(iterator)
+        optional = iterator.get_next_as_optional()
+        has_second, second = optional.has_value(), optional.get_value()
+        has_third = iterator.get_next_as_optional().has_value()
+        made = tf.experimental.Optional.from_value(tf.constant(FEATURES[0]))
+        made_value = made.get_value()
+        empty = tf.experimental.Optional.empty(tf.TensorSpec([4], tf.float32)).has_value()
+    for value in (first, has_second, second, has_third, made_value, empty):
+        assert not dtensor.is_dtensor(value)
+    np.testing.assert_array_equal(first.numpy(), FEATURES[0:2])
+    assert bool(has_second.numpy()) and not bool(has_third.numpy()) and not bool(empty.numpy())
+    np.testing.assert_array_equal(second.numpy(), FEATURES[2:3])
+    np.testing.assert_array_equal(made_value.numpy(), FEATURES[0])
+
+
 def test_already_batched_per_replica_batches(mesh_2x2):
     layouts = (Layout(["x", "y"], mesh_2x2), Layout(["x"], mesh_2x2))
     per_replica = tf.data.Dataset.from_tensor_slices((FEATURES, LABELS)).batch(
