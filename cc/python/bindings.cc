@@ -101,7 +101,11 @@ py::dict Explain(const std::string& op_name, const std::vector<std::optional<Lay
                           "per input."),
           Subject::kOp);
   }
+  // An op with a fixed number of outputs is planned for all of them, as the device plans it
+  // (FusedBatchNormV3's six, not five); `num_outputs` serves ops with output lists.
+  if (!output_layouts.empty()) num_outputs = static_cast<int>(output_layouts.size());
   if (std::optional<OpArgCounts> counts = ArgCountsOf(op_name)) {
+    if (!counts->outputs.lists) num_outputs = counts->outputs.fixed;
     const ArgCount& in = counts->inputs;
     const int n = static_cast<int>(shapes.size());
     if (in.lists ? n < in.fixed : n != in.fixed) {

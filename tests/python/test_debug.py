@@ -250,6 +250,26 @@ def test_explain_without_communication(mesh_2x2):
     assert plan["collectives"] == []
 
 
+def test_explain_plans_every_output_the_op_defines(mesh_2x2):
+    # FusedBatchNormV3 has six outputs (reserve_space_3 last); explain planned five, so its
+    # plan did not match the op the device runs.
+    x = np.arange(8 * 2 * 2 * 3, dtype=np.float32).reshape(8, 2, 2, 3) / 10.0
+    x_layout, c_layout = layout_of("[x,*,*,*]", mesh_2x2), layout_of("[*]", mesh_2x2)
+    plan = tf_dtensor.debug.explain("FusedBatchNormV3", [x_layout] + [c_layout] * 4,
+                                    [[8, 2, 2, 3], [3], [3], [0], [0]],
+                                    attrs={"is_training": True})
+    run = tf.raw_ops.FusedBatchNormV3(
+        x=dtensor.relayout(dtensor.copy_to_mesh(x, layout_of("[*,*,*,*]", mesh_2x2)), x_layout),
+        scale=dtensor.copy_to_mesh(tf.ones([3]), c_layout),
+        offset=dtensor.copy_to_mesh(tf.zeros([3]), c_layout),
+        mean=dtensor.copy_to_mesh(tf.zeros([0]), c_layout),
+        variance=dtensor.copy_to_mesh(tf.zeros([0]), c_layout), is_training=True)
+    assert len(plan["outputs"]) == len(run) == 6
+    assert plan["outputs"] == [dtensor.fetch_layout(t) for t in run]
+    assert plan["collectives"] == ["all-reduce(sum) of the batch mean over x",
+                                   "all-reduce(sum) of the batch variance over x"]
+
+
 def test_explain_needs_a_layout():
     with pytest.raises(ValueError, match="at least one input layout"):
         tf_dtensor.debug.explain("AddV2", [None, None], [[4], [4]])
