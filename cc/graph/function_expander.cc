@@ -1,9 +1,11 @@
 #include "cc/graph/function_expander.h"
 
 #include <atomic>
+#include <cstdlib>  // PERF-TEMP
 #include <set>
 
 #include "cc/graph/function_expansion.h"
+#include "cc/graph/graph_builder.h"
 #include "cc/spmd/collectives.h"
 #include "cc/spmd/lowering.h"
 #include "cc/tf/handles.h"
@@ -71,7 +73,14 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
     const std::vector<ValueMeta>& inputs, const OutputRequest& request,
     const FallbackPolicy& policy, int depth) {
   // An expansion holds the collective lowering it was made under.
-  FunctionKey key{function, mesh, inputs, request, policy.strict, CollectiveLoweringGeneration()};
+  return ExpandKey(context,
+                   FunctionKey{function, mesh, inputs, request, policy.strict,
+                               CollectiveLoweringGeneration()},
+                   policy, depth);
+}
+
+StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandKey(
+    TFE_Context* context, const FunctionKey& key, const FallbackPolicy& policy, int depth) {
   std::string name;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -84,19 +93,19 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
     // Unique in the process, not per expander: a device re-created after a context
     // reset must not reuse a name TensorFlow still knows with another definition.
     static std::atomic<int64_t> counter{0};
-    name = function + "_tfd_spmd_" + std::to_string(counter.fetch_add(1));
+    name = key.function + "_tfd_spmd_" + std::to_string(counter.fetch_add(1));
   }
   const int64_t keys_before = InstanceKeysIssued();
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
-                       ExpandUncached(context, function, mesh, inputs, request, policy, name,
-                                      depth));
+                       ExpandUncached(context, key.function, key.mesh, key.inputs, key.request,
+                                      policy, name, depth));
   // A nested function with TF collective ops is expanded anew at each call site: two
   // calls in one step must not share instance keys.
   if (InstanceKeysIssued() != keys_before) expanded->uses_instance_keys.store(true);
   if (depth > 0 && InstanceKeysIssued() != keys_before) return expanded;
   std::lock_guard<std::mutex> lock(mutex_);
   if (!FindLocked(key)) ++num_cached_;
-  if (mesh.spans_processes()) {
+  if (key.mesh.spans_processes()) {
     across_clients_[key] = expanded;
   } else {
     // An expansion dropped from the full cache leaves the context too (each has a name of
@@ -111,7 +120,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
 
 StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandEagerCall(
     TFE_Context* context, const std::string& function, const Mesh& mesh,
-    std::vector<ValueMeta> inputs, const std::vector<TFE_TensorHandle*>& value_handles,
+    const std::vector<ValueMeta>& inputs, const std::vector<TFE_TensorHandle*>& value_handles,
     const OutputRequest& request, const FallbackPolicy& policy) {
   auto foldable = [&](size_t i) {
     const ValueMeta& m = inputs[i];
@@ -125,25 +134,38 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandEagerC
   bool any = false;
   for (size_t i = 0; i < inputs.size(); ++i) any = any || foldable(i);
   if (!any) return Expand(context, function, mesh, inputs, request, policy);
+  // Whether the function keys on its inputs' values, and the cached expansion of a call
+  // without them, under one lock: a call with a step counter costs what one without does.
+  FunctionKey key{function, mesh, inputs, request, policy.strict, CollectiveLoweringGeneration()};
   bool needs = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     needs = needs_input_values_.count(function) > 0;
+    if (!needs) {
+      if (const std::shared_ptr<const ExpandedFunction>* cached = FindLocked(key)) {
+        ++num_hits_;
+        return *cached;
+      }
+    }
   }
   std::optional<Status> without;
   if (!needs) {
+    const int64_t unknown_before = UnknownValuesMet();
     StatusOr<std::shared_ptr<const ExpandedFunction>> expanded =
-        Expand(context, function, mesh, inputs, request, policy);
-    if (expanded.ok()) return expanded;
+        ExpandKey(context, key, policy, /*depth=*/0);
+    // An expansion that met no value it could not know fails the same with the inputs'
+    // values: the error is the function's own (a layout, an unsupported op), not expanded
+    // a second time.
+    if (expanded.ok() || UnknownValuesMet() == unknown_before) return expanded;
     without = expanded.status();
   }
   // The function's graph reads an input as a value it plans with (`tf.reduce_sum(x, axis)`
   // with `axis` an argument): each call's value is a constant of its expansion.
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (foldable(i)) inputs[i].int_value = ReadIntValue(value_handles[i]);
+    if (foldable(i)) key.inputs[i].int_value = ReadIntValue(value_handles[i]);
   }
   StatusOr<std::shared_ptr<const ExpandedFunction>> folded =
-      Expand(context, function, mesh, inputs, request, policy);
+      ExpandKey(context, key, policy, /*depth=*/0);
   if (folded.ok() && without) {
     std::lock_guard<std::mutex> lock(mutex_);
     needs_input_values_.insert(function);

@@ -165,10 +165,13 @@ class FunctionExpander {
   // backward function of such a function, which gets the shapes it saved as replicated
   // DTensors). Those values then join the key of every later call of the function, as
   // TensorFlow's DTensor folds them into all; other functions' keys stay shapes and
-  // layouts, so a step counter passed in does not expand them again at each new value.
+  // layouts, so a step counter passed in does not expand them again at each new value,
+  // and such a call costs what one without it does (one lookup). A function that fails
+  // without the values is expanded with them only if it met a value it could not know
+  // (UnknownValuesMet): another error is returned as it is.
   StatusOr<std::shared_ptr<const ExpandedFunction>> ExpandEagerCall(
       TFE_Context* context, const std::string& function, const Mesh& mesh,
-      std::vector<ValueMeta> inputs, const std::vector<TFE_TensorHandle*>& value_handles,
+      const std::vector<ValueMeta>& inputs, const std::vector<TFE_TensorHandle*>& value_handles,
       const OutputRequest& request, const FallbackPolicy& policy);
   // Expansions made and cached so far: a repeated call adds none, and an expansion the
   // cache drops later still counts (for tests and debugging).
@@ -188,6 +191,11 @@ class FunctionExpander {
   void DropDeleted(TFE_Context* context);
 
  private:
+  // `Expand` by its key.
+  StatusOr<std::shared_ptr<const ExpandedFunction>> ExpandKey(TFE_Context* context,
+                                                              const FunctionKey& key,
+                                                              const FallbackPolicy& policy,
+                                                              int depth);
   // Expands `function` (no cache): rounds of FunctionExpansion until the layout requests
   // settle, then the SPMD function registered as `name`.
   StatusOr<std::shared_ptr<const ExpandedFunction>> ExpandUncached(

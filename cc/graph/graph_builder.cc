@@ -1,5 +1,6 @@
 #include "cc/graph/graph_builder.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <set>
 #include <unordered_map>
@@ -108,6 +109,12 @@ StatusOr<ValueId> GraphBuilder::Broadcast(ValueId host_value, const Mesh& mesh) 
   return ComponentBuilder<TF_Output>::Broadcast(host_value, mesh);
 }
 
+namespace {
+thread_local int64_t unknown_values_met = 0;
+}  // namespace
+
+int64_t UnknownValuesMet() { return unknown_values_met; }
+
 std::optional<std::vector<int64_t>> GraphBuilder::InferredShape(TF_Output output) const {
   TF_Status* status = TF_NewStatus();
   int rank = TF_GraphGetTensorNumDims(graph_, output, status);
@@ -118,6 +125,9 @@ std::optional<std::vector<int64_t>> GraphBuilder::InferredShape(TF_Output output
     if (TF_GetCode(status) == TF_OK) shape = std::move(dims);
   }
   TF_DeleteStatus(status);
+  if (!shape || std::find(shape->begin(), shape->end(), -1) != shape->end()) {
+    ++unknown_values_met;
+  }
   return shape;
 }
 
@@ -129,7 +139,10 @@ std::optional<std::vector<int64_t>> GraphBuilder::IntValue(ValueId value) {
   if (v.layout && !v.layout->IsFullyReplicated()) return std::nullopt;
   TF_Output out = v.layout ? v.handles[0] : v.host;
   TF_Tensor* tensor = nullptr;
-  if (!TF_TryEvaluateConstant(graph_, out, &tensor, status_) || !tensor) return std::nullopt;
+  if (!TF_TryEvaluateConstant(graph_, out, &tensor, status_) || !tensor) {
+    ++unknown_values_met;
+    return std::nullopt;
+  }
   const int64_t count = TF_TensorElementCount(tensor);
   std::vector<int64_t> values(count);
   for (int64_t i = 0; i < count; ++i) {

@@ -22,6 +22,12 @@
 
 namespace tf_dtensor {
 
+// How many values this thread's graph builders could not know before their function runs:
+// an integer a rule plans with that folds to no constant (IntValue), a shape TensorFlow
+// infers only in part (InferredShape). An expansion that failed without meeting one fails
+// the same whatever values its arguments hold (FunctionExpander::ExpandEagerCall).
+int64_t UnknownValuesMet();
+
 class GraphBuilder : public ComponentBuilder<TF_Output> {
  public:
   GraphBuilder(TF_Graph* graph, Mesh mesh);

@@ -324,6 +324,21 @@ def test_a_host_step_counter_passed_in_does_not_expand_the_function_again():
     assert (after["hit"], after["miss"]) == (before["hit"] + 3, before["miss"])
 
 
+def test_a_function_failing_for_a_reason_values_cannot_fix_is_expanded_once():
+    # With a small integer input, a failed expansion was tried again with the input's value
+    # (twice the time of the failing call); axes given sharded fail whatever the values.
+    mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    x = to_dtensor(_ROWS5, layout_of("[x,*]", mesh))
+    axes = dtensor.pack([tf.constant([1])] * 4, layout_of("[x]", mesh))
+    total = tf.function(lambda a, axes, n: tf.reduce_sum(a, axes) * tf.cast(n, tf.float32))
+    before = dtensor_device.get().function_cache_stats()
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"'Sum' needs its reduction axes \(input 1\).*got a sharded"):
+        total(x, axes, tf.constant(2))
+    after = dtensor_device.get().function_cache_stats()
+    assert after["miss"] == before["miss"] + 1
+
+
 @pytest.mark.parametrize("spec,mesh", [("[*,*]", "x4"), ("[x,*]", "x4"), ("[x,y]", "2x2")])
 def test_python_callbacks_in_a_function_run_once_on_the_whole_value(spec, mesh):
     # tf.py_function and tf.numpy_function inside a tf.function were planned as ops of

@@ -361,6 +361,27 @@ def test_fit_evaluate_predict_with_callbacks_and_uneven_batches(capsys):
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_an_adopted_model_is_not_searched_for_plain_variables_at_every_step(monkeypatch):
+    # Each step looked up the device of every variable of the model, its optimizer and its
+    # metrics to find those still off the mesh (about 5 us each). Once the model is
+    # adopted, a step looks again only after a Keras variable was made since, or the model
+    # reaches another number of variables.
+    model = mlp()()
+    with kt.data_parallel().scope():
+        model.fit(X[:32], Y_REG[:32], batch_size=16, epochs=1, verbose=0)
+        searched = []
+        search = _hooks._adopt_unchecked
+        monkeypatch.setattr(_hooks, "_adopt_unchecked",
+                            lambda *args: searched.append(1) or search(*args))
+        model.fit(X[:48], Y_REG[:48], batch_size=16, epochs=1, verbose=0)
+        assert searched == []
+        keras.Variable(np.zeros(3, np.float32))
+        model.fit(X[:48], Y_REG[:48], batch_size=16, epochs=1, verbose=0)
+        assert searched == [1]
+    for variable in _hooks._state_variables(model):
+        assert _hooks.is_distributed(variable), variable.path
+
+
 def test_metric_object_made_before_the_distribution_counts_every_batch():
     # Its variables are plain until the first traced step builds the compiled metrics and
     # the next step moves them onto the mesh; the step traced with the plain ones must be

@@ -184,6 +184,7 @@ def _variable_hooks(variable_class) -> None:
     original_direct_assign = variable_class._direct_assign
 
     def _initialize(self, value):
+        _VARIABLES_MADE[0] += 1
         if isinstance(value, tf.Variable):
             return original_initialize(self, value)
         if self._shape is None and not callable(value):
@@ -364,6 +365,16 @@ def _rekey(optimizer, before: list) -> None:
 # last move captured the variables it replaced, and is traced again.
 _ADOPTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
+# Keras variables initialized so far (`_initialize`, the one place a variable gets its
+# backing value), and each model -> (stamp, mesh) of its last `_adopt`, the stamp being
+# that count, how many state variables the model reached and the active distribution.
+# While the stamp holds, every variable the model reaches is as `_adopt` left it: none was
+# made or given a value since, and none became reachable (a metric made before the
+# distribution that the step's first trace compiles in, an optimizer built since). A step
+# then costs a count of the model's variables instead of a device lookup for each.
+_VARIABLES_MADE = [0]
+_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
 
 def _adopt(model) -> bool:
     """Moves every variable of `model` still off the mesh onto it: a step mixes no DVariable
@@ -376,8 +387,27 @@ def _adopt(model) -> bool:
     Otherwise (weights laid out by layer arguments, other variables made off the mesh: the
     optimizer's counters, metrics, plain layers) each is replicated on the model's mesh.
     """
-    mesh = _model_mesh(model)
     distribution = _backend.active_distribution()
+    checked = _CHECKED.get(model)
+    if checked is not None and checked[0] == _stamp(model, distribution):
+        return False
+    moved = _adopt_unchecked(model, distribution)
+    _CHECKED[model] = (_stamp(model, distribution), _model_mesh(model))
+    return moved
+
+
+def _stamp(model, distribution) -> tuple:
+    return _VARIABLES_MADE[0], len(_state_variables(model)), distribution
+
+
+def _adopted_mesh(model):
+    """The mesh of `model`'s variables, as its last `_adopt` left them."""
+    checked = _CHECKED.get(model)
+    return checked[1] if checked is not None else _model_mesh(model)
+
+
+def _adopt_unchecked(model, distribution) -> bool:
+    mesh = _model_mesh(model)
     if distribution is not None:
         distribution_mesh = distribution.device_mesh.backend_mesh
         if mesh is None:
@@ -470,7 +500,7 @@ def _on_mesh(model, function, which: str, make_original):
             function = state["function"] = getattr(model, attribute)
             setattr(model, attribute, on_mesh)
         state["called"], state["adoptions"] = True, adoptions
-        mesh = _model_mesh(model)
+        mesh = _adopted_mesh(model)
         if mesh is None:
             return function(iterator_or_batches)
         if which == "predict":
