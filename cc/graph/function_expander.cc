@@ -1,7 +1,6 @@
 #include "cc/graph/function_expander.h"
 
 #include <atomic>
-#include <cstdlib>  // PERF-TEMP
 #include <set>
 
 #include "cc/graph/function_expansion.h"
