@@ -5,6 +5,8 @@
 //   matrix_solve([x,*,*] of [B, M, M], [*,*,*] of [B, M, K]) -> [x,*,*]
 //   resize_bilinear([x,*,*,y] of [B, H, W, C], size) -> [x,*,*,*]
 //   adjust_hue([x,y,*,*] of [B, H, W, 3], delta) -> [x,y,*,*]   (per pixel: core is C alone)
+//   lrn([x,*,*,y] of [B, H, W, C]) -> gather C -> [x,*,*,*]   (a window across channels)
+//   searchsorted([x,*] sorted, [x,*] values) -> [x,*]        (one sorted row per element)
 // An op declares how many trailing axes are core per data input and per output; the
 // batch axes of all of them align on the right and broadcast as in TF's batched linear
 // algebra (a size-1 batch axis never shards). The rest is the factor engine (factor.h).
@@ -139,7 +141,10 @@ const bool kRegistered = RegisterRules({
     {"ExtractImagePatches", Unary(3)},
     {"ExtractVolumePatches", Unary(4)},
     {"HSVToRGB", Unary(1)},
+    {"LRN", Unary(1)},
+    {"LRNGrad", BatchParallel({1, 1, 1}, {1})},
     {"LogMatrixDeterminant", BatchParallel({2}, {0, 0})},
+    {"LowerBound", BatchParallel({1, 1}, {1})},
     {"Lu", BatchParallel({2}, {2, 1})},
     {"MatrixBandPart", BatchParallel({2, kHost, kHost}, {2}),
      Traits().Host(1, 2, HostValue::kCount)},
@@ -169,6 +174,7 @@ const bool kRegistered = RegisterRules({
     {"ResizeNearestNeighborGrad", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
     {"SelfAdjointEigV2", BatchParallel(EigCore)},
     {"Svd", BatchParallel(SvdCore)},
+    {"UpperBound", BatchParallel({1, 1}, {1})},
 });
 
 }  // namespace

@@ -4,6 +4,7 @@ gathered:
 
     cholesky([x,*,y] of [B, N, N]) -> [x,*,*]      (Fourier transforms: test_rules_fft.py)
     matrix_solve([x,*,*], [*,*,*]) -> [x,*,*]      adjust_hue([x,y,*,*]) -> [x,y,*,*]
+    lrn([x,y,*,*]) -> [x,y,*,*]                    searchsorted([x,y], [x,*]) -> [x,*]
 
 The expected output layout is derived here, independently of the C++ rule: the first
 input's batch specs, then the others' for batch axes still unsharded, core axes unsharded.
@@ -97,6 +98,14 @@ OPS = {
     "ExtractImagePatches": (lambda x: tf.image.extract_patches(
         x, sizes=[1, 2, 2, 1], strides=[1, 2, 2, 1], rates=[1, 1, 1, 1], padding="VALID"),
                             [_uniform(IMG, 59)], [3], 3),
+    "LRN": (lambda x: tf.nn.local_response_normalization(x, depth_radius=1, bias=1.0,
+                                                          alpha=0.5, beta=0.75),
+            [_uniform(IMG, 61)], [1], 1),
+    # tf.searchsorted's reshapes to 2-D are left out: raw ops check the rule alone.
+    "LowerBound": (lambda s, v: tf.raw_ops.LowerBound(sorted_inputs=s, values=v),
+                   [np.sort(_uniform((B, 6), 62), axis=-1), _uniform((B, 4), 63)], [1, 1], 1),
+    "UpperBound": (lambda s, v: tf.raw_ops.UpperBound(sorted_inputs=s, values=v),
+                   [np.sort(_uniform((B, 6), 64), axis=-1), _uniform((B, 4), 65)], [1, 1], 1),
     "ExtractVolumePatches": (lambda x: tf.extract_volume_patches(
         x, ksizes=[1, 2, 2, 2, 1], strides=[1, 2, 2, 2, 1], padding="VALID"),
                              [_uniform((B, 2, 4, 4, 2), 60)], [4], 4),
@@ -218,7 +227,7 @@ GRAD_OPS = ["Cholesky", "MatrixInverse", "MatrixDeterminant", "LogMatrixDetermin
             "MatrixDiagPart", "MatrixSetDiag", "MatrixSolve", "MatrixTriangularSolve", "Cross",
             "ResizeBilinear",
             "ResizeNearestNeighbor", "ResizeBicubic", "RGBToHSV",
-            "ExtractImagePatches", "MatrixDiag.band"]
+            "ExtractImagePatches", "MatrixDiag.band", "LRN"]
 
 
 def _grads(fn):
