@@ -143,73 +143,85 @@ class SpaceBatchRule : public FactorRule {
     const int k = out.spec(0).mesh_dim;
     const int64_t n = ctx.mesh.DimSize(k);
     const int64_t p = blocks.product;
-    // The view [P, B, rest...] of the batch axis [P * B, rest...], sharded over k on B
-    // (each device's own elements, every offset) or on P (its offsets, every element).
-    auto view = [&](ValueId value, bool on_elements) -> StatusOr<ValueId> {
-      const Layout& layout = *builder.layout(value);
-      const std::vector<int64_t>& global = builder.shape(value);
-      std::vector<int64_t> local = {p, global[0] / p};
-      local[on_elements ? 1 : 0] /= n;
-      local.insert(local.end(), global.begin() + 1, global.end());
-      std::vector<DimSpec> specs = {DimSpec::Replicated(), DimSpec::Replicated()};
-      specs[on_elements ? 1 : 0] = DimSpec::Sharded(k);
-      for (int d = 1; d < layout.rank(); ++d) {
-        specs.push_back(layout.spec(d));
-        if (layout.spec(d).sharded()) local[d + 1] /= ctx.mesh.DimSize(layout.spec(d).mesh_dim);
+    // The blocked side: the output of SpaceToBatchND, the input of BatchToSpaceND, as
+    // [P * B, rest...] global, laid out as `blocked` (the batch over k).
+    const Layout blocked = to_batch_ ? out : *plan.inputs[0];
+    std::vector<int64_t> shape = ctx.inputs[0].shape;
+    if (to_batch_) {
+      shape[0] *= p;
+      for (size_t i = 0; i < blocks.shape.size(); ++i) {
+        shape[i + 1] = (shape[i + 1] + blocks.edges[2 * i] + blocks.edges[2 * i + 1]) /
+                       blocks.shape[i];
       }
-      return Reshape(ctx, builder, value, local, Layout::Replicated(ctx.mesh, 0).WithSpecs(specs));
+    }
+    // Each device's block of the rest axes (even: BatchDim checked).
+    std::vector<int64_t> rest;
+    std::vector<DimSpec> rest_specs;
+    for (int d = 1; d < blocked.rank(); ++d) {
+      const DimSpec& spec = blocked.spec(d);
+      rest.push_back(spec.sharded() ? shape[d] / ctx.mesh.DimSize(spec.mesh_dim) : shape[d]);
+      rest_specs.push_back(spec);
+    }
+    // The view [P, B, rest...] of the batch axis, sharded over k on B (each device's own
+    // elements, every offset: `on_elements`) or on P (its offsets, every element).
+    auto view_layout = [&](bool on_elements) {
+      std::vector<DimSpec> specs = {on_elements ? DimSpec::Replicated() : DimSpec::Sharded(k),
+                                    on_elements ? DimSpec::Sharded(k) : DimSpec::Replicated()};
+      specs.insert(specs.end(), rest_specs.begin(), rest_specs.end());
+      return blocked.WithSpecs(specs);
     };
-    // ... and back to [P * B, rest...] sharded over k on the merged axis as the local op
-    // reads it (to_batch false) or as the output is laid out (to_batch true).
+    auto view = [&](ValueId value, bool on_elements) -> StatusOr<ValueId> {
+      std::vector<int64_t> local = {on_elements ? p : p / n,
+                                    on_elements ? shape[0] / p / n : shape[0] / p};
+      local.insert(local.end(), rest.begin(), rest.end());
+      std::vector<int64_t> global = {p, shape[0] / p};
+      global.insert(global.end(), shape.begin() + 1, shape.end());
+      return Reshape(ctx, builder, value, local, global, view_layout(on_elements));
+    };
+    // ... and back to [P * B, rest...] over k, as the local op reads it (BatchToSpaceND:
+    // each device's own elements, every offset) or as the output is laid out
+    // (SpaceToBatchND: its offsets, every element).
     auto merge = [&](ValueId value) -> StatusOr<ValueId> {
-      const Layout& layout = *builder.layout(value);
-      const std::vector<int64_t>& global = builder.shape(value);
-      std::vector<int64_t> local = {global[0] * global[1] / n};
-      std::vector<DimSpec> specs = {DimSpec::Sharded(k)};
-      for (int d = 2; d < layout.rank(); ++d) {
-        specs.push_back(layout.spec(d));
-        local.push_back(layout.spec(d).sharded()
-                            ? global[d] / ctx.mesh.DimSize(layout.spec(d).mesh_dim)
-                            : global[d]);
-      }
-      return Reshape(ctx, builder, value, local, Layout::Replicated(ctx.mesh, 0).WithSpecs(specs));
+      std::vector<int64_t> local = {shape[0] / n};
+      local.insert(local.end(), rest.begin(), rest.end());
+      return Reshape(ctx, builder, value, local, shape, blocked);
     };
     const std::string what = "the block offsets of '" + ctx.op_name + "'";
     LocalOpOptions options;
     options.overrides = plan.overrides;
+    options.global_shapes = {to_batch_ ? shape : std::vector<int64_t>()};
+    if (!to_batch_) {
+      options.global_shapes = {ctx.inputs[0].shape};
+      options.global_shapes[0]->at(0) /= p;
+      for (size_t i = 0; i < blocks.shape.size(); ++i) {
+        int64_t& size = options.global_shapes[0]->at(i + 1);
+        size = size * blocks.shape[i] - blocks.edges[2 * i] - blocks.edges[2 * i + 1];
+      }
+    }
     if (to_batch_) {
-      // Each device's op makes the rows (k, own b): its block of the view sharded on B. The
-      // local op's result is read only through that view.
+      // Each device's op makes the rows (offset, own element): its block of the view
+      // sharded on B. The local op's result is read only through that view.
       TFD_ASSIGN_OR_RETURN(std::vector<ValueId> local,
                            builder.LocalOp(ctx.op_name, inputs, options, {out}));
       TFD_ASSIGN_OR_RETURN(ValueId by_element, view(local[0], /*on_elements=*/true));
       TFD_ASSIGN_OR_RETURN(ValueId by_offset,
-                           Relayout(builder, by_element,
-                                    WithAxisOver(*builder.layout(by_element), 0, k), what));
+                           Relayout(builder, by_element, view_layout(false), what));
       TFD_ASSIGN_OR_RETURN(ValueId result, merge(by_offset));
       return std::vector<ValueId>{result};
     }
     TFD_ASSIGN_OR_RETURN(ValueId by_offset, view(inputs[0], /*on_elements=*/false));
     TFD_ASSIGN_OR_RETURN(ValueId by_element,
-                         Relayout(builder, by_offset,
-                                  WithAxisOver(*builder.layout(by_offset), 1, k), what));
+                         Relayout(builder, by_offset, view_layout(true), what));
     TFD_ASSIGN_OR_RETURN(inputs[0], merge(by_element));
     return builder.LocalOp(ctx.op_name, inputs, options, {out});
   }
 
  private:
-  // `layout` with mesh dimension k moved to axis `axis`, taken off the view's other
-  // leading axis.
-  static Layout WithAxisOver(const Layout& layout, int axis, int k) {
-    std::vector<DimSpec> specs = layout.specs();
-    specs[0] = specs[1] = DimSpec::Replicated();
-    specs[axis] = DimSpec::Sharded(k);
-    return layout.WithSpecs(specs);
-  }
-
-  // A local Reshape of each device's block to `local`, the result laid out as `layout`.
+  // A local Reshape of each device's block to `local`, the result (of global shape
+  // `global`) laid out as `layout`.
   static StatusOr<ValueId> Reshape(const OpContext& ctx, Builder& builder, ValueId value,
-                                   const std::vector<int64_t>& local, const Layout& layout) {
+                                   const std::vector<int64_t>& local,
+                                   const std::vector<int64_t>& global, const Layout& layout) {
     TFD_ASSIGN_OR_RETURN(ValueId shape, builder.HostConstant(
                                             local, {static_cast<int64_t>(local.size())},
                                             TF_INT64));
@@ -217,6 +229,7 @@ class SpaceBatchRule : public FactorRule {
     options.copy_attrs = false;
     options.overrides = {AttrOverride::Type("T", ctx.inputs[0].dtype),
                          AttrOverride::Type("Tshape", TF_INT64)};
+    options.global_shapes = {global};
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> result,
                          builder.LocalOp("Reshape", {value, shape}, options, {layout}));
     return result[0];
@@ -233,7 +246,10 @@ class SpaceBatchRule : public FactorRule {
   // dividing both P and the unblocked batch.
   bool Movable(const OpContext& ctx, int k) const {
     StatusOr<Blocks> blocks = ReadBlocks(ctx);
-    if (!blocks.ok() || blocks->product == 1 || ctx.inputs[0].shape[0] < 0) return false;
+    if (!blocks.ok() || blocks->product == 1) return false;
+    for (int64_t size : ctx.inputs[0].shape) {
+      if (size < 0) return false;  // the views' local shapes need every size
+    }
     const int64_t n = ctx.mesh.DimSize(k);
     const int64_t elements = BlockedBatch(ctx, blocks->product) / blocks->product;
     return blocks->product % n == 0 && elements % n == 0 &&
