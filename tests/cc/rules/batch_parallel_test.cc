@@ -61,6 +61,11 @@ TEST(BatchParallelRules, Plans) {
             // Per pixel: only the channel axis is core.
             {"AdjustHue", {T("[x,y,*,*]", {4, 4, 4, 3}), T("[]", {})},
              "[x,y,*,*] [] -> [x,y,*,*]", {"local AdjustHue [x,y,*,*] [] -> [x,y,*,*]"}},
+            // A window across channels: batch and spatial axes keep their sharding.
+            {"LRN", {T("[x,*,y,*]", {4, 4, 4, 6})}, "[x,*,y,*] -> [x,*,y,*]",
+             {"local LRN [x,*,y,*] -> [x,*,y,*]"}},
+            {"LowerBound", {T("[x,y]", {4, 6}), T("[x,*]", {4, 3})}, "[x,*] [x,*] -> [x,*]",
+             {"all-gather axis 1 [x,y] -> [x,*]", "local LowerBound [x,*] [x,*] -> [x,*]"}},
             {"Cholesky", {T("[x]", {4})}, "error", {"rank 2 or more"}},
         });
   }
