@@ -3,7 +3,8 @@
 // batch axes pass through sharded; the core axes are gathered, since the op mixes them.
 //   cholesky([x,*,y] of [B, N, N]) -> gather axis 2 -> [x,*,*]
 //   matrix_solve([x,*,*] of [B, M, M], [*,*,*] of [B, M, K]) -> [x,*,*]
-//   resize_bilinear([x,*,*,y] of [B, H, W, C], size) -> [x,*,*,*]
+//   resize_bilinear([x,y,*,*] of [B, H, W, C], size) -> [x,*,*,*]
+//   resize_bilinear([x,*,*,y], size) -> [x,*,*,y]   (images: channels are independent)
 //   adjust_hue([x,y,*,*] of [B, H, W, 3], delta) -> [x,y,*,*]   (per pixel: core is C alone)
 //   lrn([x,*,*,y] of [B, H, W, C]) -> gather C -> [x,*,*,*]   (a window across channels)
 //   searchsorted([x,*] sorted, [x,*] values) -> [x,*]        (one sorted row per element)
@@ -80,6 +81,81 @@ std::shared_ptr<const Rule> BatchParallel(std::vector<std::optional<int>> inputs
 
 constexpr std::nullopt_t kHost = std::nullopt;
 
+// Image ops that work on each channel of each image alone (resizes, their gradients,
+// contrast): [batch..., H, W, C] with H and W core, gathered, while the channels pass
+// through like a batch axis:  resize([x,*,*,y] of [B, H, W, C]) -> [x,*,*,y]. Per input:
+// kImage, kHost (a host argument) or kScalar (a value read whole).
+enum class ImageInput { kImage, kHost, kScalar };
+
+StatusOr<FactorSpec> PerChannelFactors(const OpContext& ctx,
+                                       const std::vector<ImageInput>& kinds) {
+  int batch_rank = 0;
+  for (size_t i = 0; i < kinds.size() && i < ctx.inputs.size(); ++i) {
+    if (kinds[i] != ImageInput::kImage) continue;
+    const int rank = ctx.rank(static_cast<int>(i));
+    if (rank < 3) {
+      return InvalidArgument("'" + ctx.op_name + "' needs " +
+                             ctx.Describe(static_cast<int>(i)) +
+                             " of rank 3 or more ([..., height, width, channels]); got rank " +
+                             std::to_string(rank) + ".");
+    }
+    batch_rank = std::max(batch_rank, rank - 3);
+  }
+  FactorSpec spec;
+  const std::vector<int> batch = spec.AddAxes(batch_rank);
+  const int channels = spec.Add(FactorKind::kPassThrough);
+  spec.inputs.assign(ctx.inputs.size(), std::nullopt);
+  for (size_t i = 0; i < kinds.size() && i < ctx.inputs.size(); ++i) {
+    if (kinds[i] == ImageInput::kHost) continue;
+    if (kinds[i] == ImageInput::kScalar) {
+      std::vector<int> whole;
+      for (int d = 0; d < ctx.rank(static_cast<int>(i)); ++d) {
+        whole.push_back(spec.Add(FactorKind::kNeedReplication));
+      }
+      spec.inputs[i] = std::move(whole);
+      continue;
+    }
+    const int leading = ctx.rank(static_cast<int>(i)) - 3;
+    std::vector<int> axes(batch.end() - leading, batch.end());
+    axes.push_back(spec.Add(FactorKind::kNeedReplication));
+    axes.push_back(spec.Add(FactorKind::kNeedReplication));
+    axes.push_back(channels);
+    spec.inputs[i] = std::move(axes);
+  }
+  std::vector<int> out = batch;
+  out.insert(out.end(), {FactorSpec::kNew, FactorSpec::kNew, channels});
+  spec.outputs = {out};
+  return spec;
+}
+
+// TF's image kernels refuse an image of no channels, which an uneven channel sharding
+// leaves some devices (3 channels over 4): the channels are then gathered.
+class PerChannelRule : public FactorRule {
+ public:
+  explicit PerChannelRule(std::vector<ImageInput> kinds)
+      : FactorRule([kinds](const OpContext& ctx) { return PerChannelFactors(ctx, kinds); }) {}
+
+ protected:
+  void AdjustForward(const OpContext& ctx, const FactorSpec& spec,
+                     FactorAssignment& assignment) const override {
+    const int channels = spec.outputs[0].back();
+    const DimSpec& over = assignment[channels];
+    if (!over.sharded()) return;
+    const int64_t size = FactorSizes(ctx, spec)[channels];
+    const int64_t pieces = ctx.mesh.DimSize(over.mesh_dim);
+    bool empty = size < 0;
+    for (int64_t i = 0; i < pieces && !empty; ++i) empty = Layout::Piece(size, pieces, i).first == 0;
+    if (empty) assignment[channels] = DimSpec::Replicated();
+  }
+};
+
+std::shared_ptr<const Rule> PerChannel(std::vector<ImageInput> kinds) {
+  return std::make_shared<PerChannelRule>(std::move(kinds));
+}
+
+constexpr ImageInput kImage = ImageInput::kImage;
+
+
 // The V2/V3 diagonal ops take k as a scalar or a [lo, hi] band; a band of more than one
 // diagonal adds an axis (num_diags) in front of the diagonal's own.
 StatusOr<int> DiagonalCore(const OpContext& ctx, int k_input) {
@@ -126,13 +202,11 @@ StatusOr<CoreAxes> EigCore(const OpContext& ctx) {
 
 // Shorthands for the common shapes.
 std::shared_ptr<const Rule> Unary(int core) { return BatchParallel({core}, {core}); }
-// An op with a host argument after its one data input (resize's size).
-std::shared_ptr<const Rule> UnaryWithHost(int core) { return BatchParallel({core, kHost}, {core}); }
 // Image ops with a scalar factor (contrast, hue delta, saturation scale) read whole.
 std::shared_ptr<const Rule> ImageWithScalar(int core) { return BatchParallel({core, 0}, {core}); }
 
 const bool kRegistered = RegisterRules({
-    {"AdjustContrastv2", ImageWithScalar(3)},
+    {"AdjustContrastv2", PerChannel({kImage, ImageInput::kScalar})},
     {"AdjustHue", ImageWithScalar(1)},
     {"AdjustSaturation", ImageWithScalar(1)},
     {"Cholesky", Unary(2)},
@@ -165,13 +239,17 @@ const bool kRegistered = RegisterRules({
     {"MatrixTriangularSolve", BatchParallel({2, 2}, {2})},
     {"Qr", BatchParallel({2}, {2, 2})},
     {"RGBToHSV", Unary(1)},
-    {"ResizeArea", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
-    {"ResizeBicubic", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
-    {"ResizeBicubicGrad", BatchParallel({3, 3}, {3})},
-    {"ResizeBilinear", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
-    {"ResizeBilinearGrad", BatchParallel({3, 3}, {3})},
-    {"ResizeNearestNeighbor", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
-    {"ResizeNearestNeighborGrad", UnaryWithHost(3), Traits().Host(1, HostValue::kShape)},
+    {"ResizeArea", PerChannel({kImage, ImageInput::kHost}), Traits().Host(1, HostValue::kShape)},
+    {"ResizeBicubic", PerChannel({kImage, ImageInput::kHost}),
+     Traits().Host(1, HostValue::kShape)},
+    {"ResizeBicubicGrad", PerChannel({kImage, kImage})},
+    {"ResizeBilinear", PerChannel({kImage, ImageInput::kHost}),
+     Traits().Host(1, HostValue::kShape)},
+    {"ResizeBilinearGrad", PerChannel({kImage, kImage})},
+    {"ResizeNearestNeighbor", PerChannel({kImage, ImageInput::kHost}),
+     Traits().Host(1, HostValue::kShape)},
+    {"ResizeNearestNeighborGrad", PerChannel({kImage, ImageInput::kHost}),
+     Traits().Host(1, HostValue::kShape)},
     {"SelfAdjointEigV2", BatchParallel(EigCore)},
     {"Svd", BatchParallel(SvdCore)},
     {"UpperBound", BatchParallel({1, 1}, {1})},

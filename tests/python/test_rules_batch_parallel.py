@@ -5,6 +5,7 @@ gathered:
     cholesky([x,*,y] of [B, N, N]) -> [x,*,*]      (Fourier transforms: test_rules_fft.py)
     matrix_solve([x,*,*], [*,*,*]) -> [x,*,*]      adjust_hue([x,y,*,*]) -> [x,y,*,*]
     lrn([x,y,*,*]) -> [x,y,*,*]                    searchsorted([x,y], [x,*]) -> [x,*]
+    resize([x,y,*,z]) -> [x,*,*,z]                 (each channel alone: channels keep theirs)
 
 The expected output layout is derived here, independently of the C++ rule: the first
 input's batch specs, then the others' for batch axes still unsharded, core axes unsharded.
@@ -16,8 +17,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, layout_of, layouts_for,
-                             reassemble, run_without_fallback, spec_id, to_dtensor)
+from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, cpus, layout_of,
+                             layouts_for, reassemble, run_without_fallback, spec_id, to_dtensor)
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
 
@@ -138,6 +139,12 @@ def expected_layout(layouts, shapes, core, core_out) -> Layout:
     return Layout(batch + [UNSHARDED] * core_out, layouts[0].mesh)
 
 
+# Image ops that treat each channel alone: height and width are core, the channels keep
+# their sharding after the batch axes (a mesh dim once).
+PER_CHANNEL = {"ResizeBilinear", "ResizeNearestNeighbor", "ResizeBicubic", "ResizeArea",
+               "AdjustContrastv2"}
+
+
 def check_batch_op(name, layouts, in_function=False):
     """Runs OPS[name] on one device and on DTensors laid out as `layouts` (strict mode):
     values, dtype, global shape and the output layout must agree."""
@@ -146,6 +153,12 @@ def check_batch_op(name, layouts, in_function=False):
     inputs = [to_dtensor(a, l) for a, l in zip(arrays, layouts)]
     actual = run_without_fallback(tf.function(fn) if in_function else fn, *inputs)
     layout = expected_layout(layouts, [a.shape for a in arrays], core, core_out)
+    if name in PER_CHANNEL:
+        specs = list(layout.sharding_specs)
+        channel = layouts[0].sharding_specs[-1]
+        if channel not in specs:
+            specs[-1] = channel
+        layout = Layout(specs, layout.mesh)
     assert dtensor.fetch_layout(actual) == layout, (
         f"layout is {dtensor.fetch_layout(actual).short()}, expected {layout.short()}")
     assert tuple(actual.shape) == expected.shape
@@ -269,3 +282,32 @@ def test_gradient_matches_one_device(name, mesh, dims, in_function):
     for e, a in zip(expected, actual):
         assert tuple(a.shape) == e.shape
         np.testing.assert_allclose(reassemble(a), e, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("method", ["bilinear", "nearest", "bicubic"])
+def test_resize_keeps_sharded_channels_through_its_gradient(method, in_function):
+    """An upsampling in a channel-sharded (model-parallel) network: no gather."""
+    x = _uniform((2, 4, 6, 4), 70)
+    layout = layout_of("[x,*,*,y]", MESH_2X2)
+
+    def run(t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            y = tf.image.resize(t, [7, 9], method)
+            loss = tf.reduce_sum(y * y)
+        return [y, tape.gradient(loss, t)]
+
+    expected = [v.numpy() for v in run(tf.constant(x))]
+    actual = run_without_fallback(tf.function(run) if in_function else run, to_dtensor(x, layout))
+    assert_dtensor_equal(expected[0], layout_of("[x,*,*,y]", MESH_2X2), actual[0])
+    assert_dtensor_equal(expected[1], layout, actual[1])
+
+
+def test_resize_gathers_channels_that_would_leave_a_device_none():
+    # 3 channels over x=4: one device would hold no channel, which TF's kernel refuses.
+    mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    x = _uniform((2, 4, 4, 3), 71)
+    out = run_without_fallback(lambda t: tf.image.resize(t, [6, 6]),
+                               to_dtensor(x, layout_of("[*,*,*,x]", mesh)))
+    assert_dtensor_equal(tf.image.resize(x, [6, 6]), layout_of("[*,*,*,*]", mesh), out)

@@ -54,10 +54,14 @@ TEST(BatchParallelRules, Plans) {
              "[x,*,*] host host -> [x,*,*]",
              {"all-gather axis 1 [x,y,*] -> [x,*,*]",
               "local MatrixBandPart [x,*,*] host [] host [] -> [x,*,*]"}},
+            // Images: each channel alone, so channels keep their sharding.
             {"ResizeBilinear", {T("[x,*,*,y]", {4, 4, 4, 2}), H({8, 8})},
-             "[x,*,*,*] host -> [x,*,*,*]",
-             {"all-gather axis 3 [x,*,*,y] -> [x,*,*,*]",
-              "local ResizeBilinear [x,*,*,*] host [2] -> [x,*,*,*]"}},
+             "[x,*,*,y] host -> [x,*,*,y]",
+             {"local ResizeBilinear [x,*,*,y] host [2] -> [x,*,*,y]"}},
+            {"ResizeBilinear", {T("[*,x,*,y]", {4, 4, 4, 2}), H({8, 8})},
+             "[*,*,*,y] host -> [*,*,*,y]",
+             {"all-gather axis 1 [*,x,*,y] -> [*,*,*,y]",
+              "local ResizeBilinear [*,*,*,y] host [2] -> [*,*,*,y]"}},
             // Per pixel: only the channel axis is core.
             {"AdjustHue", {T("[x,y,*,*]", {4, 4, 4, 3}), T("[]", {})},
              "[x,y,*,*] [] -> [x,y,*,*]", {"local AdjustHue [x,y,*,*] [] -> [x,y,*,*]"}},
