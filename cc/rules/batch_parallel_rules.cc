@@ -8,6 +8,7 @@
 //   adjust_hue([x,y,*,*] of [B, H, W, 3], delta) -> [x,y,*,*]   (per pixel: core is C alone)
 //   lrn([x,*,*,y] of [B, H, W, C]) -> gather C -> [x,*,*,*]   (a window across channels)
 //   searchsorted([x,*] sorted, [x,*] values) -> [x,*]        (one sorted row per element)
+//   max_pool_with_argmax([x,*,*,y]) -> [x,*,*,*] twice     (indices flatten h, w and c)
 // An op declares how many trailing axes are core per data input and per output; the
 // batch axes of all of them align on the right and broadcast as in TF's batched linear
 // algebra (a size-1 batch axis never shards). The rest is the factor engine (factor.h).
@@ -200,6 +201,43 @@ StatusOr<CoreAxes> EigCore(const OpContext& ctx) {
   return CoreAxes{{2}, {1, 2}};
 }
 
+// MaxPoolWithArgmax(input) -> output, argmax and MaxPoolGradWithArgmax(input, grad,
+// argmax): the argmax indices flatten (y * W + x) * C + c within each image, so height,
+// width and channels are core; the batch passes through unless include_batch_in_index
+// puts it in the indices too, which makes every axis core.
+StatusOr<CoreAxes> ArgmaxPoolCore(const OpContext& ctx) {
+  const int core = ctx.attrs->GetBool("include_batch_in_index", false) ? 4 : 3;
+  if (ctx.op_name == "MaxPoolWithArgmax") return CoreAxes{{core}, {core, core}};
+  return CoreAxes{{core, core, core}, {core}};
+}
+
+// A batch-parallel rule whose kernels must not see an empty block (the max pooling
+// gradients abort on one): a batch sharding that would leave a device no element (3
+// over 4) is gathered instead.
+class NoEmptyBlocksRule : public FactorRule {
+ public:
+  explicit NoEmptyBlocksRule(CoreAxesFn core)
+      : FactorRule([core = std::move(core)](const OpContext& ctx) -> StatusOr<FactorSpec> {
+          TFD_ASSIGN_OR_RETURN(CoreAxes axes, core(ctx));
+          return BatchParallelFactors(ctx, axes);
+        }) {}
+
+ protected:
+  void AdjustForward(const OpContext& ctx, const FactorSpec& spec,
+                     FactorAssignment& assignment) const override {
+    const std::vector<int64_t> sizes = FactorSizes(ctx, spec);
+    for (size_t f = 0; f < assignment.size(); ++f) {
+      if (!assignment[f].sharded()) continue;
+      const int64_t pieces = ctx.mesh.DimSize(assignment[f].mesh_dim);
+      bool empty = sizes[f] < 0;
+      for (int64_t i = 0; i < pieces && !empty; ++i) {
+        empty = Layout::Piece(sizes[f], pieces, i).first == 0;
+      }
+      if (empty) assignment[f] = DimSpec::Replicated();
+    }
+  }
+};
+
 // Shorthands for the common shapes.
 std::shared_ptr<const Rule> Unary(int core) { return BatchParallel({core}, {core}); }
 // Image ops with a scalar factor (contrast, hue delta, saturation scale) read whole.
@@ -237,6 +275,8 @@ const bool kRegistered = RegisterRules({
     {"MatrixSolveLs", BatchParallel({2, 2, 0}, {2})},
     {"MatrixSquareRoot", Unary(2)},
     {"MatrixTriangularSolve", BatchParallel({2, 2}, {2})},
+    {"MaxPoolGradWithArgmax", std::make_shared<NoEmptyBlocksRule>(ArgmaxPoolCore)},
+    {"MaxPoolWithArgmax", std::make_shared<NoEmptyBlocksRule>(ArgmaxPoolCore)},
     {"Qr", BatchParallel({2}, {2, 2})},
     {"RGBToHSV", Unary(1)},
     {"ResizeArea", PerChannel({kImage, ImageInput::kHost}), Traits().Host(1, HostValue::kShape)},

@@ -5,6 +5,7 @@ gathered:
     cholesky([x,*,y] of [B, N, N]) -> [x,*,*]      (Fourier transforms: test_rules_fft.py)
     matrix_solve([x,*,*], [*,*,*]) -> [x,*,*]      adjust_hue([x,y,*,*]) -> [x,y,*,*]
     lrn([x,y,*,*]) -> [x,y,*,*]                    searchsorted([x,y], [x,*]) -> [x,*]
+    max_pool_with_argmax([x,*,*,y]) -> [x,*,*,*]   (the indices flatten h, w and c)
     resize([x,y,*,z]) -> [x,*,*,z]                 (each channel alone: channels keep theirs)
 
 The expected output layout is derived here, independently of the C++ rule: the first
@@ -99,6 +100,10 @@ OPS = {
     "ExtractImagePatches": (lambda x: tf.image.extract_patches(
         x, sizes=[1, 2, 2, 1], strides=[1, 2, 2, 1], rates=[1, 1, 1, 1], padding="VALID"),
                             [_uniform(IMG, 59)], [3], 3),
+    "MaxPoolWithArgmax.output": (lambda x: tf.nn.max_pool_with_argmax(x, 2, 2, "SAME")[0],
+                                 [_uniform(IMG, 66)], [3], 3),
+    "MaxPoolWithArgmax.argmax": (lambda x: tf.nn.max_pool_with_argmax(x, 2, 2, "SAME")[1],
+                                 [_uniform(IMG, 66)], [3], 3),
     "LRN": (lambda x: tf.nn.local_response_normalization(x, depth_radius=1, bias=1.0,
                                                           alpha=0.5, beta=0.75),
             [_uniform(IMG, 61)], [1], 1),
@@ -240,7 +245,7 @@ GRAD_OPS = ["Cholesky", "MatrixInverse", "MatrixDeterminant", "LogMatrixDetermin
             "MatrixDiagPart", "MatrixSetDiag", "MatrixSolve", "MatrixTriangularSolve", "Cross",
             "ResizeBilinear",
             "ResizeNearestNeighbor", "ResizeBicubic", "RGBToHSV",
-            "ExtractImagePatches", "MatrixDiag.band", "LRN"]
+            "ExtractImagePatches", "MatrixDiag.band", "LRN", "MaxPoolWithArgmax.output"]
 
 
 def _grads(fn):
@@ -311,3 +316,36 @@ def test_resize_gathers_channels_that_would_leave_a_device_none():
     out = run_without_fallback(lambda t: tf.image.resize(t, [6, 6]),
                                to_dtensor(x, layout_of("[*,*,*,x]", mesh)))
     assert_dtensor_equal(tf.image.resize(x, [6, 6]), layout_of("[*,*,*,*]", mesh), out)
+
+
+@pytest.mark.parametrize("include_batch", [False, True], ids=["image_index", "batch_index"])
+def test_max_pool_with_argmax_indices_match_one_device(include_batch):
+    """The indices count positions in the whole image (and batch): a sharded channel axis,
+    or with include_batch_in_index a sharded batch, would make them local."""
+    x = _uniform((4, 4, 6, 4), 72)
+    fn = lambda t: tf.nn.max_pool_with_argmax(t, 2, 2, "SAME",
+                                              include_batch_in_index=include_batch)
+    expected = [v.numpy() for v in fn(tf.constant(x))]
+    actual = run_without_fallback(fn, to_dtensor(x, layout_of("[x,*,*,y]", MESH_2X2)))
+    want = layout_of("[*,*,*,*]" if include_batch else "[x,*,*,*]", MESH_2X2)
+    for e, a in zip(expected, actual):
+        assert_dtensor_equal(e, want, a)
+
+
+def test_max_pool_argmax_gradient_gathers_a_batch_that_leaves_a_device_none():
+    # 3 images over x=4: the gradient kernel must not see an empty block.
+    mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    x = _uniform((3, 4, 4, 2), 73)
+
+    def run(t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            y, _ = tf.nn.max_pool_with_argmax(t, 2, 2, "SAME")
+            loss = tf.reduce_sum(y * y)
+        return [y, tape.gradient(loss, t)]
+
+    expected = [v.numpy() for v in run(tf.constant(x))]
+    actual = run_without_fallback(run, to_dtensor(x, layout_of("[x,*,*,*]", mesh)))
+    for e, a in zip(expected, actual):
+        np.testing.assert_allclose(reassemble(a), e, rtol=1e-5, atol=1e-6)
+    assert dtensor.fetch_layout(actual[0]) == layout_of("[*,*,*,*]", mesh)

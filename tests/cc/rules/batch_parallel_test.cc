@@ -70,6 +70,20 @@ TEST(BatchParallelRules, Plans) {
              {"local LRN [x,*,y,*] -> [x,*,y,*]"}},
             {"LowerBound", {T("[x,y]", {4, 6}), T("[x,*]", {4, 3})}, "[x,*] [x,*] -> [x,*]",
              {"all-gather axis 1 [x,y] -> [x,*]", "local LowerBound [x,*] [x,*] -> [x,*]"}},
+            // The argmax indices flatten h, w and c: only the batch stays sharded, and
+            // not when the indices count it too.
+            {"MaxPoolWithArgmax", {T("[x,*,*,y]", {4, 4, 4, 2})},
+             "[x,*,*,*] -> [x,*,*,*] [x,*,*,*]",
+             {"all-gather axis 3 [x,*,*,y] -> [x,*,*,*]",
+              "local MaxPoolWithArgmax [x,*,*,*] -> [x,*,*,*] [x,*,*,*]"},
+             {}, {}, {{"padding", "SAME"}}, {{"ksize", {1, 2, 2, 1}}, {"strides", {1, 2, 2, 1}}}},
+            {"MaxPoolWithArgmax", {T("[x,*,*,y]", {4, 4, 4, 2})},
+             "[*,*,*,*] -> [*,*,*,*] [*,*,*,*]",
+             {"all-gather axis 0 [x,*,*,y] -> [*,*,*,y]",
+              "all-gather axis 3 [*,*,*,y] -> [*,*,*,*]",
+              "local MaxPoolWithArgmax [*,*,*,*] -> [*,*,*,*] [*,*,*,*]"},
+             {{"include_batch_in_index", true}}, {}, {{"padding", "SAME"}},
+             {{"ksize", {1, 2, 2, 1}}, {"strides", {1, 2, 2, 1}}}},
             {"Cholesky", {T("[x]", {4})}, "error", {"rank 2 or more"}},
         });
   }

@@ -196,3 +196,20 @@ def _(d):
     block = d.int(2, 3)
     shape = (d.size(1, 4), d.size(1, 3), d.size(1, 3), block * block * d.size(1, 2))
     return Call([T(d.array(shape, d.dtype()))], {"block_size": block})
+
+
+@op("MaxPoolWithArgmax")
+def _(d):
+    x, attrs = _pool(d, 2)
+    # int64 indices: the CPU gradient kernel takes no others.
+    attrs["include_batch_in_index"] = d.bool()
+    return Call([T(x)], attrs)
+
+
+@op("MaxPoolGradWithArgmax", grad=False)
+def _(d):
+    x, attrs = _pool(d, 2)
+    attrs["include_batch_in_index"] = d.bool()
+    out, argmax = tf.raw_ops.MaxPoolWithArgmax(input=x, **attrs)
+    grad = d.array(out.shape, x.dtype)
+    return Call([T(x), T(grad), T(argmax.numpy())], attrs)
