@@ -270,6 +270,7 @@ const bool kRegistered = RegisterRules({
     {"BitwiseAnd", Pointwise()},
     {"BitwiseOr", Pointwise()},
     {"BitwiseXor", Pointwise()},
+    {"Bucketize", Pointwise()},
     {"Cast", Pointwise()},
     {"Ceil", Pointwise()},
     {"CheckNumerics", Pointwise()},

@@ -382,8 +382,89 @@ class SegmentRule : public FactorRule {
   }
 };
 
+// Inside tf.function, an op whose output rows are counted from data (the largest segment
+// id, the unique indices) makes a tensor of a size known only at run time, and the
+// gradients of the ops that then broadcast against it reduce over axes known only then,
+// which only a replicated value can: there every input is read whole and the output is
+// replicated, as TF's DTensor would have it, rather than sharded and unplannable later.
+FactorSpec ReadWhole(const OpContext& ctx, int num_outputs) {
+  FactorSpec spec;
+  spec.inputs.assign(ctx.inputs.size(), std::nullopt);
+  for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+    if (!ctx.inputs[i].layout) continue;
+    std::vector<int> axes;
+    for (int d = 0; d < ctx.rank(static_cast<int>(i)); ++d) {
+      axes.push_back(spec.Add(FactorKind::kNeedReplication));
+    }
+    spec.inputs[i] = axes;
+  }
+  for (int o = 0; o < num_outputs; ++o) spec.outputs.emplace_back();
+  return spec;
+}
+
+// SegmentSum/Mean/Max/Min/Prod(data, segment_ids): sorted ids, and as many segments as
+// the largest id says (known only at run time), so the segment axis (data's axis 0, shared
+// with the ids) is read whole and the output's is new; data's other axes keep their
+// sharding: segment_sum([x,y] of [8,6], ids) -> [*,y] (eagerly; see ReadWhole).
+StatusOr<FactorSpec> SortedSegmentFactors(const OpContext& ctx) {
+  const int rank = ctx.rank(0);
+  if (rank < 1 || ctx.rank(1) != 1) {
+    return InvalidArgument("'" + ctx.op_name + "' needs data of rank 1 or more and 1-D segment "
+                           "ids; got " + ctx.Describe(0) + " and " + ctx.Describe(1) + ".");
+  }
+  if (ctx.in_function) return ReadWhole(ctx, 1);
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  spec.factors[axes[0]] = FactorKind::kNeedReplication;
+  spec.inputs.assign(ctx.inputs.size(), std::nullopt);
+  spec.inputs[0] = axes;
+  spec.inputs[1] = std::vector<int>{axes[0]};
+  std::vector<int> out = axes;
+  out[0] = FactorSpec::kNew;
+  spec.outputs = {out};
+  return spec;
+}
+
+// SparseSegmentSum/Mean/SqrtN(data, indices, segment_ids[, num_segments]): rows of data
+// picked by indices (tf.nn.embedding_lookup_sparse, tf.sparse.segment_*). Data's row axis
+// and the index vectors are read whole; data's other axes keep their sharding:
+// [x,y] of [V,D] -> [*,y] of [segments, D]. Their gradients (SparseSegment*Grad(grad,
+// indices, segment_ids, output_dim0)) scatter the segment rows back: grad's axis 0 is
+// read whole, the others keep their sharding. Those without num_segments or output_dim0
+// (counted from data) read everything whole inside tf.function (ReadWhole).
+StatusOr<FactorSpec> SparseSegmentFactors(const OpContext& ctx) {
+  const int rank = ctx.rank(0);
+  if (rank < 1 || ctx.rank(1) != 1 || ctx.rank(2) != 1) {
+    return InvalidArgument("'" + ctx.op_name + "' needs data of rank 1 or more and 1-D indices "
+                           "and segment ids; got " + ctx.Describe(0) + ", " + ctx.Describe(1) +
+                           " and " + ctx.Describe(2) + ".");
+  }
+  const std::string v2 = "GradV2";
+  const bool grad_v2 = ctx.op_name.size() > v2.size() &&
+                       ctx.op_name.compare(ctx.op_name.size() - v2.size(), v2.size(), v2) == 0;
+  const bool counted = ctx.inputs.size() == 3 || grad_v2;
+  if (ctx.in_function && counted) return ReadWhole(ctx, grad_v2 ? 2 : 1);
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  spec.factors[axes[0]] = FactorKind::kNeedReplication;
+  const int picks = spec.Add(FactorKind::kNeedReplication);
+  spec.inputs.assign(ctx.inputs.size(), std::nullopt);
+  spec.inputs[0] = axes;
+  spec.inputs[1] = std::vector<int>{picks};
+  spec.inputs[2] = std::vector<int>{picks};
+  std::vector<int> out = axes;
+  out[0] = FactorSpec::kNew;
+  spec.outputs = {out};
+  // SparseSegment*GradV2 also returns the sorted unique indices it wrote, a new vector.
+  if (grad_v2) spec.outputs.push_back({FactorSpec::kNew});
+  return spec;
+}
+
 // The segment ops read num_segments as a host value, and the request (see SegmentRule).
 const RuleTraits kSegment = Traits().Host(2, HostValue::kCount).ReadsRequest();
+
+// The sparse segment ops read num_segments (or a gradient's output_dim0) as a host value.
+const RuleTraits kSparseSegment = Traits().Host(3, HostValue::kCount);
 
 const bool kRegistered = RegisterRules({
     {"Gather", std::make_shared<GatherRule>(/*has_axis=*/false, /*resource=*/false)},
@@ -392,6 +473,23 @@ const bool kRegistered = RegisterRules({
      Traits().Host(2, HostValue::kAxis)},
     {"OneHot", Factors(OneHotFactors), Traits().Host(1, HostValue::kCount)},
     {"ResourceGather", std::make_shared<GatherRule>(/*has_axis=*/false, /*resource=*/true)},
+    {"SegmentMax", Factors(SortedSegmentFactors)},
+    {"SegmentMean", Factors(SortedSegmentFactors)},
+    {"SegmentMin", Factors(SortedSegmentFactors)},
+    {"SegmentProd", Factors(SortedSegmentFactors)},
+    {"SegmentSum", Factors(SortedSegmentFactors)},
+    {"SparseSegmentMean", Factors(SparseSegmentFactors)},
+    {"SparseSegmentMeanGrad", Factors(SparseSegmentFactors), kSparseSegment},
+    {"SparseSegmentMeanGradV2", Factors(SparseSegmentFactors), kSparseSegment},
+    {"SparseSegmentMeanWithNumSegments", Factors(SparseSegmentFactors), kSparseSegment},
+    {"SparseSegmentSqrtN", Factors(SparseSegmentFactors)},
+    {"SparseSegmentSqrtNGrad", Factors(SparseSegmentFactors), kSparseSegment},
+    {"SparseSegmentSqrtNGradV2", Factors(SparseSegmentFactors), kSparseSegment},
+    {"SparseSegmentSqrtNWithNumSegments", Factors(SparseSegmentFactors), kSparseSegment},
+    {"SparseSegmentSum", Factors(SparseSegmentFactors)},
+    {"SparseSegmentSumGrad", Factors(SparseSegmentFactors), kSparseSegment},
+    {"SparseSegmentSumGradV2", Factors(SparseSegmentFactors), kSparseSegment},
+    {"SparseSegmentSumWithNumSegments", Factors(SparseSegmentFactors), kSparseSegment},
     {"UnsortedSegmentMax", std::make_shared<SegmentRule<ReduceOp::kMax>>(), kSegment},
     {"UnsortedSegmentMin", std::make_shared<SegmentRule<ReduceOp::kMin>>(), kSegment},
     {"UnsortedSegmentProd", std::make_shared<SegmentRule<ReduceOp::kProd>>(), kSegment},

@@ -354,7 +354,7 @@ StatusOr<FactorSpec> SumToChannelFactors(const OpContext& ctx, bool keep_channel
   return spec;
 }
 
-// Cumsum(x, axis) / Cumprod: each element depends on every earlier one along the axis, so a
+// Cumsum(x, axis) / Cumprod / CumulativeLogsumexp: each element depends on every earlier one along the axis, so a
 // sharded scan axis is gathered; other axes keep their sharding.
 StatusOr<FactorSpec> ScanFactors(const OpContext& ctx) {
   TFD_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ctx.IntValue(1, "axis"));
@@ -446,6 +446,7 @@ const bool kRegistered = RegisterRules({
     {"BiasAddGrad", Factors(BiasAddGradFactors)},
     {"Cumprod", Factors(ScanFactors), Traits().Host(1, HostValue::kAxis)},
     {"Cumsum", Factors(ScanFactors), Traits().Host(1, HostValue::kAxis)},
+    {"CumulativeLogsumexp", Factors(ScanFactors), Traits().Host(1, HostValue::kAxis)},
     {"DebugNumericSummaryV2", std::make_shared<DebugSummaryRule>()},
     {"EuclideanNorm", ReduceOver(std::nullopt), kReduce},
     {"L2Loss", Factors(L2LossFactors)},

@@ -400,10 +400,13 @@ StatusOr<FactorSpec> PadFactors(const OpContext& ctx) {
 
 // MirrorPad: TF's kernel refuses an axis of size 0 even where it pads nothing ("paddings
 // must be less than the dimension size"), and uneven shards leave some devices such
-// blocks: those devices make their (empty) output block as zeros instead.
+// blocks: those devices make their (empty) output block as zeros instead. MirrorPadGrad
+// (the gradient of a reflect padding: tf.pad(mode="REFLECT"), tf.image.sobel_edges) takes
+// the padded gradient and folds the borders back: the same factors, the output smaller.
 class MirrorPadRule : public FactorRule {
  public:
-  MirrorPadRule() : FactorRule(PadFactors) {}
+  // `sign`: +1 for MirrorPad (the output grows by the paddings), -1 for MirrorPadGrad.
+  explicit MirrorPadRule(int sign) : FactorRule(PadFactors), sign_(sign) {}
 
   StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                         Builder& builder) const override {
@@ -416,7 +419,7 @@ class MirrorPadRule : public FactorRule {
     bool known = paddings.size() == 2 * shape.size();
     for (size_t d = 0; known && d < shape.size(); ++d) {
       known = shape[d] >= 0;
-      shape[d] += paddings[2 * d] + paddings[2 * d + 1];
+      shape[d] += sign_ * (paddings[2 * d] + paddings[2 * d + 1]);
     }
     if (known && plan.outputs.size() == 1) {
       options.zeros_for_empty_blocks = true;
@@ -424,6 +427,9 @@ class MirrorPadRule : public FactorRule {
     }
     return ExpandWithInputs(ctx, plan, inputs, options, builder);
   }
+
+ private:
+  int sign_;
 };
 
 // ReverseV2(tensor, axis): reversed axes need replication.
@@ -444,11 +450,58 @@ StatusOr<FactorSpec> ReverseFactors(const OpContext& ctx) {
   return spec;
 }
 
+// Roll(input, shift, axis): a rolled axis moves elements across shard boundaries, so it
+// is gathered; the other axes keep their sharding (tf.roll in shifted-window attention
+// rolls h and w of [b, h, w, c]: [x,*,*,y] stays [x,*,*,y]).
+StatusOr<FactorSpec> RollFactors(const OpContext& ctx) {
+  TFD_ASSIGN_OR_RETURN(std::vector<int64_t> rolled, ctx.IntValue(2, "axis"));
+  const int rank = ctx.rank(0);
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  for (int64_t a : rolled) {
+    if (a < -rank || a >= rank) {
+      return InvalidArgument("'" + ctx.op_name + "' axis " + std::to_string(a) +
+                             " is out of range for " + ctx.Describe(0) + ".");
+    }
+    spec.factors[axes[a < 0 ? a + rank : a]] = FactorKind::kNeedReplication;
+  }
+  spec.inputs = {axes, std::nullopt, std::nullopt};
+  spec.outputs = {axes};
+  return spec;
+}
+
+// ReverseSequence(input, seq_lengths) with attrs seq_dim, batch_dim: each batch element
+// reverses its first seq_lengths[b] steps, so the sequence axis is gathered while the batch
+// axis stays sharded, seq_lengths sharded alike: [x,y,*] (batch 0, seq 1) -> [x,*,*].
+StatusOr<FactorSpec> ReverseSequenceFactors(const OpContext& ctx) {
+  const int rank = ctx.rank(0);
+  const int64_t seq = ctx.attrs->GetInt("seq_dim", -1);
+  const int64_t batch = ctx.attrs->GetInt("batch_dim", 0);
+  if (seq < 0 || seq >= rank || batch < 0 || batch >= rank || seq == batch ||
+      ctx.rank(1) != 1) {
+    return InvalidArgument("'" + ctx.op_name + "' needs distinct seq_dim and batch_dim within " +
+                           ctx.Describe(0) + " and 1-D seq_lengths; got seq_dim " +
+                           std::to_string(seq) + ", batch_dim " + std::to_string(batch) +
+                           " and " + ctx.Describe(1) + ".");
+  }
+  FactorSpec spec;
+  std::vector<int> axes = spec.AddAxes(rank);
+  spec.factors[axes[seq]] = FactorKind::kNeedReplication;
+  spec.inputs = {axes, std::vector<int>{axes[batch]}};
+  spec.outputs = {axes};
+  return spec;
+}
+
 const bool kRegistered = RegisterRules({
-    {"MirrorPad", std::make_shared<MirrorPadRule>(), Traits().Host(1, HostValue::kPaddings)},
+    {"MirrorPad", std::make_shared<MirrorPadRule>(1), Traits().Host(1, HostValue::kPaddings)},
+    {"MirrorPadGrad", std::make_shared<MirrorPadRule>(-1),
+     Traits().Host(1, HostValue::kPaddings)},
     {"Pad", Factors(PadFactors), Traits().Host(1, HostValue::kPaddings)},
     {"PadV2", Factors(PadFactors), Traits().Host(1, HostValue::kPaddings)},
+    {"ReverseSequence", Factors(ReverseSequenceFactors)},
     {"ReverseV2", Factors(ReverseFactors), Traits().Host(1, HostValue::kAxis)},
+    {"Roll", Factors(RollFactors),
+     Traits().Host(1, HostValue::kCount).Host(2, HostValue::kAxis)},
     {"Slice", std::make_shared<SliceRule>(), Traits().Host(1, -1, HostValue::kBounds)},
     {"StridedSlice", std::make_shared<StridedSliceRule>(),
      Traits().Host(1, -1, HostValue::kBounds)},

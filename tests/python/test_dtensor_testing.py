@@ -81,10 +81,11 @@ def test_integers_compare_exactly():
 
 
 def test_flags_a_missing_rule_on_replicated_inputs():
-    # Roll has no rule; on replicated inputs the fallback gathers nothing and never warns.
+    # NthElement has no rule; on replicated inputs the fallback gathers nothing and never
+    # warns.
     t = to_dtensor(_X, layout_of("[*,*]", MESH_2X2))
     with pytest.raises(pytest.fail.Exception, match="ran without a rule"):
-        run_without_fallback(lambda x: tf.roll(x, 1, axis=0), t)
+        run_without_fallback(lambda x: tf.raw_ops.NthElement(input=x, n=1), t)
 
 
 def test_strict_mode_is_restored_after_a_check():

@@ -1,7 +1,7 @@
 """The policy for ops with no sharding rule (tf_dtensor/_device.py, `set_strict_mode`):
 by default they run replicated and warn once per op name; in strict mode they raise.
 
-Each test uses its own op (Roll, TridiagonalSolve, CumulativeLogsumexp, ...): the warning
+Each test uses its own op (HistogramFixedWidth, TridiagonalSolve, NthElement, ...): the warning
 is given once per op name per process. The ops are ones with no rule; adding a rule for one
 means moving its test to another.
 """
@@ -31,12 +31,13 @@ def _unsupported_warnings(fn):
 def test_op_without_rule_runs_replicated_and_warns_once(mesh_2x2):
     t = to_dtensor(_X, layout_of("[x,*]", mesh_2x2))
     with pytest.warns(tf_dtensor.UnsupportedOpWarning,
-                      match=r"(?s)'Roll'.*\[x,\*\] @ mesh\(x=2,y=2\)"):
-        out = tf.roll(t, shift=1, axis=1)
-    assert_dtensor_equal(np.roll(_X, 1, axis=1), layout_of("[*,*]", mesh_2x2), out)
-    again, caught = _unsupported_warnings(lambda: tf.roll(t, shift=1, axis=0))
+                      match=r"(?s)'HistogramFixedWidth'.*\[x,\*\] @ mesh\(x=2,y=2\)"):
+        out = tf.histogram_fixed_width(t, [0.0, 32.0], nbins=4)
+    assert_dtensor_equal(np.full(4, 8, np.int32), layout_of("[*]", mesh_2x2), out)
+    again, caught = _unsupported_warnings(
+        lambda: tf.histogram_fixed_width(t, [0.0, 32.0], nbins=2))
     assert caught == []
-    assert_dtensor_equal(np.roll(_X, 1, axis=0), layout_of("[*,*]", mesh_2x2), again)
+    assert_dtensor_equal(np.full(2, 16, np.int32), layout_of("[*]", mesh_2x2), again)
 
 
 # Tridiagonal and banded solves: [3, 8] diagonals (or [4, 8] bands) against an [8, 4] rhs.
@@ -57,9 +58,9 @@ def test_two_input_op_without_rule_runs_replicated(mesh_2x2):
 def test_strict_mode_raises_naming_op_and_layouts(mesh_2x2, strict_mode):
     t = to_dtensor(_X, layout_of("[x,*]", mesh_2x2))
     with pytest.raises(tf.errors.UnimplementedError,
-                       match=(r"(?s)'CumulativeLogsumexp' has no tf_dtensor rule"
+                       match=(r"(?s)'NthElement' has no tf_dtensor rule"
                               r".*\[x,\*\] @ mesh\(x=2,y=2\)")):
-        tf.math.cumulative_logsumexp(t, axis=1)
+        tf.raw_ops.NthElement(input=t, n=2)
 
 
 def test_strict_mode_two_inputs(mesh_2x2, strict_mode):
@@ -91,6 +92,6 @@ def test_strict_mode_can_be_turned_off_again(mesh_2x2):
 
 
 def test_explain_of_op_without_rule(mesh_2x2):
-    with pytest.raises(tf_dtensor.UnsupportedOpError, match="'Roll' has no tf_dtensor rule"):
-        tf_dtensor.debug.explain("Roll", [layout_of("[x,*]", mesh_2x2), None, None],
-                                 [[4, 8], [], []])
+    with pytest.raises(tf_dtensor.UnsupportedOpError,
+                       match="'NthElement' has no tf_dtensor rule"):
+        tf_dtensor.debug.explain("NthElement", [layout_of("[x,*]", mesh_2x2), None], [[4, 8], []])

@@ -4,6 +4,9 @@ gathered:
 
     cholesky([x,*,y] of [B, N, N]) -> [x,*,*]      (Fourier transforms: test_rules_fft.py)
     matrix_solve([x,*,*], [*,*,*]) -> [x,*,*]      adjust_hue([x,y,*,*]) -> [x,y,*,*]
+    lrn([x,y,*,*]) -> [x,y,*,*]                    searchsorted([x,y], [x,*]) -> [x,*]
+    max_pool_with_argmax([x,*,*,y]) -> [x,*,*,*]   (the indices flatten h, w and c)
+    resize([x,y,*,z]) -> [x,*,*,z]                 (each channel alone: channels keep theirs)
 
 The expected output layout is derived here, independently of the C++ rule: the first
 input's batch specs, then the others' for batch axes still unsharded, core axes unsharded.
@@ -15,8 +18,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, layout_of, layouts_for,
-                             reassemble, run_without_fallback, spec_id, to_dtensor)
+from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, cpus, layout_of,
+                             layouts_for, reassemble, run_without_fallback, spec_id, to_dtensor)
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
 
@@ -97,6 +100,18 @@ OPS = {
     "ExtractImagePatches": (lambda x: tf.image.extract_patches(
         x, sizes=[1, 2, 2, 1], strides=[1, 2, 2, 1], rates=[1, 1, 1, 1], padding="VALID"),
                             [_uniform(IMG, 59)], [3], 3),
+    "MaxPoolWithArgmax.output": (lambda x: tf.nn.max_pool_with_argmax(x, 2, 2, "SAME")[0],
+                                 [_uniform(IMG, 66)], [3], 3),
+    "MaxPoolWithArgmax.argmax": (lambda x: tf.nn.max_pool_with_argmax(x, 2, 2, "SAME")[1],
+                                 [_uniform(IMG, 66)], [3], 3),
+    "LRN": (lambda x: tf.nn.local_response_normalization(x, depth_radius=1, bias=1.0,
+                                                          alpha=0.5, beta=0.75),
+            [_uniform(IMG, 61)], [1], 1),
+    # tf.searchsorted's reshapes to 2-D are left out: raw ops check the rule alone.
+    "LowerBound": (lambda s, v: tf.raw_ops.LowerBound(sorted_inputs=s, values=v),
+                   [np.sort(_uniform((B, 6), 62), axis=-1), _uniform((B, 4), 63)], [1, 1], 1),
+    "UpperBound": (lambda s, v: tf.raw_ops.UpperBound(sorted_inputs=s, values=v),
+                   [np.sort(_uniform((B, 6), 64), axis=-1), _uniform((B, 4), 65)], [1, 1], 1),
     "ExtractVolumePatches": (lambda x: tf.extract_volume_patches(
         x, ksizes=[1, 2, 2, 2, 1], strides=[1, 2, 2, 2, 1], padding="VALID"),
                              [_uniform((B, 2, 4, 4, 2), 60)], [4], 4),
@@ -129,6 +144,12 @@ def expected_layout(layouts, shapes, core, core_out) -> Layout:
     return Layout(batch + [UNSHARDED] * core_out, layouts[0].mesh)
 
 
+# Image ops that treat each channel alone: height and width are core, the channels keep
+# their sharding after the batch axes (a mesh dim once).
+PER_CHANNEL = {"ResizeBilinear", "ResizeNearestNeighbor", "ResizeBicubic", "ResizeArea",
+               "AdjustContrastv2"}
+
+
 def check_batch_op(name, layouts, in_function=False):
     """Runs OPS[name] on one device and on DTensors laid out as `layouts` (strict mode):
     values, dtype, global shape and the output layout must agree."""
@@ -137,6 +158,12 @@ def check_batch_op(name, layouts, in_function=False):
     inputs = [to_dtensor(a, l) for a, l in zip(arrays, layouts)]
     actual = run_without_fallback(tf.function(fn) if in_function else fn, *inputs)
     layout = expected_layout(layouts, [a.shape for a in arrays], core, core_out)
+    if name in PER_CHANNEL:
+        specs = list(layout.sharding_specs)
+        channel = layouts[0].sharding_specs[-1]
+        if channel not in specs:
+            specs[-1] = channel
+        layout = Layout(specs, layout.mesh)
     assert dtensor.fetch_layout(actual) == layout, (
         f"layout is {dtensor.fetch_layout(actual).short()}, expected {layout.short()}")
     assert tuple(actual.shape) == expected.shape
@@ -218,7 +245,7 @@ GRAD_OPS = ["Cholesky", "MatrixInverse", "MatrixDeterminant", "LogMatrixDetermin
             "MatrixDiagPart", "MatrixSetDiag", "MatrixSolve", "MatrixTriangularSolve", "Cross",
             "ResizeBilinear",
             "ResizeNearestNeighbor", "ResizeBicubic", "RGBToHSV",
-            "ExtractImagePatches", "MatrixDiag.band"]
+            "ExtractImagePatches", "MatrixDiag.band", "LRN", "MaxPoolWithArgmax.output"]
 
 
 def _grads(fn):
@@ -260,3 +287,65 @@ def test_gradient_matches_one_device(name, mesh, dims, in_function):
     for e, a in zip(expected, actual):
         assert tuple(a.shape) == e.shape
         np.testing.assert_allclose(reassemble(a), e, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("method", ["bilinear", "nearest", "bicubic"])
+def test_resize_keeps_sharded_channels_through_its_gradient(method, in_function):
+    """An upsampling in a channel-sharded (model-parallel) network: no gather."""
+    x = _uniform((2, 4, 6, 4), 70)
+    layout = layout_of("[x,*,*,y]", MESH_2X2)
+
+    def run(t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            y = tf.image.resize(t, [7, 9], method)
+            loss = tf.reduce_sum(y * y)
+        return [y, tape.gradient(loss, t)]
+
+    expected = [v.numpy() for v in run(tf.constant(x))]
+    actual = run_without_fallback(tf.function(run) if in_function else run, to_dtensor(x, layout))
+    assert_dtensor_equal(expected[0], layout_of("[x,*,*,y]", MESH_2X2), actual[0])
+    assert_dtensor_equal(expected[1], layout, actual[1])
+
+
+def test_resize_gathers_channels_that_would_leave_a_device_none():
+    # 3 channels over x=4: one device would hold no channel, which TF's kernel refuses.
+    mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    x = _uniform((2, 4, 4, 3), 71)
+    out = run_without_fallback(lambda t: tf.image.resize(t, [6, 6]),
+                               to_dtensor(x, layout_of("[*,*,*,x]", mesh)))
+    assert_dtensor_equal(tf.image.resize(x, [6, 6]), layout_of("[*,*,*,*]", mesh), out)
+
+
+@pytest.mark.parametrize("include_batch", [False, True], ids=["image_index", "batch_index"])
+def test_max_pool_with_argmax_indices_match_one_device(include_batch):
+    """The indices count positions in the whole image (and batch): a sharded channel axis,
+    or with include_batch_in_index a sharded batch, would make them local."""
+    x = _uniform((4, 4, 6, 4), 72)
+    fn = lambda t: tf.nn.max_pool_with_argmax(t, 2, 2, "SAME",
+                                              include_batch_in_index=include_batch)
+    expected = [v.numpy() for v in fn(tf.constant(x))]
+    actual = run_without_fallback(fn, to_dtensor(x, layout_of("[x,*,*,y]", MESH_2X2)))
+    want = layout_of("[*,*,*,*]" if include_batch else "[x,*,*,*]", MESH_2X2)
+    for e, a in zip(expected, actual):
+        assert_dtensor_equal(e, want, a)
+
+
+def test_max_pool_argmax_gradient_gathers_a_batch_that_leaves_a_device_none():
+    # 3 images over x=4: the gradient kernel must not see an empty block.
+    mesh = dtensor.create_mesh([("x", 4)], devices=cpus(4))
+    x = _uniform((3, 4, 4, 2), 73)
+
+    def run(t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            y, _ = tf.nn.max_pool_with_argmax(t, 2, 2, "SAME")
+            loss = tf.reduce_sum(y * y)
+        return [y, tape.gradient(loss, t)]
+
+    expected = [v.numpy() for v in run(tf.constant(x))]
+    actual = run_without_fallback(run, to_dtensor(x, layout_of("[x,*,*,*]", mesh)))
+    for e, a in zip(expected, actual):
+        np.testing.assert_allclose(reassemble(a), e, rtol=1e-5, atol=1e-6)
+    assert dtensor.fetch_layout(actual[0]) == layout_of("[*,*,*,*]", mesh)

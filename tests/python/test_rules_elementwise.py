@@ -33,6 +33,9 @@ UNARY_OPS = {
     "Identity": (tf.identity, "Identity", (-2.0, 2.0)),
     "ZerosLike": (lambda x: tf.raw_ops.ZerosLike(x=x), "ZerosLike", (-2.0, 2.0)),
     "OnesLike": (lambda x: tf.raw_ops.OnesLike(x=x), "OnesLike", (-2.0, 2.0)),
+    # Keras' Discretization layer.
+    "Bucketize": (lambda x: tf.raw_ops.Bucketize(input=x, boundaries=[-1.0, 0.0, 0.5]),
+                  "Bucketize", (-2.0, 2.0)),
 }
 
 

@@ -1,10 +1,11 @@
-"""Numerical checks of cc/rules/gather_rules.cc: GatherV2, Gather, OneHot and the unsorted
-segment reductions.
+"""Numerical checks of cc/rules/gather_rules.cc: GatherV2, Gather, OneHot, the unsorted,
+sorted and sparse segment reductions.
 
     gather(params [V,D] [*,y], indices [B] [x]) -> [x,y]
     gather(params [x,*], ...) -> gather axis 0 of params first
     one_hot(indices [x], depth) -> [x,*]
     unsorted_segment_sum(data [x,y], ids [x], n) -> partial(x) -> all-reduce -> [*,y]
+    segment_sum(data [x,y], ids) -> [*,y]      sparse.segment_mean(data [x,y], ...) -> [*,y]
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import pytest
 import tensorflow as tf
 
 from dtensor_testing import (MESH_1D, MESH_2X2, assert_dtensor_equal, check_op, layout_of,
-                             layout_params, random_array, run_without_fallback, spec_params,
-                             to_dtensor)
+                             layout_params, random_array, reassemble, run_without_fallback,
+                             spec_params, to_dtensor)
 
 PARAMS = (6, 4)
 INDICES = np.array([[5, 0, 2, 2], [1, 4, 3, 0]], np.int32)  # [2, 4]
@@ -130,3 +131,70 @@ def test_ids_sharded_like_the_table_rows_keep_their_sharding(in_function):
     got = fn(to_dtensor(table, layout_of("[x,*]", MESH_1D)),
              to_dtensor(ids, layout_of("[x,*]", MESH_1D)))
     assert_dtensor_equal(table[ids], layout_of("[x,*,*]", MESH_1D), got)
+
+
+SORTED_IDS = np.array([0, 0, 1, 3, 3, 3, 4, 4], np.int32)
+SEGMENTS = {"SegmentSum": tf.math.segment_sum, "SegmentMean": tf.math.segment_mean,
+            "SegmentMax": tf.math.segment_max, "SegmentMin": tf.math.segment_min,
+            "SegmentProd": tf.math.segment_prod}
+
+
+@pytest.mark.parametrize("op_name", sorted(SEGMENTS))
+@pytest.mark.parametrize("layouts", layout_params((8, 6), SORTED_IDS.shape, meshes=[MESH_2X2]))
+def test_sorted_segment(layouts, op_name):
+    """The segment axis is read whole (the ids too); data's other axes keep their sharding."""
+    check_op(SEGMENTS[op_name], op_name, [random_array((8, 6), low=0.5, high=1.5), SORTED_IDS],
+             layouts)
+
+
+PICKS = np.array([7, 0, 2, 2, 5], np.int32)
+PICK_IDS = np.array([0, 0, 1, 2, 2], np.int32)
+SPARSE_SEGMENTS = {"SparseSegmentSum": tf.sparse.segment_sum,
+                   "SparseSegmentMean": tf.sparse.segment_mean,
+                   "SparseSegmentSqrtN": tf.sparse.segment_sqrt_n}
+
+
+@pytest.mark.parametrize("with_num_segments", [False, True], ids=["", "num_segments"])
+@pytest.mark.parametrize("op_name", sorted(SPARSE_SEGMENTS))
+@pytest.mark.parametrize("layouts", layout_params((8, 6), meshes=[MESH_1D, MESH_2X2]))
+def test_sparse_segment(layouts, op_name, with_num_segments):
+    fn = SPARSE_SEGMENTS[op_name]
+    name = op_name + ("WithNumSegments" if with_num_segments else "")
+    num = {"num_segments": 4} if with_num_segments else {}
+    hosts = [([5], None), ([5], None)] + (
+        [([], [4])] if with_num_segments else [])
+    check_op(lambda d: fn(d, PICKS, PICK_IDS, **num), name, [random_array((8, 6))], layouts,
+             host_inputs=hosts)
+
+
+def _segment_model(x):
+    # An embedding bag (tf.nn.embedding_lookup_sparse's combiner) and a graph pooling.
+    bags = tf.sparse.segment_mean(x, PICKS, PICK_IDS, num_segments=4)
+    pooled = tf.math.segment_sum(x, SORTED_IDS)
+    return tf.reduce_sum(bags * bags) + tf.reduce_sum(pooled * pooled)
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("spec", ["[x,y]", "[*,x]", "[x,*]"])
+def test_segment_gradients_match_one_device(spec, in_function, mesh_2x2):
+    x = random_array((8, 6))
+
+    def run(t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            loss = _segment_model(t)
+        return [loss, tape.gradient(loss, t)]
+
+    expected = [v.numpy() for v in run(tf.constant(x))]
+    actual = run_without_fallback(tf.function(run) if in_function else run,
+                                  to_dtensor(x, layout_of(spec, mesh_2x2)))
+    np.testing.assert_allclose(reassemble(actual[0]), expected[0], rtol=1e-5)
+    np.testing.assert_allclose(reassemble(tf.convert_to_tensor(actual[1])), expected[1],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_segment_sum_keeps_the_feature_sharding(mesh_2x2):
+    x = random_array((8, 6))
+    out = run_without_fallback(lambda t: tf.math.segment_sum(t, SORTED_IDS),
+                               to_dtensor(x, layout_of("[x,y]", mesh_2x2)))
+    assert_dtensor_equal(tf.math.segment_sum(x, SORTED_IDS), layout_of("[*,y]", mesh_2x2), out)

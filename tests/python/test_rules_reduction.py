@@ -1,6 +1,6 @@
 """Numerical checks of cc/rules/reduction_rules.cc: Sum/Mean/Max/Min/Prod, ArgMax,
-Softmax and LogSoftmax, the softmax cross entropies, BiasAddGrad, L2Loss, Cumsum and
-Cumprod.
+Softmax and LogSoftmax, the softmax cross entropies, BiasAddGrad, L2Loss, Cumsum,
+Cumprod and CumulativeLogsumexp.
 
     sum([x,*], axis=1) -> [x]                       (local)
     sum([x,*], axis=0) -> partial(x) -> all-reduce -> [*]
@@ -184,7 +184,8 @@ def test_l2_loss(layouts):
     check_op(tf.nn.l2_loss, "L2Loss", [random_array(SHAPE)], layouts)
 
 
-SCANS = {"Cumsum": tf.math.cumsum, "Cumprod": tf.math.cumprod}
+SCANS = {"Cumsum": tf.math.cumsum, "Cumprod": tf.math.cumprod,
+         "CumulativeLogsumexp": tf.math.cumulative_logsumexp}
 
 
 @pytest.mark.parametrize("axis", [0, 1])

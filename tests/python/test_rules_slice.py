@@ -1,9 +1,11 @@
 """Numerical checks of cc/rules/slice_rules.cc: StridedSlice, StridedSliceGrad,
-TensorStridedSliceUpdate, Slice, Pad/PadV2/MirrorPad and ReverseV2.
+TensorStridedSliceUpdate, Slice, Pad/PadV2/MirrorPad/MirrorPadGrad, ReverseV2,
+ReverseSequence and Roll.
 
     x[:, 1:3] of [x,y] -> gather y -> [x,*]        x[..., 0] of [x,y] -> gather y -> [x]
     tf.slice([x,*], [0,1], [-1,2]) -> [x,*]         x[:, None] of [x,*] -> [x,*,*]
     pad([x,*], [[0,0],[1,1]]) -> [x,*]              reverse([x,y], [1]) -> [x,*]
+    roll([x,y], 3, axis=1) -> [x,*]                 reverse_sequence([x,y,*]) -> [x,*,*]
 """
 
 from __future__ import annotations
@@ -326,3 +328,77 @@ def test_mirror_pad_with_empty_blocks(mode, in_function):
     fn = lambda t: tf.raw_ops.MirrorPad(input=t, paddings=[[0, 0], [2, 1]], mode=mode)
     got = (tf.function(fn) if in_function else fn)(to_dtensor(value, layout_of("[x,*]", mesh_8)))
     assert_dtensor_equal(fn(value).numpy(), layout_of("[x,*]", mesh_8), got)
+
+
+@pytest.mark.parametrize("mode", ["REFLECT", "SYMMETRIC"])
+@pytest.mark.parametrize("layouts", layout_params((6, 10), meshes=[MESH_1D, MESH_2X2]))
+def test_mirror_pad_grad(layouts, mode):
+    """The gradient of a reflect padding folds the borders back: padded axes gathered."""
+    paddings = [[2, 1], [0, 0]]
+    check_op(lambda g: tf.raw_ops.MirrorPadGrad(input=g, paddings=paddings, mode=mode),
+             "MirrorPadGrad", [random_array((6, 10))], layouts,
+             host_inputs=[([2, 2], [2, 1, 0, 0])], attrs={"mode": mode})
+
+
+def _loss_and_grads(fn):
+    def run(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x)
+            loss = tf.reduce_sum(y * y)
+        return [y, tape.gradient(loss, x)]
+    return run
+
+
+# (name, fn, input spec, the result's spec): the operation's unmoved axes keep their sharding.
+GRADIENT_CASES = [
+    ("reflect_pad", lambda x: tf.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]], "REFLECT"),
+     "[x,*,*,y]", "[x,*,*,y]"),
+    ("symmetric_pad_of_sharded_rows", lambda x: tf.pad(x, [[0, 0], [2, 0], [0, 0], [0, 0]],
+                                                      "SYMMETRIC"), "[x,y,*,*]", "[x,*,*,*]"),
+    ("sobel_edges", tf.image.sobel_edges, "[x,*,*,y]", "[x,*,*,y,*]"),
+    ("shifted_windows_roll", lambda x: tf.roll(x, shift=[-2, -2], axis=[1, 2]), "[x,*,*,y]",
+     "[x,*,*,y]"),
+    ("roll_of_a_sharded_axis", lambda x: tf.roll(x, shift=3, axis=2), "[*,*,x,y]", "[*,*,*,y]"),
+    ("reverse_sequence", lambda x: tf.reverse_sequence(x[..., 0], [3, 5, 1, 6], seq_axis=1,
+                                                       batch_axis=0), "[x,y,*,*]", "[x,*,*]"),
+    ("reverse_sequence_batch_1", lambda x: tf.reverse_sequence(
+        tf.transpose(x[..., 0], [1, 0, 2]), [3, 5, 1, 6], seq_axis=0, batch_axis=1),
+     "[x,*,y,*]", "[*,x,y]"),
+]
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("name,fn,spec,out", GRADIENT_CASES, ids=[c[0] for c in GRADIENT_CASES])
+def test_reflect_pad_roll_and_reverse_sequence_with_gradients(name, fn, spec, out, in_function,
+                                                              mesh_2x2):
+    x = random_array((4, 6, 6, 4))
+    run = _loss_and_grads(fn)
+    expected = [v.numpy() for v in run(tf.constant(x))]
+    actual = run_without_fallback(tf.function(run) if in_function else run,
+                                  to_dtensor(x, layout_of(spec, mesh_2x2)))
+    assert_dtensor_equal(expected[0], layout_of(out, mesh_2x2), actual[0])
+    assert tuple(actual[1].shape) == expected[1].shape
+    np.testing.assert_allclose(reassemble(actual[1]), expected[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layouts", layout_params(SHAPE, meshes=[MESH_1D, MESH_2X2]))
+def test_roll(layouts):
+    check_op(lambda x: tf.roll(x, shift=[3, -1], axis=[1, 1]), "Roll", [random_array(SHAPE)],
+             layouts, host_inputs=[([2], [3, -1]), ([2], [1, 1])])
+
+
+@pytest.mark.parametrize("layouts", layout_params(SHAPE, meshes=[MESH_1D, MESH_2X2]))
+def test_reverse_sequence_with_sharded_lengths(layouts):
+    lengths = np.array([8, 3, 0, 5], np.int64)
+    lengths_layout = dtensor.Layout([layouts[0].sharding_specs[0]], layouts[0].mesh)
+    fn = lambda x, n: tf.reverse_sequence(x, n, seq_axis=1, batch_axis=0)
+    check_op(fn, "ReverseSequence", [random_array(SHAPE), lengths], [layouts[0], lengths_layout],
+             attrs={"seq_dim": 1, "batch_dim": 0})
+
+
+def test_reverse_sequence_names_bad_axes(mesh_2x2):
+    with pytest.raises(ValueError, match="'ReverseSequence' needs distinct seq_dim and batch_dim"):
+        tf_dtensor.debug.explain("ReverseSequence", [layout_of("[x,*]", mesh_2x2),
+                                                     layout_of("[x]", mesh_2x2)], [[4, 8], [4]],
+                                 attrs={"seq_dim": 0, "batch_dim": 0})

@@ -54,13 +54,36 @@ TEST(BatchParallelRules, Plans) {
              "[x,*,*] host host -> [x,*,*]",
              {"all-gather axis 1 [x,y,*] -> [x,*,*]",
               "local MatrixBandPart [x,*,*] host [] host [] -> [x,*,*]"}},
+            // Images: each channel alone, so channels keep their sharding.
             {"ResizeBilinear", {T("[x,*,*,y]", {4, 4, 4, 2}), H({8, 8})},
-             "[x,*,*,*] host -> [x,*,*,*]",
-             {"all-gather axis 3 [x,*,*,y] -> [x,*,*,*]",
-              "local ResizeBilinear [x,*,*,*] host [2] -> [x,*,*,*]"}},
+             "[x,*,*,y] host -> [x,*,*,y]",
+             {"local ResizeBilinear [x,*,*,y] host [2] -> [x,*,*,y]"}},
+            {"ResizeBilinear", {T("[*,x,*,y]", {4, 4, 4, 2}), H({8, 8})},
+             "[*,*,*,y] host -> [*,*,*,y]",
+             {"all-gather axis 1 [*,x,*,y] -> [*,*,*,y]",
+              "local ResizeBilinear [*,*,*,y] host [2] -> [*,*,*,y]"}},
             // Per pixel: only the channel axis is core.
             {"AdjustHue", {T("[x,y,*,*]", {4, 4, 4, 3}), T("[]", {})},
              "[x,y,*,*] [] -> [x,y,*,*]", {"local AdjustHue [x,y,*,*] [] -> [x,y,*,*]"}},
+            // A window across channels: batch and spatial axes keep their sharding.
+            {"LRN", {T("[x,*,y,*]", {4, 4, 4, 6})}, "[x,*,y,*] -> [x,*,y,*]",
+             {"local LRN [x,*,y,*] -> [x,*,y,*]"}},
+            {"LowerBound", {T("[x,y]", {4, 6}), T("[x,*]", {4, 3})}, "[x,*] [x,*] -> [x,*]",
+             {"all-gather axis 1 [x,y] -> [x,*]", "local LowerBound [x,*] [x,*] -> [x,*]"}},
+            // The argmax indices flatten h, w and c: only the batch stays sharded, and
+            // not when the indices count it too.
+            {"MaxPoolWithArgmax", {T("[x,*,*,y]", {4, 4, 4, 2})},
+             "[x,*,*,*] -> [x,*,*,*] [x,*,*,*]",
+             {"all-gather axis 3 [x,*,*,y] -> [x,*,*,*]",
+              "local MaxPoolWithArgmax [x,*,*,*] -> [x,*,*,*] [x,*,*,*]"},
+             {}, {}, {{"padding", "SAME"}}, {{"ksize", {1, 2, 2, 1}}, {"strides", {1, 2, 2, 1}}}},
+            {"MaxPoolWithArgmax", {T("[x,*,*,y]", {4, 4, 4, 2})},
+             "[*,*,*,*] -> [*,*,*,*] [*,*,*,*]",
+             {"all-gather axis 0 [x,*,*,y] -> [*,*,*,y]",
+              "all-gather axis 3 [*,*,*,y] -> [*,*,*,*]",
+              "local MaxPoolWithArgmax [*,*,*,*] -> [*,*,*,*] [*,*,*,*]"},
+             {{"include_batch_in_index", true}}, {}, {{"padding", "SAME"}},
+             {{"ksize", {1, 2, 2, 1}}, {"strides", {1, 2, 2, 1}}}},
             {"Cholesky", {T("[x]", {4})}, "error", {"rank 2 or more"}},
         });
   }

@@ -75,6 +75,14 @@ TEST(GatherRules, TwoDimensionalMesh) {
        "[x,y] [x] host -> [*,y]",
        {"slice axis 0 over x [*] -> [x]", "local UnsortedSegmentSum [x,y] [x] host [] -> [*,y]",
         "all-reduce(sum) [*,y] over x"}},
+      // Sorted segments: the segment axis and the ids are read whole.
+      {"SegmentSum", {T("[x,y]", {8, 8}), T("[x]", {8}, TF_INT32)}, "[*,y] [*] -> [*,y]",
+       {"all-gather axis 0 [x,y] -> [*,y]", "all-gather axis 0 [x] -> [*]",
+        "local SegmentSum [*,y] [*] -> [*,y]"}},
+      {"SparseSegmentMean",
+       {T("[x,y]", {8, 8}), T("[*]", {5}, TF_INT32), T("[*]", {5}, TF_INT32)},
+       "[*,y] [*] [*] -> [*,y]",
+       {"all-gather axis 0 [x,y] -> [*,y]", "local SparseSegmentMean [*,y] [*] [*] -> [*,y]"}},
   };
   CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}), rows);
 }

@@ -1,4 +1,5 @@
-// Golden tables for StridedSlice, StridedSliceGrad, Slice, Pad and ReverseV2
+// Golden tables for StridedSlice, StridedSliceGrad, Slice, Pad, MirrorPadGrad, ReverseV2,
+// Roll and ReverseSequence
 // (cc/rules/slice_rules.cc): axes cut, padded or reversed are gathered; whole axes keep
 // their sharding.
 #include "tests/cc/rules/rule_testing.h"
@@ -76,6 +77,18 @@ TEST(SliceRules, TwoDimensionalMesh) {
       {"ReverseV2", {T("[x,y]", {8, 8}), H({0})},
        "[*,y] host -> [*,y]",
        {"all-gather axis 0 [x,y] -> [*,y]", "local ReverseV2 [*,y] host [1] -> [*,y]"}},
+      {"MirrorPadGrad", {T("[x,y]", {8, 10}), H({0, 0, 1, 1})},
+       "[x,*] host -> [x,*]",
+       {"all-gather axis 1 [x,y] -> [x,*]", "local MirrorPadGrad [x,*] host [4] -> [x,*]"}},
+      {"Roll", {T("[x,y]", {8, 8}), H({3}), H({1})},
+       "[x,*] host host -> [x,*]",
+       {"all-gather axis 1 [x,y] -> [x,*]", "local Roll [x,*] host [1] host [1] -> [x,*]"}},
+      // The lengths follow the batch axis.
+      {"ReverseSequence", {T("[x,y,*]", {4, 8, 2}), T("[*]", {4}, TF_INT32)},
+       "[x,*,*] [x] -> [x,*,*]",
+       {"all-gather axis 1 [x,y,*] -> [x,*,*]", "slice axis 0 over x [*] -> [x]",
+        "local ReverseSequence [x,*,*] [x] -> [x,*,*]"},
+       {}, {{"seq_dim", 1}, {"batch_dim", 0}}},
   };
   CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}), rows);
 }

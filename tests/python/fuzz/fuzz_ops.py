@@ -36,12 +36,13 @@ NUMBERS = FLOATS + INTS + (tf.bfloat16, tf.complex64)
 
 
 def op(name: str, grad: bool = True, creation: bool = False,
-       function_shape_known: bool = True):
+       function_shape_known: bool = True, function_reads_whole: bool = False):
     """Registers the decorated draw function as the entry for `name`."""
     def register(draw: Callable[[Drawer], Call]):
         assert name not in OPS, f"{name} is in the table twice"
         OPS[name] = OpSpec(name, draw, grad=grad, creation=creation,
-                           function_shape_known=function_shape_known)
+                           function_shape_known=function_shape_known,
+                           function_reads_whole=function_reads_whole)
         return draw
     return register
 
@@ -249,7 +250,7 @@ def _(d):
     return Call([T(x)], {"tensor_debug_mode": d.choice([2, 3, 4, 5, 8]), "tensor_id": 7})
 
 
-for _name in ("Cumsum", "Cumprod"):
+for _name in ("Cumsum", "Cumprod", "CumulativeLogsumexp"):
     @op(_name)
     def _(d):
         x = d.array(d.shape(1, 4), d.dtype(), 0.5, 1.5)
@@ -388,8 +389,7 @@ def _(d):
     return Call([T(x), H(_paddings(d, x.ndim), tf.int32), H(np.asarray(1.5).astype(x.dtype))])
 
 
-# TODO(#10): the gradient runs MirrorPadGrad, which has no rule yet.
-@op("MirrorPad", grad=False)
+@op("MirrorPad")
 def _(d):
     x = d.array(d.shape(1, 3, low=2), d.dtype(NUMBERS))
     mode = d.choice(["REFLECT", "SYMMETRIC"])
@@ -398,10 +398,36 @@ def _(d):
     return Call([T(x), H(paddings, tf.int32)], {"mode": mode})
 
 
+@op("MirrorPadGrad", grad=False)
+def _(d):
+    out = d.shape(1, 3, low=2)
+    mode = d.choice(["REFLECT", "SYMMETRIC"])
+    most = [s - 1 if mode == "REFLECT" else s for s in out]
+    paddings = [[d.int(0, m), d.int(0, m)] for m in most]
+    shape = [s + p[0] + p[1] for s, p in zip(out, paddings)]
+    return Call([T(d.array(shape, d.dtype())), H(paddings, tf.int32)], {"mode": mode})
+
+
 @op("ReverseV2")
 def _(d):
     x = d.array(d.shape(0, 4), d.dtype(NUMBERS))
     return Call([T(x), H(_axes(d, x.ndim), tf.int32)])
+
+
+@op("ReverseSequence")
+def _(d):
+    x = d.array(d.shape(2, 4), d.dtype(NUMBERS))
+    batch, seq = d.choice([(a, b) for a in range(x.ndim) for b in range(x.ndim) if a != b])
+    lengths = d.array((x.shape[batch],), d.dtype((tf.int32, tf.int64)), 0, x.shape[seq])
+    return Call([T(x), T(lengths)], {"seq_dim": seq, "batch_dim": batch})
+
+
+@op("Roll")
+def _(d):
+    x = d.array(d.shape(1, 4), d.dtype(NUMBERS))
+    axes = [d.axis(x.ndim) for _ in range(d.int(1, 3))]
+    shifts = [d.int(-9, 9) for _ in axes]
+    return Call([T(x), H(shifts, tf.int32), H(axes, tf.int32)])
 
 
 @op("Slice")
@@ -608,6 +634,52 @@ for _name in ("UnsortedSegmentSum", "UnsortedSegmentMax", "UnsortedSegmentMin",
         segments = d.int(1, 6)
         ids = d.array(prefix, d.dtype(INTS), -1 if d.bool() else 0, segments - 1)
         return Call([T(data), T(ids), H(segments, tf.int32)])
+
+
+# The sorted segment ops: ids sorted, as many segments as the largest id says (data-dependent
+# inside tf.function).
+for _name in ("SegmentSum", "SegmentMean", "SegmentMax", "SegmentMin", "SegmentProd"):
+    @op(_name, function_shape_known=False, function_reads_whole=True)
+    def _(d):
+        data = d.array(d.shape(1, 3), d.dtype(), 0.5, 1.5)
+        ids = np.sort(d.array(data.shape[:1], d.dtype((tf.int32, tf.int64)), 0, 4))
+        return Call([T(data), T(ids)])
+
+
+def _sparse_segments(d, rows):
+    """indices into `rows` rows and sorted segment ids for them."""
+    count = d.int(1, 6)
+    indices = d.array((count,), tf.int32, 0, rows - 1)
+    ids = np.sort(d.array((count,), tf.int32, 0, 3))
+    return indices, ids
+
+
+for _name in ("SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN"):
+    @op(_name, function_shape_known=False, function_reads_whole=True)
+    def _(d):
+        data = d.array(d.shape(1, 3), d.dtype())
+        indices, ids = _sparse_segments(d, data.shape[0])
+        return Call([T(data), T(indices), T(ids)])
+
+    @op(_name + "WithNumSegments")
+    def _(d):
+        data = d.array(d.shape(1, 3), d.dtype())
+        indices, ids = _sparse_segments(d, data.shape[0])
+        return Call([T(data), T(indices), T(ids), H(int(ids.max()) + d.int(1, 3), tf.int32)])
+
+    @op(_name + "Grad", grad=False)
+    def _(d):
+        rows = d.size(1, 6)
+        indices, ids = _sparse_segments(d, rows)
+        grad = d.array((int(ids.max()) + 1,) + d.shape(0, 2), d.dtype())
+        return Call([T(grad), T(indices), T(ids), H(rows, tf.int32)])
+
+    @op(_name + "GradV2", grad=False, function_shape_known=False, function_reads_whole=True)
+    def _(d):
+        rows = d.size(1, 6)
+        indices, ids = _sparse_segments(d, rows)
+        grad = d.array((int(ids.max()) + 1,) + d.shape(0, 2), d.dtype())
+        return Call([T(grad), T(indices), T(ids), H(rows, tf.int32)])
 
 
 @op("OneHot")

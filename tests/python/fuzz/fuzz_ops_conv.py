@@ -145,3 +145,71 @@ def _(d):
     y = tf.raw_ops.MaxPool(input=x, **attrs).numpy()
     return Call([T(x), T(y), T(d.array(y.shape, x.dtype)), H(attrs["ksize"], tf.int32),
                  H(attrs["strides"], tf.int32)], {"padding": attrs["padding"]})
+
+
+# ---------------------------------------------------------------------------------------
+# Space to batch and depth (cc/rules/space_rules.cc)
+# ---------------------------------------------------------------------------------------
+
+def _blocks(d: Drawer):
+    return [d.int(1, 3) for _ in range(d.int(1, 2))]
+
+
+@op("SpaceToBatchND")
+def _(d):
+    block = _blocks(d)
+    paddings, spatial = [], []
+    for b in block:
+        before, after = d.int(0, 2), d.int(0, 2)
+        size = d.int(0, 2) * b + b - (before + after) % b
+        spatial.append(size)
+        paddings.append([before, after])
+    shape = (d.choice([1, 2, 4, 3]), *spatial, *d.shape(0, 1, high=4))
+    return Call([T(d.array(shape, d.dtype())), H(block, tf.int32), H(paddings, tf.int32)])
+
+
+@op("BatchToSpaceND")
+def _(d):
+    block = _blocks(d)
+    product = 1
+    for b in block:
+        product *= b
+    spatial = [d.int(1, 3) for _ in block]
+    crops = []
+    for b, s in zip(block, spatial):
+        total = d.int(0, s * b - 1)
+        before = d.int(0, total)
+        crops.append([before, total - before])
+    shape = (product * d.choice([1, 2, 4, 3]), *spatial, *d.shape(0, 1, high=4))
+    return Call([T(d.array(shape, d.dtype())), H(block, tf.int32), H(crops, tf.int32)])
+
+
+@op("SpaceToDepth")
+def _(d):
+    block = d.int(2, 3)
+    shape = (d.size(1, 4), block * d.size(1, 3), block * d.size(1, 3), d.size(1, 3))
+    return Call([T(d.array(shape, d.dtype()))], {"block_size": block})
+
+
+@op("DepthToSpace")
+def _(d):
+    block = d.int(2, 3)
+    shape = (d.size(1, 4), d.size(1, 3), d.size(1, 3), block * block * d.size(1, 2))
+    return Call([T(d.array(shape, d.dtype()))], {"block_size": block})
+
+
+@op("MaxPoolWithArgmax")
+def _(d):
+    x, attrs = _pool(d, 2)
+    # int64 indices: the CPU gradient kernel takes no others.
+    attrs["include_batch_in_index"] = d.bool()
+    return Call([T(x)], attrs)
+
+
+@op("MaxPoolGradWithArgmax", grad=False)
+def _(d):
+    x, attrs = _pool(d, 2)
+    attrs["include_batch_in_index"] = d.bool()
+    out, argmax = tf.raw_ops.MaxPoolWithArgmax(input=x, **attrs)
+    grad = d.array(out.shape, x.dtype)
+    return Call([T(x), T(grad), T(argmax.numpy())], attrs)

@@ -451,6 +451,35 @@ def _(d):
     return Call([T(x), T(np.float32(d.array((), tf.float32, 0.2, 2)))], tol=1e-4)
 
 
+@op("LRN")
+def _(d):
+    attrs = {"depth_radius": d.int(0, 3), "bias": 1.0, "alpha": 0.5, "beta": 0.75}
+    return Call([T(_images(d))], attrs, tol=1e-4)
+
+
+@op("LRNGrad", grad=False)
+def _(d):
+    image = _images(d)
+    attrs = {"depth_radius": d.int(0, 3), "bias": 1.0, "alpha": 0.5, "beta": 0.75}
+    out = tf.raw_ops.LRN(input=image, **attrs).numpy()
+    return Call([T(d.array(image.shape)), T(image), T(out)], attrs, tol=1e-4)
+
+
+for _name in ("LowerBound", "UpperBound"):
+    @op(_name, grad=False)
+    def _(d):
+        rows = d.size(1, 5)
+        ordered = np.sort(d.array((rows, d.size(1, 6)), d.dtype()), axis=-1)
+        values = d.array((rows, d.size(1, 5)), ordered.dtype)
+        return Call([T(ordered), T(values)], {"out_type": d.dtype((tf.int32, tf.int64))})
+
+
+@op("Bucketize", grad=False)
+def _(d):
+    x = d.array(d.shape(0, 4), d.dtype((tf.float32, tf.float64, tf.int32)))
+    return Call([T(x)], {"boundaries": sorted({d.int(-2, 2) / 2 for _ in range(d.int(1, 4))})})
+
+
 @op("RGBToHSV")
 def _(d):
     dtype = d.dtype()
