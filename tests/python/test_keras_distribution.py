@@ -382,6 +382,52 @@ def test_an_adopted_model_is_not_searched_for_plain_variables_at_every_step(monk
         assert _hooks.is_distributed(variable), variable.path
 
 
+def two_output_model(steps_per_execution=1):
+    keras.utils.set_random_seed(5)
+    a, b = keras.Input((16,), name="a"), keras.Input((3,), name="b")
+    hidden = keras.layers.Concatenate()([keras.layers.Dense(8, name="da")(a), b])
+    model = keras.Model({"a": a, "b": b},
+                        {"o1": keras.layers.Dense(4, name="o1")(hidden),
+                         "o2": keras.layers.Dense(4, activation="softmax", name="o2")(hidden)})
+    model.compile("adam", loss={"o1": "mse", "o2": "sparse_categorical_crossentropy"},
+                  loss_weights={"o1": 1.0, "o2": 0.5}, metrics={"o2": ["accuracy"]},
+                  steps_per_execution=steps_per_execution)
+    return model
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
+def test_per_output_losses_of_fit_and_evaluate_with_a_partial_batch_match_one_device(
+        steps_per_execution):
+    # Keras weighs each output's loss metric by the static batch size `y_pred.shape[0]`,
+    # `None` on one device, where the step is traced for the data iterator's element spec:
+    # every batch counts once. Traced for the DTensor batches (sizes known) the full batches
+    # counted per row and the partial one once: o1_loss differed (2.45 against 1.95).
+    x = {"a": X[:44], "b": RNG.randn(44, 3).astype("float32")}
+    y = {"o1": Y_REG[:44], "o2": Y_CLS[:44]}
+
+    def run(distribution):
+        with kt.scope(distribution):
+            model = two_output_model(steps_per_execution)
+            history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                                validation_data=(x, y)).history
+            evaluated = model.evaluate(x, y, batch_size=6, verbose=0, return_dict=True)
+            return history, evaluated, [_backend.to_numpy(w) for w in model.weights]
+
+    got_history, got_evaluated, got_weights = run(kt.data_parallel())
+    want_history, want_evaluated, want_weights = run(None)
+    assert {"o1_loss", "o2_loss", "val_o1_loss"} <= set(want_history)
+    assert got_history.keys() == want_history.keys()
+    for key in want_history:
+        np.testing.assert_allclose(got_history[key], want_history[key], rtol=1e-5, atol=1e-6,
+                                   err_msg=key)
+    assert got_evaluated.keys() == want_evaluated.keys()
+    for key in want_evaluated:
+        np.testing.assert_allclose(got_evaluated[key], want_evaluated[key], rtol=1e-5,
+                                   err_msg=key)
+    for got, want in zip(got_weights, want_weights):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_metric_object_made_before_the_distribution_counts_every_batch():
     # Its variables are plain until the first traced step builds the compiled metrics and
     # the next step moves them onto the mesh; the step traced with the plain ones must be

@@ -516,11 +516,36 @@ def _on_mesh(model, function, which: str, make_original):
             if not batches:
                 raise StopIteration
         batches = [_backend.lay_out_batch(batch, mesh) for batch in batches]
+        spec = getattr(iterator_or_batches, "element_spec", None)
+        if which != "predict" and spec is not None:
+            function = _traced_for(state, function, spec, len(batches))
         with default_mesh(mesh):
             return _backend.to_host(function(batches))
 
     on_mesh._tf_dtensor_wrapped = True
     return on_mesh
+
+
+def _traced_for(state: dict, function, element_spec, count: int):
+    """`function` (Keras' step loop over a list of batches) traced for `count` batches of
+    the data iterator's `element_spec`.
+
+    Keras gives `fit` and `evaluate` the iterator itself, and its step is traced for the
+    iterator's element spec, whose batch dimension is unknown (`None`) unless the dataset
+    drops its remainder. Here the batches arrive as DTensors of known size: traced for
+    them, Keras code that reads a static size would see another value than on one device
+    (a multi-output model's per-output loss metrics are weighted by `y_pred.shape[0]`, which
+    is `None` on one device: each batch counts once, not per row). So the step is called
+    from a function traced for the spec, as on one device.
+    """
+    if state.get("traced_function") is not function:  # Keras made the step anew
+        state["traced_function"], state["traced"] = function, {}
+    traced = state["traced"].get(count)
+    if traced is None:
+        traced = state["traced"][count] = tf.function(
+            lambda batches: function(batches), input_signature=[[element_spec] * count],
+            autograph=False)
+    return traced
 
 
 # ---- install ----
