@@ -460,6 +460,14 @@ class InvertPermutationRule : public IntFunctionRule {
 class BroadcastToRule : public Rule {
  public:
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    if (ctx.inputs.size() == 2 && !ctx.inputs[1].int_value &&
+        ctx.inputs[1].shape.size() == 1 && ctx.inputs[1].shape[0] >= 0) {
+      // A shape known only at run time: the gradient of a sum or mean over a batch of
+      // unknown size (a tf.function traced for a `None` batch, as Keras' fit traces its
+      // step) broadcasts to `tf.shape(x)`. Every device broadcasts the gathered input to
+      // the global shape: [*,y] to shape(x) -> [*,*], as Reshape does with such a shape.
+      return Plan::Whole(ctx, static_cast<int>(ctx.inputs[1].shape[0]));
+    }
     TFD_ASSIGN_OR_RETURN(std::vector<int64_t> target, ctx.IntValue(1, "shape"));
     const Layout& in = ctx.layout(0);
     const std::vector<int64_t>& in_shape = ctx.inputs[0].shape;

@@ -428,6 +428,49 @@ def test_per_output_losses_of_fit_and_evaluate_with_a_partial_batch_match_one_de
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(2, 4), (4, 2)])
+def test_batch_norm_of_a_sharded_activation_in_a_subclassed_model_fits_as_on_one_device(
+        shape):
+    # Keras' step runs for a batch of unknown size, so the gradient of the batch mean
+    # broadcasts to `tf.shape(x)`, a value known only at run time: with the activation
+    # sharded over `model`, BroadcastTo was refused ("needs its shape (input 1) as a
+    # constant integer tensor"), and such a model could not fit.
+    class Subclassed(keras.Model):  # built by its first call, inside the traced step
+        def __init__(self):
+            super().__init__()
+            self.d1 = keras.layers.Dense(32, activation="relu", name="d1")
+            self.bn = keras.layers.BatchNormalization(name="bn")
+            self.d2 = keras.layers.Dense(4, name="d2")
+
+        def call(self, x, training=False):
+            return self.d2(self.bn(self.d1(x), training=training))
+
+    def build():
+        keras.utils.set_random_seed(1)
+        model = Subclassed()
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        return model
+
+    rules = dict(MLP_RULES, **{".*bn/(gamma|beta|moving_mean|moving_variance)": ("model",)})
+
+    def run(distribution):
+        with kt.scope(distribution):
+            model = build()
+            history = model.fit(X[:44], Y_CLS[:44], batch_size=8, epochs=2, shuffle=False,
+                                verbose=0).history
+            evaluated = model.evaluate(X[:44], Y_CLS[:44], batch_size=6, verbose=0)
+            return history, evaluated, [_backend.to_numpy(w) for w in model.weights]
+
+    got_history, got_evaluated, got_weights = run(kt.model_parallel(rules, shape))
+    want_history, want_evaluated, want_weights = run(None)
+    for key in want_history:
+        np.testing.assert_allclose(got_history[key], want_history[key], rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(got_evaluated, want_evaluated, rtol=1e-5)
+    for got, want in zip(got_weights, want_weights):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_metric_object_made_before_the_distribution_counts_every_batch():
     # Its variables are plain until the first traced step builds the compiled metrics and
     # the next step moves them onto the mesh; the step traced with the plain ones must be
