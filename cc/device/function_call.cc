@@ -3,11 +3,13 @@
 #include <cctype>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string_view>
 
 #include "cc/core/strings.h"
 #include "cc/core/wire.h"
 #include "cc/device/program_check.h"
+#include "cc/eager/collective_recovery.h"
 #include "cc/spmd/ledger.h"
 #include "cc/tf/attrs.h"
 #include "cc/tf/handles.h"
@@ -341,11 +343,19 @@ Status CallFunction(const FunctionCall& call, FunctionExpander& expander,
   if (call.mesh.spans_processes()) {
     TFD_RETURN_IF_ERROR(CheckProgramOnce(call, *expanded, metas));
   }
+  // A run with TF collective ops runs alone among calls of its expansion, and keeps TF's
+  // collective state usable whether it fails or a failure before it left it aborted.
+  std::optional<CollectiveRun> collective_run;
   std::unique_lock<std::mutex> one_at_a_time(expanded->run_mutex, std::defer_lock);
-  if (expanded->uses_instance_keys.load()) one_at_a_time.lock();
-  TFD_RETURN_IF_ERROR(call.parts_in ? RunOnParts(call, *expanded, device_name, outputs)
-                                    : RunWhole(call, *expanded, device_name, outputs));
+  if (expanded->uses_instance_keys.load()) {
+    collective_run.emplace(call.context);
+    one_at_a_time.lock();
+  }
+  Status ran = call.parts_in ? RunOnParts(call, *expanded, device_name, outputs)
+                             : RunWhole(call, *expanded, device_name, outputs);
   if (one_at_a_time.owns_lock()) one_at_a_time.unlock();
+  if (!ran.ok() && collective_run) collective_run->Failed();
+  TFD_RETURN_IF_ERROR(ran);
   if (ledger::Active()) {
     for (CollectiveRecord record : expanded->collectives) {
       record.where = call.function;

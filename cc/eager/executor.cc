@@ -5,6 +5,7 @@
 #include <map>
 
 #include "cc/core/strings.h"
+#include "cc/eager/collective_recovery.h"
 #include "cc/eager/device_threads.h"
 #include "tensorflow/c/tf_tensor.h"
 
@@ -406,11 +407,14 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunCollective(
     const std::string& op_name, const std::vector<std::vector<TFE_TensorHandle*>>& inputs,
     const LocalOpOptions& options) {
   // Every participant blocks until the whole group has arrived: one thread per device.
+  CollectiveRun run(context_);
   const int n = static_cast<int>(inputs.size());
   std::vector<int> devices(n);
   for (int d = 0; d < n; ++d) devices[d] = d;
-  TFD_ASSIGN_OR_RETURN(std::vector<std::vector<TFE_TensorHandle*>> out,
-                       RunAtOnce(op_name, inputs, devices, options, 1, n));
+  StatusOr<std::vector<std::vector<TFE_TensorHandle*>>> ran =
+      RunAtOnce(op_name, inputs, devices, options, 1, n);
+  if (!ran.ok()) run.Failed();
+  TFD_ASSIGN_OR_RETURN(std::vector<std::vector<TFE_TensorHandle*>> out, std::move(ran));
   std::vector<TFE_TensorHandle*> outputs;
   outputs.reserve(n);
   for (const std::vector<TFE_TensorHandle*>& o : out) outputs.push_back(o[0]);

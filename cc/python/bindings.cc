@@ -12,6 +12,7 @@
 #include "cc/device/custom_device.h"
 #include "cc/tf/op_registry.h"
 #include "cc/tf/ops.h"
+#include "cc/eager/collective_recovery.h"
 #include "cc/eager/tensor_with_layout.h"
 #include "cc/propagation/propagate.h"
 #include "cc/rules/dispatch.h"
@@ -581,6 +582,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("context_address", [](py::capsule context) {
     return reinterpret_cast<uintptr_t>(ContextFromCapsule(context));
   });
+  // TF's collective executor after failed steps (cc/eager/collective_recovery.h).
+  m.def("collectives_aborted", [](py::capsule context) {
+    return CollectivesAborted(ContextFromCapsule(context));
+  });
+  m.def("collective_renewals", &CollectiveRenewals);
 
   m.def("explain", &Explain, py::arg("op_name"), py::arg("layouts"), py::arg("shapes"),
         py::arg("int_values") = std::map<int, std::vector<int64_t>>(),
