@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,12 +25,16 @@ class LocalMath {
   int type() const { return type_; }
   Builder& builder() const { return builder_; }
 
-  // `op` on the shards with only the given attributes; one output with layout `out`.
+  // `op` on the shards with only the given attributes; one output with layout `out`, and
+  // global shape `global` where given (a view whose global shape no input tells: the
+  // recording builder of `explain` and the golden tables reads its rank from it).
   StatusOr<ValueId> Op(const std::string& op, const std::vector<ValueId>& inputs,
-                       std::vector<AttrOverride> attrs, const Layout& out) {
+                       std::vector<AttrOverride> attrs, const Layout& out,
+                       std::optional<std::vector<int64_t>> global = std::nullopt) {
     LocalOpOptions options;
     options.copy_attrs = false;
     options.overrides = std::move(attrs);
+    if (global) options.global_shapes = {std::move(global)};
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> r, builder_.LocalOp(op, inputs, options, {out}));
     return r[0];
   }
@@ -52,13 +57,16 @@ class LocalMath {
                Bool("keep_dims", keep_dims)},
               out);
   }
-  // `x` with the local shape `shape` (one -1 allowed), as layout `out`.
-  StatusOr<ValueId> Reshape(ValueId x, const std::vector<int64_t>& shape, const Layout& out) {
+  // `x` with the local shape `shape` (one -1 allowed), as layout `out` (of global shape
+  // `global` where given, as for Op).
+  StatusOr<ValueId> Reshape(ValueId x, const std::vector<int64_t>& shape, const Layout& out,
+                            std::optional<std::vector<int64_t>> global = std::nullopt) {
     TFD_ASSIGN_OR_RETURN(ValueId host,
                          builder_.HostConstant(shape, {static_cast<int64_t>(shape.size())},
                                                TF_INT32));
     return Op("Reshape", {x, host},
-              {AttrOverride::Type("T", type_), AttrOverride::Type("Tshape", TF_INT32)}, out);
+              {AttrOverride::Type("T", type_), AttrOverride::Type("Tshape", TF_INT32)}, out,
+              std::move(global));
   }
   StatusOr<ValueId> Cast(ValueId x, int from, int to) {
     if (from == to) return x;

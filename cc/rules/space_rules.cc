@@ -28,6 +28,7 @@
 #include "cc/core/strings.h"
 #include "cc/rules/expand.h"
 #include "cc/rules/factor.h"
+#include "cc/rules/local_math.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/relayout.h"
 #include "tensorflow/c/tf_datatype.h"
@@ -170,13 +171,14 @@ class SpaceBatchRule : public FactorRule {
       specs.insert(specs.end(), rest_specs.begin(), rest_specs.end());
       return blocked.WithSpecs(specs);
     };
+    LocalMath math(builder, ctx.mesh, ctx.inputs[0].dtype);
     auto view = [&](ValueId value, bool on_elements) -> StatusOr<ValueId> {
       std::vector<int64_t> local = {on_elements ? p : p / n,
                                     on_elements ? shape[0] / p / n : shape[0] / p};
       local.insert(local.end(), rest.begin(), rest.end());
       std::vector<int64_t> global = {p, shape[0] / p};
       global.insert(global.end(), shape.begin() + 1, shape.end());
-      return Reshape(ctx, builder, value, local, global, view_layout(on_elements));
+      return math.Reshape(value, local, view_layout(on_elements), global);
     };
     // ... and back to [P * B, rest...] over k, as the local op reads it (BatchToSpaceND:
     // each device's own elements, every offset) or as the output is laid out
@@ -184,7 +186,7 @@ class SpaceBatchRule : public FactorRule {
     auto merge = [&](ValueId value) -> StatusOr<ValueId> {
       std::vector<int64_t> local = {shape[0] / n};
       local.insert(local.end(), rest.begin(), rest.end());
-      return Reshape(ctx, builder, value, local, shape, blocked);
+      return math.Reshape(value, local, blocked, shape);
     };
     const std::string what = "the block offsets of '" + ctx.op_name + "'";
     LocalOpOptions options;
@@ -217,24 +219,6 @@ class SpaceBatchRule : public FactorRule {
   }
 
  private:
-  // A local Reshape of each device's block to `local`, the result (of global shape
-  // `global`) laid out as `layout`.
-  static StatusOr<ValueId> Reshape(const OpContext& ctx, Builder& builder, ValueId value,
-                                   const std::vector<int64_t>& local,
-                                   const std::vector<int64_t>& global, const Layout& layout) {
-    TFD_ASSIGN_OR_RETURN(ValueId shape, builder.HostConstant(
-                                            local, {static_cast<int64_t>(local.size())},
-                                            TF_INT64));
-    LocalOpOptions options;
-    options.copy_attrs = false;
-    options.overrides = {AttrOverride::Type("T", ctx.inputs[0].dtype),
-                         AttrOverride::Type("Tshape", TF_INT64)};
-    options.global_shapes = {global};
-    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> result,
-                         builder.LocalOp("Reshape", {value, shape}, options, {layout}));
-    return result[0];
-  }
-
   // The whole batch of the op's blocked side: the output's for SpaceToBatchND, the input's
   // for BatchToSpaceND (P times the elements of the other side).
   int64_t BlockedBatch(const OpContext& ctx, int64_t product) const {
