@@ -74,6 +74,35 @@ def test_collectives_of_every_dtype(lowering, dtype):
         np.testing.assert_array_equal(got, value)
 
 
+@pytest.mark.parametrize("lowering", LOWERINGS)
+def test_a_step_failing_on_one_gpu_leaves_collectives_usable(lowering):
+    """One GPU's block holds a NaN: `check_numerics` fails there while the others enter the
+    all-reduce. TensorFlow's collective executor (the `ops` lowering) is then aborted or the
+    group cancelled, which failed every later collective of the process; the next steps, a
+    relayout and an eager reduction must be right."""
+    import tf_dtensor
+    mesh = _mesh()
+    layout = dtensor.Layout(["x", "unsharded"], mesh)
+    value = _value(np.float32, (16, 64))
+    broken = value.copy()
+    broken[11, 3] = np.nan
+    expected = value.sum(axis=0)
+    with collective_lowering(lowering):
+        step = tf.function(
+            lambda x: tf.reduce_sum(tf.debugging.check_numerics(x, "step input"), axis=0))
+        for _ in range(3):
+            with pytest.raises(tf.errors.InvalidArgumentError, match="step input"):
+                step(dtensor.pack(np.split(broken, 8), layout))
+            for reduced in (step(dtensor.pack(np.split(value, 8), layout)),
+                            tf.reduce_sum(dtensor.pack(np.split(value, 8), layout), axis=0)):
+                for component in dtensor.unpack(reduced):
+                    np.testing.assert_allclose(component.numpy(), expected, rtol=1e-5)
+            gathered = tf_dtensor.relayout(dtensor.pack(np.split(value, 8), layout),
+                                           dtensor.Layout.replicated(mesh, 2))
+            for component in dtensor.unpack(gathered):
+                np.testing.assert_array_equal(component.numpy(), value)
+
+
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
 @pytest.mark.parametrize("lowering", LOWERINGS)
 def test_training_step_matches_one_gpu(lowering, jit_compile):
