@@ -207,3 +207,41 @@ def test_a_mesh_is_checked_again_after_a_reset_to_fewer_devices():
             print(json.dumps({"raised": str(e)}))
     """)
     assert "CPU:4` of mesh(x=8) does not exist: this host has 4" in out["raised"], out
+
+
+def test_collectives_renewed_after_a_failed_step_in_each_context():
+    """A failed step under the collective-ops lowering renews TensorFlow's collective
+    executor manager of its context (cc/eager/collective_recovery.h); the renewed manager
+    belongs to the context it was made for. Failures, renewals and resets in turn, with
+    the number of devices changing: each context's next steps are right, nothing crashes."""
+    out = _run("""
+        from tf_dtensor import config
+        config.set_collective_lowering("ops")
+        results = []
+        for i in range(6):
+            context._reset_context(); configure(8 if i % 2 else 4)
+            n = len(tf.config.list_logical_devices("CPU"))
+            mesh = dtensor.create_mesh([("x", n)], devices=[f"CPU:{d}" for d in range(n)])
+            layout = dtensor.Layout(["x", dtensor.UNSHARDED], mesh)
+            step = tf.function(
+                lambda x: tf.reduce_sum(tf.debugging.check_numerics(x, "step input"), axis=0))
+            value = np.ones((n, 64), np.float32)
+            broken = value.copy()
+            broken[n - 1, 3] = np.nan
+            before = _core.collective_renewals()
+            try:
+                step(dtensor.pack(np.split(broken, n), layout))
+                results.append("no error")
+            except tf.errors.InvalidArgumentError:
+                pass
+            renewed = _core.collective_renewals() - before
+            context.context().abort_collective_ops(tf.errors.UNAVAILABLE, "test")
+            for _ in range(2):
+                got = dtensor.relayout(step(dtensor.pack(np.split(value, n), layout)),
+                                       dtensor.Layout.replicated(mesh, 1))
+                results.append([renewed, float(got.numpy().sum()) == 64.0 * n])
+        print(json.dumps({"results": results,
+                          "renewals": _core.collective_renewals()}))
+    """)
+    assert out["results"] == [[1, True]] * 12
+    assert out["renewals"] == 12  # one after each failed step, one after each abort
