@@ -11,8 +11,9 @@ and why:
     layout_in/out   the value's layout before and after ("[x,*] +partial(y:sum)")
     shape, dtype    the value's global shape and dtype
     block_bytes     one device's input block
-    bytes_per_device  what each device receives, in the ring model: all-gather (g-1)*B,
-                    all-reduce 2(g-1)/g*B, reduce-scatter and all-to-all (g-1)/g*B
+    bytes_per_device  what each device receives, in the ring model: all-gather (g-1)*B
+                    (uneven blocks: the most any device receives), all-reduce
+                    2(g-1)/g*B, reduce-scatter and all-to-all (g-1)/g*B
     op              the op whose expansion issued it (`MatMul`, `TfDTensorRelayout`, ...)
     requested       the user's relayout (or copy_to_mesh) asked for it; else a rule
                     implied it (a contraction's reduction, an input brought to the plan)

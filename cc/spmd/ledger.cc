@@ -1,5 +1,6 @@
 #include "cc/spmd/ledger.h"
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -45,7 +46,22 @@ CollectiveRecord MakeCollectiveRecord(const std::string& kind, const std::string
   r.block_bytes = elements * static_cast<int64_t>(DTypeBytes(dtype));
   const int64_t g = r.group_size;
   if (kind == "all-gather") {
+    // The most any device receives: its gathered block less its own. (g-1)*B where the
+    // blocks are even; less where they are not ([5] over 4: blocks 2, 2, 1, 0, and the
+    // device with none receives 5 elements, not 3*2).
     r.bytes_per_device = (g - 1) * r.block_bytes;
+    if (local.ok() && out.rank() == layout.rank() &&
+        std::none_of(shape.begin(), shape.end(), [](int64_t n) { return n < 0; }) &&
+        !layout.IsEven(shape)) {
+      int64_t most = 0;
+      for (int d = 0; d < layout.mesh().num_local_devices(); ++d) {
+        int64_t own = 1, gathered = 1;
+        for (int64_t n : layout.GeometryOfDevice(shape, d).shape) own *= n;
+        for (int64_t n : out.GeometryOfDevice(shape, d).shape) gathered *= n;
+        most = std::max(most, gathered - own);
+      }
+      r.bytes_per_device = most * static_cast<int64_t>(DTypeBytes(dtype));
+    }
   } else if (kind == "all-reduce") {
     r.bytes_per_device = 2 * (g - 1) * r.block_bytes / g;
   } else {  // reduce-scatter, all-to-all

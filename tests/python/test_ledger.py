@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dtensor_testing import MESH_2X2, collective_lowering, layout_of, reassemble, to_dtensor
+from dtensor_testing import (MESH_2X2, assert_dtensor_equal, collective_lowering, cpus, layout_of,
+                             reassemble, to_dtensor)
 from tf_dtensor import debug, dtensor
-from tf_dtensor.dtensor import UNSHARDED, Layout
+from tf_dtensor.dtensor import UNSHARDED, Layout, create_mesh
 
 U = UNSHARDED
 RNG = np.random.RandomState(7)
@@ -413,3 +414,19 @@ def test_each_thread_s_ledger_holds_the_collectives_of_its_own_thread():
     ran.set()
     watcher.join()
     assert [r.op for r in ledgers["watch"]] == ["MatMul"]
+
+
+@pytest.mark.parametrize("policy", ["shared", "copies", "ops"])
+def test_an_uneven_all_gather_counts_what_the_most_receiving_device_receives(policy):
+    # [5, 3] over x=4: blocks of 2, 2, 1 and 0 rows (axes split as torch.chunk splits
+    # them). Gathering them, the device holding none receives all 5 rows (15 floats, 60
+    # bytes); the even model, (g-1) times the first block, said 6 rows (72 bytes).
+    value = np.arange(15, dtype=np.float32).reshape(5, 3)
+    mesh = create_mesh([("x", 4)], devices=cpus(4))
+    with collective_lowering(policy), debug.collectives() as ledger:
+        out = dtensor.relayout(to_dtensor(value, layout_of("x,*", mesh)), layout_of("*,*", mesh))
+    assert_dtensor_equal(value, layout_of("*,*", mesh), out)
+    gathers = [r for r in ledger if r.kind == "all-gather"]
+    assert len(gathers) == 1, ledger.table()
+    assert gathers[0].block_bytes == 2 * 3 * 4
+    assert gathers[0].bytes_per_device == 5 * 3 * 4
