@@ -21,6 +21,8 @@ and why:
                     (the bytes are the same; the count of collective ops is lower)
     in_loop         in a loop body: issued once per iteration, listed once per call
     in_branch       in a branch of a conditional: both branches are listed, one runs
+    branch          which one: "'cond' then", "'cond' else", "'case' branch 2" (the
+                    conditional's node), outer ones first ("'a' then / 'b' else")
     where           "eager" or the tf.function's name
     line            the user's source line ("train.py:42") of the eager op that issued it,
                     or of the tf.function call; the first caller's frame outside
@@ -65,6 +67,7 @@ class Collective:
     in_branch: bool
     where: str
     line: str = ""
+    branch: str = ""
 
     @property
     def label(self) -> str:
@@ -119,19 +122,22 @@ class Ledger:
     def select(self, kind: Optional[str] = None, mesh_dim: Optional[str] = None,
                op: Optional[str] = None, requested: Optional[bool] = None,
                where: Optional[str] = None, line: Optional[str] = None,
-               in_branch: Optional[bool] = None) -> List[Collective]:
+               in_branch: Optional[bool] = None,
+               branch: Optional[str] = None) -> List[Collective]:
         """The records of `kind` ("all-reduce", ...), over `mesh_dim` (among others), issued
         for `op`, asked for by the user (`requested=True`) or implied by a rule (`False`),
         eagerly (`where="eager"`) or in a tf.function (its name), from a source `line`
         ("train.py:42", matched at the end of the path), in a branch of a conditional
         (`in_branch=True`: listed for every branch, though one branch runs per call;
-        `False`: the collectives that ran whichever branch was taken); None matches all."""
+        `False`: the collectives that ran whichever branch was taken), in a `branch` whose
+        name contains the text given ("then", "'cond' else"); None matches all."""
         return [r for r in self._records
                 if (kind is None or r.kind == kind)
                 and (mesh_dim is None or mesh_dim in r.mesh_dims)
                 and (op is None or r.op == op)
                 and (requested is None or r.requested == requested)
                 and (in_branch is None or r.in_branch == in_branch)
+                and (branch is None or branch in r.branch)
                 and (where is None or where in (r.where, _function_name(r.where)))
                 and (line is None or _same_line(r.line, line))]
 
@@ -164,17 +170,17 @@ class Ledger:
         for (where, op), records in self.by_op().items():
             kinds: "collections.OrderedDict[Tuple, List[Collective]]" = collections.OrderedDict()
             for r in records:
-                kinds.setdefault((r.label, r.layout_in, r.requested, r.in_loop, r.in_branch,
+                kinds.setdefault((r.label, r.layout_in, r.requested, r.in_loop, r.branch,
                                   r.combined, os.path.basename(r.line)), []).append(r)
-            for (label, layout, asked, in_loop, in_branch, combined, line), same in \
+            for (label, layout, asked, in_loop, branch, combined, line), same in \
                     kinds.items():
                 why = "asked" if asked else "rule"
                 if combined:
                     why += ", combined"
                 if in_loop:
                     why += ", per iteration"
-                if in_branch:
-                    why += ", if its branch runs"
+                if branch:
+                    why += f", if {branch} runs"
                 rows.append((where, op, label, str(len(same)),
                              _bytes(sum(r.bytes_per_device for r in same)),
                              f"{layout} -> {same[0].layout_out}", why, line))

@@ -218,8 +218,13 @@ Status FunctionExpansion::ExpandBranches(const NodeSpec& node, const std::vector
                          Callee(names[b], args, same));
     branches.push_back(std::move(asked));
   }
-  // Every branch's collectives are listed; one branch runs per call.
-  for (const auto& branch : branches) builder_.AddCollectives(branch->collectives, false, true);
+  // Every branch's collectives are listed, each with its branch; one branch runs per call.
+  for (size_t b = 0; b < branches.size(); ++b) {
+    const std::string which = IsCase(node.op) ? "branch " + std::to_string(b)
+                              : b == 0        ? std::string("then")
+                                              : std::string("else");
+    builder_.AddCollectives(branches[b]->collectives, false, "'" + node.name + "' " + which);
+  }
   // A list's element value (ResourceInfo::element_value) holds after the op only where
   // every branch leaves it.
   std::vector<ValueMeta> results = branches[0]->outputs;

@@ -508,10 +508,13 @@ void GraphBuilder::NoteRelayout(ValueId value, const Layout& target, ValueId res
 }
 
 void GraphBuilder::AddCollectives(const std::vector<CollectiveRecord>& records, bool in_loop,
-                                  bool in_branch) {
+                                  const std::string& branch) {
   for (CollectiveRecord r : records) {
     r.in_loop = r.in_loop || in_loop;
-    r.in_branch = r.in_branch || in_branch;
+    if (!branch.empty()) {
+      r.in_branch = true;
+      r.branch = r.branch.empty() ? branch : branch + " / " + r.branch;
+    }
     collectives_.push_back(std::move(r));
   }
 }

@@ -113,8 +113,9 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   // Partial values some reader had reduced (relayouted to their layout without the
   // pending reductions): FunctionExpansion reduces them once where they are made instead.
   const std::set<ValueId>& reduced_by_readers() const { return reduced_by_readers_; }
+  // `branch`: the conditional branch they belong to ("" for none; see CollectiveRecord).
   void AddCollectives(const std::vector<CollectiveRecord>& records, bool in_loop,
-                      bool in_branch = false);
+                      const std::string& branch = "");
 
  protected:
   bool keeps_collectives() const override { return true; }

@@ -242,6 +242,7 @@ py::dict RecordDict(const CollectiveRecord& r) {
   d["combined"] = r.combined;
   d["in_loop"] = r.in_loop;
   d["in_branch"] = r.in_branch;
+  d["branch"] = r.branch;
   d["where"] = r.where.empty() ? std::string("eager") : r.where;
   d["line"] = r.line;
   return d;

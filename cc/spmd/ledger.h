@@ -42,6 +42,9 @@ struct CollectiveRecord {
   bool combined = false;               // joined with other all-reduces into one (graphs)
   bool in_loop = false;                // in a loop body: issued once per iteration
   bool in_branch = false;              // in one branch of a conditional: maybe not issued
+  // Which branch: "<If node> then", "<If node> else" or "<Case node> branch k", outer
+  // conditionals first ("outer then / inner else"); "" outside one.
+  std::string branch;
   std::string where;                   // "eager" or the tf.function's name
   // The user's source line that issued it ("train.py:42"): the line of the eager op, or
   // of the tf.function call; "" where unknown (no line source, or not a Python thread).

@@ -190,7 +190,41 @@ def test_both_branches_of_a_conditional_are_listed_and_marked():
     np.testing.assert_allclose(reassemble(out), np.maximum(A @ W, 0), rtol=1e-5)
     branch = [r for r in ledger if r.in_branch]
     assert {r.kind for r in branch} == {"all-reduce", "all-gather"}, ledger.table()
-    assert "if its branch runs" in ledger.table()
+    # Each names its branch: the matmul's all-reduce the true one, the relayout the other.
+    then, = [r for r in branch if r.kind == "all-reduce"]
+    other, = [r for r in branch if r.kind == "all-gather"]
+    assert then.branch.endswith(" then") and other.branch.endswith(" else"), ledger.table()
+    assert then.branch[:-len(" then")] == other.branch[:-len(" else")]  # one conditional
+    assert ledger.select(branch="then") == [then] and ledger.select(branch="else") == [other]
+    assert f"if {then.branch} runs" in ledger.table() and f"if {other.branch} runs" in \
+        ledger.table()
+
+
+def test_collectives_of_nested_conditionals_and_cases_name_their_branch_path():
+    a, w = _row_parallel()
+
+    @tf.function
+    def pick(a, w, flag, index):
+        def outer_then():
+            return tf.cond(tf.logical_not(flag), lambda: tf.matmul(a, w),
+                           lambda: tf.matmul(a, w) * 2.0)
+        picked = tf.cond(flag, outer_then, lambda: tf.matmul(a, w) * 3.0)
+        cased = tf.switch_case(index, [lambda: tf.matmul(a, w), lambda: tf.matmul(a, w) + 1.0])
+        return picked, cased
+
+    with debug.collectives() as ledger:
+        picked, cased = pick(a, w, tf.constant(True), tf.constant(1))
+    np.testing.assert_allclose(reassemble(picked), 2 * (A @ W), rtol=1e-5)
+    np.testing.assert_allclose(reassemble(cased), A @ W + 1.0, rtol=1e-5)
+    branches = sorted(r.branch for r in ledger)
+    assert all(r.in_branch for r in ledger) and len(branches) == 5, ledger.table()
+    nested = [b for b in branches if " / " in b]
+    assert len(nested) == 2, branches
+    assert all(b.split(" / ")[0].endswith(" then") for b in nested), branches
+    assert sorted(b.split(" / ")[1].rsplit(" ", 1)[1] for b in nested) == ["else", "then"]
+    cases = [b for b in branches if " branch " in b]
+    assert sorted(b[-1] for b in cases) == ["0", "1"], branches
+    assert len([b for b in branches if b.endswith(" else") and " / " not in b]) == 1
 
 
 def test_the_total_says_which_collectives_are_alternatives_or_per_iteration():
