@@ -98,6 +98,11 @@ def test_row_parallel_step_collectives_are_the_ledger_of_a_run(policy):
     assert e.ledger().count(kind="all-reduce", mesh_dim="y") >= 1
 
 
+def _function(where):
+    from tf_dtensor._ledger import _function_name
+    return _function_name(where)
+
+
 def _without_line(records):
     return [(r.kind, r.reduction, r.mesh_dims, r.layout_in, r.layout_out, r.shape, r.dtype,
              r.bytes_per_device, r.op, r.requested, r.combined) for r in records]
@@ -422,5 +427,14 @@ def test_keras_estimate_plans_the_step_fit_runs():
     assert _without_line(e.collectives) == _without_line(ledger.records), \
         e.table() + "\n" + ledger.table()
     assert e.ledger().count(kind="all-reduce", mesh_dim="model") >= 1  # row-parallel d2
+    # `fit`'s ledger names its step as the estimate does (`train_step`; it said
+    # `<lambda>`, the function fit's step was traced in).
+    with distribution.scope():
+        with debug.collectives() as fit_ledger:
+            model.fit(RNG.rand(64, 64).astype(np.float32), RNG.randint(0, 10, 64).astype(np.int32),
+                      batch_size=32, epochs=1, verbose=0)
+    assert len(fit_ledger) > 0
+    assert ({_function(r.where) for r in fit_ledger} == {_function(r.where) for r in e.collectives}
+            == {"train_step"}), fit_ledger.table()
     # The batch is split over `batch` (2): x's rows on the first device of each half.
     assert e.devices["CPU:0"].argument_bytes == 16 * 64 * F32 + 16 * 4

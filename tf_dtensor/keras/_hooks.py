@@ -518,7 +518,7 @@ def _on_mesh(model, function, which: str, make_original):
         batches = [_backend.lay_out_batch(batch, mesh) for batch in batches]
         spec = getattr(iterator_or_batches, "element_spec", None)
         if which != "predict" and spec is not None:
-            function = _traced_for(state, function, spec, len(batches))
+            function = _traced_for(state, function, spec, len(batches), f"{which}_step")
         with default_mesh(mesh):
             return _backend.to_host(function(batches))
 
@@ -526,9 +526,10 @@ def _on_mesh(model, function, which: str, make_original):
     return on_mesh
 
 
-def _traced_for(state: dict, function, element_spec, count: int):
+def _traced_for(state: dict, function, element_spec, count: int, name: str):
     """`function` (Keras' step loop over a list of batches) traced for `count` batches of
-    the data iterator's `element_spec`.
+    the data iterator's `element_spec`, as a function called `name` (`train_step`,
+    `test_step`: what `debug.collectives` and `tf_dtensor.keras.estimate` call the step).
 
     Keras gives `fit` and `evaluate` the iterator itself, and its step is traced for the
     iterator's element spec, whose batch dimension is unknown (`None`) unless the dataset
@@ -542,9 +543,12 @@ def _traced_for(state: dict, function, element_spec, count: int):
         state["traced_function"], state["traced"] = function, {}
     traced = state["traced"].get(count)
     if traced is None:
+        def step(batches):
+            return function(batches)
+
+        step.__name__ = step.__qualname__ = name
         traced = state["traced"][count] = tf.function(
-            lambda batches: function(batches), input_signature=[[element_spec] * count],
-            autograph=False)
+            step, input_signature=[[element_spec] * count], autograph=False)
     return traced
 
 
