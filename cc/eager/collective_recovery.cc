@@ -1,6 +1,7 @@
 #include "cc/eager/collective_recovery.h"
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -25,6 +26,17 @@ std::shared_mutex& RunsMutex() {
 
 thread_local int run_depth = 0;
 std::atomic<int64_t> renewals{0};
+
+// The managers made here, one per context (the last one given to it): a context does not
+// own a manager it is given, and the one it used before is deleted when it takes the next.
+// A context's entry outlives the context (no hook tells its end) until a context at the
+// same address renews: one idle manager per such context.
+std::map<const tf::EagerContext*, std::unique_ptr<tf::CollectiveExecutorMgrInterface>>&
+Renewed() {
+  static auto* renewed =
+      new std::map<const tf::EagerContext*, std::unique_ptr<tf::CollectiveExecutorMgrInterface>>;
+  return *renewed;
+}
 
 // Reads the abort status TF keeps in a protected member of its executor. A pointer to a
 // member named through a derived class is a pointer to the base's member, so the read needs
@@ -66,11 +78,14 @@ void Renew(tf::EagerContext& context, bool always) {
   // context takes the new one, with no run left in flight to use it.
   context.ClearCachesAndThreadExecutors();
   const tf::ConfigProto& config = context.session_options().config;
-  std::unique_ptr<tf::CollectiveExecutorMgr> manager = tf::CreateProdLocalCollectiveExecutorMgr(
-      config, context.local_device_mgr(), tf::MaybeCreateNcclCommunicator(config));
-  // The context does not own a manager it is given: this one lives as long as the process,
-  // since tensors of this context may outlive any owner here (a few kilobytes each time).
-  context.SetCollectiveExecutorMgr(manager.release());
+  std::unique_ptr<tf::CollectiveExecutorMgrInterface> manager =
+      tf::CreateProdLocalCollectiveExecutorMgr(config, context.local_device_mgr(),
+                                               tf::MaybeCreateNcclCommunicator(config));
+  // Deletes the context's own manager (TF's, at the first renewal); ours, from the renewal
+  // before, is deleted below. Each holds a work queue whose threads end with it.
+  context.SetCollectiveExecutorMgr(manager.get());
+  std::swap(Renewed()[&context], manager);
+  manager.reset();
   context.ResetGlobalRendezvousForFunction();
   renewals.fetch_add(1, std::memory_order_relaxed);
 }

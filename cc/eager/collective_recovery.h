@@ -24,7 +24,7 @@
 // TF's kernel cache (its kernels hold the old executor) and renews the rendezvous eager
 // functions share. Tensors, variables, functions and meshes are untouched; groups resolve
 // again at their next collective. It costs one recompilation of each kernel TF runs next,
-// paid only after a failure.
+// paid only after a failure. The replaced manager is deleted (its threads end with it).
 //
 // Only in a context of one process. A context serving a cluster (multi-client meshes) runs
 // TF's RPC collective manager, whose group state its peers share: it is left as it is, and

@@ -743,6 +743,33 @@ def test_a_step_that_fails_on_one_device_leaves_collectives_usable(policy, trace
         config.set_collective_lowering("")
 
 
+def test_renewals_do_not_leave_threads_behind(collective_ops):
+    # Each collective executor manager runs its collectives on a work queue of its own
+    # threads. A renewal that kept the managers it replaced alive left about ten idle
+    # threads per failed step (436 threads after 40): the replaced one must go.
+    import os
+    layout = layout_of("x,*", MESH_8)
+    step = tf.function(lambda x: tf.reduce_sum(tf.debugging.check_numerics(x, "s"), axis=0))
+    value = _data((8, 64))
+    broken = value.copy()
+    broken[5, 1] = np.nan
+
+    def fail_and_run():
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            step(to_dtensor(broken, layout))
+        np.testing.assert_allclose(reassemble(step(to_dtensor(value, layout))),
+                                   value.sum(axis=0), rtol=1e-5)
+
+    for _ in range(3):  # the work queues of the first managers fill up
+        fail_and_run()
+    threads = len(os.listdir("/proc/self/task"))
+    renewals = tf_dtensor._core.collective_renewals()
+    for _ in range(20):
+        fail_and_run()
+    assert tf_dtensor._core.collective_renewals() - renewals == 20
+    assert len(os.listdir("/proc/self/task")) - threads < 10
+
+
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
 def test_collectives_aborted_by_tensorflow_are_renewed_before_the_next_collective(
         collective_ops, traced):
