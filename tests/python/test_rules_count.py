@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dtensor_testing import (LOWERINGS, MESH_1D, MESH_2X2, assert_dtensor_equal,
-                             collective_lowering, layout_of, layouts_for, reassemble,
-                             run_without_fallback, spec_id, to_dtensor)
+import tf_dtensor
+from dtensor_testing import (LOWERINGS, MESH_1D, MESH_2X2, assert_dtensor_equal, check_op,
+                             collective_lowering, layout_of, layouts_for, run_without_fallback,
+                             spec_id, to_dtensor)
 from function_testing import check_function
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
@@ -123,3 +124,28 @@ def test_bincount_weights_of_another_shape_are_refused(mesh_1d):
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
                        match=r"'DenseBincount' needs weights of its input's shape"):
         tf.raw_ops.DenseBincount(input=ids, size=SIZE, weights=weights, binary_output=False)
+
+
+@pytest.mark.parametrize("layout", [layout_of("[x,y]", MESH_2X2), layout_of("[*,y]", MESH_2X4)],
+                         ids=spec_id)
+def test_explain_agrees_with_execution(layout):
+    # debug.explain's plan (output layout, all-reduces) is the one that runs.
+    plan = tf_dtensor.debug.explain(
+        "HistogramFixedWidth", [layout, layout_of("[*]", layout.mesh), None],
+        [list(VALUES.shape), [2], []], int_values={2: [4]})
+    over = ",".join(s for s in layout.sharding_specs if s != UNSHARDED)
+    assert plan["collectives"] == [f"all-reduce(sum) of output 0 over {over}"]
+    check_op(lambda v, r: tf.histogram_fixed_width(v, r, nbins=4), "HistogramFixedWidth",
+             [VALUES, RANGE], [layout, layout_of("[*]", layout.mesh)], host_inputs=[([], [4])])
+    # DenseBincount's size sits between its tensors: the plan and the run side by side.
+    plan = tf_dtensor.debug.explain(
+        "DenseBincount", [layout, None, layout], [list(IDS_2D.shape), [], list(IDS_2D.shape)],
+        int_values={1: [SIZE]}, attrs={"binary_output": True})
+    weights = np.ones(IDS_2D.shape, np.float32)
+    got = run_without_fallback(lambda: tf.raw_ops.DenseBincount(
+        input=to_dtensor(IDS_2D, layout), size=SIZE, weights=to_dtensor(weights, layout),
+        binary_output=True))
+    assert plan["outputs"] == [_bincount_layout(layout)]
+    assert_dtensor_equal(tf.raw_ops.DenseBincount(input=IDS_2D, size=SIZE, weights=weights,
+                                                  binary_output=True),
+                         plan["outputs"][0], got)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dtensor_testing import (LOWERINGS, MESH_1D, MESH_2X2, assert_dtensor_equal,
+from dtensor_testing import (LOWERINGS, MESH_1D, MESH_2X2, assert_dtensor_equal, check_op,
                              collective_lowering, layout_of, reassemble, run_without_fallback,
                              to_dtensor)
 from tf_dtensor import dtensor
@@ -149,3 +149,10 @@ def test_grad_boxes_stays_pending_in_function(mesh_2x2):
     got = run_without_fallback(boxes_grad, grads, image)
     np.testing.assert_allclose(reassemble(got), expected, rtol=1e-5, atol=1e-5)
     assert dtensor.fetch_layout(got).sharding_specs[0] == "x"
+
+
+@pytest.mark.parametrize("mesh,image_spec,boxes_spec,index_spec", PARAMS)
+def test_explain_agrees_with_execution(mesh, image_spec, boxes_spec, index_spec):
+    layouts = [layout_of(s, mesh) for s in (image_spec, boxes_spec, index_spec)]
+    check_op(lambda i, b, n: tf.image.crop_and_resize(i, b, n, CROP), "CropAndResize",
+             [IMAGE, BOXES, BOX_IND], layouts, host_inputs=[([2], list(CROP))])
