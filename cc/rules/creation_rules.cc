@@ -1,5 +1,6 @@
 // Ops that create values from host arguments (shapes, seeds, scalars).
 //   fill(dims=[8,4], 1.0) with requested [x,*] -> each device fills its [8/|x|,4] block
+//   empty(shape=[8,4], init=true) likewise (its values unset without init)
 //   stateless_random_normal(shape, seed) with requested [x,y] -> the global value is drawn
 //     once and sliced, so values equal the single-device result for every layout
 // Ops whose inputs are all host arguments and whose outputs are replicated use
@@ -42,11 +43,13 @@ class ReplicatedRule : public Rule {
   bool stateful_;
 };
 
-// Fill(dims, value): each device fills its own block of the requested layout.
+// Fill(dims, value) and Empty(shape) (tf.nn.ctc_loss's buffers): each device makes its
+// own block of the requested layout.
 class FillRule : public Rule {
  public:
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ctx.IntValue(0, "dims"));
+    TFD_ASSIGN_OR_RETURN(std::vector<int64_t> dims,
+                         ctx.IntValue(0, ctx.op_name == "Empty" ? "shape" : "dims"));
     Layout out = Layout::Replicated(ctx.mesh, static_cast<int>(dims.size()));
     // A request the shape cannot take (a size-1 axis that broadcasts later) leaves the
     // fill replicated; the result is relaid out where the request was made.
@@ -55,9 +58,12 @@ class FillRule : public Rule {
       out = *ctx.requested;
     }
     Plan plan;
-    plan.inputs = {std::nullopt, ctx.inputs[1].layout ? std::optional<Layout>(
-                                                            Layout::Replicated(ctx.mesh, 0))
-                                                      : std::nullopt};
+    plan.inputs = {std::nullopt};
+    if (ctx.inputs.size() > 1) {  // Fill's value, a scalar
+      plan.inputs.push_back(ctx.inputs[1].layout
+                                ? std::optional<Layout>(Layout::Replicated(ctx.mesh, 0))
+                                : std::nullopt);
+    }
     plan.outputs = {out};
     TFD_ASSIGN_OR_RETURN(plan.host_inputs[0],
                          out.UniformLocalShape(dims, "the output of '" + ctx.op_name + "'"));
@@ -161,6 +167,7 @@ const RuleTraits kShapeThenValues =
     Traits().Host(0, HostValue::kShape).Host(1, -1, HostValue::kValue);
 
 const bool kRegistered = RegisterRules({
+    {"Empty", std::make_shared<FillRule>(), Traits().Host(0, HostValue::kShape).ReadsRequest()},
     {"Fill", std::make_shared<FillRule>(),
      Traits().Host(0, HostValue::kShape).Host(1, HostValue::kValue).ReadsRequest()},
     {"LinSpace", Replicated(), Traits().AllHost(HostValue::kValue)},

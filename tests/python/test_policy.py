@@ -1,7 +1,7 @@
 """The policy for ops with no sharding rule (tf_dtensor/_device.py, `set_strict_mode`):
 by default they run replicated and warn once per op name; in strict mode they raise.
 
-Each test uses its own op (HistogramFixedWidth, TridiagonalSolve, NthElement, ...): the warning
+Each test uses its own op (CTCGreedyDecoder, TridiagonalSolve, NthElement, ...): the warning
 is given once per op name per process. The ops are ones with no rule; adding a rule for one
 means moving its test to another.
 """
@@ -28,16 +28,31 @@ def _unsupported_warnings(fn):
     return result, [w for w in caught if issubclass(w.category, tf_dtensor.UnsupportedOpWarning)]
 
 
+# CTCGreedyDecoder has no rule by design: its outputs are sparse indices and values whose
+# count depends on the data (cc/rules/data_dependent_rules.cc says why such ops gather).
+_LOGITS = np.random.default_rng(0).normal(size=(6, 4, 5)).astype(np.float32)  # [t, batch, c]
+
+
 def test_op_without_rule_runs_replicated_and_warns_once(mesh_2x2):
-    t = to_dtensor(_X, layout_of("[x,*]", mesh_2x2))
+    t = to_dtensor(_LOGITS, layout_of("[*,x,*]", mesh_2x2))
+
+    def decode(lengths):
+        return tf.raw_ops.CTCGreedyDecoder(inputs=t, sequence_length=lengths)
+
+    def expected(lengths):
+        return tf.raw_ops.CTCGreedyDecoder(inputs=_LOGITS, sequence_length=lengths)
+
+    lengths = np.array([6, 5, 3, 6], np.int32)
     with pytest.warns(tf_dtensor.UnsupportedOpWarning,
-                      match=r"(?s)'HistogramFixedWidth'.*\[x,\*\] @ mesh\(x=2,y=2\)"):
-        out = tf.histogram_fixed_width(t, [0.0, 32.0], nbins=4)
-    assert_dtensor_equal(np.full(4, 8, np.int32), layout_of("[*]", mesh_2x2), out)
-    again, caught = _unsupported_warnings(
-        lambda: tf.histogram_fixed_width(t, [0.0, 32.0], nbins=2))
+                      match=r"(?s)'CTCGreedyDecoder'.*\[\*,x,\*\] @ mesh\(x=2,y=2\)"):
+        out = decode(lengths)
+    for want, got in zip(expected(lengths), out):
+        assert_dtensor_equal(want, layout_of("[" + ",".join(["*"] * want.shape.rank) + "]",
+                                             mesh_2x2), got)
+    shorter = np.array([2, 2, 1, 4], np.int32)
+    again, caught = _unsupported_warnings(lambda: decode(shorter))
     assert caught == []
-    assert_dtensor_equal(np.full(2, 16, np.int32), layout_of("[*]", mesh_2x2), again)
+    assert_dtensor_equal(expected(shorter)[1], layout_of("[*]", mesh_2x2), again[1])
 
 
 # Tridiagonal and banded solves: [3, 8] diagonals (or [4, 8] bands) against an [8, 4] rhs.

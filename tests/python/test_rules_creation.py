@@ -5,6 +5,7 @@
     fill(dims=[8,4], 1.0) with requested [x,*] -> each device fills its [8/|x|,4] block
     stateless_random_normal(shape, seed) with requested [x,y] -> the global value is drawn
       once and sliced, so values equal the single-device result for every layout
+    empty(shape=[8,4], init=true) with requested [x,y] -> each device makes its own block
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import tensorflow as tf
 
 import tf_dtensor
 from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal, layout_of,
-                             layout_params, run_without_fallback, spec_params, to_dtensor)
+                             layout_params, reassemble, run_without_fallback, spec_params,
+                             to_dtensor)
 from tf_dtensor import dtensor
 
 SHAPE = (8, 4)
@@ -162,3 +164,82 @@ def test_range_feeding_a_sharded_sum_in_function_stays_sharded(mesh_2x2):
     fn = tf.function(lambda t: t * tf.cast(tf.range(10), tf.float32))
     actual = run_without_fallback(fn, to_dtensor(x, layout_of("[x]", mesh_2x2)))
     assert_dtensor_equal(x * np.arange(10, dtype=np.float32), layout_of("[x]", mesh_2x2), actual)
+
+
+# Empty (tf.nn.ctc_loss's buffers) makes its blocks in the requested layout, as Fill does:
+# zeros with init, values left unset without (only shape, dtype and layout are compared).
+EMPTY_LAYOUTS = (spec_params(MESH_2X2, ("[x,y]",), ("[y,*]",), ("[*,x]",), ("[*,*]",)) +
+                 spec_params(MESH_1D, ("[x,*]",)) + spec_params(MESH_8, ("[x,*]",)))
+
+
+def _empty(dtype, init):
+    def make():
+        return tf.raw_ops.Empty(shape=SHAPE, dtype=dtype, init=init)
+    return make
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.int32, tf.bool], ids=lambda t: t.name)
+@pytest.mark.parametrize("layouts", EMPTY_LAYOUTS)
+def test_empty_in_requested_layout(layouts, dtype, in_function):
+    (layout,) = layouts
+    make = _empty(dtype, init=True)
+    fn = tf.function(make) if in_function else make
+    expected = make().numpy()
+    actual = run_without_fallback(lambda: dtensor.call_with_layout(fn, layout))
+    assert_dtensor_equal(expected, layout, actual)
+    if not in_function:  # no collective: each device made its own block
+        plan = tf_dtensor.debug.explain("Empty", [None], [[2]], int_values={0: list(SHAPE)},
+                                        attrs={"dtype": dtype, "init": True}, requested=layout)
+        assert plan["outputs"] == [layout]
+        assert plan["collectives"] == []
+
+
+@pytest.mark.parametrize("layouts", spec_params(MESH_2X2, ("[x,y]",), ("[*,y]",)))
+def test_empty_without_init_has_the_shape_dtype_and_layout(layouts):
+    (layout,) = layouts
+    actual = run_without_fallback(
+        lambda: dtensor.call_with_layout(_empty(tf.float32, init=False), layout))
+    assert dtensor.fetch_layout(actual) == layout
+    assert tuple(actual.shape) == SHAPE and actual.dtype == tf.float32
+    assert [tuple(c.shape) for c in dtensor.unpack(actual)][0] == (
+        SHAPE[0] // (2 if layout.sharding_specs[0] != "unsharded" else 1),
+        SHAPE[1] // (2 if layout.sharding_specs[1] != "unsharded" else 1))
+
+
+def test_empty_with_an_uneven_request_is_made_replicated_then_split(mesh_8):
+    layout = dtensor.Layout(["x", dtensor.UNSHARDED], mesh_8)
+    make = lambda: tf.raw_ops.Empty(shape=(6, 4), dtype=tf.float32, init=True)  # noqa: E731
+    assert_dtensor_equal(np.zeros((6, 4), np.float32), layout,
+                         dtensor.call_with_layout(make, layout))
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_ctc_loss_and_its_gradient_keep_the_batch_sharded(traced, mesh_2x2):
+    # tf.nn.ctc_loss's gradient makes its buffers with Empty inside tf.function: with a
+    # rule, nothing falls back (strict mode) and the batch stays sharded.
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(6, 4, 5)).astype(np.float32)  # [time, batch, classes]
+    labels = np.array([[1, 2, 0], [3, 3, 1], [2, 0, 0], [4, 1, 2]], np.int32)
+    label_length = np.array([2, 3, 1, 3], np.int32)
+    logit_length = np.array([6, 5, 3, 6], np.int32)
+
+    def loss_and_grad(labels, logits, label_length, logit_length):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            loss = tf.nn.ctc_loss(labels, logits, label_length, logit_length,
+                                  logits_time_major=True, blank_index=0)
+            total = tf.reduce_sum(loss)
+        return loss, tape.gradient(total, logits)
+
+    fn = tf.function(loss_and_grad) if traced else loss_and_grad
+    expected = loss_and_grad(labels, tf.constant(logits), label_length, logit_length)
+    batch = layout_of("[x]", mesh_2x2)
+    loss, grad = run_without_fallback(
+        fn, to_dtensor(labels, layout_of("[x,*]", mesh_2x2)),
+        to_dtensor(logits, layout_of("[*,x,*]", mesh_2x2)), to_dtensor(label_length, batch),
+        to_dtensor(logit_length, batch))
+    assert dtensor.fetch_layout(loss) == batch
+    assert dtensor.fetch_layout(grad) == layout_of("[*,x,*]", mesh_2x2)
+    np.testing.assert_allclose(reassemble(loss), expected[0].numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(reassemble(grad), expected[1].numpy(), rtol=1e-5, atol=1e-5)

@@ -53,6 +53,7 @@ TEST(RuleRegistry, TraitsAreTheRegistrationRows) {
   EXPECT_EQ(traits("Sum"), "linear(sum), host inputs 1 (an axis)");
   EXPECT_EQ(traits("ConcatV2"), "host inputs last (an axis)");
   EXPECT_EQ(traits("Fill"), "host inputs 0 (a shape), host inputs 1 (a value), reads the request");
+  EXPECT_EQ(traits("Empty"), "host inputs 0 (a shape), reads the request");
   EXPECT_EQ(traits("TensorListReserve"),
             "host inputs 0 (a shape), host inputs 1 (a count), makes a mesh value");
   EXPECT_EQ(traits("TfDTensorRelayout"), "multi-dimension axes");

@@ -558,6 +558,13 @@ def _(d):
     return Call([H(list(d.shape(0, 3)), tf.int32), H(np.asarray(2.5, np.float32))])
 
 
+@op("Empty", grad=False, creation=True)
+def _(d):
+    # init: zeros (without it the values are unset, nothing to compare).
+    return Call([H(list(d.shape(0, 3)), tf.int32)],
+                {"dtype": d.dtype((tf.float32, tf.int32, tf.bool)), "init": True})
+
+
 @op("Range", creation=True)
 def _(d):
     start, delta = d.int(-5, 5), d.choice([1, 2, 3, -1])

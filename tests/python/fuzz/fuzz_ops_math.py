@@ -480,6 +480,27 @@ def _(d):
     return Call([T(x)], {"boundaries": sorted({d.int(-2, 2) / 2 for _ in range(d.int(1, 4))})})
 
 
+@op("HistogramFixedWidth", grad=False)
+def _(d):
+    dtype = d.dtype((tf.float32, tf.float64, tf.int32))
+    values = d.array(d.shape(0, 3), dtype, -3, 6)  # some below and above the range
+    low = d.int(-2, 1)
+    value_range = np.asarray([low, low + d.int(1, 4)], dtype.as_numpy_dtype)
+    return Call([T(values), T(value_range), H(d.int(1, 6), tf.int32)],
+                {"dtype": d.dtype((tf.int32, tf.int64))})
+
+
+@op("DenseBincount", grad=False)
+def _(d):
+    index = d.dtype((tf.int32, tf.int64))
+    size = d.int(1, 6)
+    ids = d.array(d.shape(1, 2), index, 0, size + 1)  # ids of size and more are dropped
+    # Weights of the ids' shape, or none (an empty vector, read whole).
+    weights = (T(d.array(ids.shape, d.dtype((tf.float32, tf.float64, tf.int32)), 0, 3))
+               if d.bool() else T(np.zeros([0], np.float32), sharded=False))
+    return Call([T(ids), H(size, index), weights], {"binary_output": d.bool()})
+
+
 @op("RGBToHSV")
 def _(d):
     dtype = d.dtype()
@@ -547,6 +568,37 @@ for _name, _forward in (("ResizeBicubicGrad", tf.raw_ops.ResizeBicubic),
         image, size, attrs = _images(d, d.dtype()), _size(d), _resize_attrs(d)
         resized = _forward(images=image, size=size, **attrs)
         return Call([T(d.array(resized.shape, tf.float32)), T(image)], attrs, tol=1e-4)
+
+
+def _crop_args(d: Drawer):
+    """An image, boxes (corners in [0, 1], flipped ones included), box_ind, crop_size."""
+    image = _images(d)
+    boxes = d.size(1, 6)
+    return (image, d.array((boxes, 4), tf.float32, -0.2, 1.2),
+            d.array((boxes,), tf.int32, 0, image.shape[0] - 1), [d.size(1, 4), d.size(1, 4)])
+
+
+@op("CropAndResize")
+def _(d):
+    image, boxes, box_ind, crop = _crop_args(d)
+    return Call([T(image), T(boxes), T(box_ind), H(crop, tf.int32)],
+                {"method": d.choice(["bilinear", "nearest"]),
+                 "extrapolation_value": d.choice([0.0, 0.5])}, tol=1e-4)
+
+
+@op("CropAndResizeGradImage", grad=False)
+def _(d):
+    image, boxes, box_ind, crop = _crop_args(d)
+    grads = d.array((boxes.shape[0], *crop, image.shape[3]), tf.float32)
+    return Call([T(grads), T(boxes), T(box_ind), H(list(image.shape), tf.int32)],
+                {"T": tf.float32, "method": d.choice(["bilinear", "nearest"])}, tol=1e-4)
+
+
+@op("CropAndResizeGradBoxes", grad=False)
+def _(d):
+    image, boxes, box_ind, crop = _crop_args(d)
+    grads = d.array((boxes.shape[0], *crop, image.shape[3]), tf.float32)
+    return Call([T(grads), T(image), T(boxes), T(box_ind)], tol=1e-4)
 
 
 @op("ResizeNearestNeighborGrad", grad=False)
