@@ -526,6 +526,19 @@ def test_to_local_and_placements_of_name_themselves():
         placements_of(tf.ones([2]))
 
 
+def test_errors_raised_while_tracing_keep_their_class():
+    # AutoGraph rebuilt them as a bare StagingError: `except LayoutError` around the call of
+    # a tf.function missed a wrong placement.
+    t = distribute_tensor(tf.ones([4, 6]), MESH_2X2, [Shard(0), Replicate()])
+    with pytest.raises(tf_dtensor.LayoutError, match=r"`redistribute`: S\(2\) on mesh "
+                                                     r"dimension `x` .* has rank 2"):
+        tf.function(lambda v: redistribute(v, [Shard(2), Replicate()], mesh=MESH_2X2))(t)
+    with pytest.raises(tf_dtensor.LayoutError, match=r"\[S\(0\)\] has 1 placement"):
+        tf.function(lambda v: distribute_tensor(v, MESH_2X2, [Shard(0)]))(tf.ones([4]))
+    with pytest.raises(tf_dtensor.MeshError, match=r"`redistribute` takes a `Mesh`"):
+        tf.function(lambda v: redistribute(v, [Replicate(), Replicate()], mesh="x"))(t)
+
+
 def test_top_level_names():
     for name in ("Shard", "Replicate", "Partial", "init_device_mesh", "distribute_tensor",
                  "from_local", "to_local", "full_tensor", "redistribute", "placements_of"):
