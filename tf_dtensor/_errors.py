@@ -39,6 +39,12 @@ class _OpErrorFromMessage(errors_impl.OpError):
 
     _CODE = errors_impl.INVALID_ARGUMENT
 
+    # Raised while AutoGraph runs a traced function, an error is rebuilt with the user's
+    # source lines, and a class whose constructor AutoGraph does not know became a bare
+    # `StagingError`: `except LayoutError` around a tf.function call missed it. AutoGraph
+    # lets errors marked so through as they are (TensorFlow marks its `UnliftableError`).
+    ag_pass_through = True
+
     def __init__(self, message: str, node_def: Optional[Any] = None, op: Optional[Any] = None):
         errors_impl.OpError.__init__(self, node_def, op, message, self._CODE)
         self.args = (message,)

@@ -15,7 +15,7 @@ from tensorflow.python.ops import resource_variable_ops
 
 from tf_dtensor import api, config
 from tf_dtensor._errors import LayoutError, MeshError, PackError, RelayoutError
-from tf_dtensor._placement_types import Placement, Placements
+from tf_dtensor._placement_types import Placement, Placements, Replicate
 from tf_dtensor.layout import (MULTI_DIM_SEPARATOR, UNSHARDED, Layout, _layout_for,
                                _placements_of_layout, format_placements)
 from tf_dtensor.mesh import Mesh
@@ -109,14 +109,25 @@ def _to_plain(tensor, function: str = "full_tensor") -> tf.Tensor:
 
 
 def _mesh_arg(mesh: Optional[Mesh], device_mesh: Optional[Mesh], name: str) -> Mesh:
-    """`mesh`, or PyTorch's keyword for it, `device_mesh`."""
+    """`mesh`, or PyTorch's keyword for it, `device_mesh`; else, as PyTorch takes the mesh
+    of the enclosing `with device_mesh:`, the innermost `dtensor.default_mesh`."""
     if mesh is not None and device_mesh is not None and mesh != device_mesh:
         raise TypeError(f"`{name}` got both `mesh` and `device_mesh` (PyTorch's name for it), "
                         f"and they differ; give one.")
     mesh = mesh if mesh is not None else device_mesh
     if mesh is None:
-        raise TypeError(f"`{name}` needs a mesh (`mesh=`, or PyTorch's `device_mesh=`).")
+        mesh = api.get_default_mesh()
+    if mesh is None:
+        raise TypeError(f"`{name}` needs a mesh (`mesh=`, or PyTorch's `device_mesh=`), or a "
+                        f"call under `dtensor.default_mesh(mesh)`.")
     return mesh
+
+
+def _placements_arg(placements: Optional[Placements], mesh: Mesh) -> Placements:
+    """`placements`, or as PyTorch defaults them, `Replicate()` on every mesh dimension."""
+    if placements is None:
+        return [Replicate()] * len(mesh.dim_names)
+    return placements
 
 
 def distribute_tensor(tensor, mesh: Optional[Mesh] = None, placements: Placements = None, *,
@@ -124,7 +135,9 @@ def distribute_tensor(tensor, mesh: Optional[Mesh] = None, placements: Placement
     """`tensor` laid out on `mesh` as `placements`: a DTensor with the same global value.
 
     A regular tensor is sliced on each device (no device sees more than its block); a
-    DTensor is redistributed. `Partial` placements give terms whose reduction is `tensor`,
+    DTensor is redistributed. With no `mesh`, the innermost `dtensor.default_mesh`; with no
+    `placements`, `Replicate()` on every mesh dimension (as PyTorch's defaults). `Partial`
+    placements give terms whose reduction is `tensor`,
     as recent PyTorch does: for `sum` the first device along the dimension holds the value
     and the others zeros; for `mean`/`max`/`min` every device holds the value. Works
     eagerly and inside `tf.function`, also in one called with regular tensors alone
@@ -139,8 +152,7 @@ def distribute_tensor(tensor, mesh: Optional[Mesh] = None, placements: Placement
       >>> t = distribute_tensor(tf.ones([5, 2]), mesh, [Shard(0)])   # blocks of 2, 2, 1, 0
     """
     mesh = _mesh_arg(mesh, device_mesh, "distribute_tensor")
-    if placements is None:
-        raise TypeError("`distribute_tensor` needs `placements`, one per mesh dimension.")
+    placements = _placements_arg(placements, mesh)
     source_is_dtensor = api._is_dtensor(tensor)
     if not source_is_dtensor:
         tensor = tf.convert_to_tensor(tensor)
@@ -191,7 +203,7 @@ def _local_list(local) -> Optional[List[Any]]:
 
 def from_local(local, mesh: Optional[Mesh] = None, placements: Placements = None,
                shape: Optional[Sequence[int]] = None, *, run_check: bool = False,
-               device_mesh: Optional[Mesh] = None):
+               device_mesh: Optional[Mesh] = None, stride: Optional[Sequence[int]] = None):
     """A DTensor from blocks that devices already hold, as PyTorch's `DTensor.from_local`.
 
     Args:
@@ -199,13 +211,18 @@ def from_local(local, mesh: Optional[Mesh] = None, placements: Placements = None
         outermost; uneven blocks as `torch.chunk` cuts them), or one tensor that is every
         device's block (what each PyTorch rank passes). With `Partial` placements the
         blocks are the pending terms.
-      mesh: the mesh.
-      placements: one placement per mesh dimension.
+      mesh: the mesh (default: the innermost `dtensor.default_mesh`).
+      placements: one placement per mesh dimension (default: `Replicate()` on each, as
+        PyTorch's).
       shape: the global shape, checked against the blocks (required by nothing: the
         blocks determine it; give it to catch a wrong split).
+      stride: PyTorch's global stride, checked: TensorFlow tensors are row-major, so it
+        can only be the row-major stride of the global shape (`(3, 1)` for `[2, 3]`).
       run_check: compare the blocks that the placements make replicas (those of devices
-        that differ only along `Replicate()` dimensions) and raise if they differ, as
-        PyTorch's `run_check=True` does; off by default (it reads every block).
+        that differ only along `Replicate()` dimensions) and raise if they differ; off by
+        default (it reads every block). PyTorch's `run_check=True` instead overwrites the
+        replicas with the first one's data; here replicas that differ are an error, never
+        silently replaced.
 
     Gradients (eager): with a list, each block gets its device's gradient block, as each
     PyTorch rank does (`Partial` terms get the gradient of the reduced value). With one
@@ -228,8 +245,7 @@ def from_local(local, mesh: Optional[Mesh] = None, placements: Placements = None
                            "and pass the DTensor in (inside, use `distribute_tensor` or "
                            "`redistribute`).")
     mesh = _mesh_arg(mesh, device_mesh, "from_local")
-    if placements is None:
-        raise TypeError("`from_local` needs `placements`, one per mesh dimension.")
+    placements = _placements_arg(placements, mesh)
     blocks = _local_list(local)
     single = blocks is None
     if single:
@@ -280,7 +296,25 @@ def from_local(local, mesh: Optional[Mesh] = None, placements: Placements = None
             f"{format_placements(_placements_of_layout(layout), mesh)}, but `shape` is "
             f"{list(shape)}. Blocks are cut like torch.chunk (ceil(n / k) first, the last "
             f"ones smaller or empty); check the split.")
+    if stride is not None:
+        row_major = _row_major_stride(list(result.shape))
+        if [int(s) for s in stride] != row_major:
+            raise LayoutError(
+                f"`from_local`: `stride` {list(stride)} is not the row-major stride "
+                f"{row_major} of the global shape {list(result.shape)} that the blocks make "
+                f"for {format_placements(_placements_of_layout(layout), mesh)}. TensorFlow "
+                f"tensors are always row-major (contiguous): pass {tuple(row_major)} or no "
+                f"`stride`.")
     return result
+
+
+def _row_major_stride(shape: List[int]) -> List[int]:
+    """The stride of a contiguous tensor of `shape`, as PyTorch counts it (elements)."""
+    stride, step = [], 1
+    for size in reversed(shape):
+        stride.append(step)
+        step *= max(size, 1)
+    return stride[::-1]
 
 
 def _distinct_holders(layout: Layout) -> List[bool]:
@@ -311,7 +345,8 @@ def to_local(tensor) -> List[tf.Tensor]:
       >>> [b.shape[0] for b in to_local(distribute_tensor(tf.ones([5]), mesh, [Shard(0)]))]
       [2, 2, 1, 0]
     """
-    if context.executing_eagerly() and not api._is_dtensor(tensor):
+    _eager_only("to_local", "reads the blocks, which exist only when it runs")
+    if not api._is_dtensor(tensor):
         raise LayoutError(f"`to_local` takes a DTensor; got a `{type(tensor).__name__}`. "
                           f"Make one with `distribute_tensor` or `from_local`.")
     if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
@@ -359,17 +394,24 @@ def _traced_mesh(mesh: Optional[Mesh], function: str) -> Mesh:
     return mesh
 
 
-def redistribute(tensor, placements: Placements, mesh: Optional[Mesh] = None):
+def redistribute(tensor, placements: Placements = None, mesh: Optional[Mesh] = None, *,
+                 device_mesh: Optional[Mesh] = None):
     """The DTensor `tensor` laid out as `placements` (on `mesh`, default its own mesh):
     the all-gathers, slices, all-to-alls and reductions of `relayout`. `Partial` targets
     keep the value (see `distribute_tensor`). Gradients flow back to the source layout.
 
+    PyTorch's method order, `redistribute(t, mesh, placements)` (from
+    `t.redistribute(device_mesh, placements)`), and its keyword `device_mesh=` work too.
     Inside a `tf.function` the tensor's mesh is not known while tracing: pass `mesh` or
     use `dtensor.default_mesh`.
 
     Example:
       >>> u = redistribute(t, [Replicate(), Shard(1)])
     """
+    if isinstance(placements, Mesh) and not isinstance(mesh, Mesh):
+        placements, mesh = mesh, placements  # PyTorch's order: (device_mesh, placements)
+    if mesh is not None or device_mesh is not None:
+        mesh = _mesh_arg(mesh, device_mesh, "redistribute")
     if context.executing_eagerly():
         if mesh is None:
             if not api._is_dtensor(tensor):
@@ -402,10 +444,19 @@ def placements_of(tensor) -> Tuple[Placement, ...]:
       >>> placements_of(distribute_tensor(tf.ones([4, 4]), mesh2x2, [Shard(1), Replicate()]))
       (Shard(dim=1), Replicate())
     """
-    layout = api.fetch_layout(tensor)
-    if layout is None:
-        raise LayoutError(f"`placements_of` takes a DTensor; got a `{type(tensor).__name__}`.")
-    return _placements_of_layout(layout)
+    _eager_only("placements_of", "reads a layout, which is known only when it runs")
+    if not api._is_dtensor(tensor):
+        raise LayoutError(f"`placements_of` takes a DTensor; got a `{type(tensor).__name__}`. "
+                          f"Make one with `distribute_tensor` or `from_local`.")
+    return _placements_of_layout(api.fetch_layout(tensor))
+
+
+def _eager_only(function: str, why: str) -> None:
+    """Refuses a call made while tracing a tf.function, naming the function the user called."""
+    if not context.executing_eagerly():
+        raise RuntimeError(f"`{function}` {why}, and it was called while tracing a "
+                           f"tf.function. Call it outside the function on its result (inside, "
+                           f"`redistribute(..., mesh=mesh)` changes placements).")
 
 
 __all__ = ["init_device_mesh", "distribute_tensor", "from_local", "to_local", "full_tensor",

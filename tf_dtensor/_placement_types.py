@@ -23,7 +23,7 @@ class Placement:
     def is_replicate(self) -> bool:
         return False
 
-    def is_partial(self) -> bool:
+    def is_partial(self, reduce_op: Optional[str] = None) -> bool:
         return False
 
 
@@ -67,19 +67,22 @@ class Replicate(Placement):
         return "R"
 
 
+# PyTorch's names ("avg", "product") and TensorFlow's ("mean", "prod") for one reduction.
 _REDUCTIONS = {"sum": "sum", "mean": "mean", "avg": "mean", "max": "max", "min": "min",
-               "prod": "prod"}
+               "prod": "prod", "product": "prod"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Partial(Placement):
     """The devices along the mesh dimension hold terms whose reduction (`"sum"`, `"mean"`
-    (PyTorch's `"avg"`), `"max"`, `"min"`, `"prod"`) is the value; the reduction happens
-    when a later op or a `redistribute` needs it.
+    (PyTorch's `"avg"`), `"max"`, `"min"`, `"prod"` (PyTorch's `"product"`)) is the value;
+    the reduction happens when a later op or a `redistribute` needs it.
 
     Example:
       >>> str(Partial()), str(Partial("max")), Partial("avg") == Partial("mean")
       ('P(sum)', 'P(max)', True)
+      >>> Partial("avg").is_partial("avg"), Partial().is_partial("max")
+      (True, False)
     """
 
     reduce_op: str = "sum"
@@ -95,8 +98,9 @@ class Partial(Placement):
                              f"{', '.join(sorted(_REDUCTIONS))}.")
         object.__setattr__(self, "reduce_op", op)
 
-    def is_partial(self) -> bool:
-        return True
+    def is_partial(self, reduce_op: Optional[str] = None) -> bool:
+        # As PyTorch's: with a reduction, whether it is this one (by either of its names).
+        return reduce_op is None or _REDUCTIONS.get(str(reduce_op).lower()) == self.reduce_op
 
     def __str__(self) -> str:
         return f"P({self.reduce_op})"

@@ -1,6 +1,7 @@
 #include "cc/core/mesh.h"
 
 #include <algorithm>
+#include <cctype>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -16,6 +17,20 @@ namespace {
 // Names that mean something else in a sharding spec and so cannot name a mesh dimension.
 bool IsReservedName(const std::string& name) {
   return name == "unsharded" || name == "match" || name == "any" || name == "*";
+}
+
+// The first character of `name` that the text forms use as a separator, or '\0'. In
+// "|x=2,y=2|...", "sharding_specs:x+y,unsharded, mesh:..." and "[x+y,*] +partial(z:sum)" a
+// name holding one of them would not parse back: "a+b" reads as a and b, "a,b" as two dims.
+// Whitespace is trimmed around every field, so it cannot be part of a name either.
+char SeparatorIn(const std::string& name) {
+  for (char c : name) {
+    if (c == ',' || c == '|' || c == '=' || c == '+' || c == ':' ||
+        std::isspace(static_cast<unsigned char>(c))) {
+      return c;
+    }
+  }
+  return '\0';
 }
 
 std::string DimsString(const std::vector<MeshDim>& dims) {
@@ -127,6 +142,16 @@ StatusOr<Mesh> Mesh::Create(std::vector<MeshDim> dims, std::vector<int64_t> glob
     if (IsReservedName(d.name)) {
       return InvalidArgument("Mesh dimension name `" + d.name +
                              "` is reserved for sharding specs; choose another name.");
+    }
+    if (char c = SeparatorIn(d.name); c != '\0') {
+      const std::string shown = std::isspace(static_cast<unsigned char>(c))
+                                    ? std::string("whitespace")
+                                    : "`" + std::string(1, c) + "`";
+      return InvalidArgument("Mesh dimension name `" + d.name + "` contains " + shown +
+                             ", which the text forms of meshes and layouts use as a separator "
+                             "(`x+y` shards one axis over two mesh dimensions), so layouts on "
+                             "it would not parse back. Use letters, digits, `_`, `-` or `.`, "
+                             "e.g. (\"" + "dim_0" + "\", " + std::to_string(d.size) + ").");
     }
     if (!names.insert(d.name).second) {
       return InvalidArgument("Mesh dimension name `" + d.name + "` appears twice in (" +

@@ -4,6 +4,7 @@ text forms and parity with TF's built-in DTensor Mesh."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -451,3 +452,17 @@ def test_coords_of_an_id_past_the_mesh_wrap_around(mesh_2x2):
     assert mesh_2x2.coords(99).numpy().tolist() == mesh_2x2.coords(3).numpy().tolist()
     assert mesh_2x2.coords(3).numpy().tolist() == [1, 1]
     assert mesh_2x2.coords(6).numpy().tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("name,shown", [("a+b", "`+`"), ("a,b", "`,`"), ("a|b", "`|`"),
+                                        ("a=b", "`=`"), ("mesh:", "`:`"), (" x", "whitespace")])
+def test_dim_names_holding_a_separator_are_rejected(name, shown):
+    # They were accepted, and layouts on them broke later: `[Shard(0), Replicate()]` on a
+    # dimension named "a+b" raised a bare KeyError ('a'), "a,b" failed to parse back.
+    with pytest.raises(tf_dtensor.MeshError,
+                       match=rf"`{re.escape(name)}` contains {re.escape(shown)}, which the text "
+                             rf"forms .* use as a separator"):
+        dtensor.create_mesh([(name, 2), ("c", 2)], devices=cpus(4))
+    from tf_dtensor.placements import init_device_mesh
+    with pytest.raises(tf_dtensor.MeshError, match="separator"):
+        init_device_mesh("cpu", (2, 2), mesh_dim_names=(name, "c"))

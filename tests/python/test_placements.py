@@ -418,7 +418,7 @@ def test_seed_flows_on_a_2x2_mesh():
      r"`distribute_tensor`: S\(2\) on mesh dimension `x` of \[S\(2\), R\] @ mesh\(x=2,y=2\) "
      r"names axis 2, but the tensor has rank 2; use an axis in \[-2, 2\)"),
     (lambda x: distribute_tensor(x, MESH_2X2, [Partial("median"), Replicate()]), ValueError,
-     r"Partial\(reduce_op\): 'median' is not one of avg, max, mean, min, prod, sum"),
+     r"Partial\(reduce_op\): 'median' is not one of avg, max, mean, min, prod, product, sum"),
     (lambda x: distribute_tensor(x, MESH_2X2, [Shard(0), "R"]), TypeError,
      r"'R' in `placements` is not a placement"),
     (lambda x: distribute_tensor(x, "mesh", [Shard(0)]), tf_dtensor.MeshError,
@@ -444,6 +444,99 @@ def test_traced_functions_explain_what_they_need():
         tf.function(full_tensor)(t)
     with pytest.raises(RuntimeError, match=r"`from_local` places blocks on devices"):
         tf.function(lambda v: from_local(v, MESH_2X2, [Replicate(), Replicate()]))(t)
+
+
+# ---------------------------------------------------------------------------------------
+# PyTorch's signatures and defaults
+# ---------------------------------------------------------------------------------------
+
+def test_placements_default_to_replicate_and_the_mesh_to_the_default_mesh():
+    # PyTorch replicates when `placements` is omitted and takes the mesh of the enclosing
+    # `with device_mesh:`; both raised TypeError here.
+    x = random_array((5, 3), seed=12)
+    for t in (distribute_tensor(tf.constant(x), MESH_2X2),
+              from_local(tf.constant(x), device_mesh=MESH_2X2)):
+        _check_value(x, Layout.replicated(MESH_2X2, 2), t)
+        assert placements_of(t) == (Replicate(), Replicate())
+    with dtensor.default_mesh(MESH_4):
+        t = distribute_tensor(tf.constant(x), placements=[Shard(0)])
+        back = from_local(to_local(t), placements=[Shard(0)], shape=(5, 3))
+    for u in (t, back):
+        _check_value(x, Layout(["x", U], MESH_4), u)
+    with pytest.raises(TypeError, match=r"`distribute_tensor` needs a mesh .*"
+                                        r"`dtensor.default_mesh\(mesh\)`"):
+        distribute_tensor(tf.constant(x), placements=[Shard(0)])
+
+
+def test_redistribute_takes_pytorchs_argument_order_and_device_mesh():
+    # `t.redistribute(device_mesh, placements)` becomes `redistribute(t, mesh, placements)`;
+    # that raised "takes a `Mesh` as `mesh`; got list", and `device_mesh=` a TypeError.
+    x = random_array((5, 6), seed=13)
+    t = distribute_tensor(tf.constant(x), MESH_2X2, [Shard(0), Replicate()])
+    target = [Replicate(), Shard(1)]
+    layout = Layout.from_placements(MESH_2X2, target, 2)
+    for moved in (redistribute(t, MESH_2X2, target),
+                  redistribute(t, device_mesh=MESH_2X2, placements=target),
+                  redistribute(t, placements=target, mesh=MESH_2X2),
+                  tf.function(lambda v: redistribute(v, MESH_2X2, target))(t),
+                  tf.function(lambda v: redistribute(v, target, device_mesh=MESH_2X2))(t)):
+        _check_value(x, layout, moved)
+    # To another mesh, in PyTorch's order.
+    _check_value(x, Layout(["x", U], MESH_4), redistribute(t, MESH_4, [Shard(0)]))
+    with pytest.raises(TypeError, match=r"`redistribute` got both `mesh` and `device_mesh`"):
+        redistribute(t, target, mesh=MESH_2X2, device_mesh=MESH_4)
+
+
+def test_from_local_checks_pytorchs_stride():
+    # PyTorch passes `shape` and `stride` together; `stride` was an unknown keyword.
+    blocks = to_local(distribute_tensor(tf.ones([5, 3]), MESH_4, [Shard(0)]))
+    t = from_local(blocks, MESH_4, [Shard(0)], shape=(5, 3), stride=(3, 1))
+    assert tuple(t.shape) == (5, 3) and placements_of(t) == (Shard(0),)
+    assert tuple(from_local(tf.ones([2, 0]), MESH_4, [Shard(0)], stride=[1, 1]).shape) == (8, 0)
+    with pytest.raises(tf_dtensor.LayoutError,
+                       match=r"`from_local`: `stride` \[1, 5\] is not the row-major stride "
+                             r"\[3, 1\] of the global shape \[5, 3\] .* \[S\(0\)\] @ "
+                             r"mesh\(x=4\).* pass \(3, 1\) or no `stride`"):
+        from_local(blocks, MESH_4, [Shard(0)], shape=(5, 3), stride=(1, 5))
+
+
+def test_partial_takes_pytorchs_reduction_names():
+    # PyTorch names the product "product" (it raised ValueError) and asks
+    # `is_partial(reduce_op)` (it raised TypeError).
+    assert Partial("product") == Partial("prod")
+    t = distribute_tensor(tf.constant([2.0, 3.0]), MESH_4, [Partial("product")])
+    assert placements_of(t) == (Partial("prod"),)
+    assert_values_equal(np.array([2.0, 3.0], np.float32), full_tensor(t).numpy())
+    assert Partial().is_partial() and Partial().is_partial("sum")
+    assert Partial("avg").is_partial("avg") and Partial("avg").is_partial("mean")
+    assert not Partial().is_partial("max") and not Partial("max").is_partial("min")
+    assert not Replicate().is_partial("sum") and not Shard(0).is_partial()
+
+
+def test_to_local_and_placements_of_name_themselves():
+    # Inside a tf.function they blamed `unpack` / `fetch_layout`, which the user never
+    # called; placements_of of a regular tensor named fetch_layout too.
+    t = distribute_tensor(tf.ones([4, 6]), MESH_2X2, [Shard(0), Replicate()])
+    with pytest.raises(RuntimeError, match=r"`to_local` reads the blocks.*tracing"):
+        tf.function(lambda v: to_local(v))(t)
+    with pytest.raises(RuntimeError, match=r"`placements_of` reads a layout.*tracing"):
+        tf.function(lambda v: tf.identity(v) if placements_of(v) else v)(t)
+    with pytest.raises(tf_dtensor.LayoutError,
+                       match=r"`placements_of` takes a DTensor; got a `EagerTensor`"):
+        placements_of(tf.ones([2]))
+
+
+def test_errors_raised_while_tracing_keep_their_class():
+    # AutoGraph rebuilt them as a bare StagingError: `except LayoutError` around the call of
+    # a tf.function missed a wrong placement.
+    t = distribute_tensor(tf.ones([4, 6]), MESH_2X2, [Shard(0), Replicate()])
+    with pytest.raises(tf_dtensor.LayoutError, match=r"`redistribute`: S\(2\) on mesh "
+                                                     r"dimension `x` .* has rank 2"):
+        tf.function(lambda v: redistribute(v, [Shard(2), Replicate()], mesh=MESH_2X2))(t)
+    with pytest.raises(tf_dtensor.LayoutError, match=r"\[S\(0\)\] has 1 placement"):
+        tf.function(lambda v: distribute_tensor(v, MESH_2X2, [Shard(0)]))(tf.ones([4]))
+    with pytest.raises(tf_dtensor.MeshError, match=r"`redistribute` takes a `Mesh`"):
+        tf.function(lambda v: redistribute(v, [Replicate(), Replicate()], mesh="x"))(t)
 
 
 def test_top_level_names():
