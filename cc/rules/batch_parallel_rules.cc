@@ -14,6 +14,7 @@
 // algebra (a size-1 batch axis never shards). The rest is the factor engine (factor.h).
 #include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
+#include "cc/rules/row_blocks.h"
 
 namespace tf_dtensor {
 namespace {
@@ -142,11 +143,9 @@ class PerChannelRule : public FactorRule {
     const int channels = spec.outputs[0].back();
     const DimSpec& over = assignment[channels];
     if (!over.sharded()) return;
-    const int64_t size = FactorSizes(ctx, spec)[channels];
-    const int64_t pieces = ctx.mesh.DimSize(over.mesh_dim);
-    bool empty = size < 0;
-    for (int64_t i = 0; i < pieces && !empty; ++i) empty = Layout::Piece(size, pieces, i).first == 0;
-    if (empty) assignment[channels] = DimSpec::Replicated();
+    if (HasEmptyPiece(FactorSizes(ctx, spec)[channels], ctx.mesh.DimSize(over.mesh_dim))) {
+      assignment[channels] = DimSpec::Replicated();
+    }
   }
 };
 
@@ -227,13 +226,10 @@ class NoEmptyBlocksRule : public FactorRule {
                      FactorAssignment& assignment) const override {
     const std::vector<int64_t> sizes = FactorSizes(ctx, spec);
     for (size_t f = 0; f < assignment.size(); ++f) {
-      if (!assignment[f].sharded()) continue;
-      const int64_t pieces = ctx.mesh.DimSize(assignment[f].mesh_dim);
-      bool empty = sizes[f] < 0;
-      for (int64_t i = 0; i < pieces && !empty; ++i) {
-        empty = Layout::Piece(sizes[f], pieces, i).first == 0;
+      if (assignment[f].sharded() &&
+          HasEmptyPiece(sizes[f], ctx.mesh.DimSize(assignment[f].mesh_dim))) {
+        assignment[f] = DimSpec::Replicated();
       }
-      if (empty) assignment[f] = DimSpec::Replicated();
     }
   }
 };

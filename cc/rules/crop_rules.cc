@@ -18,6 +18,7 @@
 #include "cc/core/strings.h"
 #include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
+#include "cc/rules/row_blocks.h"
 
 namespace tf_dtensor {
 namespace {
@@ -108,11 +109,9 @@ class CropRule : public FactorRule {
     if (!over.sharded()) return;
     const int64_t size = FactorSizes(ctx, spec)[channels];
     const int64_t pieces = ctx.mesh.DimSize(over.mesh_dim);
-    bool refused = size < 0 || (op_ == CropOp::kGradImage && size % pieces != 0);
-    for (int64_t i = 0; i < pieces && !refused; ++i) {
-      refused = Layout::Piece(size, pieces, i).first == 0;
+    if (HasEmptyPiece(size, pieces) || (op_ == CropOp::kGradImage && size % pieces != 0)) {
+      assignment[channels] = DimSpec::Replicated();
     }
-    if (refused) assignment[channels] = DimSpec::Replicated();
   }
 
  private:

@@ -34,6 +34,14 @@ bool HasEmptyBlock(const Layout& layout, const std::vector<int64_t>& shape, int 
   return false;
 }
 
+bool HasEmptyPiece(int64_t size, int64_t pieces) {
+  if (size < 0) return true;
+  for (int64_t i = 0; i < pieces; ++i) {
+    if (Layout::Piece(size, pieces, i).first == 0) return true;
+  }
+  return false;
+}
+
 Layout UnshardedOver(const Layout& layout, int mesh_dim) {
   std::vector<DimSpec> specs = layout.specs();
   for (DimSpec& spec : specs) {

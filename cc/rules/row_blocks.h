@@ -26,6 +26,11 @@ struct BlockIds {
 // uneven pieces that run out): such a device has no row to clamp ids to.
 bool HasEmptyBlock(const Layout& layout, const std::vector<int64_t>& shape, int axis);
 
+// Whether cutting an axis of `size` into `pieces` (as blocks are cut) leaves some piece
+// empty (3 over 4), or the size is unknown (< 0): rules whose kernels refuse an empty
+// block keep such an axis whole.
+bool HasEmptyPiece(int64_t size, int64_t pieces);
+
 // `layout` with any axis sharded over `mesh_dim` unsharded: the ids and results of a
 // row-block op, which are whole along the blocks' mesh dimension.
 Layout UnshardedOver(const Layout& layout, int mesh_dim);
