@@ -21,6 +21,7 @@ batch). Each element then becomes one DTensor per component:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -477,6 +478,63 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
     @property
     def element_spec(self):
         return self._global_element_spec
+
+    # tf.data's own transformations would wrap this dataset's variant, which is the
+    # unbatched source: TensorFlow then fails when it makes the iterator ("Incompatible
+    # shapes at component 0: expected [4,4] but got [4]"; TF's DTensorDataset too). Those
+    # that keep whole batches apply to the batches here; the others are refused by name.
+    def _on_batches(self, transform) -> "DTensorDataset":
+        batches = copy.copy(self)
+        batches._pipeline = transform(self._pipeline)  # pylint: disable=protected-access
+        return batches
+
+    def repeat(self, count=None, name=None):
+        return self._on_batches(lambda p: p.repeat(count, name=name))
+
+    def take(self, count, name=None):
+        return self._on_batches(lambda p: p.take(count, name=name))
+
+    def skip(self, count, name=None):
+        return self._on_batches(lambda p: p.skip(count, name=name))
+
+    def prefetch(self, buffer_size, name=None):
+        return self._on_batches(lambda p: p.prefetch(buffer_size, name=name))
+
+    def cache(self, filename="", name=None):
+        return self._on_batches(lambda p: p.cache(filename, name=name))
+
+    def with_options(self, options, name=None):
+        return self._on_batches(lambda p: p.with_options(options, name=name))
+
+    def cardinality(self):
+        return self._pipeline.cardinality()
+
+
+# Whole-batch transformations above; these would see the unbatched source or elements that
+# tf.data cannot hold (DTensors), or would let clients read different batches (`shuffle`).
+_REFUSED = ("batch", "bucket_by_sequence_length", "concatenate", "enumerate", "filter",
+            "flat_map", "get_single_element", "group_by_window", "ignore_errors",
+            "interleave", "map", "padded_batch", "ragged_batch", "rebatch",
+            "rejection_resample", "reduce", "save", "scan", "shard", "shuffle", "snapshot",
+            "sparse_batch", "take_while", "unbatch", "unique", "window")
+
+
+def _refused(name: str):
+    def method(self, *args, **kwargs):
+        layouts = ", ".join(l.short() for l in nest.flatten(self._layouts))  # pylint: disable=protected-access
+        raise NotImplementedError(
+            f"`DTensorDataset.{name}` is not supported: DTensorDataset yields batches of "
+            f"DTensors (layouts {layouts}), which tf.data's `{name}` cannot work on. Apply "
+            f"`{name}` to the dataset you pass to DTensorDataset (its unbatched elements), "
+            f"or to the DTensors you read. DTensorDataset itself takes `repeat`, `take`, "
+            f"`skip`, `prefetch`, `cache` and `with_options`.")
+    method.__name__ = name
+    return method
+
+
+for _name in _REFUSED:
+    setattr(DTensorDataset, _name, _refused(_name))
+del _name
 
 
 def _for_stmt(dataset, extra_test, body, get_state, set_state, symbol_names, opts):

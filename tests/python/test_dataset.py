@@ -185,6 +185,69 @@ def test_a_mapped_dataset_is_batched_after_the_map(mesh_2x2):
     assert_batches(reference_batches(expected, 4), layouts, list(dataset))
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("transform,picks", [
+    ("repeat(2)", list(range(9)) * 2),
+    ("skip(2).take(3)", [2, 3, 4]),
+    ("prefetch(2).repeat(2).take(11)", (list(range(9)) * 2)[:11]),
+    ("cache().repeat(3)", list(range(9)) * 3),
+    ("with_options(tf.data.Options())", list(range(9))),
+])
+def test_batch_transformations_give_the_single_device_batches(mesh_2x2, transform, picks,
+                                                               traced):
+    # tf.data's transformations wrapped the unbatched source: "Incompatible shapes at
+    # component 0: expected [4,4] but got [4]" when the iterator was made (TF's too).
+    layouts = (Layout(["x", "y"], mesh_2x2), Layout(["x"], mesh_2x2))
+    dataset = dtensor.DTensorDataset(
+        tf.data.Dataset.from_tensor_slices((FEATURES, LABELS)), mesh=mesh_2x2,
+        layouts=layouts, global_batch_size=4, batch_dim="x")
+    transformed = eval(f"dataset.{transform}")  # pylint: disable=eval-used
+    assert isinstance(transformed, dtensor.DTensorDataset)
+    assert transformed.element_spec == dataset.element_spec
+    assert int(transformed.cardinality()) == len(picks) == len(transformed)
+    reference = reference_batches((FEATURES, LABELS), 4)
+    expected = [reference[k] for k in picks]
+    if not traced:
+        assert_batches(expected, layouts, list(transformed))
+        return
+
+    @tf.function
+    def total():
+        features, labels = tf.zeros([4]), tf.constant(0, tf.int64)
+        for x, y in transformed:
+            features += tf.reduce_sum(x, axis=0)
+            labels += tf.reduce_sum(y)
+        return features, labels
+
+    features, labels = total()
+    np.testing.assert_allclose(dtensor_testing.reassemble(features),
+                               _column_sums([x for x, _ in expected]), rtol=1e-5)
+    assert int(dtensor_testing.reassemble(labels)) == sum(int(y.sum()) for _, y in expected)
+
+
+def test_the_source_dataset_is_untouched_by_a_batch_transformation(mesh_2x2):
+    layout = Layout(["x", "y"], mesh_2x2)
+    dataset = dtensor.DTensorDataset(tf.data.Dataset.from_tensor_slices(FEATURES),
+                                     mesh=mesh_2x2, layouts=layout, global_batch_size=4,
+                                     batch_dim="x")
+    dataset.repeat(3)
+    assert len(dataset) == 9
+    assert_batches(reference_batches(FEATURES, 4), layout, list(dataset))
+
+
+@pytest.mark.parametrize("method,args", [("map", (lambda x: x,)), ("batch", (2,)),
+                                         ("shuffle", (4,)), ("unbatch", ()),
+                                         ("reduce", (0, lambda a, b: a))])
+def test_other_transformations_are_refused_by_name(mesh_2x2, method, args):
+    dataset = dtensor.DTensorDataset(tf.data.Dataset.from_tensor_slices(FEATURES),
+                                     mesh=mesh_2x2, layouts=Layout(["x", "y"], mesh_2x2),
+                                     global_batch_size=4, batch_dim="x")
+    with pytest.raises(NotImplementedError,
+                       match=rf"`DTensorDataset.{method}` is not supported.*\[x,y\] @ "
+                             rf"mesh\(x=2,y=2\).*Apply `{method}` to the dataset you pass"):
+        getattr(dataset, method)(*args)
+
+
 # ---------------------------------------------------------------------------------------
 # Inside tf.function
 # ---------------------------------------------------------------------------------------
