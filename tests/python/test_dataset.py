@@ -314,6 +314,49 @@ def test_for_over_dataset_inside_function(mesh_2x2):
     assert int(dtensor_testing.reassemble(labels)) == sum(int(y.sum()) for _, y in expected)
 
 
+@pytest.mark.parametrize("transform", ["", ".take(2)"])
+def test_a_dataset_passed_into_a_function_yields_its_dtensor_batches(mesh_2x2, transform):
+    # The function rebuilt a plain dataset from the unbatched source's variant and read
+    # its rows as [4, 4] batches: silently wrong sums (TF's DTensor raises UnknownError).
+    layouts = (Layout(["x", "y"], mesh_2x2), Layout(["x"], mesh_2x2))
+    dataset = eval("dtensor.DTensorDataset(tf.data.Dataset.from_tensor_slices((FEATURES, "
+                   "LABELS)), mesh=mesh_2x2, layouts=layouts, global_batch_size=4, "
+                   "batch_dim='x')" + transform)  # pylint: disable=eval-used
+    expected = reference_batches((FEATURES, LABELS), 4)[:len(dataset)]
+
+    @tf.function
+    def total(data):
+        features, labels = tf.zeros([4]), tf.constant(0, tf.int64)
+        for x, y in data:
+            features += tf.reduce_sum(x, axis=0)
+            labels += tf.reduce_sum(y)
+        return features, labels
+
+    @tf.function
+    def first(data):
+        return next(iter(data))
+
+    features, labels = total(dataset)
+    np.testing.assert_allclose(dtensor_testing.reassemble(features),
+                               _column_sums([x for x, _ in expected]), rtol=1e-5)
+    assert int(dtensor_testing.reassemble(labels)) == sum(int(y.sum()) for _, y in expected)
+    assert_batches(expected[:1], layouts, [first(dataset)])
+    # One component: the rows were summed into each column, with no error.
+    single = dtensor.DTensorDataset(tf.data.Dataset.from_tensor_slices(FEATURES),
+                                    mesh=mesh_2x2, layouts=layouts[0], global_batch_size=4,
+                                    batch_dim="x")
+
+    @tf.function
+    def column_sums(data):
+        result = tf.zeros([4])
+        for x in data:
+            result += tf.reduce_sum(x, axis=0)
+        return result
+
+    np.testing.assert_allclose(dtensor_testing.reassemble(column_sums(single)),
+                               _column_sums(reference_batches(FEATURES, 4)), rtol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------
 # MNIST-style training: DTensorDataset -> tf.function train step (tape + optimizer)
 # ---------------------------------------------------------------------------------------
