@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -526,3 +527,37 @@ def test_each_client_reads_its_own_replicas(client):
             np.testing.assert_array_equal(np.asarray(got), want)
     # Inside tf.function across clients: test_multi_client.py's dataset test (a real
     # cluster; these clients connect to nothing).
+
+
+def test_keras_fit_on_a_dtensor_dataset_counts_its_batches():
+    # Keras read the source's cardinality (40 rows) as the step count: "Your input ran
+    # out of data" every epoch, and the progress bar counted 40 steps.
+    import keras
+    import keras_testing
+
+    rng = np.random.RandomState(5)
+    x, y = rng.randn(40, 16).astype("float32"), rng.randn(40, 4).astype("float32")
+
+    def fit(data, distribution):
+        with keras_testing.scope(distribution):
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4, name="d1")])
+            model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+            steps = keras.callbacks.History()
+            model.fit(data() if callable(data) else data, epochs=2, verbose=0,
+                      callbacks=[steps])
+        return steps.history["loss"], steps.params["steps"]
+
+    distribution = keras_testing.data_parallel()
+    mesh = distribution.device_mesh.backend_mesh
+    layouts = (Layout.batch_sharded(mesh, "batch", 2), Layout.batch_sharded(mesh, "batch", 2))
+    dataset = dtensor.DTensorDataset(tf.data.Dataset.from_tensor_slices((x, y)), mesh=mesh,
+                                     layouts=layouts, global_batch_size=16, batch_dim="batch")
+    assert len(dataset) == 2
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*ran out of data")
+        losses, steps = fit(dataset, distribution)
+    want_losses, want_steps = fit(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True), None)
+    assert steps == want_steps == 2
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
