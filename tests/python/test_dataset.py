@@ -561,3 +561,32 @@ def test_keras_fit_on_a_dtensor_dataset_counts_its_batches():
         tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True), None)
     assert steps == want_steps == 2
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+
+
+def test_a_loop_over_a_tf_data_iterator_trains_as_one_device(mesh_2x2):
+    # Each batch of a regular dataset relaid out inside the loop: the loop's batches have
+    # no static size, so the weight's gradient had shape [4, -1], and the update was
+    # refused ("the value has shape [4, -1] but the DVariable has shape [4, 2]").
+    values = np.arange(44, dtype=np.float32).reshape(11, 4) / 10
+    data = tf.data.Dataset.from_tensor_slices(values).batch(4)  # the last batch has 3 rows
+    start = np.full((4, 2), 0.1, np.float32)
+    sharded = dtensor.DVariable(dtensor_testing.to_dtensor(start, layout_of("[*,y]", mesh_2x2)))
+    plain = tf.Variable(start)
+
+    def train(weight, layout):
+        @tf.function
+        def loop(dataset):
+            total = tf.constant(0.0)
+            for batch in iter(dataset):
+                x = dtensor.relayout(batch, layout) if layout else batch
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.matmul(x, weight) ** 2)
+                weight.assign_sub(0.1 * tape.gradient(loss, weight))
+                total += loss
+            return total
+        return loop(data)
+
+    got = dtensor_testing.reassemble(train(sharded, layout_of("[x,*]", mesh_2x2)))
+    want = train(plain, None).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert_dtensor_equal(plain.numpy(), layout_of("[*,y]", mesh_2x2), sharded.read_value())
