@@ -36,6 +36,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import errors
 from tensorflow.python.framework import ops
 from tensorflow.python.framework import tensor_spec
+from tensorflow.python.framework import type_spec
 from tensorflow.python.ops import gen_dataset_ops
 from tensorflow.python.util import nest
 
@@ -372,7 +373,6 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
     def __init__(self, dataset, *, mesh: Mesh, layouts: Any, global_batch_size: int,
                  dataset_already_batched: bool = False, batch_dim: Optional[str] = None,
                  prefetch: Optional[int] = None, tf_data_service_config: Any = None):
-        super().__init__(dataset, dataset_ops.to_variant(dataset))
         if tf_data_service_config is not None:
             raise NotImplementedError(
                 "DTensorDataset does not use tf.data service (`tf_data_service_config`); each "
@@ -436,14 +436,23 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
             return tf.TensorSpec([global_batch_size] + spec.shape.as_list()[1:], spec.dtype,
                                  spec.name)
 
+        self._assemble(mesh, layouts, share, pipeline,
+                       nest.map_structure(global_spec, pipeline.element_spec))
+
+    def _assemble(self, mesh: Mesh, layouts: Any, share: _Share, pipeline, global_element_spec,
+                  anchor=None, anchor_component=None) -> None:
+        """Sets the fields. The dataset's variant is the host pipeline's (its batches, this
+        client's share of each), so that what tf.data reads from it (`cardinality`, a
+        function argument's components) is the batches."""
         self._mesh = mesh
         self._layouts = layouts
-        self._batch_dim = batch_dim
-        self._prefetch = prefetch
         self._share = share
         self._pipeline = pipeline
-        self._global_element_spec = nest.map_structure(global_spec, pipeline.element_spec)
-        self._anchor = None
+        self._global_element_spec = global_element_spec
+        self._anchor = anchor
+        # The anchor's handle where this dataset was passed into a tf.function.
+        self._anchor_component = anchor_component
+        super().__init__(pipeline, dataset_ops.to_variant(pipeline))
 
     @staticmethod
     def _map(pipeline, fn):
@@ -457,6 +466,8 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
         return pipeline.map(apply, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     def _anchor_handle(self):
+        if self._anchor_component is not None:
+            return self._anchor_component
         if self._anchor is None:
             from tf_dtensor.variable import DVariable  # pylint: disable=import-outside-toplevel
             with ops.init_scope():
@@ -477,6 +488,128 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
     @property
     def element_spec(self):
         return self._global_element_spec
+
+    # tf.data's own transformations would wrap this dataset's variant, which is the
+    # unbatched source: TensorFlow then fails when it makes the iterator ("Incompatible
+    # shapes at component 0: expected [4,4] but got [4]"; TF's DTensorDataset too). Those
+    # that keep whole batches apply to the batches here; the others are refused by name.
+    def _on_batches(self, transform) -> "DTensorDataset":
+        batches = DTensorDataset.__new__(DTensorDataset)
+        batches._assemble(self._mesh, self._layouts, self._share,  # pylint: disable=protected-access
+                          transform(self._pipeline), self._global_element_spec,
+                          self._anchor_for_copies(), self._anchor_component)
+        return batches
+
+    def _anchor_for_copies(self):
+        self._anchor_handle()  # made once, shared by the datasets made from this one
+        return self._anchor
+
+    def repeat(self, count=None, name=None):
+        return self._on_batches(lambda p: p.repeat(count, name=name))
+
+    def take(self, count, name=None):
+        return self._on_batches(lambda p: p.take(count, name=name))
+
+    def skip(self, count, name=None):
+        return self._on_batches(lambda p: p.skip(count, name=name))
+
+    def prefetch(self, buffer_size, name=None):
+        return self._on_batches(lambda p: p.prefetch(buffer_size, name=name))
+
+    def cache(self, filename="", name=None):
+        return self._on_batches(lambda p: p.cache(filename, name=name))
+
+    def with_options(self, options, name=None):
+        return self._on_batches(lambda p: p.with_options(options, name=name))
+
+    @property
+    def _type_spec(self):
+        return _DTensorDatasetSpec(self._pipeline.element_spec, self._global_element_spec,
+                                   nest.map_structure(lambda l: l.to_string(), self._layouts),
+                                   self._share)
+
+
+class _DTensorDatasetSpec(type_spec.TypeSpec):
+    """The type of `DTensorDataset`, so that one passed to a `tf.function` is still one
+    there (TensorFlow's `DatasetSpec` would rebuild a plain dataset of host batches). Its
+    components are the anchor handle (first: it places the call on the DTensor device) and
+    the host pipeline's variant."""
+
+    __slots__ = ["_host_element_spec", "_global_element_spec", "_layout_strings", "_share"]
+
+    def __init__(self, host_element_spec, global_element_spec, layout_strings, share: _Share):
+        super().__init__()
+        self._host_element_spec = host_element_spec
+        self._global_element_spec = global_element_spec
+        self._layout_strings = layout_strings
+        self._share = share
+
+    @property
+    def value_type(self):
+        return DTensorDataset
+
+    @property
+    def element_spec(self):
+        return self._global_element_spec
+
+    def _serialize(self):
+        share = self._share
+        return (self._host_element_spec, self._global_element_spec, self._layout_strings,
+                share.replicas, share.per_replica, share.num_replicas, share.batch_dim)
+
+    @classmethod
+    def _deserialize(cls, serialization):
+        host, global_spec, layouts, replicas, per_replica, num_replicas, batch_dim = serialization
+        return cls(host, global_spec, layouts,
+                   _Share(tuple(replicas), per_replica, num_replicas, batch_dim))
+
+    @property
+    def _component_specs(self):
+        return (tensor_spec.TensorSpec([], tf.resource), tensor_spec.TensorSpec([], tf.variant))
+
+    def _to_components(self, value):
+        return (value._anchor_handle(), value._variant_tensor)  # pylint: disable=protected-access
+
+    def _from_components(self, components):
+        anchor, variant = components
+        layouts = nest.map_structure(Layout.from_string, self._layout_strings)
+        dataset = DTensorDataset.__new__(DTensorDataset)
+        dataset._assemble(  # pylint: disable=protected-access
+            nest.flatten(layouts)[0].mesh, layouts, self._share,
+            dataset_ops._VariantDataset(variant, self._host_element_spec),  # pylint: disable=protected-access
+            self._global_element_spec, anchor_component=anchor)
+        return dataset
+
+    @staticmethod
+    def from_value(value):
+        return value._type_spec  # pylint: disable=protected-access
+
+
+# Whole-batch transformations above; these would see the unbatched source or elements that
+# tf.data cannot hold (DTensors), or would let clients read different batches (`shuffle`).
+_REFUSED = ("batch", "bucket_by_sequence_length", "concatenate", "enumerate", "filter",
+            "flat_map", "get_single_element", "group_by_window", "ignore_errors",
+            "interleave", "map", "padded_batch", "ragged_batch", "rebatch",
+            "rejection_resample", "reduce", "save", "scan", "shard", "shuffle", "snapshot",
+            "sparse_batch", "take_while", "unbatch", "unique", "window")
+
+
+def _refused(name: str):
+    def method(self, *args, **kwargs):
+        layouts = ", ".join(l.short() for l in nest.flatten(self._layouts))  # pylint: disable=protected-access
+        raise NotImplementedError(
+            f"`DTensorDataset.{name}` is not supported: DTensorDataset yields batches of "
+            f"DTensors (layouts {layouts}), which tf.data's `{name}` cannot work on. Apply "
+            f"`{name}` to the dataset you pass to DTensorDataset (its unbatched elements), "
+            f"or to the DTensors you read. DTensorDataset itself takes `repeat`, `take`, "
+            f"`skip`, `prefetch`, `cache` and `with_options`.")
+    method.__name__ = name
+    return method
+
+
+for _name in _REFUSED:
+    setattr(DTensorDataset, _name, _refused(_name))
+del _name
 
 
 def _for_stmt(dataset, extra_test, body, get_state, set_state, symbol_names, opts):

@@ -316,6 +316,10 @@ PYBIND11_MODULE(_core, m) {
     for (const Status& error : errors) message += "\n  " + error.message();
     throw py::import_error(message);
   }
+  // Our ops are registered when the module loads, not when the device is first made: a
+  // SavedModel whose functions hold a `relayout` loads in a process that has only imported
+  // tf_dtensor (TF looks up every op of a loaded function when it reads the library).
+  RegisterOps();
 
   py::class_<Mesh>(m, "Mesh")
       .def_static(

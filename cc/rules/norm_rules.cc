@@ -163,10 +163,27 @@ class BatchNormRule : public FactorRule {
   }
 
   // The global number of elements each statistic is taken over.
+  // -1 where a reduced axis has no static size.
   int64_t Count(const OpContext& ctx, const Format& f) const {
     int64_t count = 1;
-    for (int64_t a : f.reduced) count *= ctx.inputs[XInput()].shape[a];
+    for (int64_t a : f.reduced) {
+      const int64_t size = ctx.inputs[XInput()].shape[a];
+      if (size < 0) return -1;
+      count *= size;
+    }
     return count;
+  }
+
+  // The count as a value of type U: a constant, or, where a reduced axis has no static
+  // size (inside a tf.function: a loop over batches of a tf.data iterator), the elements
+  // counted as x's are summed, in the statistics' layout (Count gave a negative number).
+  StatusOr<ValueId> CountValue(const OpContext& ctx, const Format& f, ValueId x,
+                               const std::vector<int>& sync, const Layout& stat,
+                               LocalMath& math, Builder& builder) const {
+    const int64_t count = Count(ctx, f);
+    if (count >= 0) return math.Count(count);
+    TFD_ASSIGN_OR_RETURN(ValueId ones, math.Apply("OnesLike", x));
+    return SumOver(ones, sync, f, stat, math, builder);
   }
 
   // [c] as the statistics' shape ([1,1,1,c] or [1,c,1,1]).
@@ -207,7 +224,7 @@ class BatchNormRule : public FactorRule {
     stat[f.channel] = x_layout.spec(f.channel);
     Normalised n{f, x_layout, x_layout.WithSpecs(stat), x_layout.WithSpecs({stat[f.channel]})};
     TFD_ASSIGN_OR_RETURN(n.x, math.Cast(in[x], ctx.inputs[x].dtype, math.type()));
-    TFD_ASSIGN_OR_RETURN(n.count, math.Count(Count(ctx, f)));
+    TFD_ASSIGN_OR_RETURN(n.count, CountValue(ctx, f, n.x, sync, n.stat, math, builder));
     if (Training(ctx)) {
       // Two passes, as TF's kernels: the mean, then the mean square of the centred values.
       TFD_ASSIGN_OR_RETURN(ValueId sum, SumOver(n.x, sync, f, n.stat, math, builder));
@@ -263,8 +280,18 @@ class BatchNormRule : public FactorRule {
       // H200).
       const int64_t count = Count(ctx, n.f);
       const bool gpu = ctx.mesh.device_type() == "GPU";
-      TFD_ASSIGN_OR_RETURN(ValueId bessel,
-                           math.Count(count > 1 ? count - 1 : (gpu && count == 1 ? 0 : 1)));
+      ValueId bessel;
+      if (count >= 0) {
+        TFD_ASSIGN_OR_RETURN(bessel,
+                             math.Count(count > 1 ? count - 1 : (gpu && count == 1 ? 0 : 1)));
+      } else {
+        // max(n - 1, 1) on CPUs, max(n - 1, 0) on GPUs: the constants above, for n >= 1.
+        TFD_ASSIGN_OR_RETURN(ValueId one, math.Count(1));
+        TFD_ASSIGN_OR_RETURN(ValueId least, math.Count(gpu ? 0 : 1));
+        TFD_ASSIGN_OR_RETURN(ValueId less, math.Apply("Sub", {n.count, one}, n.stat));
+        TFD_ASSIGN_OR_RETURN(less, math.Apply("Maximum", {less, least}, n.stat));
+        TFD_ASSIGN_OR_RETURN(bessel, math.Reshape(less, {-1}, n.vector));
+      }
       TFD_ASSIGN_OR_RETURN(ValueId sum_squares, math.Reshape(n.sum_squares, {-1}, n.vector));
       TFD_ASSIGN_OR_RETURN(ValueId batch_variance,
                            math.Apply("RealDiv", {sum_squares, bessel}, n.vector));

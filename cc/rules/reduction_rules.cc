@@ -88,7 +88,10 @@ class ReduceRule : public FactorRule {
     // Mean over a sharded axis: sum locally, all-reduce, divide by the global count.
     TFD_ASSIGN_OR_RETURN(std::set<int> axes, ReducedAxes(ctx));
     int64_t count = 1;
-    for (int a : axes) count *= ctx.inputs[0].shape[a];
+    for (int a : axes) {
+      if (ctx.inputs[0].shape[a] < 0) count = -1;
+      if (count >= 0) count *= ctx.inputs[0].shape[a];
+    }
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> sum,
                          builder.LocalOp("Sum", inputs, {}, plan.outputs));
@@ -104,6 +107,31 @@ class ReduceRule : public FactorRule {
     ValueId total = sum[0];
     if (!deferred) {
       TFD_ASSIGN_OR_RETURN(total, builder.AllReduce(sum[0], plan.partial_dims[0], ReduceOp::kSum));
+    }
+    if (count < 0) {
+      // A reduced axis of unknown size (inside a tf.function: batches of a tf.data
+      // iterator, the last one partial): the count is not known while expanding, and the
+      // product of the static sizes (-1) gave a negative mean. Each device counts its
+      // elements as it sums them (ones), and the counts are added over the mesh
+      // dimensions that shard the reduced axes (not over a pending sum of the input).
+      std::vector<int> sharding;
+      for (int a : axes) {
+        for (int d : builder.layout(inputs[0])->spec(a).mesh_dims()) sharding.push_back(d);
+      }
+      LocalOpOptions like;
+      like.copy_attrs = false;
+      like.overrides = {AttrOverride::Type("T", ctx.inputs[0].dtype)};
+      TFD_ASSIGN_OR_RETURN(std::vector<ValueId> ones,
+                           builder.LocalOp("OnesLike", {inputs[0]}, like,
+                                           {*builder.layout(inputs[0])}));
+      TFD_ASSIGN_OR_RETURN(std::vector<ValueId> counts,
+                           builder.LocalOp("Sum", {ones[0], inputs[1]}, {}, plan.outputs));
+      TFD_ASSIGN_OR_RETURN(ValueId divisor,
+                           builder.AllReduce(counts[0], sharding, ReduceOp::kSum));
+      LocalOpOptions div;
+      div.copy_attrs = false;
+      div.overrides = {AttrOverride::Type("T", ctx.inputs[0].dtype)};
+      return builder.LocalOp("Div", {total, divisor}, div, {*builder.layout(total)});
     }
     TFD_ASSIGN_OR_RETURN(ValueId host_count, builder.HostConstant({count}, {}, TF_INT64));
     LocalOpOptions cast;

@@ -4,6 +4,8 @@
 //   AssignVariableOp(handle, value)    -> value must have L: a DVariable's layout is fixed
 //   ReadVariableOp(handle)             -> a DTensor with layout L
 //   VariableShape(handle)              -> the GLOBAL shape, a constant, replicated
+#include <algorithm>
+
 #include "cc/core/strings.h"
 #include "cc/spmd/lowering.h"
 #include "cc/rules/registry.h"
@@ -90,7 +92,14 @@ class AssignVariableRule : public Rule {
           "; a DVariable's layout is fixed when it is created. Relayout the value first: "
           "`dtensor.relayout(value, variable.layout)`.");
     }
-    if (value.shape != resource.value_shape && !resource.value_shape.empty()) {
+    // Inside a tf.function a value's dimension may be unknown (-1): a gradient computed in
+    // a while loop's branch over batches of unknown size, [4,-1] for a [4,2] DVariable.
+    // Such a value fits; the variable's shape is the value's.
+    const bool fits =
+        value.shape.size() == resource.value_shape.size() &&
+        std::equal(value.shape.begin(), value.shape.end(), resource.value_shape.begin(),
+                   [](int64_t a, int64_t b) { return a == b || a < 0 || b < 0; });
+    if (!fits && !resource.value_shape.empty()) {
       return InvalidArgument("Cannot " + ctx.op_name + ": the value has shape " +
                              ShapeString(value.shape) + " but the DVariable has shape " +
                              ShapeString(resource.value_shape) + ".");

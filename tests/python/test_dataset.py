@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -185,6 +186,69 @@ def test_a_mapped_dataset_is_batched_after_the_map(mesh_2x2):
     assert_batches(reference_batches(expected, 4), layouts, list(dataset))
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("transform,picks", [
+    ("repeat(2)", list(range(9)) * 2),
+    ("skip(2).take(3)", [2, 3, 4]),
+    ("prefetch(2).repeat(2).take(11)", (list(range(9)) * 2)[:11]),
+    ("cache().repeat(3)", list(range(9)) * 3),
+    ("with_options(tf.data.Options())", list(range(9))),
+])
+def test_batch_transformations_give_the_single_device_batches(mesh_2x2, transform, picks,
+                                                               traced):
+    # tf.data's transformations wrapped the unbatched source: "Incompatible shapes at
+    # component 0: expected [4,4] but got [4]" when the iterator was made (TF's too).
+    layouts = (Layout(["x", "y"], mesh_2x2), Layout(["x"], mesh_2x2))
+    dataset = dtensor.DTensorDataset(
+        tf.data.Dataset.from_tensor_slices((FEATURES, LABELS)), mesh=mesh_2x2,
+        layouts=layouts, global_batch_size=4, batch_dim="x")
+    transformed = eval(f"dataset.{transform}")  # pylint: disable=eval-used
+    assert isinstance(transformed, dtensor.DTensorDataset)
+    assert transformed.element_spec == dataset.element_spec
+    assert int(transformed.cardinality()) == len(picks) == len(transformed)
+    reference = reference_batches((FEATURES, LABELS), 4)
+    expected = [reference[k] for k in picks]
+    if not traced:
+        assert_batches(expected, layouts, list(transformed))
+        return
+
+    @tf.function
+    def total():
+        features, labels = tf.zeros([4]), tf.constant(0, tf.int64)
+        for x, y in transformed:
+            features += tf.reduce_sum(x, axis=0)
+            labels += tf.reduce_sum(y)
+        return features, labels
+
+    features, labels = total()
+    np.testing.assert_allclose(dtensor_testing.reassemble(features),
+                               _column_sums([x for x, _ in expected]), rtol=1e-5)
+    assert int(dtensor_testing.reassemble(labels)) == sum(int(y.sum()) for _, y in expected)
+
+
+def test_the_source_dataset_is_untouched_by_a_batch_transformation(mesh_2x2):
+    layout = Layout(["x", "y"], mesh_2x2)
+    dataset = dtensor.DTensorDataset(tf.data.Dataset.from_tensor_slices(FEATURES),
+                                     mesh=mesh_2x2, layouts=layout, global_batch_size=4,
+                                     batch_dim="x")
+    dataset.repeat(3)
+    assert len(dataset) == 9
+    assert_batches(reference_batches(FEATURES, 4), layout, list(dataset))
+
+
+@pytest.mark.parametrize("method,args", [("map", (lambda x: x,)), ("batch", (2,)),
+                                         ("shuffle", (4,)), ("unbatch", ()),
+                                         ("reduce", (0, lambda a, b: a))])
+def test_other_transformations_are_refused_by_name(mesh_2x2, method, args):
+    dataset = dtensor.DTensorDataset(tf.data.Dataset.from_tensor_slices(FEATURES),
+                                     mesh=mesh_2x2, layouts=Layout(["x", "y"], mesh_2x2),
+                                     global_batch_size=4, batch_dim="x")
+    with pytest.raises(NotImplementedError,
+                       match=rf"`DTensorDataset.{method}` is not supported.*\[x,y\] @ "
+                             rf"mesh\(x=2,y=2\).*Apply `{method}` to the dataset you pass"):
+        getattr(dataset, method)(*args)
+
+
 # ---------------------------------------------------------------------------------------
 # Inside tf.function
 # ---------------------------------------------------------------------------------------
@@ -249,6 +313,49 @@ def test_for_over_dataset_inside_function(mesh_2x2):
     np.testing.assert_allclose(dtensor_testing.reassemble(features),
                                _column_sums([x for x, _ in expected]), rtol=1e-5)
     assert int(dtensor_testing.reassemble(labels)) == sum(int(y.sum()) for _, y in expected)
+
+
+@pytest.mark.parametrize("transform", ["", ".take(2)"])
+def test_a_dataset_passed_into_a_function_yields_its_dtensor_batches(mesh_2x2, transform):
+    # The function rebuilt a plain dataset from the unbatched source's variant and read
+    # its rows as [4, 4] batches: silently wrong sums (TF's DTensor raises UnknownError).
+    layouts = (Layout(["x", "y"], mesh_2x2), Layout(["x"], mesh_2x2))
+    dataset = eval("dtensor.DTensorDataset(tf.data.Dataset.from_tensor_slices((FEATURES, "
+                   "LABELS)), mesh=mesh_2x2, layouts=layouts, global_batch_size=4, "
+                   "batch_dim='x')" + transform)  # pylint: disable=eval-used
+    expected = reference_batches((FEATURES, LABELS), 4)[:len(dataset)]
+
+    @tf.function
+    def total(data):
+        features, labels = tf.zeros([4]), tf.constant(0, tf.int64)
+        for x, y in data:
+            features += tf.reduce_sum(x, axis=0)
+            labels += tf.reduce_sum(y)
+        return features, labels
+
+    @tf.function
+    def first(data):
+        return next(iter(data))
+
+    features, labels = total(dataset)
+    np.testing.assert_allclose(dtensor_testing.reassemble(features),
+                               _column_sums([x for x, _ in expected]), rtol=1e-5)
+    assert int(dtensor_testing.reassemble(labels)) == sum(int(y.sum()) for _, y in expected)
+    assert_batches(expected[:1], layouts, [first(dataset)])
+    # One component: the rows were summed into each column, with no error.
+    single = dtensor.DTensorDataset(tf.data.Dataset.from_tensor_slices(FEATURES),
+                                    mesh=mesh_2x2, layouts=layouts[0], global_batch_size=4,
+                                    batch_dim="x")
+
+    @tf.function
+    def column_sums(data):
+        result = tf.zeros([4])
+        for x in data:
+            result += tf.reduce_sum(x, axis=0)
+        return result
+
+    np.testing.assert_allclose(dtensor_testing.reassemble(column_sums(single)),
+                               _column_sums(reference_batches(FEATURES, 4)), rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------
@@ -420,3 +527,66 @@ def test_each_client_reads_its_own_replicas(client):
             np.testing.assert_array_equal(np.asarray(got), want)
     # Inside tf.function across clients: test_multi_client.py's dataset test (a real
     # cluster; these clients connect to nothing).
+
+
+def test_keras_fit_on_a_dtensor_dataset_counts_its_batches():
+    # Keras read the source's cardinality (40 rows) as the step count: "Your input ran
+    # out of data" every epoch, and the progress bar counted 40 steps.
+    import keras
+    import keras_testing
+
+    rng = np.random.RandomState(5)
+    x, y = rng.randn(40, 16).astype("float32"), rng.randn(40, 4).astype("float32")
+
+    def fit(data, distribution):
+        with keras_testing.scope(distribution):
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4, name="d1")])
+            model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+            steps = keras.callbacks.History()
+            model.fit(data() if callable(data) else data, epochs=2, verbose=0,
+                      callbacks=[steps])
+        return steps.history["loss"], steps.params["steps"]
+
+    distribution = keras_testing.data_parallel()
+    mesh = distribution.device_mesh.backend_mesh
+    layouts = (Layout.batch_sharded(mesh, "batch", 2), Layout.batch_sharded(mesh, "batch", 2))
+    dataset = dtensor.DTensorDataset(tf.data.Dataset.from_tensor_slices((x, y)), mesh=mesh,
+                                     layouts=layouts, global_batch_size=16, batch_dim="batch")
+    assert len(dataset) == 2
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*ran out of data")
+        losses, steps = fit(dataset, distribution)
+    want_losses, want_steps = fit(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True), None)
+    assert steps == want_steps == 2
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+
+
+def test_a_loop_over_a_tf_data_iterator_trains_as_one_device(mesh_2x2):
+    # Each batch of a regular dataset relaid out inside the loop: the loop's batches have
+    # no static size, so the weight's gradient had shape [4, -1], and the update was
+    # refused ("the value has shape [4, -1] but the DVariable has shape [4, 2]").
+    values = np.arange(44, dtype=np.float32).reshape(11, 4) / 10
+    data = tf.data.Dataset.from_tensor_slices(values).batch(4)  # the last batch has 3 rows
+    start = np.full((4, 2), 0.1, np.float32)
+    sharded = dtensor.DVariable(dtensor_testing.to_dtensor(start, layout_of("[*,y]", mesh_2x2)))
+    plain = tf.Variable(start)
+
+    def train(weight, layout):
+        @tf.function
+        def loop(dataset):
+            total = tf.constant(0.0)
+            for batch in iter(dataset):
+                x = dtensor.relayout(batch, layout) if layout else batch
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.matmul(x, weight) ** 2)
+                weight.assign_sub(0.1 * tape.gradient(loss, weight))
+                total += loss
+            return total
+        return loop(data)
+
+    got = dtensor_testing.reassemble(train(sharded, layout_of("[x,*]", mesh_2x2)))
+    want = train(plain, None).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert_dtensor_equal(plain.numpy(), layout_of("[*,y]", mesh_2x2), sharded.read_value())

@@ -492,3 +492,39 @@ def test_keras_cnn_with_batch_normalization_trains_like_one_device(mesh, x_spec)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
     for want, got in zip(want_weights, weights):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", ["[x,*,*,*]", "[x,*,*,y]", "[x,y,*,*]"])
+def test_batch_norm_over_batches_of_unknown_size_inside_a_loop(spec):
+    # A loop over a tf.data iterator's batches (no static size, the last one partial):
+    # the count was the product of the static sizes, -1, and the statistics were
+    # silently wrong (a batch mean of 966 where one device gives 4.35, NaN outputs).
+    values = (np.arange(11 * 2 * 2 * 4, dtype=np.float32).reshape(11, 2, 2, 4) % 7) / 3
+    data = tf.data.Dataset.from_tensor_slices(values).batch(4)
+
+    def run(layout):
+        scale = tf.constant([1.0, 2.0, 0.5, 1.5])
+        offset = tf.constant([0.0, 0.1, -0.2, 0.3])
+
+        @tf.function
+        def loop(dataset):
+            statistics, outputs = tf.zeros([4]), tf.constant(0.0)
+            gradients = tf.zeros([4])
+            for batch in iter(dataset):
+                x = tf_dtensor.relayout(batch, layout) if layout else batch
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    y, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+                        x, scale, offset, is_training=True)[:3]
+                    loss = tf.reduce_sum(tf.sin(y) + tf.square(y))
+                statistics += mean + variance
+                outputs += loss
+                gradients += tf.reduce_sum(tape.gradient(loss, x), axis=[0, 1, 2])
+            return statistics, outputs, gradients
+        return loop(data)
+
+    want = [t.numpy() for t in run(None)]
+    with tf_dtensor.run_on(MESH_2X2):
+        got = [reassemble(t) for t in run(layout_of(spec, MESH_2X2))]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)

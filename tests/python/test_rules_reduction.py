@@ -265,3 +265,29 @@ def test_mean_of_a_partial_input_keeps_the_planned_pending_sum(partial):
         result = run(value)
         assert tf_dtensor.dtensor.fetch_layout(result) == plan["outputs"][0]
         np.testing.assert_allclose(reassemble(result), array.mean(axis=0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["[x,*]", "[x,y]", "[*,y]"])
+@pytest.mark.parametrize("axis", [None, 0, 1], ids=["both", "axis0", "axis1"])
+def test_mean_over_an_axis_of_unknown_size_inside_a_loop(spec, axis):
+    # Batches of a tf.data iterator in a loop have no static size (the last one is
+    # partial); the mean divided the sum by the product of the static sizes, -1: -23.65
+    # where one device gives 6.85, silently.
+    values = np.arange(44, dtype=np.float32).reshape(11, 4) / 10
+    data = tf.data.Dataset.from_tensor_slices(values).batch(4)
+    layout = layout_of(spec, MESH_2X2)
+
+    @tf.function
+    def total(dataset):
+        result = tf.zeros([] if axis is None else [4 if axis == 0 else 1])
+        for batch in iter(dataset):
+            mean = tf.reduce_mean(tf_dtensor.relayout(batch, layout), axis=axis)
+            result += mean if axis != 1 else tf.reduce_sum(mean, keepdims=True)
+        return result
+
+    with tf_dtensor.run_on(MESH_2X2):
+        got = reassemble(total(data))
+    batches = [values[i:i + 4] for i in range(0, 11, 4)]
+    want = (sum(np.mean(b, axis=axis) for b in batches) if axis != 1 else
+            np.array([sum(np.mean(b, axis=1).sum() for b in batches)]))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
