@@ -45,7 +45,14 @@ class _OpErrorFromMessage(errors_impl.OpError):
     # lets errors marked so through as they are (TensorFlow marks its `UnliftableError`).
     ag_pass_through = True
 
-    def __init__(self, message: str, node_def: Optional[Any] = None, op: Optional[Any] = None):
+    # Code that rebuilds an error with another message calls the class as TensorFlow's:
+    # `cls(node_def, op, message, error_code)` (Keras does, around an error in a layer's
+    # call); that form is taken too, keeping the class's own code.
+    def __init__(self, message: Any, node_def: Optional[Any] = None, op: Optional[Any] = None,
+                 *error_code: Any):
+        del error_code  # the class's own
+        if not isinstance(message, str) and isinstance(op, str):
+            node_def, op, message = message, node_def, op
         errors_impl.OpError.__init__(self, node_def, op, message, self._CODE)
         self.args = (message,)
 

@@ -333,6 +333,36 @@ def test_layout_map_rank_mismatch_names_the_variable_its_shape_layout_and_fix():
         assert part in message, (part, message)
 
 
+def test_layout_map_key_matching_a_layer_output_of_another_rank_names_the_output_and_key():
+    # A key whose regex also matches `{layer path}/output`: Keras lays the layer's output
+    # out by it, and the rank-3 output cannot take the kernel's rank-2 layout. The error
+    # was a bare "Layout [*,model] ... has rank 2 but the value has rank 3"; it now names
+    # the output, the key and the fix, and keeps its class through Keras' rebuilding of
+    # errors raised in a layer's call (TensorFlow's OpError signature).
+    with kt.model_parallel({".*d1.*": (None, "model")}).scope():
+        model = keras.Sequential([keras.Input((5, 12)),
+                                  keras.layers.Dense(16, name="d1", use_bias=False)])
+        with pytest.raises(tf_dtensor.LayoutError) as caught:
+            model(np.ones((8, 5, 12), np.float32))
+    message = str(caught.value)
+    assert isinstance(caught.value, ValueError)
+    for part in ("output of Keras layer `sequential", "d1` (rank 3)",
+                 "[*,model] @ mesh(batch=2,model=4)", "LayoutMap['.*d1.*'] matches",
+                 "d1/output` and gives a layout of rank 2", "(None, None, None)",
+                 "narrow the regex"):
+        assert part in message, (part, message)
+
+
+def test_error_classes_rebuilt_as_tensorflow_rebuilds_op_errors_keep_class_and_message():
+    # Keras rebuilds an OpError raised in a layer's call as cls(node_def, op, message,
+    # error_code); tf_dtensor's classes take that form as well as their own (message).
+    for cls in (tf_dtensor.LayoutError, tf_dtensor.MeshError):
+        rebuilt = cls(None, None, "new message", tf.errors.UNKNOWN)
+        assert type(rebuilt) is cls and rebuilt.message == "new message"
+        assert rebuilt.error_code == tf.errors.INVALID_ARGUMENT
+        assert str(cls("own form")) == "own form"
+
+
 def test_fit_evaluate_predict_with_callbacks_and_uneven_batches(capsys):
     # 60 samples in batches of 16: the last batch has 12 rows, which 8 devices do not divide.
     x, y = X[:60], Y_REG[:60]

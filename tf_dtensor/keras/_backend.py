@@ -19,6 +19,7 @@ from tensorflow.python.eager import context
 
 from tf_dtensor import api, config
 from tf_dtensor import _placement_api
+from tf_dtensor._errors import LayoutError
 from tf_dtensor.layout import UNSHARDED, Layout
 from tf_dtensor.mesh import Mesh
 
@@ -116,12 +117,59 @@ def as_layout(layout: Any) -> Layout:
 
 
 def to_layout(layout: Any, rank: int) -> Layout:
-    """A tf_dtensor `Layout` from a Keras `TensorLayout` or a `Layout`, checked against `rank`."""
+    """A tf_dtensor `Layout` from a Keras `TensorLayout` or a `Layout`, checked against `rank`.
+
+    Raises:
+      LayoutError (also a ValueError): the ranks differ. Where Keras is laying out a
+        layer's output by the `LayoutMap` (a key whose regex also matches
+        `{layer path}/output`), the message names that path and the key.
+    """
     result = as_layout(layout)
     if result.rank != rank:
-        raise ValueError(f"Layout {result.short()} has rank {result.rank} but the value has "
-                         f"rank {rank}; give one sharding spec per axis.")
+        output = _layer_output_key(layout)
+        if output is not None:
+            path, key = output
+            raise LayoutError(
+                f"Cannot lay out the output of Keras layer `{path[:-len('/output')]}` (rank "
+                f"{rank}) as {result.short()}: LayoutMap[{key!r}] matches `{path}` and gives "
+                f"a layout of rank {result.rank}, and a layout needs one entry per axis of "
+                f"the output. Give the output its own key of rank {rank} (e.g. "
+                f"`layout_map[{path!r}] = {(None,) * rank}`), or narrow the regex so that "
+                f"it does not match `{path}`.")
+        raise LayoutError(f"Layout {result.short()} has rank {result.rank} but the value has "
+                          f"rank {rank}; give one sharding spec per axis.")
     return result
+
+
+def layout_map_key(layout_map, path: str) -> Optional[str]:
+    """The key of `layout_map` that gives `path` its layout, as Keras' `LayoutMap.__getitem__`
+    picks it: the path itself, else the key that `re.fullmatch`es it; None if none does."""
+    keys = list(layout_map)  # (`in` would match by regex and never fail)
+    if path in keys:
+        return path
+    for pattern in keys:
+        if re.fullmatch(pattern, path):
+            return pattern
+    return None
+
+
+def _layer_output_key(layout) -> Optional[tuple]:
+    """(`{layer path}/output`, its LayoutMap key) where a Keras layer's call is laying out
+    its output as `layout` by the active distribution's LayoutMap, else None."""
+    try:
+        from keras.src.backend.common.name_scope import current_path
+    except ImportError:  # another Keras: the plain message
+        return None
+    distribution = active_distribution()
+    layout_map = getattr(distribution, "_layout_map", None)
+    scope = current_path()
+    if layout_map is None or not scope:
+        return None
+    path = f"{scope}/output"
+    key = layout_map_key(layout_map, path)
+    if key is None or layout_map[key] is not layout:
+        return None
+    return path, key
 
 
 # ---- values ----

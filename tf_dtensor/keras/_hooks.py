@@ -292,14 +292,8 @@ def rule_for(distribution, variable) -> str:
     layout_map = layout_map_of(distribution)
     if layout_map is None:
         return f"{type(distribution).__name__}: replicated"
-    path = variable.path
-    keys = list(layout_map)  # (`in` would match by regex and never fail)
-    if path in keys:
-        return f"LayoutMap[{path!r}]"
-    for pattern in keys:
-        if re.fullmatch(pattern, path):
-            return f"LayoutMap[{pattern!r}]"
-    return "no LayoutMap rule matched: replicated"
+    key = _backend.layout_map_key(layout_map, variable.path)
+    return f"LayoutMap[{key!r}]" if key is not None else "no LayoutMap rule matched: replicated"
 
 
 # ---- keras.src.backend.tensorflow.trainer.TensorFlowTrainer ----
