@@ -491,7 +491,10 @@ TFE_TensorHandle* DTensorDevice::CopyFromDevice(TFE_Context* context, TFE_Tensor
                        ": its value lives on the mesh's devices. Read it first "
                        "(`v.read_value()`), or give the op that uses it a DTensor input so it "
                        "runs on the mesh; a checkpoint saves a DVariable through its own "
-                       "saveable, not by copying the handle."),
+                       "saveable, not by copying the handle. If TensorFlow's context was reset "
+                       "since the DVariable was made (a test base's setUp, "
+                       "`initialize_accelerator_system(experimental_reset_context=True)`), the "
+                       "DVariable did not survive the reset: make it again after the reset."),
          status);
     return nullptr;
   }

@@ -421,6 +421,13 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunCollective(
   return outputs;
 }
 
+bool EagerBuilder::collectives_done_on_return() const {
+  TFE_Executor* executor = TFE_ContextGetExecutorForThread(context_);
+  const bool async = TFE_ExecutorIsAsync(executor);
+  TFE_DeleteExecutor(executor);
+  return !async;
+}
+
 StatusOr<ValueId> EagerBuilder::HostConstant(const std::vector<int64_t>& values,
                                              const std::vector<int64_t>& shape, int dtype) {
   TFD_ASSIGN_OR_RETURN(TF_Tensor * tensor, IntTensor(values, shape, dtype));

@@ -136,6 +136,8 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
   StatusOr<std::vector<TFE_TensorHandle*>> RunCollective(
       const std::string& op_name, const std::vector<std::vector<TFE_TensorHandle*>>& inputs,
       const LocalOpOptions& options) override;
+  // Unless the thread's executor is asynchronous (ops then run after they return).
+  bool collectives_done_on_return() const override;
 
  private:
   TFE_Context* context_;

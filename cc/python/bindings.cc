@@ -18,6 +18,7 @@
 #include "cc/rules/dispatch.h"
 #include "cc/rules/plan.h"
 #include "cc/rules/registry.h"
+#include "cc/spmd/collectives.h"
 #include "cc/spmd/ledger.h"
 #include "cc/spmd/lowering.h"
 
@@ -592,6 +593,8 @@ PYBIND11_MODULE(_core, m) {
     return CollectivesAborted(ContextFromCapsule(context));
   });
   m.def("collective_renewals", &CollectiveRenewals);
+  // Instance keys handed out for TF collective ops (cc/spmd/collectives.h).
+  m.def("instance_keys_issued", &InstanceKeysIssued);
 
   m.def("explain", &Explain, py::arg("op_name"), py::arg("layouts"), py::arg("shapes"),
         py::arg("int_values") = std::map<int, std::vector<int64_t>>(),

@@ -124,23 +124,58 @@ StatusOr<Handles> RunEachWith(CollectiveRunner& run, const std::string& op_type,
   return run.RunEach(op_type, inputs, options);
 }
 
-// Per device: {value, group size, group key, instance key}, the inputs of TF's collective
-// ops, with one fresh instance key for the step.
-StatusOr<std::vector<Handles>> CollectiveInputs(CollectiveRunner& run, const Handles& values,
-                                                const CollectiveGroups& groups) {
-  TFD_ASSIGN_OR_RETURN(LocalHandle size, run.Host({groups.group_size()}, {}, TF_INT32));
-  TFD_ASSIGN_OR_RETURN(LocalHandle instance, run.Host({NextInstanceKey()}, {}, TF_INT32));
-  std::map<int, LocalHandle> keys;  // group -> its key, as a host constant
-  std::vector<Handles> inputs(values.size());
-  for (int d = 0; d < static_cast<int>(values.size()); ++d) {
-    const int g = groups.group_of(d);
-    if (!keys.count(g)) {
-      TFD_ASSIGN_OR_RETURN(LocalHandle key, run.Host({groups.group_key(g)}, {}, TF_INT32));
-      keys[g] = key;
-    }
-    inputs[d] = {values[d], size, keys[g], instance};
+// What TF's collective runtime records of an instance key (op, dtype, each device's group
+// and input shape, attributes), where a step may reuse a key: a synchronous eager step on
+// a mesh of this process only (its participants are all done when RunCollective returns;
+// across processes every client must derive the same keys, so those stay fresh). Empty
+// where the step takes a fresh key.
+std::string ReusableKeySignature(CollectiveRunner& run, const std::string& op_type,
+                                 const Handles& values, const CollectiveGroups& groups,
+                                 const LocalOpOptions& options) {
+  if (!run.collectives_done_on_return() || run.mesh().spans_processes()) return std::string();
+  std::string signature = op_type;
+  for (const AttrOverride& a : options.overrides) {
+    signature += ";" + a.name + "=" + std::to_string(a.type) + "/" + a.text;
+    for (int64_t i : a.ints) signature += "," + std::to_string(i);
   }
-  return inputs;
+  for (int d = 0; d < static_cast<int>(values.size()); ++d) {
+    std::optional<std::vector<int64_t>> shape = run.LocalShape(values[d]);
+    if (!shape) return std::string();
+    signature += ";" + run.mesh().local_devices()[d] + "@" +
+                 std::to_string(groups.group_key(groups.group_of(d))) + ":";
+    for (int64_t dim : *shape) signature += std::to_string(dim) + ",";
+  }
+  return signature;
+}
+
+// One TF collective step: `op_type` on every device d with {values[d], group size,
+// group key(d's group), instance key}. The instance key is fresh, or, eagerly, one an
+// earlier successful step of the same signature has finished with (collectives.h:
+// TakeInstanceKey; TF keeps a record per key for the life of the context).
+StatusOr<Handles> RunCollectiveStep(CollectiveRunner& run, const std::string& op_type,
+                                    const Handles& values, const CollectiveGroups& groups,
+                                    const LocalOpOptions& options) {
+  const std::string signature = ReusableKeySignature(run, op_type, values, groups, options);
+  const int32_t key = signature.empty() ? NextInstanceKey() : TakeInstanceKey(signature);
+  auto host = [&](int64_t value) { return run.Host({value}, {}, TF_INT32); };
+  StatusOr<Handles> out = [&]() -> StatusOr<Handles> {
+    TFD_ASSIGN_OR_RETURN(LocalHandle size, host(groups.group_size()));
+    TFD_ASSIGN_OR_RETURN(LocalHandle instance, host(key));
+    std::map<int, LocalHandle> keys;  // group -> its key, as a host constant
+    std::vector<Handles> inputs(values.size());
+    for (int d = 0; d < static_cast<int>(values.size()); ++d) {
+      const int g = groups.group_of(d);
+      if (!keys.count(g)) {
+        TFD_ASSIGN_OR_RETURN(LocalHandle group_key, host(groups.group_key(g)));
+        keys[g] = group_key;
+      }
+      inputs[d] = {values[d], size, keys[g], instance};
+    }
+    return run.RunCollective(op_type, inputs, options);
+  }();
+  // A failed step's key is not reused: some participants may have entered the collective.
+  if (out.ok() && !signature.empty()) ReturnInstanceKey(signature, key);
+  return out;
 }
 
 // Puts the `pieces` equal chunks along axis 0 of every device's handle in the order
@@ -348,9 +383,7 @@ StatusOr<Handles> ReduceByGather(CollectiveRunner& run, const Handles& blocks,
     current = *converted;
     made.insert(made.end(), current.begin(), current.end());
   }
-  StatusOr<std::vector<Handles>> collective = CollectiveInputs(run, current, groups);
-  if (!collective.ok()) return fail(collective.status());
-  StatusOr<Handles> gathered = run.RunCollective("CollectiveGatherV2", *collective,
+  StatusOr<Handles> gathered = RunCollectiveStep(run, "CollectiveGatherV2", current, groups,
                                                  CollectiveOptions(run.mesh(), wire.wire));
   if (!gathered.ok()) return fail(gathered.status());
   current = *gathered;
@@ -427,16 +460,11 @@ StatusOr<ValueId> CollectiveOps::AllReduce(CollectiveRunner& run, ValueId value,
     }
     sent = std::move(converted).value();
   }
-  StatusOr<std::vector<Handles>> inputs = CollectiveInputs(run, sent, groups);
-  if (!inputs.ok()) {
-    if (wire.wire != dtype) run.DiscardAll(sent);
-    return inputs.status();
-  }
   LocalOpOptions options = CollectiveOptions(run.mesh(), wire.wire);
   options.overrides.push_back(AttrOverride::String("merge_op", CollectiveMergeOp(op)));
   options.overrides.push_back(
       AttrOverride::String("final_op", op == ReduceOp::kMean ? "Div" : "Id"));
-  StatusOr<Handles> reduced = run.RunCollective("CollectiveReduceV2", *inputs, options);
+  StatusOr<Handles> reduced = RunCollectiveStep(run, "CollectiveReduceV2", sent, groups, options);
   if (wire.wire != dtype) run.DiscardAll(sent);
   if (!reduced.ok()) {
     run.DiscardAll(made);
@@ -558,10 +586,8 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
     current = std::move(sent).value();
     temporaries.insert(temporaries.end(), current.begin(), current.end());
   }
-  StatusOr<std::vector<Handles>> inputs = CollectiveInputs(run, current, groups);
-  if (!inputs.ok()) return cleanup(inputs.status());
-  StatusOr<Handles> gathered =
-      run.RunCollective("CollectiveGatherV2", *inputs, CollectiveOptions(run.mesh(), wire.wire));
+  StatusOr<Handles> gathered = RunCollectiveStep(run, "CollectiveGatherV2", current, groups,
+                                                 CollectiveOptions(run.mesh(), wire.wire));
   if (!gathered.ok()) return cleanup(gathered.status());
   current = std::move(gathered).value();
   if (wire.wire != dtype) {
@@ -723,10 +749,8 @@ StatusOr<ValueId> CollectiveOps::AllToAll(CollectiveRunner& run, ValueId value, 
   for (int i : rest) split_shape.push_back(in_shape[i]);
   Status s = reshape(split_shape);
   if (!s.ok()) return cleanup(s);
-  StatusOr<std::vector<Handles>> inputs = CollectiveInputs(run, current, groups);
-  if (!inputs.ok()) return cleanup(inputs.status());
-  StatusOr<Handles> exchanged =
-      run.RunCollective("CollectiveAllToAllV2", *inputs, CollectiveOptions(run.mesh(), dtype));
+  StatusOr<Handles> exchanged = RunCollectiveStep(run, "CollectiveAllToAllV2", current, groups,
+                                                  CollectiveOptions(run.mesh(), dtype));
   if (!exchanged.ok()) return cleanup(exchanged.status());
   current = std::move(exchanged).value();
   made.insert(made.end(), current.begin(), current.end());

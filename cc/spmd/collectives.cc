@@ -88,6 +88,37 @@ int32_t NextInstanceKey() { return next_instance_key.fetch_add(1); }
 
 int64_t InstanceKeysIssued() { return next_instance_key.load() - kFirstInstanceKey; }
 
+namespace {
+struct KeyPool {
+  std::mutex mutex;
+  std::unordered_map<std::string, std::vector<int32_t>> free;  // signature -> keys
+};
+KeyPool& Pool() {
+  static KeyPool* pool = new KeyPool;
+  return *pool;
+}
+}  // namespace
+
+int32_t TakeInstanceKey(const std::string& signature) {
+  {
+    KeyPool& pool = Pool();
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    auto it = pool.free.find(signature);
+    if (it != pool.free.end() && !it->second.empty()) {
+      const int32_t key = it->second.back();
+      it->second.pop_back();
+      return key;
+    }
+  }
+  return NextInstanceKey();
+}
+
+void ReturnInstanceKey(const std::string& signature, int32_t key) {
+  KeyPool& pool = Pool();
+  std::lock_guard<std::mutex> lock(pool.mutex);
+  pool.free[signature].push_back(key);
+}
+
 const char* CollectiveMergeOp(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return "Add";

@@ -95,6 +95,17 @@ std::string DistributedTaskName(const Mesh& mesh, int64_t task);
 // How many instance keys NextInstanceKey has handed out so far.
 int64_t InstanceKeysIssued();
 
+// Instance keys that eager collectives hand back for reuse. TensorFlow's collective
+// runtime keeps a record for every (group key, instance key) it has seen, for the life of
+// the context (about 1.6 KB each): a fresh key per eager step grew memory without bound
+// in a long eager loop. An eager step of one `signature` (op, layouts, shapes, dtype:
+// everything TF's record holds) takes a key that an earlier step of that signature has
+// finished with, or a fresh one; a graph's collectives keep fresh keys (they may run at
+// once within one function call). A key is returned only after every local participant
+// has finished with it, and only when the step succeeded.
+int32_t TakeInstanceKey(const std::string& signature);
+void ReturnInstanceKey(const std::string& signature, int32_t key);
+
 // Refuses a collective on a mesh some of whose devices belong to other processes when
 // they cannot take part: names the mesh, the local and global device counts and the fix.
 Status CheckCollectiveParticipants(const Mesh& mesh, const CollectiveGroups& groups,

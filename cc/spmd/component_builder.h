@@ -145,6 +145,10 @@ class ComponentBuilder : public Builder {
                                                       const LocalOpOptions& options) {
     return RunEach(op_type, inputs, options);
   }
+  // Whether every local participant has finished a collective when RunCollective
+  // returns (a synchronous eager builder), so that its instance key may serve a later
+  // step (TakeInstanceKey). Not in a graph: its collectives may run at once.
+  virtual bool collectives_done_on_return() const { return false; }
   // Tells a graph builder the local shape of a collective's result, which TF's shape
   // inference leaves partly unknown (CollectiveGatherV2's first axis).
   virtual void SetLocalShape(Handle handle, const std::vector<int64_t>& shape) {}
@@ -399,6 +403,10 @@ class ComponentBuilder<Handle>::Runner final : public CollectiveRunner {
     return Put(out);
   }
   void Discard(LocalHandle handle) override { b_.Discard(table_[handle]); }
+  bool collectives_done_on_return() const override { return b_.collectives_done_on_return(); }
+  std::optional<std::vector<int64_t>> LocalShape(LocalHandle handle) override {
+    return b_.LocalShapeOf(table_[handle]);
+  }
   void SetLocalShape(LocalHandle handle, const std::vector<int64_t>& shape) override {
     b_.SetLocalShape(table_[handle], shape);
   }

@@ -74,6 +74,11 @@ class CollectiveRunner {
                                                       const std::vector<int>& devices) = 0;
   // Drops a handle the lowering made and no value keeps.
   virtual void Discard(LocalHandle handle) = 0;
+  // Whether every local participant has finished a collective when RunCollective
+  // returns (eagerly), so its instance key may serve a later step of the same signature.
+  virtual bool collectives_done_on_return() const { return false; }
+  // The local shape of `handle` where the builder knows it.
+  virtual std::optional<std::vector<int64_t>> LocalShape(LocalHandle handle) = 0;
   // Tells a graph the local shape of a collective's result, which TF's shape inference
   // leaves partly unknown (CollectiveGatherV2's first axis). Nothing eagerly.
   virtual void SetLocalShape(LocalHandle handle, const std::vector<int64_t>& shape) = 0;

@@ -154,6 +154,30 @@ def test_dtensor_from_before_a_reset_is_refused_clearly():
     assert "'Sum'" in out["raised"]
 
 
+def test_a_dvariable_from_before_a_reset_says_it_did_not_survive_it():
+    # Read first thing after a reset, before the new context has a DTensor device,
+    # TensorFlow copies the handle off the mesh; the refusal told the user to do what
+    # they had done ("Read it first (`v.read_value()`)") and never named the reset.
+    out = _run("""
+        configure(4)
+        mesh = dtensor.create_mesh([("x", 4)], devices=[f"CPU:{d}" for d in range(4)])
+        v = dtensor.DVariable(dtensor.call_with_layout(tf.zeros, dtensor.Layout(["x"], mesh),
+                                                       shape=(8,)))
+        context._reset_context(); configure(4)
+        raised = []
+        for use in (v.read_value, lambda: v.assign_add(tf.ones((8,)))):
+            try:
+                use()
+                raised.append(None)
+            except tf.errors.OpError as e:
+                raised.append(str(e))
+        print(json.dumps({"raised": raised}))
+    """)
+    for message in out["raised"]:
+        assert message is not None
+        assert "context was reset" in message and "make it again" in message, message
+
+
 def test_a_function_traced_before_a_reset_names_both_causes():
     # The old tf.function still runs in the old context; the DTensor is the new context's.
     out = _run("""

@@ -50,5 +50,17 @@ TEST(CollectiveGroups, InstanceKeysAreFresh) {
   EXPECT_EQ(InstanceKeysIssued(), before + 2);
 }
 
+TEST(CollectiveGroups, ReturnedInstanceKeysServeOnlyTheirSignature) {
+  const int32_t a = TakeInstanceKey("test-signature-a");
+  const int32_t b = TakeInstanceKey("test-signature-a");  // `a` is still held: fresh
+  EXPECT_NE(a, b);
+  ReturnInstanceKey("test-signature-a", a);
+  const int64_t before = InstanceKeysIssued();
+  EXPECT_EQ(TakeInstanceKey("test-signature-a"), a);
+  EXPECT_EQ(InstanceKeysIssued(), before);
+  EXPECT_NE(TakeInstanceKey("test-signature-b"), a);  // another signature gets its own
+  EXPECT_EQ(InstanceKeysIssued(), before + 1);
+}
+
 }  // namespace
 }  // namespace tf_dtensor
