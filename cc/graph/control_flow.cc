@@ -4,6 +4,7 @@
 // layouts).
 #include "cc/graph/function_expansion.h"
 
+#include <algorithm>
 #include <set>
 
 #include "cc/rules/list_elements.h"
@@ -361,6 +362,28 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
                          out.resource->value_layout.ShortString() +
                          "; the elements of a list must keep one layout through a loop. "
                          "Relayout the values written to the list to one layout.");
+  }
+  // A DTensor loop variable keeps its entry's global shape (its shards' shapes, set on the
+  // While's results, follow from it). One whose shape changes from one iteration to the
+  // next (a `shape_invariants` entry with None: the body gives an unknown or other shape)
+  // would come out claiming its entry shape over shards of another size.
+  for (size_t i = 0; i < inputs.size() && i < body_fn->outputs.size(); ++i) {
+    const ValueMeta& out = body_fn->outputs[i];
+    if (!out.layout || out.resource || out.dtype == TF_VARIANT ||
+        builder_.shape(inputs[i]) == out.shape) {
+      continue;
+    }
+    return Unimplemented(
+        "Loop variable " + std::to_string(i) + " of '" + node.name + "' (While) in tf.function '" +
+        function_ + "' enters with shape " + ShapeString(builder_.shape(inputs[i])) +
+        " and layout " + out.layout->ShortString() + " but leaves an iteration with shape " +
+        ShapeString(out.shape) +
+        (std::count(out.shape.begin(), out.shape.end(), -1) > 0 ? " (-1: unknown)" : "") +
+        "; a DTensor loop variable must keep its shape "
+        "through the loop (its shards' shapes follow from it), so one whose shape varies "
+        "(shape_invariants with None) is not supported. Keep its shape fixed (allocate the "
+        "final size and fill it in), collect the pieces in a tf.TensorArray, or run the loop "
+        "on a plain tensor.");
   }
   builder_.AddCollectives(cond_fn->collectives, true);
   builder_.AddCollectives(body_fn->collectives, true);

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -140,6 +141,65 @@ def test_while_loop_keeps_the_layout(mesh_2x2, lenient_mode):
     layout = layout_of("[x,y]", mesh_2x2)
     got = run_without_fallback(tf.function(_while_program), to_dtensor(_A, layout))
     assert dtensor.fetch_layout(got) == layout  # r * 0.5 + a keeps a's layout eagerly
+
+
+def _growing_loop(a):
+    # The loop variable gains i rows per iteration (shape_invariants [None, 6]).
+    def body(i, x):
+        return i + 1, tf.concat([x, x[:i]], axis=0)
+
+    return tf.while_loop(lambda i, x: i < 3, body, [1, a],
+                         shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, 6])])[1]
+
+
+def _growing_loop_by_a_fixed_step(a):
+    def body(i, x):
+        return i + 1, tf.concat([x, x[:1] * 2.0], axis=0)
+
+    return tf.while_loop(lambda i, x: i < 3, body, [0, a],
+                         shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, 6])])[1]
+
+
+@pytest.mark.parametrize("program", [_growing_loop, _growing_loop_by_a_fixed_step])
+@pytest.mark.parametrize("spec", ["[*,*]", "[x,*]", "[*,x]"])
+def test_while_loop_variable_whose_shape_varies_is_refused(program, spec):
+    # Used to come out claiming the entry shape [8, 6] over shards of 11 (or 2) rows, or
+    # fail setting the shape of the While's results.
+    a = random_array((8, 6), seed=5)
+    assert tf.function(program)(tf.constant(a)).shape[0] > 8  # plain: it grows
+    with pytest.raises(tf.errors.UnimplementedError,
+                       match=r"Loop variable \d+ of 'while' \(While\).*enters with shape "
+                             r"\[8, 6\] and layout " + re.escape(spec) +
+                             r".*must keep its shape.*tf.TensorArray"):
+        tf.function(program)(to_dtensor(a, layout_of(spec, MESH_8)))
+
+
+def test_while_loop_variable_with_none_invariant_but_fixed_shape(mesh_2x2):
+    # shape_invariants with None, but the body keeps the shape: runs, equal to one device.
+    def program(a):
+        def body(i, x):
+            return i + 1, x * 0.5 + tf.reduce_sum(x)
+
+        return tf.while_loop(lambda i, x: i < 3, body, [0, a],
+                             shape_invariants=[tf.TensorShape([]),
+                                               tf.TensorShape([None, None])])[1]
+
+    check_function(program, [_A], [layout_of("[x,y]", mesh_2x2)])
+
+
+def test_while_loop_collecting_pieces_of_varying_size_in_a_tensor_array(mesh_8):
+    # The way out the error above names: a TensorArray of pieces of varying size.
+    def program(a):
+        ta = tf.TensorArray(tf.float32, size=0, dynamic_size=True, infer_shape=False)
+
+        def body(i, ta):
+            return i + 1, ta.write(i, a[: i + 1] * 2.0)
+
+        _, ta = tf.while_loop(lambda i, ta: i < 4, body, [0, ta])
+        return ta.concat()
+
+    for spec in ("[x,*]", "[*,x]"):
+        check_function(program, [_A], [layout_of(spec, mesh_8)])
 
 
 def test_training_loop_over_tf_range_updates_sharded_dvariable(mesh_1d):
