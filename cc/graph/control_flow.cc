@@ -226,6 +226,31 @@ Status FunctionExpansion::ExpandBranches(const NodeSpec& node, const std::vector
                                               : std::string("else");
     builder_.AddCollectives(branches[b]->collectives, false, "'" + node.name + "' " + which);
   }
+  // A DTensor result has one global shape, set on the op's results (its shards' shapes
+  // follow from it) whichever branch runs: branches that give it different shapes (tf.cond
+  // allows that, the result's shape is then unknown) would leave shards of one branch's
+  // size under the first branch's shape.
+  for (size_t i = 0; i < branches[0]->outputs.size(); ++i) {
+    const ValueMeta& first = branches[0]->outputs[i];
+    if (!first.layout || first.resource || first.dtype == TF_VARIANT) continue;
+    for (size_t b = 1; b < branches.size(); ++b) {
+      if (i >= branches[b]->outputs.size() || branches[b]->outputs[i].shape == first.shape) {
+        continue;
+      }
+      const std::string which = IsCase(node.op) ? "branch " + std::to_string(b) : "the else branch";
+      const std::string first_name = IsCase(node.op) ? "branch 0" : "the then branch";
+      return Unimplemented(
+          "Result " + std::to_string(i) + " of '" + node.name + "' (" + node.op +
+          ") in tf.function '" + function_ + "' has shape " + ShapeString(first.shape) +
+          " from " + first_name + " but " + ShapeString(branches[b]->outputs[i].shape) +
+          " from " + which + " (layout " + first.layout->ShortString() +
+          "); a DTensor result must have one shape whichever branch runs (its shards' "
+          "shapes follow from it). Make the branches return the same shape (pad the "
+          "shorter one, or return the slice bounds and slice after the " +
+          (IsCase(node.op) ? std::string("tf.switch_case") : std::string("tf.cond")) +
+          "), or run it on a plain tensor.");
+    }
+  }
   // A list's element value (ResourceInfo::element_value) holds after the op only where
   // every branch leaves it.
   std::vector<ValueMeta> results = branches[0]->outputs;

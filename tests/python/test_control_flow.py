@@ -143,6 +143,35 @@ def test_while_loop_keeps_the_layout(mesh_2x2, lenient_mode):
     assert dtensor.fetch_layout(got) == layout  # r * 0.5 + a keeps a's layout eagerly
 
 
+def _cond_of_two_shapes(a):
+    # The else branch runs (the sum is positive) and gives 4 rows; the then branch 8.
+    return tf.cond(tf.reduce_sum(a) < 0.0, lambda: a * 2.0, lambda: a[:4])
+
+
+def _switch_case_of_two_shapes(a):
+    # Branch 1 runs and gives 16 rows; branch 0 gives 3.
+    index = tf.cast(tf.reduce_sum(a) > 0.0, tf.int32)
+    return tf.switch_case(index, [lambda: a[:3], lambda: tf.concat([a, a], 0)])
+
+
+@pytest.mark.parametrize("program,op", [(_cond_of_two_shapes, "If"),
+                                        (_switch_case_of_two_shapes, "Case")])
+@pytest.mark.parametrize("spec", ["[*,*]", "[x,*]", "[*,x]"])
+def test_branches_giving_different_shapes_are_refused(program, op, spec):
+    # Used to come out with the first branch's shape over the shards of the branch that
+    # ran ([8, 6] over components of 4 rows; some devices with no row at all).
+    a = random_array((8, 6), seed=6)
+    assert a.sum() > 0
+    plain = tf.function(program)(tf.constant(a))
+    eager = program(to_dtensor(a, layout_of(spec, MESH_8)))  # eagerly one branch runs
+    assert_values_equal(plain.numpy(), reassemble(eager))
+    with pytest.raises(tf.errors.UnimplementedError,
+                       match=r"Result 0 of '[\w/]+' \(\w*" + op + r"\).*has shape \[\d+, 6\] "
+                             r"from .* but \[\d+, 6\] from .*\(layout \[[*,x]+\] @ mesh\(x=8\)\)"
+                             r".*one shape whichever branch runs"):
+        tf.function(program)(to_dtensor(a, layout_of(spec, MESH_8)))
+
+
 def _growing_loop(a):
     # The loop variable gains i rows per iteration (shape_invariants [None, 6]).
     def body(i, x):
