@@ -205,6 +205,37 @@ Status FunctionExpansion::ExpandBranches(const NodeSpec& node, const std::vector
     }
     same.each.push_back(merged);
   }
+  // A result whose branches give it different sizes along some axis (tf.cond allows that)
+  // has an unknown size there (-1), as TensorFlow's result has; it cannot be sharded along
+  // such an axis (its shards' sizes would follow from a size nobody knows), so every branch
+  // is asked for it unsharded there. Ranks that differ are refused below.
+  std::vector<std::optional<std::vector<int64_t>>> varying(same.each.size());
+  for (size_t i = 0; i < same.each.size(); ++i) {
+    const ValueMeta& first = free[0]->outputs[i];
+    if (!same.each[i] || first.resource || first.dtype == TF_VARIANT) continue;
+    std::vector<int64_t> shape = first.shape;
+    bool differs = false;
+    for (size_t b = 1; b < free.size(); ++b) {
+      if (i >= free[b]->outputs.size()) continue;
+      const std::vector<int64_t>& other = free[b]->outputs[i].shape;
+      if (other.size() != shape.size()) continue;
+      for (size_t a = 0; a < shape.size(); ++a) {
+        if (other[a] != shape[a]) {
+          shape[a] = -1;
+          differs = true;
+        }
+      }
+    }
+    if (!differs) continue;
+    std::vector<DimSpec> specs = same.each[i]->specs();
+    if (static_cast<int>(specs.size()) == static_cast<int>(shape.size())) {
+      for (size_t a = 0; a < shape.size(); ++a) {
+        if (shape[a] == -1) specs[a] = DimSpec::Replicated();
+      }
+      same.each[i] = same.each[i]->WithSpecs(specs);
+    }
+    varying[i] = std::move(shape);
+  }
   std::vector<std::shared_ptr<const ExpandedFunction>> branches;
   for (size_t b = 0; b < names.size(); ++b) {
     bool as_is = free[b]->outputs.size() == same.each.size();
@@ -234,7 +265,8 @@ Status FunctionExpansion::ExpandBranches(const NodeSpec& node, const std::vector
     const ValueMeta& first = branches[0]->outputs[i];
     if (!first.layout || first.resource || first.dtype == TF_VARIANT) continue;
     for (size_t b = 1; b < branches.size(); ++b) {
-      if (i >= branches[b]->outputs.size() || branches[b]->outputs[i].shape == first.shape) {
+      if (i >= branches[b]->outputs.size() || branches[b]->outputs[i].shape == first.shape ||
+          (varying[i] && branches[b]->outputs[i].shape.size() == first.shape.size())) {
         continue;
       }
       const std::string which = IsCase(node.op) ? "branch " + std::to_string(b) : "the else branch";
@@ -254,6 +286,9 @@ Status FunctionExpansion::ExpandBranches(const NodeSpec& node, const std::vector
   // A list's element value (ResourceInfo::element_value) holds after the op only where
   // every branch leaves it.
   std::vector<ValueMeta> results = branches[0]->outputs;
+  for (size_t i = 0; i < results.size() && i < varying.size(); ++i) {
+    if (varying[i]) results[i].shape = *varying[i];
+  }
   for (size_t i = 0; i < results.size(); ++i) {
     // A variant that the first branch leaves without element metadata (tf.cond's gradient
     // gives OptionalNone where the other branch wraps a loop's accumulator list) takes

@@ -143,33 +143,46 @@ def test_while_loop_keeps_the_layout(mesh_2x2, lenient_mode):
     assert dtensor.fetch_layout(got) == layout  # r * 0.5 + a keeps a's layout eagerly
 
 
-def _cond_of_two_shapes(a):
-    # The else branch runs (the sum is positive) and gives 4 rows; the then branch 8.
-    return tf.cond(tf.reduce_sum(a) < 0.0, lambda: a * 2.0, lambda: a[:4])
+def _cond_of_two_shapes(a, flag):
+    # The then branch gives 8 rows, the else branch 4.
+    return tf.cond(flag, lambda: a * 2.0, lambda: a[:4])
 
 
-def _switch_case_of_two_shapes(a):
-    # Branch 1 runs and gives 16 rows; branch 0 gives 3.
-    index = tf.cast(tf.reduce_sum(a) > 0.0, tf.int32)
-    return tf.switch_case(index, [lambda: a[:3], lambda: tf.concat([a, a], 0)])
+def _switch_case_of_two_shapes(a, flag):
+    # Branch 0 gives 3 rows, branch 1 16.
+    return tf.switch_case(tf.cast(flag, tf.int32), [lambda: a[:3], lambda: tf.concat([a, a], 0)])
 
 
-@pytest.mark.parametrize("program,op", [(_cond_of_two_shapes, "If"),
-                                        (_switch_case_of_two_shapes, "Case")])
+def _then_reduced_and_differentiated(program, gradient):
+    def run(a, flag):
+        with tf.GradientTape() as tape:
+            tape.watch(a)
+            out = program(a, flag)
+            loss = tf.reduce_sum(out * out)
+        return (out, tf.reduce_sum(out, axis=0)) + ((tape.gradient(loss, a),) if gradient else ())
+
+    return run
+
+
+@pytest.mark.parametrize("program", [_cond_of_two_shapes, _switch_case_of_two_shapes])
+@pytest.mark.parametrize("flag", [True, False])
 @pytest.mark.parametrize("spec", ["[*,*]", "[x,*]", "[*,x]"])
-def test_branches_giving_different_shapes_are_refused(program, op, spec):
-    # Used to come out with the first branch's shape over the shards of the branch that
-    # ran ([8, 6] over components of 4 rows; some devices with no row at all).
+def test_branches_giving_different_shapes(program, flag, spec):
+    # The result's rows are unknown until a branch runs. It used to take the first
+    # branch's shape over the shards of the branch that ran ([8, 6] over components of 4
+    # rows, devices with no row at all); now its size there is unknown, unsharded along it.
+    # The gradient of out * out over a result of unknown rows with sharded columns needs a
+    # reduction over axes known only when it runs (BroadcastGradientArgs): refused, typed.
+    run = _then_reduced_and_differentiated(program, gradient=spec != "[*,x]")
     a = random_array((8, 6), seed=6)
-    assert a.sum() > 0
-    plain = tf.function(program)(tf.constant(a))
-    eager = program(to_dtensor(a, layout_of(spec, MESH_8)))  # eagerly one branch runs
-    assert_values_equal(plain.numpy(), reassemble(eager))
-    with pytest.raises(tf.errors.UnimplementedError,
-                       match=r"Result 0 of '[\w/]+' \(\w*" + op + r"\).*has shape \[\d+, 6\] "
-                             r"from .* but \[\d+, 6\] from .*\(layout \[[*,x]+\] @ mesh\(x=8\)\)"
-                             r".*one shape whichever branch runs"):
-        tf.function(program)(to_dtensor(a, layout_of(spec, MESH_8)))
+    expected = tf.function(run)(tf.constant(a), tf.constant(flag))
+    got = tf.function(run)(to_dtensor(a, layout_of(spec, MESH_8)), tf.constant(flag))
+    for want, value in zip(expected, got):
+        assert value.shape == want.shape and value.dtype == want.dtype
+        assert_values_equal(want.numpy(), reassemble(value))
+    # Unsharded along the rows whose number varies; the columns keep their sharding.
+    assert dtensor.fetch_layout(got[0]) == layout_of("[*,x]" if spec == "[*,x]" else "[*,*]",
+                                                     MESH_8)
 
 
 def _growing_loop(a):
