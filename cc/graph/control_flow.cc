@@ -394,6 +394,63 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
     }
     if (!changed) break;
   }
+  // A loop variable whose shape the body changes (a `shape_invariants` entry with None: a
+  // growing or shrinking carry) enters with an unknown size (-1) along the axes that change,
+  // unsharded along them (a shard of a size nobody knows cannot be cut), as TensorFlow's
+  // loop variable has; the body is then expanded for any size there. Repeated while it
+  // changes something (each round can only add unknown axes).
+  for (int round = 0; round < 3; ++round) {
+    TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> natural,
+                         Callee(*body_name, inputs, OutputRequest(), /*loop=*/true));
+    bool changed = false;
+    for (size_t i = 0; i < inputs.size() && i < natural->outputs.size(); ++i) {
+      const std::optional<Layout>& entry = builder_.layout(inputs[i]);
+      const ValueMeta& out = natural->outputs[i];
+      const std::vector<int64_t>& shape = builder_.shape(inputs[i]);
+      if (!entry || !out.layout || out.resource || out.dtype == TF_VARIANT ||
+          builder_.resource(inputs[i]) || entry->is_partial() ||
+          out.shape.size() != shape.size() || out.shape == shape) {
+        continue;
+      }
+      std::vector<int64_t> general = shape;
+      std::vector<DimSpec> specs = entry->specs();
+      bool differs = false;
+      for (size_t a = 0; a < shape.size(); ++a) {
+        if (out.shape[a] != shape[a] && shape[a] != -1) {
+          general[a] = -1;
+          specs[a] = DimSpec::Replicated();
+          differs = true;
+        }
+      }
+      if (!differs) continue;
+      const std::string what = "loop variable " + std::to_string(i) + " of '" + node.name + "'";
+      const Layout layout = entry->WithSpecs(specs);
+      TFD_ASSIGN_OR_RETURN(ValueId unsharded, Relayout(builder_, inputs[i], layout, what));
+      // Each component through PlaceholderWithDefault of the unknown size: the While's
+      // shape inference gives its results the shapes of its inputs.
+      std::vector<TF_Output> components;
+      for (int d = 0; d < layout.mesh().num_local_devices(); ++d) {
+        const TF_Output component = builder_.component(unsharded, d);
+        std::vector<int64_t> local =
+            builder_.InferredShape(component).value_or(std::vector<int64_t>(general.size(), -1));
+        for (size_t a = 0; a < general.size() && a < local.size(); ++a) {
+          if (general[a] == -1) local[a] = -1;
+        }
+        LocalOpOptions options;
+        options.copy_attrs = false;
+        options.overrides = {AttrOverride::Type("dtype", out.dtype),
+                             AttrOverride::Shape("shape", local)};
+        TFD_ASSIGN_OR_RETURN(TF_Operation * op,
+                             builder_.Emit("PlaceholderWithDefault", {component}, options,
+                                           layout.mesh().local_devices()[d]));
+        components.push_back(TF_Output{op, 0});
+      }
+      inputs[i] = builder_.AddDTensor(layout, general, out.dtype, std::nullopt,
+                                      std::move(components));
+      changed = true;
+    }
+    if (!changed) break;
+  }
   // Loop variables keep the layouts they enter with (host values stay host values); the
   // body is asked to return them so (a relayout at the end of the body where it would
   // not), which is the fixed point of the loop.
@@ -423,10 +480,9 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
                          "; the elements of a list must keep one layout through a loop. "
                          "Relayout the values written to the list to one layout.");
   }
-  // A DTensor loop variable keeps its entry's global shape (its shards' shapes, set on the
-  // While's results, follow from it). One whose shape changes from one iteration to the
-  // next (a `shape_invariants` entry with None: the body gives an unknown or other shape)
-  // would come out claiming its entry shape over shards of another size.
+  // What the unknown sizes above do not cover (a rank that changes, a Partial loop
+  // variable whose size changes) would come out claiming its entry shape over shards of
+  // another size: refused.
   for (size_t i = 0; i < inputs.size() && i < body_fn->outputs.size(); ++i) {
     const ValueMeta& out = body_fn->outputs[i];
     if (!out.layout || out.resource || out.dtype == TF_VARIANT ||
@@ -439,10 +495,10 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
         " and layout " + out.layout->ShortString() + " but leaves an iteration with shape " +
         ShapeString(out.shape) +
         (std::count(out.shape.begin(), out.shape.end(), -1) > 0 ? " (-1: unknown)" : "") +
-        "; a DTensor loop variable must keep its shape "
-        "through the loop (its shards' shapes follow from it), so one whose shape varies "
-        "(shape_invariants with None) is not supported. Keep its shape fixed (allocate the "
-        "final size and fill it in), collect the pieces in a tf.TensorArray, or run the loop "
+        "; a DTensor loop variable whose size changes along an axis must keep its rank and "
+        "not be Partial (it then enters with an unknown size there, unsharded along it). "
+        "Keep its shape fixed (allocate the final size and fill it in), collect the pieces "
+        "in a tf.TensorArray, relayout it out of Partial before the loop, or run the loop "
         "on a plain tensor.");
   }
   builder_.AddCollectives(cond_fn->collectives, true);
