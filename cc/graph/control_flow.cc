@@ -4,6 +4,7 @@
 // layouts).
 #include "cc/graph/function_expansion.h"
 
+#include <algorithm>
 #include <set>
 
 #include "cc/rules/list_elements.h"
@@ -204,6 +205,37 @@ Status FunctionExpansion::ExpandBranches(const NodeSpec& node, const std::vector
     }
     same.each.push_back(merged);
   }
+  // A result whose branches give it different sizes along some axis (tf.cond allows that)
+  // has an unknown size there (-1), as TensorFlow's result has; it cannot be sharded along
+  // such an axis (its shards' sizes would follow from a size nobody knows), so every branch
+  // is asked for it unsharded there. Ranks that differ are refused below.
+  std::vector<std::optional<std::vector<int64_t>>> varying(same.each.size());
+  for (size_t i = 0; i < same.each.size(); ++i) {
+    const ValueMeta& first = free[0]->outputs[i];
+    if (!same.each[i] || first.resource || first.dtype == TF_VARIANT) continue;
+    std::vector<int64_t> shape = first.shape;
+    bool differs = false;
+    for (size_t b = 1; b < free.size(); ++b) {
+      if (i >= free[b]->outputs.size()) continue;
+      const std::vector<int64_t>& other = free[b]->outputs[i].shape;
+      if (other.size() != shape.size()) continue;
+      for (size_t a = 0; a < shape.size(); ++a) {
+        if (other[a] != shape[a]) {
+          shape[a] = -1;
+          differs = true;
+        }
+      }
+    }
+    if (!differs) continue;
+    std::vector<DimSpec> specs = same.each[i]->specs();
+    if (static_cast<int>(specs.size()) == static_cast<int>(shape.size())) {
+      for (size_t a = 0; a < shape.size(); ++a) {
+        if (shape[a] == -1) specs[a] = DimSpec::Replicated();
+      }
+      same.each[i] = same.each[i]->WithSpecs(specs);
+    }
+    varying[i] = std::move(shape);
+  }
   std::vector<std::shared_ptr<const ExpandedFunction>> branches;
   for (size_t b = 0; b < names.size(); ++b) {
     bool as_is = free[b]->outputs.size() == same.each.size();
@@ -225,9 +257,38 @@ Status FunctionExpansion::ExpandBranches(const NodeSpec& node, const std::vector
                                               : std::string("else");
     builder_.AddCollectives(branches[b]->collectives, false, "'" + node.name + "' " + which);
   }
+  // A DTensor result has one global shape, set on the op's results (its shards' shapes
+  // follow from it) whichever branch runs: branches that give it different shapes (tf.cond
+  // allows that, the result's shape is then unknown) would leave shards of one branch's
+  // size under the first branch's shape.
+  for (size_t i = 0; i < branches[0]->outputs.size(); ++i) {
+    const ValueMeta& first = branches[0]->outputs[i];
+    if (!first.layout || first.resource || first.dtype == TF_VARIANT) continue;
+    for (size_t b = 1; b < branches.size(); ++b) {
+      if (i >= branches[b]->outputs.size() || branches[b]->outputs[i].shape == first.shape ||
+          (varying[i] && branches[b]->outputs[i].shape.size() == first.shape.size())) {
+        continue;
+      }
+      const std::string which = IsCase(node.op) ? "branch " + std::to_string(b) : "the else branch";
+      const std::string first_name = IsCase(node.op) ? "branch 0" : "the then branch";
+      return Unimplemented(
+          "Result " + std::to_string(i) + " of '" + node.name + "' (" + node.op +
+          ") in tf.function '" + function_ + "' has shape " + ShapeString(first.shape) +
+          " from " + first_name + " but " + ShapeString(branches[b]->outputs[i].shape) +
+          " from " + which + " (layout " + first.layout->ShortString() +
+          "); a DTensor result must have one shape whichever branch runs (its shards' "
+          "shapes follow from it). Make the branches return the same shape (pad the "
+          "shorter one, or return the slice bounds and slice after the " +
+          (IsCase(node.op) ? std::string("tf.switch_case") : std::string("tf.cond")) +
+          "), or run it on a plain tensor.");
+    }
+  }
   // A list's element value (ResourceInfo::element_value) holds after the op only where
   // every branch leaves it.
   std::vector<ValueMeta> results = branches[0]->outputs;
+  for (size_t i = 0; i < results.size() && i < varying.size(); ++i) {
+    if (varying[i]) results[i].shape = *varying[i];
+  }
   for (size_t i = 0; i < results.size(); ++i) {
     // A variant that the first branch leaves without element metadata (tf.cond's gradient
     // gives OptionalNone where the other branch wraps a loop's accumulator list) takes
@@ -333,6 +394,63 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
     }
     if (!changed) break;
   }
+  // A loop variable whose shape the body changes (a `shape_invariants` entry with None: a
+  // growing or shrinking carry) enters with an unknown size (-1) along the axes that change,
+  // unsharded along them (a shard of a size nobody knows cannot be cut), as TensorFlow's
+  // loop variable has; the body is then expanded for any size there. Repeated while it
+  // changes something (each round can only add unknown axes).
+  for (int round = 0; round < 3; ++round) {
+    TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> natural,
+                         Callee(*body_name, inputs, OutputRequest(), /*loop=*/true));
+    bool changed = false;
+    for (size_t i = 0; i < inputs.size() && i < natural->outputs.size(); ++i) {
+      const std::optional<Layout>& entry = builder_.layout(inputs[i]);
+      const ValueMeta& out = natural->outputs[i];
+      const std::vector<int64_t>& shape = builder_.shape(inputs[i]);
+      if (!entry || !out.layout || out.resource || out.dtype == TF_VARIANT ||
+          builder_.resource(inputs[i]) || entry->is_partial() ||
+          out.shape.size() != shape.size() || out.shape == shape) {
+        continue;
+      }
+      std::vector<int64_t> general = shape;
+      std::vector<DimSpec> specs = entry->specs();
+      bool differs = false;
+      for (size_t a = 0; a < shape.size(); ++a) {
+        if (out.shape[a] != shape[a] && shape[a] != -1) {
+          general[a] = -1;
+          specs[a] = DimSpec::Replicated();
+          differs = true;
+        }
+      }
+      if (!differs) continue;
+      const std::string what = "loop variable " + std::to_string(i) + " of '" + node.name + "'";
+      const Layout layout = entry->WithSpecs(specs);
+      TFD_ASSIGN_OR_RETURN(ValueId unsharded, Relayout(builder_, inputs[i], layout, what));
+      // Each component through PlaceholderWithDefault of the unknown size: the While's
+      // shape inference gives its results the shapes of its inputs.
+      std::vector<TF_Output> components;
+      for (int d = 0; d < layout.mesh().num_local_devices(); ++d) {
+        const TF_Output component = builder_.component(unsharded, d);
+        std::vector<int64_t> local =
+            builder_.InferredShape(component).value_or(std::vector<int64_t>(general.size(), -1));
+        for (size_t a = 0; a < general.size() && a < local.size(); ++a) {
+          if (general[a] == -1) local[a] = -1;
+        }
+        LocalOpOptions options;
+        options.copy_attrs = false;
+        options.overrides = {AttrOverride::Type("dtype", out.dtype),
+                             AttrOverride::Shape("shape", local)};
+        TFD_ASSIGN_OR_RETURN(TF_Operation * op,
+                             builder_.Emit("PlaceholderWithDefault", {component}, options,
+                                           layout.mesh().local_devices()[d]));
+        components.push_back(TF_Output{op, 0});
+      }
+      inputs[i] = builder_.AddDTensor(layout, general, out.dtype, std::nullopt,
+                                      std::move(components));
+      changed = true;
+    }
+    if (!changed) break;
+  }
   // Loop variables keep the layouts they enter with (host values stay host values); the
   // body is asked to return them so (a relayout at the end of the body where it would
   // not), which is the fixed point of the loop.
@@ -361,6 +479,27 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
                          out.resource->value_layout.ShortString() +
                          "; the elements of a list must keep one layout through a loop. "
                          "Relayout the values written to the list to one layout.");
+  }
+  // What the unknown sizes above do not cover (a rank that changes, a Partial loop
+  // variable whose size changes) would come out claiming its entry shape over shards of
+  // another size: refused.
+  for (size_t i = 0; i < inputs.size() && i < body_fn->outputs.size(); ++i) {
+    const ValueMeta& out = body_fn->outputs[i];
+    if (!out.layout || out.resource || out.dtype == TF_VARIANT ||
+        builder_.shape(inputs[i]) == out.shape) {
+      continue;
+    }
+    return Unimplemented(
+        "Loop variable " + std::to_string(i) + " of '" + node.name + "' (While) in tf.function '" +
+        function_ + "' enters with shape " + ShapeString(builder_.shape(inputs[i])) +
+        " and layout " + out.layout->ShortString() + " but leaves an iteration with shape " +
+        ShapeString(out.shape) +
+        (std::count(out.shape.begin(), out.shape.end(), -1) > 0 ? " (-1: unknown)" : "") +
+        "; a DTensor loop variable whose size changes along an axis must keep its rank and "
+        "not be Partial (it then enters with an unknown size there, unsharded along it). "
+        "Keep its shape fixed (allocate the final size and fill it in), collect the pieces "
+        "in a tf.TensorArray, relayout it out of Partial before the loop, or run the loop "
+        "on a plain tensor.");
   }
   builder_.AddCollectives(cond_fn->collectives, true);
   builder_.AddCollectives(body_fn->collectives, true);

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -140,6 +141,124 @@ def test_while_loop_keeps_the_layout(mesh_2x2, lenient_mode):
     layout = layout_of("[x,y]", mesh_2x2)
     got = run_without_fallback(tf.function(_while_program), to_dtensor(_A, layout))
     assert dtensor.fetch_layout(got) == layout  # r * 0.5 + a keeps a's layout eagerly
+
+
+def _cond_of_two_shapes(a, flag):
+    # The then branch gives 8 rows, the else branch 4.
+    return tf.cond(flag, lambda: a * 2.0, lambda: a[:4])
+
+
+def _switch_case_of_two_shapes(a, flag):
+    # Branch 0 gives 3 rows, branch 1 16.
+    return tf.switch_case(tf.cast(flag, tf.int32), [lambda: a[:3], lambda: tf.concat([a, a], 0)])
+
+
+def _then_reduced_and_differentiated(program, gradient):
+    def run(a, flag):
+        with tf.GradientTape() as tape:
+            tape.watch(a)
+            out = program(a, flag)
+            loss = tf.reduce_sum(out * out)
+        return (out, tf.reduce_sum(out, axis=0)) + ((tape.gradient(loss, a),) if gradient else ())
+
+    return run
+
+
+@pytest.mark.parametrize("program", [_cond_of_two_shapes, _switch_case_of_two_shapes])
+@pytest.mark.parametrize("flag", [True, False])
+@pytest.mark.parametrize("spec", ["[*,*]", "[x,*]", "[*,x]"])
+def test_branches_giving_different_shapes(program, flag, spec):
+    # The result's rows are unknown until a branch runs. It used to take the first
+    # branch's shape over the shards of the branch that ran ([8, 6] over components of 4
+    # rows, devices with no row at all); now its size there is unknown, unsharded along it.
+    # The gradient of out * out over a result of unknown rows with sharded columns needs a
+    # reduction over axes known only when it runs (BroadcastGradientArgs): refused, typed.
+    run = _then_reduced_and_differentiated(program, gradient=spec != "[*,x]")
+    a = random_array((8, 6), seed=6)
+    expected = tf.function(run)(tf.constant(a), tf.constant(flag))
+    got = tf.function(run)(to_dtensor(a, layout_of(spec, MESH_8)), tf.constant(flag))
+    for want, value in zip(expected, got):
+        assert value.shape == want.shape and value.dtype == want.dtype
+        assert_values_equal(want.numpy(), reassemble(value))
+    # Unsharded along the rows whose number varies; the columns keep their sharding.
+    assert dtensor.fetch_layout(got[0]) == layout_of("[*,x]" if spec == "[*,x]" else "[*,*]",
+                                                     MESH_8)
+
+
+def _growing_loop(a):
+    # The loop variable gains i rows per iteration (shape_invariants [None, 6]).
+    def body(i, x):
+        return i + 1, tf.concat([x, x[:i]], axis=0)
+
+    return tf.while_loop(lambda i, x: i < 3, body, [1, a],
+                         shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, 6])])[1]
+
+
+def _growing_loop_by_a_fixed_step(a):
+    def body(i, x):
+        return i + 1, tf.concat([x, x[:1] * 2.0], axis=0)
+
+    return tf.while_loop(lambda i, x: i < 3, body, [0, a],
+                         shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, 6])])[1]
+
+
+def _shrinking_columns_loop(a):
+    def body(i, x):
+        return i + 1, x[:, 1:] * 2.0
+
+    return tf.while_loop(lambda i, x: i < 3, body, [0, a],
+                         shape_invariants=[tf.TensorShape([]), tf.TensorShape([8, None])])[1]
+
+
+@pytest.mark.parametrize("program,unknown_axis", [(_growing_loop, 0),
+                                                  (_growing_loop_by_a_fixed_step, 0),
+                                                  (_shrinking_columns_loop, 1)])
+@pytest.mark.parametrize("spec", ["[*,*]", "[x,*]", "[*,x]"])
+def test_while_loop_variable_whose_shape_varies(program, unknown_axis, spec):
+    # Used to come out claiming the entry shape [8, 6] over shards of 11 (or 2) rows, or
+    # fail setting the shape of the While's results. The loop variable now enters with an
+    # unknown size along the axis that changes, unsharded along it.
+    def run(a):
+        out = program(a)
+        return out, tf.reduce_sum(out, axis=0), tf.reduce_sum(out, axis=1)
+
+    a = random_array((8, 6), seed=5)
+    expected = tf.function(run)(tf.constant(a))
+    got = tf.function(run)(to_dtensor(a, layout_of(spec, MESH_8)))
+    for want, value in zip(expected, got):
+        assert value.shape == want.shape and value.dtype == want.dtype
+        assert_values_equal(want.numpy(), reassemble(value))
+    specs = list(layout_of(spec, MESH_8).sharding_specs)
+    specs[unknown_axis] = "*"
+    assert dtensor.fetch_layout(got[0]) == layout_of("[" + ",".join(specs) + "]", MESH_8)
+
+
+def test_while_loop_variable_with_none_invariant_but_fixed_shape(mesh_2x2):
+    # shape_invariants with None, but the body keeps the shape: runs, equal to one device.
+    def program(a):
+        def body(i, x):
+            return i + 1, x * 0.5 + tf.reduce_sum(x)
+
+        return tf.while_loop(lambda i, x: i < 3, body, [0, a],
+                             shape_invariants=[tf.TensorShape([]),
+                                               tf.TensorShape([None, None])])[1]
+
+    check_function(program, [_A], [layout_of("[x,y]", mesh_2x2)])
+
+
+def test_while_loop_collecting_pieces_of_varying_size_in_a_tensor_array(mesh_8):
+    # The way out the error above names: a TensorArray of pieces of varying size.
+    def program(a):
+        ta = tf.TensorArray(tf.float32, size=0, dynamic_size=True, infer_shape=False)
+
+        def body(i, ta):
+            return i + 1, ta.write(i, a[: i + 1] * 2.0)
+
+        _, ta = tf.while_loop(lambda i, ta: i < 4, body, [0, ta])
+        return ta.concat()
+
+    for spec in ("[x,*]", "[*,x]"):
+        check_function(program, [_A], [layout_of(spec, mesh_8)])
 
 
 def test_training_loop_over_tf_range_updates_sharded_dvariable(mesh_1d):
