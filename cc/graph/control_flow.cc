@@ -485,10 +485,12 @@ Status FunctionExpansion::ExpandWhile(const NodeSpec& node, std::vector<ValueId>
   // another size: refused.
   for (size_t i = 0; i < inputs.size() && i < body_fn->outputs.size(); ++i) {
     const ValueMeta& out = body_fn->outputs[i];
-    if (!out.layout || out.resource || out.dtype == TF_VARIANT ||
-        builder_.shape(inputs[i]) == out.shape) {
-      continue;
-    }
+    const std::vector<int64_t>& entry = builder_.shape(inputs[i]);
+    // An axis the variable enters with unknown fits any size the body gives it.
+    const bool fits = entry.size() == out.shape.size() &&
+                      std::equal(entry.begin(), entry.end(), out.shape.begin(),
+                                 [](int64_t e, int64_t o) { return e == o || e == -1; });
+    if (!out.layout || out.resource || out.dtype == TF_VARIANT || fits) continue;
     return Unimplemented(
         "Loop variable " + std::to_string(i) + " of '" + node.name + "' (While) in tf.function '" +
         function_ + "' enters with shape " + ShapeString(builder_.shape(inputs[i])) +
