@@ -226,21 +226,18 @@ class _DTensorIterator(iterator_ops.OwnedIterator):
                                     self._share)
 
 
-class _DTensorIteratorSpec(iterator_ops.IteratorSpec):
-    """The type of `_DTensorIterator`, so that it can be passed to a `tf.function`."""
+class _BatchesSpec:
+    """What the types of a `DTensorDataset` and of its iterator hold (the host pipeline's
+    element spec, the global one, the layouts as strings, this client's share of each
+    batch) and how they are serialized; mixed into each."""
 
-    __slots__ = ["_host_element_spec", "_global_element_spec", "_layout_strings", "_share"]
+    __slots__ = ()
 
-    def __init__(self, host_element_spec, global_element_spec, layout_strings, share: _Share):
-        super().__init__(global_element_spec)
+    def _hold(self, host_element_spec, global_element_spec, layout_strings, share: _Share):
         self._host_element_spec = host_element_spec
         self._global_element_spec = global_element_spec
         self._layout_strings = layout_strings
         self._share = share
-
-    @property
-    def value_type(self):
-        return _DTensorIterator
 
     def _serialize(self):
         share = self._share
@@ -252,6 +249,20 @@ class _DTensorIteratorSpec(iterator_ops.IteratorSpec):
         host, global_spec, layouts, replicas, per_replica, num_replicas, batch_dim = serialization
         return cls(host, global_spec, layouts,
                    _Share(tuple(replicas), per_replica, num_replicas, batch_dim))
+
+
+class _DTensorIteratorSpec(_BatchesSpec, iterator_ops.IteratorSpec):
+    """The type of `_DTensorIterator`, so that it can be passed to a `tf.function`."""
+
+    __slots__ = ["_host_element_spec", "_global_element_spec", "_layout_strings", "_share"]
+
+    def __init__(self, host_element_spec, global_element_spec, layout_strings, share: _Share):
+        super().__init__(global_element_spec)
+        self._hold(host_element_spec, global_element_spec, layout_strings, share)
+
+    @property
+    def value_type(self):
+        return _DTensorIterator
 
     @property
     def _component_specs(self):
@@ -529,7 +540,7 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
                                    self._share)
 
 
-class _DTensorDatasetSpec(type_spec.TypeSpec):
+class _DTensorDatasetSpec(_BatchesSpec, type_spec.TypeSpec):
     """The type of `DTensorDataset`, so that one passed to a `tf.function` is still one
     there (TensorFlow's `DatasetSpec` would rebuild a plain dataset of host batches). Its
     components are the anchor handle (first: it places the call on the DTensor device) and
@@ -539,10 +550,7 @@ class _DTensorDatasetSpec(type_spec.TypeSpec):
 
     def __init__(self, host_element_spec, global_element_spec, layout_strings, share: _Share):
         super().__init__()
-        self._host_element_spec = host_element_spec
-        self._global_element_spec = global_element_spec
-        self._layout_strings = layout_strings
-        self._share = share
+        self._hold(host_element_spec, global_element_spec, layout_strings, share)
 
     @property
     def value_type(self):
@@ -551,17 +559,6 @@ class _DTensorDatasetSpec(type_spec.TypeSpec):
     @property
     def element_spec(self):
         return self._global_element_spec
-
-    def _serialize(self):
-        share = self._share
-        return (self._host_element_spec, self._global_element_spec, self._layout_strings,
-                share.replicas, share.per_replica, share.num_replicas, share.batch_dim)
-
-    @classmethod
-    def _deserialize(cls, serialization):
-        host, global_spec, layouts, replicas, per_replica, num_replicas, batch_dim = serialization
-        return cls(host, global_spec, layouts,
-                   _Share(tuple(replicas), per_replica, num_replicas, batch_dim))
 
     @property
     def _component_specs(self):

@@ -212,15 +212,7 @@ def test_batch_transformations_give_the_single_device_batches(mesh_2x2, transfor
         assert_batches(expected, layouts, list(transformed))
         return
 
-    @tf.function
-    def total():
-        features, labels = tf.zeros([4]), tf.constant(0, tf.int64)
-        for x, y in transformed:
-            features += tf.reduce_sum(x, axis=0)
-            labels += tf.reduce_sum(y)
-        return features, labels
-
-    features, labels = total()
+    features, labels = _sums_in_function(transformed)
     np.testing.assert_allclose(dtensor_testing.reassemble(features),
                                _column_sums([x for x, _ in expected]), rtol=1e-5)
     assert int(dtensor_testing.reassemble(labels)) == sum(int(y.sum()) for _, y in expected)
@@ -293,13 +285,9 @@ def test_for_over_iterator_inside_function(mesh_2x2):
     np.testing.assert_allclose(got, _column_sums(reference_batches(FEATURES, 4)), rtol=1e-5)
 
 
-def test_for_over_dataset_inside_function(mesh_2x2):
-    # TensorFlow's DTensor iterates the unbatched source here and fails; we iterate batches.
-    layouts = (Layout(["x", "y"], mesh_2x2), Layout(["x"], mesh_2x2))
-    dataset = dtensor.DTensorDataset(
-        tf.data.Dataset.from_tensor_slices((FEATURES, LABELS)), mesh=mesh_2x2,
-        layouts=layouts, global_batch_size=4, batch_dim="x")
-
+def _sums_in_function(dataset):
+    """`for x, y in dataset` inside a tf.function: the features' column sums and the
+    labels' sum over every batch."""
     @tf.function
     def total():
         features, labels = tf.zeros([4]), tf.constant(0, tf.int64)
@@ -308,7 +296,17 @@ def test_for_over_dataset_inside_function(mesh_2x2):
             labels += tf.reduce_sum(y)
         return features, labels
 
-    features, labels = total()
+    return total()
+
+
+def test_for_over_dataset_inside_function(mesh_2x2):
+    # TensorFlow's DTensor iterates the unbatched source here and fails; we iterate batches.
+    layouts = (Layout(["x", "y"], mesh_2x2), Layout(["x"], mesh_2x2))
+    dataset = dtensor.DTensorDataset(
+        tf.data.Dataset.from_tensor_slices((FEATURES, LABELS)), mesh=mesh_2x2,
+        layouts=layouts, global_batch_size=4, batch_dim="x")
+
+    features, labels = _sums_in_function(dataset)
     expected = reference_batches((FEATURES, LABELS), 4)
     np.testing.assert_allclose(dtensor_testing.reassemble(features),
                                _column_sums([x for x, _ in expected]), rtol=1e-5)
