@@ -87,10 +87,13 @@ class ReduceRule : public FactorRule {
     if (!mean_ || plan.partial_dims[0].empty()) return ExpandDefault(ctx, plan, builder);
     // Mean over a sharded axis: sum locally, all-reduce, divide by the global count.
     TFD_ASSIGN_OR_RETURN(std::set<int> axes, ReducedAxes(ctx));
-    int64_t count = 1;
+    std::optional<int64_t> count = 1;  // none where a reduced axis has no static size
     for (int a : axes) {
-      if (ctx.inputs[0].shape[a] < 0) count = -1;
-      if (count >= 0) count *= ctx.inputs[0].shape[a];
+      if (ctx.inputs[0].shape[a] < 0) {
+        count.reset();
+        break;
+      }
+      *count *= ctx.inputs[0].shape[a];
     }
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> sum,
@@ -108,44 +111,29 @@ class ReduceRule : public FactorRule {
     if (!deferred) {
       TFD_ASSIGN_OR_RETURN(total, builder.AllReduce(sum[0], plan.partial_dims[0], ReduceOp::kSum));
     }
-    if (count < 0) {
+    LocalMath math(builder, ctx.mesh, ctx.inputs[0].dtype);
+    ValueId divisor;
+    if (count) {
+      TFD_ASSIGN_OR_RETURN(divisor, math.Count(*count));
+    } else {
       // A reduced axis of unknown size (inside a tf.function: batches of a tf.data
-      // iterator, the last one partial): the count is not known while expanding, and the
-      // product of the static sizes (-1) gave a negative mean. Each device counts its
+      // iterator, the last one partial): the count is not known while expanding (the
+      // product of the static sizes, -1, gave a negative mean). Each device counts its
       // elements as it sums them (ones), and the counts are added over the mesh
       // dimensions that shard the reduced axes (not over a pending sum of the input).
       std::vector<int> sharding;
       for (int a : axes) {
         for (int d : builder.layout(inputs[0])->spec(a).mesh_dims()) sharding.push_back(d);
       }
-      LocalOpOptions like;
-      like.copy_attrs = false;
-      like.overrides = {AttrOverride::Type("T", ctx.inputs[0].dtype)};
-      TFD_ASSIGN_OR_RETURN(std::vector<ValueId> ones,
-                           builder.LocalOp("OnesLike", {inputs[0]}, like,
-                                           {*builder.layout(inputs[0])}));
+      TFD_ASSIGN_OR_RETURN(ValueId ones, math.Apply("OnesLike", inputs[0]));
       TFD_ASSIGN_OR_RETURN(std::vector<ValueId> counts,
-                           builder.LocalOp("Sum", {ones[0], inputs[1]}, {}, plan.outputs));
-      TFD_ASSIGN_OR_RETURN(ValueId divisor,
-                           builder.AllReduce(counts[0], sharding, ReduceOp::kSum));
-      LocalOpOptions div;
-      div.copy_attrs = false;
-      div.overrides = {AttrOverride::Type("T", ctx.inputs[0].dtype)};
-      return builder.LocalOp("Div", {total, divisor}, div, {*builder.layout(total)});
+                           builder.LocalOp("Sum", {ones, inputs[1]}, {}, plan.outputs));
+      TFD_ASSIGN_OR_RETURN(divisor, builder.AllReduce(counts[0], sharding, ReduceOp::kSum));
     }
-    TFD_ASSIGN_OR_RETURN(ValueId host_count, builder.HostConstant({count}, {}, TF_INT64));
-    LocalOpOptions cast;
-    cast.copy_attrs = false;
-    cast.overrides = {AttrOverride::Type("SrcT", TF_INT64),
-                      AttrOverride::Type("DstT", ctx.inputs[0].dtype)};
-    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> divisor,
-                         builder.LocalOp("Cast", {host_count}, cast,
-                                         {Layout::Replicated(ctx.mesh, 0)}));
-    LocalOpOptions div;
-    div.copy_attrs = false;
-    div.overrides = {AttrOverride::Type("T", ctx.inputs[0].dtype)};
     // The quotient has the sum's layout (after the all-reduce, or still pending).
-    return builder.LocalOp("Div", {total, divisor[0]}, div, {*builder.layout(total)});
+    TFD_ASSIGN_OR_RETURN(ValueId mean,
+                         math.Apply("Div", {total, divisor}, *builder.layout(total)));
+    return std::vector<ValueId>{mean};
   }
 
  private:
