@@ -283,7 +283,7 @@ class Mesh:
             host._name = ""
         return host
 
-    def coords(self, device_id: int) -> tf.Tensor:
+    def coords(self, device_idx: int) -> tf.Tensor:
         """The mesh coordinates of a device, as an int32 tensor (as TF's `Mesh.coords`).
 
         Example:
@@ -292,9 +292,9 @@ class Mesh:
 
         Ids wrap around (`coords(n + size) == coords(n)`), as in TensorFlow's DTensor.
         """
-        # As TensorFlow's (`(device_id // strides) % shape`), an id past the mesh's size
-        # wraps around.
-        return tf.constant(self._mesh.coords(int(device_id) % max(self.size, 1)),
+        # As TensorFlow's (`(device_idx // strides) % shape`), an id past the mesh's size
+        # wraps around. The parameter keeps TensorFlow's name: `coords(device_idx=...)`.
+        return tf.constant(self._mesh.coords(int(device_idx) % max(self.size, 1)),
                            dtype=tf.int32)
 
     def unravel_index(self) -> Dict[int, Dict[str, int]]:

@@ -394,6 +394,28 @@ def test_class_constructor_parity(name):
     assert all(p.kind == p.KEYWORD_ONLY for p in list(ours.values())[len(theirs):])
 
 
+def _public_methods(cls):
+    return sorted(n for n, member in vars(cls).items()
+                  if not n.startswith("_") and callable(getattr(cls, n)))
+
+
+@pytest.mark.parametrize("cls,method", [(cls, method) for cls in ["Mesh", "Layout", "DVariable"]
+                                        for method in _public_methods(getattr(builtin, cls))])
+def test_method_parity(cls, method):
+    # Every public method of TF's classes exists on ours with TF's parameter names in TF's
+    # order, so keyword calls written for TF run unchanged (`mesh.coords(device_idx=3)` was
+    # a TypeError: ours named it `device_id`).
+    theirs = inspect.signature(getattr(getattr(builtin, cls), method)).parameters
+    ours = inspect.signature(getattr(getattr(dtensor, cls), method)).parameters
+    assert list(ours)[:len(theirs)] == list(theirs)
+    assert all(p.kind == p.KEYWORD_ONLY or p.default is not p.empty
+               for p in list(ours.values())[len(theirs):])
+
+
+def test_mesh_coords_by_keyword(mesh_2x2):
+    np.testing.assert_array_equal(mesh_2x2.coords(device_idx=2).numpy(), [1, 0])
+
+
 def test_tf_parses_the_layout_of_a_dtensor(mesh_2x2):
     t = to_dtensor(_X, layout_of("[y,x]", mesh_2x2))
     theirs = builtin.Layout.from_string(dtensor.fetch_layout(t).to_string())
