@@ -1,7 +1,7 @@
 // Variable (resource) ops. A DVariable's handle is a scalar DTensor whose components are
 // per-device variable handles; it records the layout and global shape of the value:
 //   VarHandleOp (layout L requested)  -> each device creates a variable of L's local shape
-//   AssignVariableOp(handle, value)    -> value must have L: a DVariable's layout is fixed
+//   AssignVariableOp(handle, value)    -> value relaid out into L: a DVariable's layout is fixed
 //   ReadVariableOp(handle)             -> a DTensor with layout L
 //   VariableShape(handle)              -> the GLOBAL shape, a constant, replicated
 #include <algorithm>
@@ -79,19 +79,11 @@ class AssignVariableRule : public Rule {
   StatusOr<Plan> Forward(const OpContext& ctx) const override {
     TFD_ASSIGN_OR_RETURN(ResourceInfo resource, Resource(ctx));
     const InputInfo& value = ctx.inputs[1];
-    // A regular tensor (a Python value, tf.zeros(shape)) is sliced into the variable's
-    // layout; pending reductions are done on the way in (a deferred all-reduce of a
-    // gradient lands here). Eagerly a DTensor must already have the layout, as in TF's
-    // DTensor; inside a tf.function the value's layout was the planner's choice (the
-    // solver asks for the variable's, see Backward), so it is relaid out on the way in.
-    if (value.layout && !value.from_host && !ctx.in_function &&
-        value.layout->WithoutPartial() != resource.value_layout) {
-      return InvalidArgument(
-          "Cannot " + ctx.op_name + ": the value has layout " + value.layout->ShortString() +
-          " but the DVariable has layout " + resource.value_layout.ShortString() +
-          "; a DVariable's layout is fixed when it is created. Relayout the value first: "
-          "`dtensor.relayout(value, variable.layout)`.");
-    }
+    // A DVariable's layout is fixed when it is created: a value of another layout (a
+    // regular tensor, a Python value, a DTensor laid out otherwise, a Partial sum such as
+    // a deferred all-reduce of a gradient) is relaid out into the variable's layout on the
+    // way in, eagerly and inside a tf.function alike, as TF's DTensor does (the solver asks
+    // for the variable's layout in a function, see Backward, so there it is rarely needed).
     // Inside a tf.function a value's dimension may be unknown (-1): a gradient computed in
     // a while loop's branch over batches of unknown size, [4,-1] for a [4,2] DVariable.
     // Such a value fits; the variable's shape is the value's.

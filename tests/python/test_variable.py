@@ -63,12 +63,24 @@ def test_overview_dvariable(mesh_2x2):
     assert_dtensor_equal(np.ones((64, 32), np.float32), layout, v.read_value())
 
 
-@pytest.mark.parametrize("value_spec", ["[*,*]", "[y,*]", "[x,y]"])
-def test_assign_another_layout_is_rejected(value_spec, mesh_2x2):
-    v = dtensor.DVariable(to_dtensor(_X, layout_of("[x,*]", mesh_2x2)))
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"(?s)layout .*\[x,\*\] @ mesh\(x=2,y=2\).*relayout"):
-        v.assign(to_dtensor(-_X, layout_of(value_spec, mesh_2x2)))
+@pytest.mark.parametrize("value_spec", ["[*,*]", "[y,*]", "[x,y]", "[*,x]"])
+@pytest.mark.parametrize("variable_spec", ["[x,*]", "[*,*]"])
+@pytest.mark.parametrize("in_function", [False, True])
+def test_assign_another_layout_relays_it_out(value_spec, variable_spec, in_function, mesh_2x2):
+    # As TF's DTensor does, a value of another layout is relaid out into the variable's,
+    # eagerly as inside a tf.function; the variable keeps its layout. Eagerly this used to
+    # be refused ("a DVariable's layout is fixed"), so `v.assign_sub(lr * g)` with a
+    # gradient of another layout failed outside a function and ran inside one.
+    layout = layout_of(variable_spec, mesh_2x2)
+    v = dtensor.DVariable(to_dtensor(np.zeros_like(_X), layout))
+    # (update, value, the variable's value after it)
+    steps = [(v.assign, _X, _X), (v.assign_add, 2 * _X + 1, 3 * _X + 1),
+             (v.assign_sub, _X - 4, 2 * _X + 5)]
+    for method, value, expected in steps:
+        update = tf.function(method) if in_function else method
+        update(to_dtensor(value, layout_of(value_spec, mesh_2x2)))
+        assert dtensor.fetch_layout(v) == layout
+        assert_dtensor_equal(expected, layout, v.read_value())
 
 
 def test_assign_another_mesh_is_rejected(mesh_2x2, mesh_1d):
