@@ -213,26 +213,13 @@ StatusOr<CoreAxes> ArgmaxPoolCore(const OpContext& ctx) {
 // A batch-parallel rule whose kernels must not see an empty block (the max pooling
 // gradients abort on one): a batch sharding that would leave a device no element (3
 // over 4) is gathered instead.
-class NoEmptyBlocksRule : public FactorRule {
- public:
-  explicit NoEmptyBlocksRule(CoreAxesFn core)
-      : FactorRule([core = std::move(core)](const OpContext& ctx) -> StatusOr<FactorSpec> {
-          TFD_ASSIGN_OR_RETURN(CoreAxes axes, core(ctx));
-          return BatchParallelFactors(ctx, axes);
-        }) {}
-
- protected:
-  void AdjustForward(const OpContext& ctx, const FactorSpec& spec,
-                     FactorAssignment& assignment) const override {
-    const std::vector<int64_t> sizes = FactorSizes(ctx, spec);
-    for (size_t f = 0; f < assignment.size(); ++f) {
-      if (assignment[f].sharded() &&
-          HasEmptyPiece(sizes[f], ctx.mesh.DimSize(assignment[f].mesh_dim))) {
-        assignment[f] = DimSpec::Replicated();
-      }
-    }
-  }
-};
+std::shared_ptr<const Rule> NoEmptyBlocks(CoreAxesFn core) {
+  return FactorsWithoutEmptyBlocks(
+      [core = std::move(core)](const OpContext& ctx) -> StatusOr<FactorSpec> {
+        TFD_ASSIGN_OR_RETURN(CoreAxes axes, core(ctx));
+        return BatchParallelFactors(ctx, axes);
+      });
+}
 
 // Shorthands for the common shapes.
 std::shared_ptr<const Rule> Unary(int core) { return BatchParallel({core}, {core}); }
@@ -271,8 +258,8 @@ const bool kRegistered = RegisterRules({
     {"MatrixSolveLs", BatchParallel({2, 2, 0}, {2})},
     {"MatrixSquareRoot", Unary(2)},
     {"MatrixTriangularSolve", BatchParallel({2, 2}, {2})},
-    {"MaxPoolGradWithArgmax", std::make_shared<NoEmptyBlocksRule>(ArgmaxPoolCore)},
-    {"MaxPoolWithArgmax", std::make_shared<NoEmptyBlocksRule>(ArgmaxPoolCore)},
+    {"MaxPoolGradWithArgmax", NoEmptyBlocks(ArgmaxPoolCore)},
+    {"MaxPoolWithArgmax", NoEmptyBlocks(ArgmaxPoolCore)},
     {"Qr", BatchParallel({2}, {2, 2})},
     {"RGBToHSV", Unary(1)},
     {"ResizeArea", PerChannel({kImage, ImageInput::kHost}), Traits().Host(1, HostValue::kShape)},

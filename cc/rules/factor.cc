@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "cc/core/strings.h"
+#include "cc/rules/row_blocks.h"
 
 namespace tf_dtensor {
 namespace {
@@ -247,6 +248,31 @@ std::vector<std::optional<Layout>> FactorRule::Backward(
 
 std::shared_ptr<const Rule> Factors(FactorSpecFn spec) {
   return std::make_shared<FactorRule>(std::move(spec));
+}
+
+namespace {
+
+class NoEmptyBlocksRule : public FactorRule {
+ public:
+  explicit NoEmptyBlocksRule(FactorSpecFn spec) : FactorRule(std::move(spec)) {}
+
+ protected:
+  void AdjustForward(const OpContext& ctx, const FactorSpec& spec,
+                     FactorAssignment& assignment) const override {
+    const std::vector<int64_t> sizes = FactorSizes(ctx, spec);
+    for (size_t f = 0; f < assignment.size(); ++f) {
+      if (assignment[f].sharded() &&
+          HasEmptyPiece(sizes[f], ctx.mesh.DimSize(assignment[f].mesh_dim))) {
+        assignment[f] = DimSpec::Replicated();
+      }
+    }
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Rule> FactorsWithoutEmptyBlocks(FactorSpecFn spec) {
+  return std::make_shared<NoEmptyBlocksRule>(std::move(spec));
 }
 
 StatusOr<int> NormalizeAxis(const OpContext& ctx, int64_t axis, int rank, int input) {

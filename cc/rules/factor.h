@@ -91,6 +91,10 @@ class FactorRule : public Rule {
 
 // A FactorRule for `spec`.
 std::shared_ptr<const Rule> Factors(FactorSpecFn spec);
+// A FactorRule for `spec` whose kernels must not see an empty block (TF's max pooling
+// gradients abort on one; TensorScatter* refuses updates into an empty tensor): a factor
+// whose sharding would leave a device no element (3 over 4) is read whole instead.
+std::shared_ptr<const Rule> FactorsWithoutEmptyBlocks(FactorSpecFn spec);
 
 // The factor sizes of `spec` over ctx's input shapes (the largest axis naming each).
 std::vector<int64_t> FactorSizes(const OpContext& ctx, const FactorSpec& spec);

@@ -134,7 +134,9 @@ StatusOr<int64_t> TupleLength(const OpContext& ctx, int indices, int target_rank
 // TensorScatter{Update,Add,Sub,Max,Min}(tensor, indices [..., m], updates): output like
 // tensor. The m indexed axes, the indices' axes and the updates' index axes are read
 // whole (every device applies every update); the slice axes tensor[m:] are shared with
-// the updates' trailing axes and keep their sharding.
+// the updates' trailing axes and keep their sharding, unless a device's block would be
+// empty (4 columns over 8): TF refuses updates into an empty tensor, so that axis is read
+// whole.
 StatusOr<FactorSpec> TensorScatterFactors(const OpContext& ctx) {
   const int rank = ctx.rank(0);
   TFD_ASSIGN_OR_RETURN(int64_t m, TupleLength(ctx, 1, rank));
@@ -245,11 +247,11 @@ const bool kRegistered = RegisterRules({
     {"ResourceScatterUpdate", Scatter(Combine::kUpdate)},
     {"ScatterNd", std::make_shared<ScatterNdRule>(), Traits().Host(2, HostValue::kShape)},
     {"SparseToDense", Replicated(), Traits().AllHost(HostValue::kValue)},
-    {"TensorScatterAdd", Factors(TensorScatterFactors)},
-    {"TensorScatterMax", Factors(TensorScatterFactors)},
-    {"TensorScatterMin", Factors(TensorScatterFactors)},
-    {"TensorScatterSub", Factors(TensorScatterFactors)},
-    {"TensorScatterUpdate", Factors(TensorScatterFactors)},
+    {"TensorScatterAdd", FactorsWithoutEmptyBlocks(TensorScatterFactors)},
+    {"TensorScatterMax", FactorsWithoutEmptyBlocks(TensorScatterFactors)},
+    {"TensorScatterMin", FactorsWithoutEmptyBlocks(TensorScatterFactors)},
+    {"TensorScatterSub", FactorsWithoutEmptyBlocks(TensorScatterFactors)},
+    {"TensorScatterUpdate", FactorsWithoutEmptyBlocks(TensorScatterFactors)},
 });
 
 }  // namespace
