@@ -7,10 +7,9 @@
 #include <algorithm>
 
 #include "cc/core/strings.h"
-#include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
+#include "cc/rules/through_value.h"
 #include "cc/spmd/lowering.h"
-#include "cc/spmd/relayout.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
@@ -153,124 +152,14 @@ class HandleRule : public Rule {
   }
 };
 
-// A resource op with no rule of its own that reads or updates a DVariable as a functional
-// op reads or updates its value:
-//   ResourceStridedSliceAssign(v, b, e, s, x) -> assign(v, TensorStridedSliceUpdate(read(v), ...))
-//   ResourceScatterNd{Update,Add,Sub,Max,Min}(v, i, u) -> assign(v, TensorScatter*(read(v), i, u))
-//   ResourceGatherNd(v, i) -> GatherNd(read(v), i)
-// The functional op's own rule plans the value: an axis the update or gather leaves whole
-// keeps its sharding (`v[:, 1:3].assign(x)` on [x,*] runs on each device's block, with no
-// communication), an indexed or cut axis is gathered. An update is relaid out back into
-// the variable's layout and assigned. Without these, `v[i].assign(x)` or
-// `v.scatter_nd_update(...)` on a sharded DVariable was refused (as TF's DTensor refuses
-// them), eagerly and inside a tf.function.
-class ThroughValueRule : public Rule {
- public:
-  // `carried`: the attributes of the functional op, read from the resource op's (under
-  // `renamed`'s second name where the two ops name one differently).
-  ThroughValueRule(std::string functional, std::vector<std::string> carried, bool writes,
-                   std::pair<std::string, std::string> renamed = {})
-      : functional_(std::move(functional)), carried_(std::move(carried)), writes_(writes),
-        renamed_(std::move(renamed)) {}
-
-  StatusOr<Plan> Forward(const OpContext& ctx) const override {
-    TFD_ASSIGN_OR_RETURN(Plan inner, InnerPlan(ctx));
-    const Layout& variable = ctx.inputs[0].resource->value_layout;
-    const Layout value = inner.inputs[0] ? *inner.inputs[0] : variable;
-    Plan plan = std::move(inner);
-    plan.inputs[0] = std::nullopt;
-    if (value != variable) {
-      plan.notes.push_back("reads the DVariable's value " + variable.ShortString() + " as " +
-                           value.ShortString() + " for '" + functional_ + "'" +
-                           (writes_ ? ", and writes the result back as " +
-                                          variable.ShortString()
-                                    : ""));
-    }
-    if (writes_) {
-      plan.outputs.clear();
-      plan.partial_dims.clear();
-    }
-    return plan;
-  }
-
-  StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
-                                        Builder& builder) const override {
-    TFD_ASSIGN_OR_RETURN(Plan inner, InnerPlan(ctx));
-    const ResourceInfo& resource = *ctx.inputs[0].resource;
-    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
-    const ValueId handle = inputs[0];
-    LocalOpOptions read;
-    read.copy_attrs = false;
-    read.overrides = {AttrOverride::Type("dtype", resource.value_dtype)};
-    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> value,
-                         builder.LocalOp("ReadVariableOp", {handle}, read,
-                                         {resource.value_layout}));
-    inputs[0] = value[0];
-    if (inner.inputs[0] && *inner.inputs[0] != resource.value_layout) {
-      TFD_ASSIGN_OR_RETURN(inputs[0], Relayout(builder, inputs[0], *inner.inputs[0],
-                                               "the value of the DVariable of '" +
-                                                   ctx.op_name + "'"));
-    }
-    LocalOpOptions options;
-    options.copy_attrs = false;
-    options.overrides = plan.overrides;
-    for (const std::string& name : carried_) {
-      const std::string& from = name == renamed_.first ? renamed_.second : name;
-      const AttrValue* a = ctx.attrs->Find(from);
-      if (!a) continue;
-      if (a->type) options.overrides.push_back(AttrOverride::Type(name, *a->type));
-      if (a->i) options.overrides.push_back(AttrOverride::Int(name, *a->i));
-      if (a->s) options.overrides.push_back(AttrOverride::String(name, *a->s));
-      if (a->b) options.overrides.push_back(AttrOverride::Bool(name, *a->b));
-    }
-    OpContext functional(functional_, ctx.attrs, ctx.mesh);
-    if (!writes_) return ExpandWithInputs(functional, plan, inputs, options, builder);
-    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> updated,
-                         ExpandWithInputs(functional, inner, inputs, options, builder));
-    ValueId back = updated[0];
-    if (*builder.layout(back) != resource.value_layout) {
-      TFD_ASSIGN_OR_RETURN(back, Relayout(builder, back, resource.value_layout,
-                                          "the result of '" + ctx.op_name + "'"));
-    }
-    LocalOpOptions assign;
-    assign.copy_attrs = false;
-    assign.overrides = {AttrOverride::Type("dtype", resource.value_dtype)};
-    TFD_RETURN_IF_ERROR(builder.LocalOp("AssignVariableOp", {handle, back}, assign, {}).status());
-    return std::vector<ValueId>{};
-  }
-
- private:
-  // The functional op's plan, its input 0 the DVariable's value.
-  StatusOr<Plan> InnerPlan(const OpContext& ctx) const {
-    TFD_ASSIGN_OR_RETURN(ResourceInfo resource, Resource(ctx));
-    const RegisteredRule* rule = RuleRegistry::Global().Find(functional_);
-    if (!rule) return Internal("'" + functional_ + "' has no rule to run '" + ctx.op_name + "' with.");
-    OpContext inner(functional_, ctx.attrs, ctx.mesh);
-    inner.inputs = ctx.inputs;
-    inner.inputs[0] = InputInfo{resource.value_shape, resource.value_dtype,
-                                resource.value_layout};
-    inner.keep_partial = ctx.keep_partial;
-    inner.in_function = ctx.in_function;
-    return rule->rule->Forward(inner);
-  }
-
-  std::string functional_;
-  std::vector<std::string> carried_;
-  bool writes_;
-  std::pair<std::string, std::string> renamed_;
-};
-
 std::shared_ptr<const Rule> UpdateThrough(const std::string& functional) {
   if (functional == "TensorStridedSliceUpdate") {
-    return std::make_shared<ThroughValueRule>(
-        functional, std::vector<std::string>{"T", "Index", "begin_mask", "end_mask",
-                                             "ellipsis_mask", "new_axis_mask",
-                                             "shrink_axis_mask"},
-        /*writes=*/true);
+    return ThroughValue({functional,
+                         {"T", "Index", "begin_mask", "end_mask", "ellipsis_mask",
+                          "new_axis_mask", "shrink_axis_mask"},
+                         /*writes=*/true});
   }
-  return std::make_shared<ThroughValueRule>(
-      functional, std::vector<std::string>{"T", "Tindices", "bad_indices_policy"},
-      /*writes=*/true);
+  return ThroughValue({functional, {"T", "Tindices", "bad_indices_policy"}, /*writes=*/true});
 }
 
 // Variable ops only hold or move blocks: a value over several mesh dimensions per axis
@@ -280,9 +169,7 @@ const RuleTraits kVariable = Traits().MultiDimAxes();
 const bool kRegistered = RegisterRules({
     {"AssignAddVariableOp", std::make_shared<AssignVariableRule>(), kVariable},
     {"ResourceGatherNd",
-     std::make_shared<ThroughValueRule>(
-         "GatherNd", std::vector<std::string>{"Tparams", "Tindices"}, /*writes=*/false,
-         std::make_pair(std::string("Tparams"), std::string("dtype"))),
+     ThroughValue({"GatherNd", {"Tparams", "Tindices"}, /*writes=*/false, {"Tparams", "dtype"}}),
      kVariable},
     {"ResourceScatterNdAdd", UpdateThrough("TensorScatterAdd"), kVariable},
     {"ResourceScatterNdMax", UpdateThrough("TensorScatterMax"), kVariable},

@@ -3,6 +3,8 @@
 //     updates of the ids in its row block (row_blocks.h); ids and updates are read whole
 //     along x (a batch-sharded gradient is gathered: it is small), the table never is.
 //   resource_scatter_add(table [*,y], ids, updates [B,D] -> [*,y]) -> local, no communication
+//   resource_scatter_update(table [x,*], ids, updates) -> tensor_scatter_update of the table
+//     gathered along its rows, written back (through_value.h)
 //   tensor_scatter_add(t [V,D] [*,y], indices [B,1], updates [B,D]) -> [*,y]  (indexed axes
 //     and the updates' index axes whole; trailing slice axes keep their sharding)
 //   scatter_nd(indices [B,1] [x,*], updates [B,D] [x,y], shape) -> [*,y] +partial(x)
@@ -13,6 +15,7 @@
 #include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "cc/rules/row_blocks.h"
+#include "cc/rules/through_value.h"
 #include "cc/tf/dtypes.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -54,12 +57,14 @@ class ResourceScatterRule : public Rule {
                            ShapeString(table.value_shape) + " sharded " + value.ShortString() +
                            ": some device holds no rows. Use fewer shards than rows.");
     }
-    if (row_blocks && (combine_ == Combine::kUpdate || updates_rank == 0)) {
+    if (row_blocks && combine_ == Combine::kUpdate && updates_rank != 0) {
+      return UpdateOfRows()->Forward(ctx);
+    }
+    if (row_blocks && updates_rank == 0) {
       return Unimplemented("'" + ctx.op_name + "' on a DVariable sharded on its rows (" +
-                           value.ShortString() + ") has no rule" +
-                           (updates_rank == 0 ? " for a scalar update" : "") +
-                           "; use a table sharded on its columns, or scatter_add the "
-                           "difference.");
+                           value.ShortString() + ") has no rule for a scalar update; "
+                           "broadcast the update to ids.shape + table.shape[1:], or use a "
+                           "table sharded on its columns.");
     }
     Plan plan;
     plan.inputs = {std::nullopt, Layout::Replicated(ctx.mesh, ids_rank), std::nullopt};
@@ -75,6 +80,7 @@ class ResourceScatterRule : public Rule {
     if (table.value_layout.rank() == 0 || !table.value_layout.spec(0).sharded()) {
       return ExpandDefault(ctx, plan, builder);
     }
+    if (combine_ == Combine::kUpdate) return UpdateOfRows()->Expand(ctx, plan, builder);
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
     TFD_ASSIGN_OR_RETURN(BlockIds ids, LocalizeIds(builder, inputs[1], table.value_layout,
                                                    table.value_shape, 0, 0, ctx.op_name,
@@ -116,6 +122,18 @@ class ResourceScatterRule : public Rule {
   }
 
  private:
+  // An update of a table sharded on its rows: an out-of-block id cannot be made harmless
+  // as for the other combines (a clamped row rewritten with its own value races with a
+  // real update of that row), so the update runs as TensorScatterUpdate with the ids as
+  // index tuples on the table gathered along its rows (its other axes keep their
+  // sharding), written back.
+  static const std::shared_ptr<const Rule>& UpdateOfRows() {
+    static const std::shared_ptr<const Rule>* const rule = new std::shared_ptr<const Rule>(
+        ThroughValue({"TensorScatterUpdate", {"T", "Tindices"}, /*writes=*/true,
+                      {"T", "dtype"}, /*ids_as_indices=*/true}));
+    return *rule;
+  }
+
   Combine combine_;
 };
 

@@ -153,6 +153,8 @@ SCATTERS = {
     "div": (lambda v, s: v.scatter_div(s), np.divide),
     "max": (lambda v, s: v.scatter_max(s), np.maximum),
     "min": (lambda v, s: v.scatter_min(s), np.minimum),
+    # On a table sharded by rows this gathers the rows (it used to be refused).
+    "update": (lambda v, s: v.scatter_update(s), lambda row, update: update),
 }
 
 
@@ -187,6 +189,20 @@ def test_scatter_add_with_duplicate_ids_and_2d_ids(mesh_2x2):
         to_dtensor(updates, layout_of("[*,*,y]", mesh_2x2)))
     expected = table.copy()
     np.add.at(expected, IDS.reshape(-1), updates.reshape(-1, DIM))
+    assert_dtensor_equal(expected, layout_of("[x,y]", mesh_2x2), v.read_value())
+
+
+def test_scatter_update_of_row_blocks_with_2d_ids(mesh_2x2):
+    table = random_array((VOCAB, DIM), seed=5)
+    ids = np.array([[6, 0, 3], [1, 5, 2]], np.int32)
+    updates = random_array((2, 3, DIM), seed=6)
+    v = dtensor.DVariable(to_dtensor(table, layout_of("[x,y]", mesh_2x2)))
+    run_without_fallback(
+        lambda i, u: tf.raw_ops.ResourceScatterUpdate(resource=v.handle, indices=i, updates=u),
+        to_dtensor(ids, layout_of("[x,*]", mesh_2x2)),
+        to_dtensor(updates, layout_of("[*,*,y]", mesh_2x2)))
+    expected = table.copy()
+    expected[ids.reshape(-1)] = updates.reshape(-1, DIM)
     assert_dtensor_equal(expected, layout_of("[x,y]", mesh_2x2), v.read_value())
 
 

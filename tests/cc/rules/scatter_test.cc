@@ -132,9 +132,21 @@ TEST(ScatterRules, ResourceScatterAppliesRowBlocks) {
   SCOPED_TRACE(steps.back());
   EXPECT_NE(steps.back().find("local ResourceScatterAdd"), std::string::npos);
 
+  // An update of row blocks runs as TensorScatterUpdate on the table gathered along its
+  // rows (through_value.h), written back.
   OpCase update("ResourceScatterUpdate", mesh);
-  update.Resource("[x,*]", {7, 4}).In("[*]", {6}, TF_INT32).In("[*,*]", {6, 4});
-  EXPECT_NE(update.PlanString().find("has no rule"), std::string::npos);
+  update.Resource("[x,y]", {7, 4}).In("[*]", {6}, TF_INT32).In("[*,*]", {6, 4});
+  EXPECT_EQ(update.PlanString(), "= [*] [*,y] -> replicated");
+  EXPECT_EQ(update.Steps(),
+            (std::vector<std::string>{
+                "slice axis 1 over y [*,*] -> [*,y]",
+                "local ReadVariableOp [] -> [x,y] dtype=float32",
+                "all-gather axis 0 [x,y] -> [*,y]",  // the rows only: columns stay sharded
+                "host constant [-1] int32",
+                "local ExpandDims [*] host [] -> [*,*] T=int32 Tdim=int32",
+                "local TensorScatterUpdate [*,y] [*,*] [*,y] -> [*,y]",
+                "slice axis 0 over x [*,y] -> [x,y]",
+                "local AssignVariableOp [] [x,y] -> replicated dtype=float32"}));
 
   OpCase columns("ResourceScatterUpdate", mesh);
   columns.Resource("[*,y]", {7, 4}).In("[x]", {6}, TF_INT32).In("[x,y]", {6, 4});

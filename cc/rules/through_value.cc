@@ -1,0 +1,146 @@
+#include "cc/rules/through_value.h"
+
+#include "cc/rules/expand.h"
+#include "cc/rules/registry.h"
+#include "cc/spmd/relayout.h"
+#include "tensorflow/c/tf_datatype.h"
+
+namespace tf_dtensor {
+namespace {
+
+class ThroughValueRule : public Rule {
+ public:
+  explicit ThroughValueRule(ThroughValueSpec spec) : spec_(std::move(spec)) {}
+
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_ASSIGN_OR_RETURN(Plan inner, InnerPlan(ctx));
+    const Layout& variable = ctx.inputs[0].resource->value_layout;
+    const Layout value = inner.inputs[0] ? *inner.inputs[0] : variable;
+    Plan plan = std::move(inner);
+    plan.inputs[0] = std::nullopt;
+    if (spec_.ids_as_indices && plan.inputs[1]) {
+      // The ids as they are: the plan's index tuples less their trailing axis of 1.
+      std::vector<DimSpec> specs = plan.inputs[1]->specs();
+      specs.pop_back();
+      plan.inputs[1] = Layout::Replicated(ctx.mesh, ctx.rank(1)).WithSpecs(specs);
+    }
+    if (value != variable) {
+      plan.notes.push_back("reads the DVariable's value " + variable.ShortString() + " as " +
+                           value.ShortString() + " for '" + spec_.functional + "'" +
+                           (spec_.writes ? ", and writes the result back as " +
+                                               variable.ShortString()
+                                         : ""));
+    }
+    if (spec_.writes) {
+      plan.outputs.clear();
+      plan.partial_dims.clear();
+    }
+    return plan;
+  }
+
+  StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
+                                        Builder& builder) const override {
+    TFD_ASSIGN_OR_RETURN(Plan inner, InnerPlan(ctx));
+    const ResourceInfo& resource = *ctx.inputs[0].resource;
+    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
+    const ValueId handle = inputs[0];
+    LocalOpOptions read;
+    read.copy_attrs = false;
+    read.overrides = {AttrOverride::Type("dtype", resource.value_dtype)};
+    read.global_shapes = {resource.value_shape};
+    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> value,
+                         builder.LocalOp("ReadVariableOp", {handle}, read,
+                                         {resource.value_layout}));
+    inputs[0] = value[0];
+    if (inner.inputs[0] && *inner.inputs[0] != resource.value_layout) {
+      TFD_ASSIGN_OR_RETURN(inputs[0], Relayout(builder, inputs[0], *inner.inputs[0],
+                                               "the value of the DVariable of '" +
+                                                   ctx.op_name + "'"));
+    }
+    if (spec_.ids_as_indices) {
+      TFD_ASSIGN_OR_RETURN(ValueId axis, builder.HostConstant({-1}, {}, TF_INT32));
+      LocalOpOptions expand;
+      expand.copy_attrs = false;
+      expand.overrides = {AttrOverride::Type("T", builder.dtype(inputs[1])),
+                          AttrOverride::Type("Tdim", TF_INT32)};
+      std::vector<DimSpec> specs = builder.layout(inputs[1])->specs();
+      specs.push_back(DimSpec::Replicated());
+      std::vector<int64_t> shape = ctx.inputs[1].shape;
+      shape.push_back(1);
+      expand.global_shapes = {shape};
+      TFD_ASSIGN_OR_RETURN(
+          std::vector<ValueId> indices,
+          builder.LocalOp("ExpandDims", {inputs[1], axis}, expand,
+                          {Layout::Replicated(ctx.mesh, ctx.rank(1) + 1).WithSpecs(specs)}));
+      inputs[1] = indices[0];
+    }
+    LocalOpOptions options;
+    options.copy_attrs = false;
+    options.overrides = plan.overrides;
+    for (const std::string& name : spec_.carried) {
+      const std::string& from = name == spec_.renamed.first ? spec_.renamed.second : name;
+      const AttrValue* a = ctx.attrs->Find(from);
+      if (!a) continue;
+      if (a->type) options.overrides.push_back(AttrOverride::Type(name, *a->type));
+      if (a->i) options.overrides.push_back(AttrOverride::Int(name, *a->i));
+      if (a->s) options.overrides.push_back(AttrOverride::String(name, *a->s));
+      if (a->b) options.overrides.push_back(AttrOverride::Bool(name, *a->b));
+    }
+    OpContext functional(spec_.functional, ctx.attrs, ctx.mesh);
+    if (!spec_.writes) return ExpandWithInputs(functional, plan, inputs, options, builder);
+    options.global_shapes = {resource.value_shape};  // an update keeps the value's shape
+    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> updated,
+                         ExpandWithInputs(functional, inner, inputs, options, builder));
+    ValueId back = updated[0];
+    if (*builder.layout(back) != resource.value_layout) {
+      TFD_ASSIGN_OR_RETURN(back, Relayout(builder, back, resource.value_layout,
+                                          "the result of '" + ctx.op_name + "'"));
+    }
+    LocalOpOptions assign;
+    assign.copy_attrs = false;
+    assign.overrides = {AttrOverride::Type("dtype", resource.value_dtype)};
+    TFD_RETURN_IF_ERROR(builder.LocalOp("AssignVariableOp", {handle, back}, assign, {}).status());
+    return std::vector<ValueId>{};
+  }
+
+ private:
+  // The functional op's plan, its input 0 the DVariable's value (and input 1 the ids as
+  // index tuples where they are row ids).
+  StatusOr<Plan> InnerPlan(const OpContext& ctx) const {
+    if (ctx.inputs.empty() || !ctx.inputs[0].resource) {
+      return InvalidArgument("'" + ctx.op_name + "' needs a DVariable handle as input 0; got " +
+                             (ctx.inputs.empty() ? std::string("no input") : ctx.Describe(0)) +
+                             ".");
+    }
+    const ResourceInfo& resource = *ctx.inputs[0].resource;
+    const RegisteredRule* rule = RuleRegistry::Global().Find(spec_.functional);
+    if (!rule) {
+      return Internal("'" + spec_.functional + "' has no rule to run '" + ctx.op_name +
+                      "' with.");
+    }
+    OpContext inner(spec_.functional, ctx.attrs, ctx.mesh);
+    inner.inputs = ctx.inputs;
+    inner.inputs[0] = InputInfo{resource.value_shape, resource.value_dtype,
+                                resource.value_layout};
+    if (spec_.ids_as_indices && inner.inputs.size() > 1 && inner.inputs[1].layout) {
+      InputInfo& ids = inner.inputs[1];
+      std::vector<DimSpec> specs = ids.layout->specs();
+      specs.push_back(DimSpec::Replicated());
+      ids.layout = Layout::Replicated(ctx.mesh, static_cast<int>(specs.size())).WithSpecs(specs);
+      ids.shape.push_back(1);
+    }
+    inner.keep_partial = ctx.keep_partial;
+    inner.in_function = ctx.in_function;
+    return rule->rule->Forward(inner);
+  }
+
+  ThroughValueSpec spec_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Rule> ThroughValue(ThroughValueSpec spec) {
+  return std::make_shared<ThroughValueRule>(std::move(spec));
+}
+
+}  // namespace tf_dtensor
