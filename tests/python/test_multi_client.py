@@ -91,12 +91,29 @@ def test_placements_seed_flow_across_clients():
 def test_a_lost_client_fails_the_others_naming_it():
     """The last client exits abruptly after one all-reduce; the survivor's next collective
     fails within the heartbeat timeout with an error naming the lost task."""
-    code, out = _run("lost_client.py", 2, timeout=120, grace=60)
+    code, out = _run("lost_client.py", 2, timeout=120, grace=60, env={"TFD_TEST_MODE": "exit"})
     assert code == 3, _tail(out)  # the lost client's own exit code comes first
     lost = re.search(r"\[client 0\] LOST ([0-9.]+) (\w+): (.*)", out)
     assert lost, _tail(out)
     assert float(lost.group(1)) < _cluster.HEARTBEAT_TIMEOUT_S + 20, lost.group(0)
     assert "task:1" in lost.group(3), lost.group(0)
+    assert "NOT LOST" not in out
+
+
+@pytest.mark.multi_client
+def test_a_client_stopped_by_an_exception_fails_the_others_at_once_naming_it():
+    """The last client raises while the other waits in a tf.function's all-reduce: its
+    uncaught exception is reported to the cluster, so the survivor fails within seconds
+    with UnavailableError naming the client and the exception (unreported, it failed after
+    the 30 s shutdown barrier with an InternalError about the barrier)."""
+    code, out = _run("lost_client.py", 2, timeout=120, grace=60, env={"TFD_TEST_MODE": "raise"})
+    assert code == 1, _tail(out)
+    lost = re.search(r"\[client 0\] LOST ([0-9.]+) (\w+): (.*)", out)
+    assert lost, _tail(out)
+    assert float(lost.group(1)) < 15, lost.group(0)
+    assert lost.group(2) == "UnavailableError", lost.group(0)
+    assert "Client 1 stopped on an uncaught RuntimeError: a mistake in this client" in \
+        lost.group(3), lost.group(0)
     assert "NOT LOST" not in out
 
 
