@@ -29,6 +29,17 @@ int64_t TimeoutMs() {
   return (seconds > 0 ? seconds : 300) * 1000;
 }
 
+// `text` for an error message: whole when short, else its head (what runs, on which
+// inputs) and the part where it first differs from the other client's, at `at` (a step
+// issuing many collectives would bury the difference).
+std::string AroundDifference(const std::string& text, size_t at) {
+  constexpr size_t kWhole = 600, kHead = 200, kBefore = 100, kAfter = 300;
+  if (text.size() <= kWhole) return text;
+  if (at < kHead + kBefore) return text.substr(0, kWhole) + " ...";
+  return text.substr(0, kHead) + " ... " + text.substr(at - kBefore, kBefore + kAfter) +
+         (at + kAfter < text.size() ? " ..." : "");
+}
+
 // Program steps per set of clients, in this process's order.
 std::mutex steps_mutex;
 std::map<std::set<int>, int64_t> steps;
@@ -96,10 +107,12 @@ Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::strin
     TFD_RETURN_IF_TF_ERROR(status.get(), "reading client " + std::to_string(other) +
                                              "'s program step " + std::to_string(step + 1));
     if (theirs != description) {
+      size_t at = 0;
+      while (at < theirs.size() && at < description.size() && theirs[at] == description[at]) ++at;
       return FailedPrecondition(
           "The clients run different programs at their " + where + ": this client (" +
-          std::to_string(me) + ") runs " + description + "; client " + std::to_string(other) +
-          " runs " + theirs + ". Every client must run the same tf.functions (and eager "
+          std::to_string(me) + ") runs " + AroundDifference(description, at) + "; client " +
+          std::to_string(other) + " runs " + AroundDifference(theirs, at) + ". Every client must run the same tf.functions (and eager "
           "collectives) on the same input shapes and layouts, in the same order (make "
           "data-dependent choices the same on every client).");
     }

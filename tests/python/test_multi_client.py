@@ -118,12 +118,13 @@ def test_a_client_stopped_by_an_exception_fails_the_others_at_once_naming_it():
 
 
 @pytest.mark.multi_client
-@pytest.mark.parametrize("mode", ["shapes", "functions"])
+@pytest.mark.parametrize("mode", ["shapes", "functions", "bodies"])
 def test_clients_running_different_programs_get_an_error_saying_how(mode):
     """Before the first run of a tf.function on a mesh that spans clients, the clients
     compare what they run (through the coordination service): a client that runs the
-    function on other shapes, or another function, makes every client fail with an
-    error naming both programs, instead of a hang in the function's all-reduce."""
+    function on other shapes, or another function, or the same function on the same inputs
+    expanded to other collectives (a captured relayout target), makes every client fail
+    with an error naming both programs, instead of a hang in the function's collectives."""
     code, out = _run("mismatch.py", 2, timeout=120, env={"TFD_TEST_MODE": mode})
     assert code == 0, _tail(out)
     for k in range(2):
@@ -134,8 +135,12 @@ def test_clients_running_different_programs_get_an_error_saying_how(mode):
         assert "run different programs" in message and f"client {1 - k}" in message, message
         if mode == "shapes":
             assert "[8, 4]" in message and "[4, 4]" in message, message
-        else:
+        elif mode == "functions":
             assert "'__inference_total'" in message and "'__inference_largest'" in message, message
+        else:
+            assert "'__inference_regathered'" in message, message
+            assert "all-gather over x of float32[4, 4] [x,*] -> [*,*]" in message, message
+            assert "all-to-all over x of float32[4, 4] [x,*] -> [*,x]" in message, message
 
 
 @pytest.mark.multi_client
