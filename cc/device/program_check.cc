@@ -40,6 +40,9 @@ std::string AroundDifference(const std::string& text, size_t at) {
          (at + kAfter < text.size() ? " ..." : "");
 }
 
+// Checked steps per key-value directory (see CheckSameProgram).
+constexpr int64_t kStepsPerEpoch = 16;
+
 // Program steps per set of clients, in this process's order.
 std::mutex steps_mutex;
 std::map<std::set<int>, int64_t> steps;
@@ -57,7 +60,11 @@ Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::strin
   }
   std::string group;
   for (int t : tasks) group += (group.empty() ? "" : "_") + std::to_string(t);
-  const std::string prefix = "tf_dtensor/program/" + group + "/" + std::to_string(step) + "/";
+  // Steps come in epochs of kStepsPerEpoch, one key-value directory each, so that the
+  // steps everyone has read are dropped a directory at a time (below).
+  const std::string epochs = "tf_dtensor/program/" + group + "/";
+  const std::string prefix =
+      epochs + std::to_string(step / kStepsPerEpoch) + "/" + std::to_string(step) + "/";
   StatusPtr status(TF_NewStatus());
   TFE_InsertConfigKeyValue(context, (prefix + std::to_string(me)).c_str(), description.c_str(),
                            status.get());
@@ -117,17 +124,16 @@ Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::strin
           "data-dependent choices the same on every client).");
     }
   }
-  // Every other client has now published this step, which it does only after reading this
-  // client's earlier ones: the key of two steps back (one step of slack) has been read by
-  // all and is dropped, so that the leader's key-value store holds a few keys per client
-  // instead of one per checked step for the whole run (every eager all-reduce of a long
-  // eager loop added one, about 0.5 KB each).
-  if (step >= 2) {
+  // Every other client has now published this step, which it does only after reading every
+  // key of its earlier steps: at the start of an epoch, the lowest client of the group
+  // drops the directory of the epoch before last (one round trip per kStepsPerEpoch steps),
+  // so that the leader's key-value store holds at most three epochs of descriptions instead
+  // of one per checked step for the whole run (every eager all-reduce of a long eager loop
+  // added one, about 0.5 KB each).
+  if (me == *tasks.begin() && step % kStepsPerEpoch == 0 && step >= 2 * kStepsPerEpoch) {
     StatusPtr dropped(TF_NewStatus());
-    TFE_DeleteConfigKeyValue(context,
-                             ("tf_dtensor/program/" + group + "/" + std::to_string(step - 2) +
-                              "/" + std::to_string(me)).c_str(),
-                             dropped.get());
+    TFE_DeleteConfigKeyValue(
+        context, (epochs + std::to_string(step / kStepsPerEpoch - 2)).c_str(), dropped.get());
   }
   return Status::Ok();
 }
