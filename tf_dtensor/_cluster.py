@@ -8,7 +8,7 @@ are issued as `CollectiveReduceV2`/`CollectiveGatherV2`/`CollectiveAllToAllV2`, 
 TensorFlow's runtime completes between the processes.
 
 A client that stops on an uncaught exception tells the others before it leaves
-(`report_uncaught`): their pending collectives fail at once with TensorFlow's
+(`_reporting_hook`): their pending collectives fail at once with TensorFlow's
 `UnavailableError` naming the client and its exception. Without it, a client leaving by an
 exception first waits at the coordination service's shutdown barrier, and the others learn
 of it only when that barrier times out (`shutdown_barrier_timeout_in_ms`, 30 s), from an
