@@ -32,11 +32,16 @@ int64_t TimeoutMs() {
 // `text` for an error message: whole when short, else its head (what runs, on which
 // inputs) and the part where it first differs from the other client's, at `at` (a step
 // issuing many collectives would bury the difference).
+// Cuts fall after a "; " (between two collectives) where there is one.
 std::string AroundDifference(const std::string& text, size_t at) {
   constexpr size_t kWhole = 600, kHead = 200, kBefore = 100, kAfter = 300;
   if (text.size() <= kWhole) return text;
   if (at < kHead + kBefore) return text.substr(0, kWhole) + " ...";
-  return text.substr(0, kHead) + " ... " + text.substr(at - kBefore, kBefore + kAfter) +
+  size_t head = text.rfind("; ", kHead);
+  head = head == std::string::npos ? kHead : head + 1;
+  size_t from = text.rfind("; ", at - kBefore);
+  from = from == std::string::npos || from < head ? at - kBefore : from + 2;
+  return text.substr(0, head) + " ... " + text.substr(from, at + kAfter - from) +
          (at + kAfter < text.size() ? " ..." : "");
 }
 
