@@ -7,6 +7,13 @@ collective ops. tf_dtensor moves no data itself: collectives over other clients'
 are issued as `CollectiveReduceV2`/`CollectiveGatherV2`/`CollectiveAllToAllV2`, which
 TensorFlow's runtime completes between the processes.
 
+A client that stops on an uncaught exception tells the others before it leaves
+(`_reporting_hook`): their pending collectives fail at once with TensorFlow's
+`UnavailableError` naming the client and its exception. Without it, a client leaving by an
+exception first waits at the coordination service's shutdown barrier, and the others learn
+of it only when that barrier times out (`shutdown_barrier_timeout_in_ms`, 30 s), from an
+`InternalError` about the barrier that names neither.
+
 Who can reach the server: TensorFlow's gRPC server listens on every network interface of
 the host at the port of this client's `DTENSOR_JOBS` entry (TensorFlow binds
 `0.0.0.0:<port>`, whatever host the entry names) and has no authentication. Anyone who can
@@ -16,6 +23,7 @@ only; on a shared host or network, keep the ports behind a firewall.
 
 from __future__ import annotations
 
+import sys
 from typing import List
 
 from tensorflow.core.protobuf import cluster_pb2, tensorflow_server_pb2
@@ -103,6 +111,24 @@ def start(job: str, addresses: List[str], client: int, heartbeat: bool, nccl: bo
             f"DTENSOR_JOBS. ({error.message})") from None
     _core.set_multi_client(True)
     _started = True
+    sys.excepthook = _reporting_hook(client, sys.excepthook)
+
+
+def _reporting_hook(client: int, previous):
+    """`sys.excepthook` for a client: reports the uncaught exception to the cluster (every
+    other client's pending and next collectives fail with `UnavailableError` naming this
+    client and the exception), then runs `previous` (which prints the traceback)."""
+
+    def report_uncaught(kind, value, traceback):
+        try:
+            context.context().report_error_to_cluster(
+                errors.UNAVAILABLE,
+                f"Client {client} stopped on an uncaught {kind.__name__}: {value}")
+        except Exception:  # pylint: disable=broad-except -- the exception itself matters more
+            pass
+        previous(kind, value, traceback)
+
+    return report_uncaught
 
 
 def barrier(name: str, timeout_in_ms: int) -> None:

@@ -405,8 +405,9 @@ def initialize_accelerator_system(device_type: Optional[str] = None,
     Raises:
       ValueError: already initialized (call `shutdown_accelerator_system` first), an
         unknown `device_type`, or logical devices that can no longer be configured.
-      ValueError: this process already joined another cluster (TensorFlow's server
-        cannot be stopped, so a process is a client of one cluster).
+      ValueError: this process already joined another cluster, or joined one and asks
+        for `experimental_reset_context` (TensorFlow's server cannot be stopped, so a
+        process is a client of one cluster, in one eager context).
       tf.errors.NotFoundError: `device_type="TPU"` without TPUs.
     """
     global _initialized_device_type, _reset_owed
@@ -417,6 +418,15 @@ def initialize_accelerator_system(device_type: Optional[str] = None,
     if _initialized_device_type is not None:
         raise ValueError("Accelerator system has already been initialized. Call "
                          "`shutdown_accelerator_system()` first.")
+    if experimental_reset_context and _cluster.started():
+        # A new eager context would start TensorFlow's server again, on the port the first
+        # one still holds ("Could not start gRPC server", with this process's context gone).
+        raise ValueError("initialize_accelerator_system(experimental_reset_context=True) in a "
+                         "client of a multi-client cluster: resetting TensorFlow's eager "
+                         "context would start TensorFlow's server again, and the first one "
+                         "cannot be stopped. Leave `experimental_reset_context` False (after "
+                         "`shutdown_accelerator_system()` the cluster and its devices are "
+                         "kept), or start a new process.")
     if experimental_reset_context and context.context()._initialized:  # pylint: disable=protected-access
         logging.warning("initialize_accelerator_system(experimental_reset_context=True) "
                         "resets TensorFlow's eager context: tensors and variables made before "

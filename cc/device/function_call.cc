@@ -268,7 +268,11 @@ Status RunWhole(const FunctionCall& call, const ExpandedFunction& expanded,
 
 // Before an SPMD function first runs on a mesh that spans processes, every client of it
 // checks that the others are about to run the same (ProgramCheck): the function's name
-// (without TF's numeric suffix) and its inputs' dtypes, shapes and layouts.
+// (without TF's numeric suffix), its inputs' dtypes, shapes and layouts, and the
+// collectives one call issues, in order. Alike inputs are not enough: a function whose
+// graph depends on a Python value it captured (a relayout target, a branch taken while
+// tracing) can expand to other collectives on each client, which would then wait in each
+// other's collectives forever (an all-gather and an all-to-all never meet).
 Status CheckProgramOnce(const FunctionCall& call, const ExpandedFunction& expanded,
                         const std::vector<ValueMeta>& metas) {
   // Keyed by the expansion itself, not its address: an address is reused once a deleted
@@ -286,7 +290,14 @@ Status CheckProgramOnce(const FunctionCall& call, const ExpandedFunction& expand
                    DataTypeName(m.dtype) + ShapeString(m.shape) +
                    (m.layout ? " " + m.layout->ShortString() : std::string(" host"));
   }
-  description += ")";
+  description += ") issuing " + std::to_string(expanded.collectives.size()) + " collective(s)";
+  for (size_t i = 0; i < expanded.collectives.size(); ++i) {
+    const CollectiveRecord& r = expanded.collectives[i];
+    description += std::string(i ? "; " : ": ") + r.kind +
+                   (r.reduction.empty() ? "" : "(" + r.reduction + ")") + " over " +
+                   Join(r.mesh_dims, "+") + " of " + DataTypeName(r.dtype) +
+                   ShapeString(r.shape) + " " + r.layout_in + " -> " + r.layout_out;
+  }
   Status s = CheckSameProgram(call.context, call.mesh, description);
   if (!s.ok()) expanded.program_checked = false;
   return s;

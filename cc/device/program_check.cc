@@ -29,6 +29,25 @@ int64_t TimeoutMs() {
   return (seconds > 0 ? seconds : 300) * 1000;
 }
 
+// `text` for an error message: whole when short, else its head (what runs, on which
+// inputs) and the part where it first differs from the other client's, at `at` (a step
+// issuing many collectives would bury the difference).
+// Cuts fall after a "; " (between two collectives) where there is one.
+std::string AroundDifference(const std::string& text, size_t at) {
+  constexpr size_t kWhole = 600, kHead = 200, kBefore = 100, kAfter = 300;
+  if (text.size() <= kWhole) return text;
+  if (at < kHead + kBefore) return text.substr(0, kWhole) + " ...";
+  size_t head = text.rfind("; ", kHead);
+  head = head == std::string::npos ? kHead : head + 1;
+  size_t from = text.rfind("; ", at - kBefore);
+  from = from == std::string::npos || from < head ? at - kBefore : from + 2;
+  return text.substr(0, head) + " ... " + text.substr(from, at + kAfter - from) +
+         (at + kAfter < text.size() ? " ..." : "");
+}
+
+// Checked steps per key-value directory (see CheckSameProgram).
+constexpr int64_t kStepsPerEpoch = 16;
+
 // Program steps per set of clients, in this process's order.
 std::mutex steps_mutex;
 std::map<std::set<int>, int64_t> steps;
@@ -46,7 +65,11 @@ Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::strin
   }
   std::string group;
   for (int t : tasks) group += (group.empty() ? "" : "_") + std::to_string(t);
-  const std::string prefix = "tf_dtensor/program/" + group + "/" + std::to_string(step) + "/";
+  // Steps come in epochs of kStepsPerEpoch, one key-value directory each, so that the
+  // steps everyone has read are dropped a directory at a time (below).
+  const std::string epochs = "tf_dtensor/program/" + group + "/";
+  const std::string prefix =
+      epochs + std::to_string(step / kStepsPerEpoch) + "/" + std::to_string(step) + "/";
   StatusPtr status(TF_NewStatus());
   TFE_InsertConfigKeyValue(context, (prefix + std::to_string(me)).c_str(), description.c_str(),
                            status.get());
@@ -96,13 +119,26 @@ Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::strin
     TFD_RETURN_IF_TF_ERROR(status.get(), "reading client " + std::to_string(other) +
                                              "'s program step " + std::to_string(step + 1));
     if (theirs != description) {
+      size_t at = 0;
+      while (at < theirs.size() && at < description.size() && theirs[at] == description[at]) ++at;
       return FailedPrecondition(
           "The clients run different programs at their " + where + ": this client (" +
-          std::to_string(me) + ") runs " + description + "; client " + std::to_string(other) +
-          " runs " + theirs + ". Every client must run the same tf.functions (and eager "
+          std::to_string(me) + ") runs " + AroundDifference(description, at) + "; client " +
+          std::to_string(other) + " runs " + AroundDifference(theirs, at) + ". Every client must run the same tf.functions (and eager "
           "collectives) on the same input shapes and layouts, in the same order (make "
           "data-dependent choices the same on every client).");
     }
+  }
+  // Every other client has now published this step, which it does only after reading every
+  // key of its earlier steps: at the start of an epoch, the lowest client of the group
+  // drops the directory of the epoch before last (one round trip per kStepsPerEpoch steps),
+  // so that the leader's key-value store holds at most three epochs of descriptions instead
+  // of one per checked step for the whole run (every eager all-reduce of a long eager loop
+  // added one, about 0.5 KB each).
+  if (me == *tasks.begin() && step % kStepsPerEpoch == 0 && step >= 2 * kStepsPerEpoch) {
+    StatusPtr dropped(TF_NewStatus());
+    TFE_DeleteConfigKeyValue(
+        context, (epochs + std::to_string(step / kStepsPerEpoch - 2)).c_str(), dropped.get());
   }
   return Status::Ok();
 }

@@ -91,7 +91,7 @@ def test_placements_seed_flow_across_clients():
 def test_a_lost_client_fails_the_others_naming_it():
     """The last client exits abruptly after one all-reduce; the survivor's next collective
     fails within the heartbeat timeout with an error naming the lost task."""
-    code, out = _run("lost_client.py", 2, timeout=120, grace=60)
+    code, out = _run("lost_client.py", 2, timeout=120, grace=60, env={"TFD_TEST_MODE": "exit"})
     assert code == 3, _tail(out)  # the lost client's own exit code comes first
     lost = re.search(r"\[client 0\] LOST ([0-9.]+) (\w+): (.*)", out)
     assert lost, _tail(out)
@@ -101,12 +101,30 @@ def test_a_lost_client_fails_the_others_naming_it():
 
 
 @pytest.mark.multi_client
-@pytest.mark.parametrize("mode", ["shapes", "functions"])
+def test_a_client_stopped_by_an_exception_fails_the_others_at_once_naming_it():
+    """The last client raises while the other waits in a tf.function's all-reduce: its
+    uncaught exception is reported to the cluster, so the survivor fails within seconds
+    with UnavailableError naming the client and the exception (unreported, it failed after
+    the 30 s shutdown barrier with an InternalError about the barrier)."""
+    code, out = _run("lost_client.py", 2, timeout=120, grace=60, env={"TFD_TEST_MODE": "raise"})
+    assert code == 1, _tail(out)
+    lost = re.search(r"\[client 0\] LOST ([0-9.]+) (\w+): (.*)", out)
+    assert lost, _tail(out)
+    assert float(lost.group(1)) < 15, lost.group(0)
+    assert lost.group(2) == "UnavailableError", lost.group(0)
+    assert "Client 1 stopped on an uncaught RuntimeError: a mistake in this client" in \
+        lost.group(3), lost.group(0)
+    assert "NOT LOST" not in out
+
+
+@pytest.mark.multi_client
+@pytest.mark.parametrize("mode", ["shapes", "functions", "bodies"])
 def test_clients_running_different_programs_get_an_error_saying_how(mode):
     """Before the first run of a tf.function on a mesh that spans clients, the clients
     compare what they run (through the coordination service): a client that runs the
-    function on other shapes, or another function, makes every client fail with an
-    error naming both programs, instead of a hang in the function's all-reduce."""
+    function on other shapes, or another function, or the same function on the same inputs
+    expanded to other collectives (a captured relayout target), makes every client fail
+    with an error naming both programs, instead of a hang in the function's collectives."""
     code, out = _run("mismatch.py", 2, timeout=120, env={"TFD_TEST_MODE": mode})
     assert code == 0, _tail(out)
     for k in range(2):
@@ -117,8 +135,12 @@ def test_clients_running_different_programs_get_an_error_saying_how(mode):
         assert "run different programs" in message and f"client {1 - k}" in message, message
         if mode == "shapes":
             assert "[8, 4]" in message and "[4, 4]" in message, message
-        else:
+        elif mode == "functions":
             assert "'__inference_total'" in message and "'__inference_largest'" in message, message
+        else:
+            assert "'__inference_regathered'" in message, message
+            assert "all-gather over x of float32[4, 4] [x,*] -> [*,*]" in message, message
+            assert "all-to-all over x of float32[4, 4] [x,*] -> [*,x]" in message, message
 
 
 @pytest.mark.multi_client

@@ -1,6 +1,7 @@
 """One client of a multi-client run in which the clients run different programs
 (TFD_TEST_MODE): "shapes" (the same tf.function on other input shapes), "functions"
-(another tf.function), "missing" (the last client calls none, waits past the others'
+(another tf.function), "bodies" (the same tf.function on the same inputs, whose captured
+relayout target differs: an all-gather on one client, an all-to-all on the other), "missing" (the last client calls none, waits past the others'
 timeout and leaves), "eager_shapes" (an eager sum to a scalar of blocks of other shapes)
 or "eager" (eagerly, after a sum every client makes, the last client
 takes a maximum where the others take a sum: compared by default).
@@ -36,6 +37,14 @@ def largest(v):
     return tf.reduce_max(v, axis=0)
 
 
+target = dtensor.Layout([dtensor.UNSHARDED, "x"] if last else [dtensor.UNSHARDED] * 2, mesh)
+
+
+@tf.function
+def regathered(v):
+    return dtensor.relayout(v, target)
+
+
 
 def leave():
     # Task 0 leads the coordination service: everyone meets before leaving, so that no
@@ -56,6 +65,8 @@ try:
         np.testing.assert_allclose(dtensor.unpack(tf.reduce_sum(t, axis=0))[0].numpy(),
                                    np.full([4], 2.0 * clients))
         (tf.reduce_max if last else tf.reduce_sum)(t * 2.0, axis=0)
+    elif mode == "bodies":
+        regathered(t)
     else:
         (largest if (mode == "functions" and last) else total)(t)
     print("NO MISMATCH", me, flush=True)

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from tf_dtensor import dtensor
 
@@ -105,6 +106,19 @@ check_local(dtensor.relayout(tc, dtensor.Layout([R, "y"], mesh2)), c, [R, "y"], 
 np.testing.assert_allclose(whole(tf.reduce_sum(tc)), c.sum(), rtol=1e-4)
 s = tf.reduce_sum(tc, axis=0)  # over x: across clients; stays sharded over y
 check_local(s, c.sum(axis=0), ["y"], "sum over x")
+
+# The clients' program check keeps a few epochs of keys in the coordination service's
+# key-value store, not one key per checked step: after 48 more eager all-reduces (checked
+# steps), the first step's key is gone.
+for _ in range(48):
+    tf.reduce_sum(ta)
+try:
+    context.context().get_config_key_value(
+        "tf_dtensor/program/" + "_".join(str(c) for c in range(clients)) + f"/0/0/{me}",
+        timeout_in_ms=100)
+    raise AssertionError("the program check's first key is still held")
+except tf.errors.DeadlineExceededError:
+    pass
 
 dtensor.barrier(mesh, "overview-done", 60_000)
 print("OK overview", me, flush=True)

@@ -6,7 +6,8 @@ their address, so client 0, whose freed expansion's address came back, skipped a
 comparison the others waited for (a hang in tests/python/multi_client/overview.py's
 relayout loop, one run in twenty under load). Then more live functions than the
 single-process cache holds, which must all stay cached; then the system shut down and
-started again. Every result is checked against numpy.
+started again (another logical CPU count, or a reset of the eager context, refused).
+Every result is checked against numpy.
 Prints `OK short-lived` at the end."""
 
 import gc
@@ -57,6 +58,14 @@ try:
     raise AssertionError("another logical CPU count was accepted")
 except ValueError as error:
     assert "start a new process" in str(error), error
+# Nor a reset of the eager context: it would start the server again on its port (once
+# "Could not start gRPC server", with the process's context gone).
+try:
+    dtensor.initialize_accelerator_system("CPU", num_logical_cpu_devices=2,
+                                          experimental_reset_context=True)
+    raise AssertionError("a context reset in a client was accepted")
+except ValueError as error:
+    assert "experimental_reset_context" in str(error) and "start a new process" in str(error)
 dtensor.initialize_accelerator_system("CPU", num_logical_cpu_devices=2)
 mesh = dtensor.create_distributed_mesh([("x", n)], device_type="CPU")
 layout = dtensor.Layout(["x", dtensor.UNSHARDED], mesh)
