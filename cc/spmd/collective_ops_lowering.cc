@@ -444,8 +444,8 @@ StatusOr<ValueId> CollectiveOps::AllReduce(CollectiveRunner& run, ValueId value,
   }
   if (!wire.supported) {
     StatusOr<Handles> reduced = ReduceByGather(run, sent, groups, dtype, op);
+    // TrimToBlocks puts the untrimmed results in `made` (once: twice was a double free).
     if (padded && reduced.ok()) {
-      made.insert(made.end(), reduced->begin(), reduced->end());
       reduced = TrimToBlocks(run, *reduced, out_layout, global, dtype, made);
     }
     run.DiscardAll(made);

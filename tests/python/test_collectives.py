@@ -517,6 +517,20 @@ def test_product_of_complex_values(collective_ops, traced):
         np.testing.assert_allclose(reassemble(got), prod(data, ids).numpy(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_product_of_complex_values_with_an_empty_block(collective_ops, dtype, traced):
+    # [x,y] of [5,3] on 2x4: one device of each y group holds no column. The product over x
+    # goes by gather, with the empty block padded; the padded results were discarded twice
+    # (free(): corrupted unsorted chunks, the process aborted).
+    value = (np.arange(15).reshape(5, 3) % 3 + 1 + 1j * (np.arange(15).reshape(5, 3) % 2)
+             ).astype(dtype)
+    run = _run(lambda t: tf.reduce_prod(t, axis=0), traced)
+    for _ in range(3):
+        got = run(to_dtensor(value, layout_of("x,y", MESH_2X4)))
+        assert_dtensor_equal(tf.reduce_prod(value, axis=0), layout_of("y", MESH_2X4), got)
+
+
 # The copies lowering's all-reduce in its two forms (TF_DTENSOR_COPIES_ALL_REDUCE): through
 # each group's leader (two hops), or direct (every device reduces the partials copied to it
 # itself, one hop); "auto" takes direct where it copies no more, at most two partials.
