@@ -130,9 +130,13 @@ class ReduceRule : public FactorRule {
                            builder.LocalOp("Sum", {ones, inputs[1]}, {}, plan.outputs));
       TFD_ASSIGN_OR_RETURN(divisor, builder.AllReduce(counts[0], sharding, ReduceOp::kSum));
     }
-    // The quotient has the sum's layout (after the all-reduce, or still pending).
-    TFD_ASSIGN_OR_RETURN(ValueId mean,
-                         math.Apply("Div", {total, divisor}, *builder.layout(total)));
+    // The quotient has the sum's layout (after the all-reduce, or still pending). One
+    // device's complex Mean of no elements is 0, where 0 / 0 is NaN (as a float Mean of
+    // no elements is on one device): complex numbers divide by DivNoNan.
+    const int dtype = ctx.inputs[0].dtype;
+    const bool complex = dtype == TF_COMPLEX64 || dtype == TF_COMPLEX128;
+    TFD_ASSIGN_OR_RETURN(ValueId mean, math.Apply(complex ? "DivNoNan" : "Div",
+                                                  {total, divisor}, *builder.layout(total)));
     return std::vector<ValueId>{mean};
   }
 
