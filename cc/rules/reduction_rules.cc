@@ -130,9 +130,13 @@ class ReduceRule : public FactorRule {
                            builder.LocalOp("Sum", {ones, inputs[1]}, {}, plan.outputs));
       TFD_ASSIGN_OR_RETURN(divisor, builder.AllReduce(counts[0], sharding, ReduceOp::kSum));
     }
-    // The quotient has the sum's layout (after the all-reduce, or still pending).
-    TFD_ASSIGN_OR_RETURN(ValueId mean,
-                         math.Apply("Div", {total, divisor}, *builder.layout(total)));
+    // The quotient has the sum's layout (after the all-reduce, or still pending). One
+    // device's complex Mean of no elements is 0, where 0 / 0 is NaN (as a float Mean of
+    // no elements is on one device): complex numbers divide by DivNoNan.
+    const int dtype = ctx.inputs[0].dtype;
+    const bool complex = dtype == TF_COMPLEX64 || dtype == TF_COMPLEX128;
+    TFD_ASSIGN_OR_RETURN(ValueId mean, math.Apply(complex ? "DivNoNan" : "Div",
+                                                  {total, divisor}, *builder.layout(total)));
     return std::vector<ValueId>{mean};
   }
 
@@ -185,9 +189,10 @@ void ListRowCollectives(const OpContext& ctx, Plan& plan) {
                                 "all-reduce(sum) of the row sum" + over};
 }
 
-// TF's CPU Softmax kernel gives a row that holds NaN or +inf NaN where those are and 0
-// elsewhere (one device: softmax([1, nan, 2, -inf]) = [0, nan, 0, 0]), where the sharded
-// exp / sum makes the whole row NaN. Such a row's max is NaN or +inf (the row max
+// TF's CPU Softmax kernel of float32 and bfloat16 gives a row that holds NaN or +inf NaN
+// where those are and 0 elsewhere (one device: softmax([1, nan, 2, -inf]) = [0, nan, 0,
+// 0]), where the sharded exp / sum makes the whole row NaN, as the kernel of float16 and
+// float64 does (CpuKernelKeepsNonFiniteRowsFinite). Such a row's max is NaN or +inf (the row max
 // all-reduce propagates both), and max(v, 0) * 0 is NaN exactly for NaN and +inf (and 0
 // for -inf): the rows whose max says so take max(x, 0) * 0. A row of -inf alone is NaN
 // through both. Log-softmax and the cross entropies make such rows NaN on one device too.
@@ -203,6 +208,12 @@ StatusOr<ValueId> AsCpuKernelOnNonFiniteRows(const Layout& x_layout, ValueId x, 
   TFD_ASSIGN_OR_RETURN(ValueId x_pos, math.Apply("Maximum", {x, zero}, x_layout));
   TFD_ASSIGN_OR_RETURN(ValueId fill, math.Apply("Mul", {x_pos, zero}, x_layout));
   return math.Apply("SelectV2", {bad_row, fill, y}, x_layout);
+}
+
+// Whether TF's CPU Softmax kernel of `dtype` keeps a NaN or +inf row finite elsewhere
+// (AsCpuKernelOnNonFiniteRows); float16 and float64 rows are NaN throughout.
+bool CpuKernelKeepsNonFiniteRowsFinite(int dtype) {
+  return dtype == TF_FLOAT || dtype == TF_BFLOAT16;
 }
 
 class SoftmaxRule : public FactorRule {
@@ -225,7 +236,8 @@ class SoftmaxRule : public FactorRule {
     TFD_ASSIGN_OR_RETURN(RowSoftmax r, ShardedRowSoftmax(in[0], x_layout, dim, math, builder));
     if (!log_) {
       TFD_ASSIGN_OR_RETURN(ValueId y, math.Apply("RealDiv", {r.exp, r.sum}, x_layout));
-      if (ctx.mesh.device_type() == "CPU") {
+      if (ctx.mesh.device_type() == "CPU" &&
+          CpuKernelKeepsNonFiniteRowsFinite(ctx.inputs[0].dtype)) {
         TFD_ASSIGN_OR_RETURN(y, AsCpuKernelOnNonFiniteRows(x_layout, in[0], r.max, y, math));
       }
       return std::vector<ValueId>{y};

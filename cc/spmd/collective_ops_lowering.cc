@@ -353,14 +353,16 @@ class CollectiveOps final : public CollectiveLowering {
 };
 
 // An all-reduce that CollectiveReduceV2 cannot do for this dtype (a product, maximum or
-// minimum of complex numbers: their parts do not reduce on their own): every device's
-// block is gathered on a new leading axis (CollectiveGatherV2, which takes complex numbers
-// as float pairs) and reduced over it by the op's own reduction kernel. `blocks` are
-// non-empty (padded by the caller); the results are new handles.
+// minimum of complex numbers: their parts do not reduce on their own; a mean, maximum or
+// minimum of uint64, which would read as int64): every device's block is gathered on a
+// new leading axis (CollectiveGatherV2, which takes complex numbers as float pairs) and
+// reduced over it by the op's own reduction kernel (an integer Mean truncates, as one
+// device's does). `blocks` are non-empty (padded by the caller); the results are new
+// handles.
 StatusOr<Handles> ReduceByGather(CollectiveRunner& run, const Handles& blocks,
                                  const CollectiveGroups& groups, int dtype, ReduceOp op) {
   const Wire wire = GatherWire(dtype);
-  if (!wire.supported || op == ReduceOp::kSum || op == ReduceOp::kMean) {
+  if (!wire.supported || op == ReduceOp::kSum) {
     return UnsupportedCollectiveType("all-reduce", dtype);
   }
   Handles made;
@@ -398,7 +400,10 @@ StatusOr<Handles> ReduceByGather(CollectiveRunner& run, const Handles& blocks,
   reduce.copy_attrs = false;
   reduce.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tidx", TF_INT32),
                       AttrOverride::Bool("keep_dims", false)};
-  const char* kernel = op == ReduceOp::kProd ? "Prod" : op == ReduceOp::kMax ? "Max" : "Min";
+  const char* kernel = op == ReduceOp::kProd   ? "Prod"
+                       : op == ReduceOp::kMax  ? "Max"
+                       : op == ReduceOp::kMean ? "Mean"
+                                               : "Min";
   StatusOr<Handles> reduced = RunEachWith(run, kernel, current, *zero, reduce);
   run.DiscardAll(made);
   return reduced;
@@ -444,8 +449,8 @@ StatusOr<ValueId> CollectiveOps::AllReduce(CollectiveRunner& run, ValueId value,
   }
   if (!wire.supported) {
     StatusOr<Handles> reduced = ReduceByGather(run, sent, groups, dtype, op);
+    // TrimToBlocks puts the untrimmed results in `made` (once: twice was a double free).
     if (padded && reduced.ok()) {
-      made.insert(made.end(), reduced->begin(), reduced->end());
       reduced = TrimToBlocks(run, *reduced, out_layout, global, dtype, made);
     }
     run.DiscardAll(made);

@@ -179,7 +179,8 @@ def reassemble(actual) -> np.ndarray:
                 np.testing.assert_allclose(value, terms[key], rtol=1e-6, atol=1e-6,
                                            err_msg=message)
             else:
-                np.testing.assert_array_equal(value, terms[key], err_msg=message)
+                np.testing.assert_array_equal(_comparable(value), _comparable(terms[key]),
+                                              err_msg=message)
             continue
         terms[key] = value
     # Combine the terms one partial dim at a time.
@@ -204,7 +205,14 @@ def reassemble(actual) -> np.ndarray:
     return out
 
 
+def _comparable(value: np.ndarray) -> np.ndarray:
+    """`value`, with bfloat16 as float32: numpy's comparisons tell NaN from NaN only for
+    its own float kinds, and bfloat16 (ml_dtypes) is not one."""
+    return value.astype(np.float32) if value.dtype == tf.bfloat16.as_numpy_dtype else value
+
+
 def assert_values_equal(expected: np.ndarray, actual: np.ndarray, msg: str = "") -> None:
+    expected, actual = _comparable(np.asarray(expected)), _comparable(np.asarray(actual))
     if np.issubdtype(expected.dtype, np.floating) or np.issubdtype(expected.dtype,
                                                                     np.complexfloating):
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6, err_msg=msg)

@@ -517,6 +517,36 @@ def test_product_of_complex_values(collective_ops, traced):
         np.testing.assert_allclose(reassemble(got), prod(data, ids).numpy(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_product_of_complex_values_with_an_empty_block(collective_ops, dtype, traced):
+    # [x,y] of [5,3] on 2x4: one device of each y group holds no column. The product over x
+    # goes by gather, with the empty block padded; the padded results were discarded twice
+    # (free(): corrupted unsorted chunks, the process aborted).
+    value = (np.arange(15).reshape(5, 3) % 3 + 1 + 1j * (np.arange(15).reshape(5, 3) % 2)
+             ).astype(dtype)
+    run = _run(lambda t: tf.reduce_prod(t, axis=0), traced)
+    for _ in range(3):
+        got = run(to_dtensor(value, layout_of("x,y", MESH_2X4)))
+        assert_dtensor_equal(tf.reduce_prod(value, axis=0), layout_of("y", MESH_2X4), got)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_mean_of_a_uint64_partial(lowering, traced):
+    # TF's collective ops have no uint64, and int64 bits divide differently: the ops
+    # lowering gathers the terms and TF's Mean kernel takes their mean, as one device does
+    # (a sum past 2^64 wraps first). It was refused ("cannot all-reduce a tensor of dtype
+    # uint64").
+    terms = [np.array([2**63 + 7, 2**64 - 1], np.uint64), np.array([5, 2**64 - 3], np.uint64)]
+    want = tf.reduce_mean(tf.constant(np.stack(terms)), axis=0)
+    layout = Layout(["unsharded"], MESH_2X4, partial={"x": "mean"})
+    packed = dtensor.pack([terms[location["x"]] for location in MESH_2X4.local_device_locations()],
+                          layout)
+    target = layout_of("*", MESH_2X4)
+    got = _run(lambda t: dtensor.relayout(t, target), traced)(packed)
+    assert_dtensor_equal(want, target, got)
+
+
 # The copies lowering's all-reduce in its two forms (TF_DTENSOR_COPIES_ALL_REDUCE): through
 # each group's leader (two hops), or direct (every device reduces the partials copied to it
 # itself, one hop); "auto" takes direct where it copies no more, at most two partials.

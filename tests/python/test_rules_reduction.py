@@ -87,6 +87,19 @@ def test_integer_mean_truncates_like_tensorflow(mesh_2x2):
     assert tf.reduce_mean(tf.constant(x), axis=0).numpy().tolist() == [0, 1]
 
 
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128, np.float32],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_mean_of_no_elements_over_sharded_axes_is_one_devices(mesh_2x2, dtype, traced):
+    # One device's complex Mean of nothing is 0 (a float one NaN); sum / count over the
+    # sharded axes gave NaN for complex numbers too.
+    x = np.zeros((0, 4), dtype)
+    mean = tf.function(tf.reduce_mean) if traced else tf.reduce_mean
+    for axis, spec in [(0, "[y]"), (None, "[]")]:
+        out = mean(to_dtensor(x, layout_of("[x,y]", mesh_2x2)), axis=axis)
+        assert_dtensor_equal(tf.reduce_mean(x, axis=axis), layout_of(spec, mesh_2x2), out)
+
+
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("layouts", layout_params(SHAPE, meshes=[MESH_2X2]))
 def test_argmax(layouts, axis):
