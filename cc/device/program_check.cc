@@ -124,7 +124,8 @@ Status CheckSameProgram(TFE_Context* context, const Mesh& mesh, const std::strin
       return FailedPrecondition(
           "The clients run different programs at their " + where + ": this client (" +
           std::to_string(me) + ") runs " + AroundDifference(description, at) + "; client " +
-          std::to_string(other) + " runs " + AroundDifference(theirs, at) + ". Every client must run the same tf.functions (and eager "
+          std::to_string(other) + " runs " + AroundDifference(theirs, at) +
+          ". Every client must run the same tf.functions (and eager "
           "collectives) on the same input shapes and layouts, in the same order (make "
           "data-dependent choices the same on every client).");
     }
