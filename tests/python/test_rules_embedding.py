@@ -179,30 +179,31 @@ def test_resource_scatter(table_layout, kind, in_function):
     assert_dtensor_equal(expected, table_layout, v.read_value())
 
 
-def test_scatter_add_with_duplicate_ids_and_2d_ids(mesh_2x2):
+def _add_at(table, ids, rows):
+    np.add.at(table, ids, rows)
+
+
+def _set_at(table, ids, rows):
+    table[ids] = rows
+
+
+# (op, ids, their layout, how one device applies the rows): adds with duplicate ids; an
+# update (distinct ids: a duplicate's winner is undefined) of row blocks, which gathers
+# the rows.
+@pytest.mark.parametrize("op,ids,ids_spec,apply", [
+    (tf.raw_ops.ResourceScatterAdd, IDS, "[*,*]", _add_at),
+    (tf.raw_ops.ResourceScatterUpdate, np.array([[6, 0, 3], [1, 5, 2]], np.int32), "[x,*]",
+     _set_at),
+], ids=["add", "update"])
+def test_scatter_with_2d_ids(op, ids, ids_spec, apply, mesh_2x2):
     table = random_array((VOCAB, DIM), seed=5)
     updates = random_array((2, 3, DIM), seed=6)
     v = dtensor.DVariable(to_dtensor(table, layout_of("[x,y]", mesh_2x2)))
-    run_without_fallback(
-        lambda i, u: tf.raw_ops.ResourceScatterAdd(resource=v.handle, indices=i, updates=u),
-        to_dtensor(IDS, layout_of("[*,*]", mesh_2x2)),
-        to_dtensor(updates, layout_of("[*,*,y]", mesh_2x2)))
+    run_without_fallback(lambda i, u: op(resource=v.handle, indices=i, updates=u),
+                         to_dtensor(ids, layout_of(ids_spec, mesh_2x2)),
+                         to_dtensor(updates, layout_of("[*,*,y]", mesh_2x2)))
     expected = table.copy()
-    np.add.at(expected, IDS.reshape(-1), updates.reshape(-1, DIM))
-    assert_dtensor_equal(expected, layout_of("[x,y]", mesh_2x2), v.read_value())
-
-
-def test_scatter_update_of_row_blocks_with_2d_ids(mesh_2x2):
-    table = random_array((VOCAB, DIM), seed=5)
-    ids = np.array([[6, 0, 3], [1, 5, 2]], np.int32)
-    updates = random_array((2, 3, DIM), seed=6)
-    v = dtensor.DVariable(to_dtensor(table, layout_of("[x,y]", mesh_2x2)))
-    run_without_fallback(
-        lambda i, u: tf.raw_ops.ResourceScatterUpdate(resource=v.handle, indices=i, updates=u),
-        to_dtensor(ids, layout_of("[x,*]", mesh_2x2)),
-        to_dtensor(updates, layout_of("[*,*,y]", mesh_2x2)))
-    expected = table.copy()
-    expected[ids.reshape(-1)] = updates.reshape(-1, DIM)
+    apply(expected, ids.reshape(-1), updates.reshape(-1, DIM))
     assert_dtensor_equal(expected, layout_of("[x,y]", mesh_2x2), v.read_value())
 
 
