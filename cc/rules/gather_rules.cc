@@ -238,7 +238,9 @@ class GatherRule : public FactorRule {
 
 // GatherNd(params, indices [..., m]): output indices[:-1] + params[m:]. The m indexed
 // axes of params and the index-tuple axis are read whole; the indices' leading axes and
-// params' trailing axes keep their sharding.
+// params' trailing axes keep their sharding, unless a device's block would be empty: TF's
+// kernel refuses indices into empty params ("Requested more than 0 entries, but params
+// is empty"), so such an axis is read whole (FactorsWithoutEmptyBlocks).
 StatusOr<FactorSpec> GatherNdFactors(const OpContext& ctx) {
   const int params_rank = ctx.rank(0);
   const int indices_rank = ctx.rank(1);
@@ -468,7 +470,7 @@ const RuleTraits kSparseSegment = Traits().Host(3, HostValue::kCount);
 
 const bool kRegistered = RegisterRules({
     {"Gather", std::make_shared<GatherRule>(/*has_axis=*/false, /*resource=*/false)},
-    {"GatherNd", Factors(GatherNdFactors)},
+    {"GatherNd", FactorsWithoutEmptyBlocks(GatherNdFactors)},
     {"GatherV2", std::make_shared<GatherRule>(/*has_axis=*/true, /*resource=*/false),
      Traits().Host(2, HostValue::kAxis)},
     {"OneHot", Factors(OneHotFactors), Traits().Host(1, HostValue::kCount)},

@@ -120,21 +120,16 @@ def _nd_indices(d: Drawer, shape, unique: bool = False, min_batch_rank: int = 1)
         dtype.as_numpy_dtype).reshape(batch + [k])
 
 
-# TODO(#10): TensorFlow's GatherNd and TensorScatter* kernels refuse an empty block of
-# params / tensor when there are indices ("Requested more than 0 entries, but params is
-# empty", "Indices and updates specified for empty output shape"), and the rules run them
-# on the empty blocks of uneven shards: GatherNd(params [5,5,1,1] [x,*,*,y], indices
-# [3,4,3] [y,*,*]) @ mesh(x=2,y=2); TensorScatterMax(tensor [4,5,3] [*,x,*], indices [3,2]
-# [*,*], updates [3,3] [*,x]) @ mesh(x=4). Fuzzed on non-empty blocks until the rules skip
-# the kernel where a block is empty.
-NE = dict(nonempty=True)
+# Empty blocks included: TensorFlow's GatherNd and TensorScatter* kernels refuse an empty
+# params / tensor when there are indices, so the rules read an axis whole where a device's
+# block would be empty (FactorsWithoutEmptyBlocks).
 
 
 @op("GatherNd")
 def _(d):
     params = d.array(d.shape(1, 4, high=5), d.dtype(NUMBERS))
     indices = _nd_indices(d, params.shape, min_batch_rank=0)
-    return Call([T(params, **NE), T(indices)], grad=indices.ndim > 1)
+    return Call([T(params), T(indices)], grad=indices.ndim > 1)
 
 
 def _updates(d: Drawer, indices, shape, dtype):
@@ -158,8 +153,9 @@ for _name in ("TensorScatterAdd", "TensorScatterSub", "TensorScatterMax", "Tenso
     def _(d, _unique=_name == "TensorScatterUpdate"):
         tensor = d.array(d.shape(1, 3, high=5), d.dtype(NUMBERS))
         indices = _nd_indices(d, tensor.shape, unique=_unique)
-        return Call([T(tensor, **NE), T(indices),
-                     T(_updates(d, indices, tensor.shape, tensor.dtype), **NE)])
+        # Empty blocks included: a slice axis that would leave a device an empty block is
+        # read whole (FactorsWithoutEmptyBlocks).
+        return Call([T(tensor), T(indices), T(_updates(d, indices, tensor.shape, tensor.dtype))])
 
 
 @op("SparseToDense")
@@ -430,9 +426,18 @@ for _name in ("OptionalFromValue", "OptionalGetValue", "OptionalHasValue", "Opti
 _RESOURCE_SCATTER = ("a resource op on a variable's handle: no tensor value to compare; "
                      "DVariables laid out row/column-wise (uneven too) against tf.Variable "
                      "in tests/python/test_rules_embedding.py")
+_THROUGH_VALUE = ("a resource op on a variable's handle: no tensor value to compare; it runs "
+                  "as its functional op (fuzzed: GatherNd, TensorScatter*, "
+                  "TensorStridedSliceUpdate) on the variable's value, and DVariables of 1-D, "
+                  "2-D and uneven layouts against tf.Variable are in "
+                  "tests/python/test_variable_updates.py")
 EXCLUDED = {
     "DisableCopyOnRead": "a resource op on a variable's handle with no output; "
                          "tests/python/test_variable.py",
+    "ResourceGatherNd": _THROUGH_VALUE,
+    "ResourceStridedSliceAssign": _THROUGH_VALUE,
+    **{f"ResourceScatterNd{kind}": _THROUGH_VALUE
+       for kind in ("Add", "Sub", "Min", "Max", "Update")},
     "ResourceGather": _RESOURCE_SCATTER,
     **{f"ResourceScatter{kind}": _RESOURCE_SCATTER
        for kind in ("Add", "Sub", "Mul", "Div", "Min", "Max", "Update")},
