@@ -152,13 +152,9 @@ class HandleRule : public Rule {
   }
 };
 
-std::shared_ptr<const Rule> UpdateThrough(const std::string& functional) {
-  if (functional == "TensorStridedSliceUpdate") {
-    return ThroughValue({functional,
-                         {"T", "Index", "begin_mask", "end_mask", "ellipsis_mask",
-                          "new_axis_mask", "shrink_axis_mask"},
-                         /*writes=*/true});
-  }
+// v.scatter_nd_*(indices, updates) as TensorScatter*(read(v), indices, updates), written
+// back (through_value.h).
+std::shared_ptr<const Rule> ScatterNdThrough(const std::string& functional) {
   return ThroughValue({functional, {"T", "Tindices", "bad_indices_policy"}, /*writes=*/true});
 }
 
@@ -168,21 +164,25 @@ const RuleTraits kVariable = Traits().MultiDimAxes();
 
 const bool kRegistered = RegisterRules({
     {"AssignAddVariableOp", std::make_shared<AssignVariableRule>(), kVariable},
-    {"ResourceGatherNd",
-     ThroughValue({"GatherNd", {"Tparams", "Tindices"}, /*writes=*/false, {"Tparams", "dtype"}}),
-     kVariable},
-    {"ResourceScatterNdAdd", UpdateThrough("TensorScatterAdd"), kVariable},
-    {"ResourceScatterNdMax", UpdateThrough("TensorScatterMax"), kVariable},
-    {"ResourceScatterNdMin", UpdateThrough("TensorScatterMin"), kVariable},
-    {"ResourceScatterNdSub", UpdateThrough("TensorScatterSub"), kVariable},
-    {"ResourceScatterNdUpdate", UpdateThrough("TensorScatterUpdate"), kVariable},
-    {"ResourceStridedSliceAssign", UpdateThrough("TensorStridedSliceUpdate"),
-     Traits().MultiDimAxes().Host(1, 3, HostValue::kBounds)},
     {"AssignSubVariableOp", std::make_shared<AssignVariableRule>(), kVariable},
     {"AssignVariableOp", std::make_shared<AssignVariableRule>(), kVariable},
     {"DestroyResourceOp", std::make_shared<HandleRule>(), kVariable},
     {"DisableCopyOnRead", std::make_shared<HandleRule>(), kVariable},
     {"ReadVariableOp", std::make_shared<ReadVariableRule>(), kVariable},
+    {"ResourceGatherNd",
+     ThroughValue({"GatherNd", {"Tparams", "Tindices"}, /*writes=*/false, {"Tparams", "dtype"}}),
+     kVariable},
+    {"ResourceScatterNdAdd", ScatterNdThrough("TensorScatterAdd"), kVariable},
+    {"ResourceScatterNdMax", ScatterNdThrough("TensorScatterMax"), kVariable},
+    {"ResourceScatterNdMin", ScatterNdThrough("TensorScatterMin"), kVariable},
+    {"ResourceScatterNdSub", ScatterNdThrough("TensorScatterSub"), kVariable},
+    {"ResourceScatterNdUpdate", ScatterNdThrough("TensorScatterUpdate"), kVariable},
+    {"ResourceStridedSliceAssign",
+     ThroughValue({"TensorStridedSliceUpdate",
+                   {"T", "Index", "begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask",
+                    "shrink_axis_mask"},
+                   /*writes=*/true}),
+     Traits().MultiDimAxes().Host(1, 3, HostValue::kBounds)},
     {"VarHandleOp", std::make_shared<VarHandleRule>(), Traits().MultiDimAxes().ReadsRequest()},
     {"VarIsInitializedOp", std::make_shared<HandleRule>(), kVariable},
     {"VariableShape", std::make_shared<VariableShapeRule>(), kVariable},
