@@ -112,22 +112,9 @@ class RangeRule : public Rule {
       offset += size;
     }
     const int dtype = ctx.inputs[0].dtype;
-    // Per device, its own scalar start and limit: a replicated vector sliced over the
-    // mesh dimension, then reshaped to a scalar (equal along no layout: distinct_over).
-    auto own = [&](const std::vector<int64_t>& values) -> StatusOr<ValueId> {
-      TFD_ASSIGN_OR_RETURN(ValueId host, builder.HostConstant(
-                                             values, {static_cast<int64_t>(values.size())}, dtype));
-      TFD_ASSIGN_OR_RETURN(ValueId all, builder.Broadcast(host, ctx.mesh));
-      TFD_ASSIGN_OR_RETURN(ValueId piece, builder.Slice(all, 0, mesh_dim));
-      TFD_ASSIGN_OR_RETURN(ValueId scalar_shape, builder.HostConstant({}, {0}, TF_INT32));
-      LocalOpOptions options;
-      options.copy_attrs = false;
-      options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tshape", TF_INT32)};
-      options.distinct_over = {mesh_dim};
-      TFD_ASSIGN_OR_RETURN(std::vector<ValueId> scalar,
-                           builder.LocalOp("Reshape", {piece, scalar_shape}, options,
-                                           {Layout::Replicated(ctx.mesh, 0)}));
-      return scalar[0];
+    // Per device, its own scalar start and limit.
+    auto own = [&](const std::vector<int64_t>& values) {
+      return PerDeviceEntry(builder, ctx.mesh, values, mesh_dim, dtype);
     };
     TFD_ASSIGN_OR_RETURN(inputs[0], own(starts));
     TFD_ASSIGN_OR_RETURN(inputs[1], own(limits));

@@ -1,6 +1,7 @@
 #include "cc/rules/expand.h"
 
 #include "cc/spmd/relayout.h"
+#include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
 
@@ -55,6 +56,26 @@ StatusOr<std::vector<ValueId>> ExpandWithInputs(const OpContext& ctx, const Plan
                          builder.AllReduce(outputs[o], plan.partial_dims[o], plan.partial_op));
   }
   return outputs;
+}
+
+StatusOr<ValueId> PerDeviceEntry(Builder& builder, const Mesh& mesh,
+                                 const std::vector<int64_t>& values, int mesh_dim, int dtype,
+                                 bool as_scalar) {
+  // A replicated vector sliced over the mesh dimension, then reshaped to a scalar.
+  TFD_ASSIGN_OR_RETURN(ValueId host, builder.HostConstant(
+                                         values, {static_cast<int64_t>(values.size())}, dtype));
+  TFD_ASSIGN_OR_RETURN(ValueId all, builder.Broadcast(host, mesh));
+  TFD_ASSIGN_OR_RETURN(ValueId piece, builder.Slice(all, 0, mesh_dim));
+  if (!as_scalar) return piece;
+  TFD_ASSIGN_OR_RETURN(ValueId scalar_shape, builder.HostConstant({}, {0}, TF_INT32));
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tshape", TF_INT32)};
+  options.distinct_over = {mesh_dim};
+  TFD_ASSIGN_OR_RETURN(std::vector<ValueId> scalar,
+                       builder.LocalOp("Reshape", {piece, scalar_shape}, options,
+                                       {Layout::Replicated(mesh, 0)}));
+  return scalar[0];
 }
 
 }  // namespace tf_dtensor

@@ -22,6 +22,13 @@ StatusOr<std::vector<ValueId>> ExpandWithInputs(const OpContext& ctx, const Plan
 // Relayouts (or replaces) the inputs as the plan says.
 StatusOr<std::vector<ValueId>> PrepareInputs(const OpContext& ctx, const Plan& plan,
                                              Builder& builder);
+// On each device of `mesh`, its own entry of `values` (one per shard along `mesh_dim`) as
+// a value of `dtype`: a scalar, or with `as_scalar` false a [1] tensor (one op fewer; it
+// broadcasts as a scalar does against any value of rank 1 or more). Replicated in
+// layout, distinct along `mesh_dim` in value.
+StatusOr<ValueId> PerDeviceEntry(Builder& builder, const Mesh& mesh,
+                                 const std::vector<int64_t>& values, int mesh_dim, int dtype,
+                                 bool as_scalar = true);
 
 }  // namespace tf_dtensor
 

@@ -100,13 +100,6 @@ class GatherRule : public FactorRule {
         !params.layout->spec(static_cast<int>(axis)).sharded() || plan.outputs.empty()) {
       return plan;
     }
-    // A DVariable's shards cannot be gathered here: its rows are always read in blocks.
-    if (ctx.rank(1) == 0) {
-      if (!resource_) return plan;
-      return Unimplemented("'" + ctx.op_name + "' of a single id from a DVariable sharded on "
-                           "axis 0 (" + params.layout->ShortString() + ") has no rule; pass the "
-                           "ids as a vector (`tf.gather(table, [i])[0]`).");
-    }
     if (HasEmptyBlock(*params.layout, params.shape, static_cast<int>(axis))) {
       if (!resource_) return plan;
       return Unimplemented("'" + ctx.op_name + "' has no rule for a DVariable of shape " +

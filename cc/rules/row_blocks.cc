@@ -3,21 +3,11 @@
 #include <optional>
 #include <string>
 
+#include "cc/rules/expand.h"
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
 namespace {
-
-// A per-device value of `dtype` holding the device's entry of `values` (one per shard
-// along `mesh_dim`), as a [1] tensor: a host constant sliced over the mesh dimension.
-StatusOr<ValueId> PerShard(Builder& builder, const Mesh& mesh, const std::vector<int64_t>& values,
-                           int mesh_dim, int dtype) {
-  TFD_ASSIGN_OR_RETURN(ValueId host, builder.HostConstant(values,
-                                                          {static_cast<int64_t>(values.size())},
-                                                          dtype));
-  TFD_ASSIGN_OR_RETURN(ValueId whole, builder.Broadcast(host, mesh));
-  return builder.Slice(whole, 0, mesh_dim);
-}
 
 StatusOr<ValueId> One(Builder& builder, const std::string& op, const std::vector<ValueId>& in,
                       const LocalOpOptions& options, const Layout& out) {
@@ -149,8 +139,12 @@ StatusOr<BlockIds> LocalizeIds(Builder& builder, ValueId ids, const Layout& tabl
   }
   const Layout ids_layout = *builder.layout(ids);  // a copy: values move as the builder grows
   const Mesh& mesh = table.mesh();
-  TFD_ASSIGN_OR_RETURN(ValueId low, PerShard(builder, mesh, lo, out.mesh_dim, dtype));
-  TFD_ASSIGN_OR_RETURN(ValueId high, PerShard(builder, mesh, hi, out.mesh_dim, dtype));
+  // The block's bounds: scalars against one id, else [1] tensors (one op fewer).
+  const bool one_id = ids_layout.rank() == 0;
+  TFD_ASSIGN_OR_RETURN(ValueId low,
+                       PerDeviceEntry(builder, mesh, lo, out.mesh_dim, dtype, one_id));
+  TFD_ASSIGN_OR_RETURN(ValueId high,
+                       PerDeviceEntry(builder, mesh, hi, out.mesh_dim, dtype, one_id));
   const LocalOpOptions typed = DistinctOver(out.mesh_dim, {AttrOverride::Type("T", dtype)});
   TFD_ASSIGN_OR_RETURN(ValueId ge, One(builder, "GreaterEqual", {ids, low}, typed, ids_layout));
   TFD_ASSIGN_OR_RETURN(ValueId lt, One(builder, "Less", {ids, high}, typed, ids_layout));

@@ -3,8 +3,9 @@
 //     updates of the ids in its row block (row_blocks.h); ids and updates are read whole
 //     along x (a batch-sharded gradient is gathered: it is small), the table never is.
 //   resource_scatter_add(table [*,y], ids, updates [B,D] -> [*,y]) -> local, no communication
-//   resource_scatter_update(table [x,*], ids, updates) -> tensor_scatter_update of the table
-//     gathered along its rows, written back (through_value.h)
+//   resource_scatter_update(table [x,*], ids, updates), and any scatter of a scalar update
+//     -> each device keeps the ids in its block (Where, GatherNd) and their updates' rows
+//   resource_scatter_add(table, ids, 1.0) on [*,y] or [*,*] -> local, the scalar replicated
 //   tensor_scatter_add(t [V,D] [*,y], indices [B,1], updates [B,D]) -> [*,y]  (indexed axes
 //     and the updates' index axes whole; trailing slice axes keep their sharding)
 //   scatter_nd(indices [B,1] [x,*], updates [B,D] [x,y], shape) -> [*,y] +partial(x)
@@ -15,7 +16,6 @@
 #include "cc/rules/expand.h"
 #include "cc/rules/registry.h"
 #include "cc/rules/row_blocks.h"
-#include "cc/rules/through_value.h"
 #include "cc/tf/dtypes.h"
 #include "tensorflow/c/tf_datatype.h"
 
@@ -30,7 +30,9 @@ enum class Combine { kAdd, kMul, kMinMax, kUpdate };
 // ids.shape + table.shape[1:] (or a scalar). Ids, and the updates' id axes, are read
 // whole; the updates' other axes take the table's sharding. A table sharded on its rows
 // runs on each device's block: out-of-block ids get a clamped row and an update that
-// leaves it as it is (0 to add, 1 to multiply, the row's own value for min and max).
+// leaves it as it is (0 to add, 1 to multiply, the row's own value for min and max); an
+// update, a scalar update and a table with an empty block keep only the block's ids
+// (ExpandInBlock).
 class ResourceScatterRule : public Rule {
  public:
   explicit ResourceScatterRule(Combine combine) : combine_(combine) {}
@@ -51,26 +53,15 @@ class ResourceScatterRule : public Rule {
                              ctx.Describe(2) + " for a table of shape " +
                              ShapeString(table.value_shape) + ".");
     }
-    const bool row_blocks = value.rank() > 0 && value.spec(0).sharded();
-    if (row_blocks && HasEmptyBlock(value, table.value_shape, 0)) {
-      return Unimplemented("'" + ctx.op_name + "' has no rule for a DVariable of shape " +
-                           ShapeString(table.value_shape) + " sharded " + value.ShortString() +
-                           ": some device holds no rows. Use fewer shards than rows.");
-    }
-    if (row_blocks && combine_ == Combine::kUpdate && updates_rank != 0) {
-      return UpdateOfRows()->Forward(ctx);
-    }
-    if (row_blocks && updates_rank == 0) {
-      return Unimplemented("'" + ctx.op_name + "' on a DVariable sharded on its rows (" +
-                           value.ShortString() + ") has no rule for a scalar update; "
-                           "broadcast the update to ids.shape + table.shape[1:], or use a "
-                           "table sharded on its columns.");
-    }
     Plan plan;
     plan.inputs = {std::nullopt, Layout::Replicated(ctx.mesh, ids_rank), std::nullopt};
-    std::vector<DimSpec> specs(ids_rank, DimSpec::Replicated());
-    for (int d = 1; d < value_rank && updates_rank > 0; ++d) specs.push_back(value.spec(d));
-    plan.inputs[2] = Layout::Replicated(ctx.mesh, updates_rank).WithSpecs(specs);
+    if (updates_rank == 0) {
+      plan.inputs[2] = Layout::Replicated(ctx.mesh, 0);  // one value for every id
+    } else {
+      std::vector<DimSpec> specs(ids_rank, DimSpec::Replicated());
+      for (int d = 1; d < value_rank; ++d) specs.push_back(value.spec(d));
+      plan.inputs[2] = Layout::Replicated(ctx.mesh, updates_rank).WithSpecs(specs);
+    }
     return plan;
   }
 
@@ -80,37 +71,32 @@ class ResourceScatterRule : public Rule {
     if (table.value_layout.rank() == 0 || !table.value_layout.spec(0).sharded()) {
       return ExpandDefault(ctx, plan, builder);
     }
-    if (combine_ == Combine::kUpdate) return UpdateOfRows()->Expand(ctx, plan, builder);
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
     TFD_ASSIGN_OR_RETURN(BlockIds ids, LocalizeIds(builder, inputs[1], table.value_layout,
                                                    table.value_shape, 0, 0, ctx.op_name,
                                                    IdRange::kInRange));
     const int k = ids.mesh_dim;
+    if (combine_ == Combine::kUpdate || ctx.rank(2) == 0 ||
+        HasEmptyBlock(table.value_layout, table.value_shape, 0)) {
+      return ExpandInBlock(ctx, plan, builder, inputs, ids);
+    }
     const int trailing = static_cast<int>(table.value_shape.size()) - 1;
     TFD_ASSIGN_OR_RETURN(ValueId mask,
                          ExpandMask(builder, ids.in_block, k, ctx.rank(1), 0, trailing));
     ValueId fill = -1;
-    switch (combine_) {
-      case Combine::kAdd: {
-        TFD_ASSIGN_OR_RETURN(fill, FillLike(builder, "ZerosLike", inputs[2], k));
-        break;
-      }
-      case Combine::kMul: {
-        TFD_ASSIGN_OR_RETURN(fill, FillLike(builder, "OnesLike", inputs[2], k));
-        break;
-      }
-      case Combine::kMinMax:
-      case Combine::kUpdate: {
-        // The clamped rows' own values: max(row, row) and min(row, row) leave them.
-        LocalOpOptions read = DistinctOver(k, {AttrOverride::Type("dtype", table.value_dtype),
-                                               AttrOverride::Type("Tindices",
-                                                                  builder.dtype(ids.local))});
-        TFD_ASSIGN_OR_RETURN(std::vector<ValueId> rows,
-                             builder.LocalOp("ResourceGather", {inputs[0], ids.local}, read,
-                                             {*builder.layout(inputs[2])}));
-        fill = rows[0];
-        break;
-      }
+    if (combine_ == Combine::kAdd || combine_ == Combine::kMul) {
+      TFD_ASSIGN_OR_RETURN(fill, FillLike(builder,
+                                          combine_ == Combine::kAdd ? "ZerosLike" : "OnesLike",
+                                          inputs[2], k));
+    } else {
+      // kMinMax: the clamped rows' own values; max(row, row) and min(row, row) leave them.
+      LocalOpOptions read = DistinctOver(k, {AttrOverride::Type("dtype", table.value_dtype),
+                                             AttrOverride::Type("Tindices",
+                                                                builder.dtype(ids.local))});
+      TFD_ASSIGN_OR_RETURN(std::vector<ValueId> rows,
+                           builder.LocalOp("ResourceGather", {inputs[0], ids.local}, read,
+                                           {*builder.layout(inputs[2])}));
+      fill = rows[0];
     }
     TFD_ASSIGN_OR_RETURN(ValueId updates, Select(builder, mask, inputs[2], fill, k,
                                                  *builder.layout(inputs[2])));
@@ -122,16 +108,63 @@ class ResourceScatterRule : public Rule {
   }
 
  private:
-  // An update of a table sharded on its rows: an out-of-block id cannot be made harmless
-  // as for the other combines (a clamped row rewritten with its own value races with a
-  // real update of that row), so the update runs as TensorScatterUpdate with the ids as
-  // index tuples on the table gathered along its rows (its other axes keep their
-  // sharding), written back.
-  static const std::shared_ptr<const Rule>& UpdateOfRows() {
-    static const std::shared_ptr<const Rule>* const rule = new std::shared_ptr<const Rule>(
-        ThroughValue({"TensorScatterUpdate", {"T", "Tindices"}, /*writes=*/true,
-                      {"T", "dtype"}, /*ids_as_indices=*/true}));
-    return *rule;
+  // Each device runs the op on the ids in its block only (Where, then GatherNd of the
+  // ids and of the updates' rows): the way for an update, where an out-of-block id
+  // cannot be made harmless as for the other combines (a clamped row rewritten with its
+  // own value races with a real update of that row), and for a scalar update, which has
+  // no rows to mask. The table is never gathered. One device's kernel sees the same ids,
+  // in the same order, for every row it holds.
+  static StatusOr<std::vector<ValueId>> ExpandInBlock(const OpContext& ctx, const Plan& plan,
+                                                      Builder& builder,
+                                                      const std::vector<ValueId>& inputs,
+                                                      const BlockIds& ids) {
+    const int k = ids.mesh_dim;
+    const Mesh& mesh = ctx.mesh;
+    int ids_rank = ctx.rank(1);
+    ValueId in_block = ids.in_block, local = ids.local, updates = inputs[2];
+    if (ids_rank == 0) {  // one id: made a list of one (Where takes no scalar)
+      TFD_ASSIGN_OR_RETURN(ValueId front, builder.HostConstant({0}, {}, TF_INT32));
+      auto listed = [&](ValueId value) -> StatusOr<ValueId> {
+        std::vector<DimSpec> specs = builder.layout(value)->specs();
+        specs.insert(specs.begin(), DimSpec::Replicated());
+        const Layout out = builder.layout(value)->WithSpecs(specs);
+        LocalOpOptions options = DistinctOver(k, {AttrOverride::Type("T", builder.dtype(value)),
+                                                  AttrOverride::Type("Tdim", TF_INT32)});
+        TFD_ASSIGN_OR_RETURN(std::vector<ValueId> r,
+                             builder.LocalOp("ExpandDims", {value, front}, options, {out}));
+        return r[0];
+      };
+      TFD_ASSIGN_OR_RETURN(in_block, listed(in_block));
+      TFD_ASSIGN_OR_RETURN(local, listed(local));
+      if (ctx.rank(2) > 0) {
+        TFD_ASSIGN_OR_RETURN(updates, listed(updates));
+      }
+      ids_rank = 1;
+    }
+    auto gather_in_block = [&](ValueId value, ValueId where,
+                               const Layout& out) -> StatusOr<ValueId> {
+      LocalOpOptions options = DistinctOver(k, {AttrOverride::Type("Tparams",
+                                                                   builder.dtype(value)),
+                                                AttrOverride::Type("Tindices", TF_INT64)});
+      TFD_ASSIGN_OR_RETURN(std::vector<ValueId> r,
+                           builder.LocalOp("GatherNd", {value, where}, options, {out}));
+      return r[0];
+    };
+    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> where,
+                         builder.LocalOp("Where", {in_block},
+                                         DistinctOver(k, {AttrOverride::Type("T", TF_BOOL)}),
+                                         {Layout::Replicated(mesh, 2)}));
+    TFD_ASSIGN_OR_RETURN(ValueId local_ids,
+                         gather_in_block(local, where[0], Layout::Replicated(mesh, 1)));
+    if (ctx.rank(2) > 0) {
+      const std::vector<DimSpec>& specs = builder.layout(updates)->specs();
+      std::vector<DimSpec> rows(1, DimSpec::Replicated());
+      rows.insert(rows.end(), specs.begin() + ids_rank, specs.end());
+      const Layout out = builder.layout(updates)->WithSpecs(rows);
+      TFD_ASSIGN_OR_RETURN(updates, gather_in_block(updates, where[0], out));
+    }
+    return builder.LocalOp(ctx.op_name, {inputs[0], local_ids, updates},
+                           DistinctOver(k, plan.overrides, /*copy_attrs=*/true), {});
   }
 
   Combine combine_;

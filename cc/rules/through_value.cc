@@ -18,12 +18,6 @@ class ThroughValueRule : public Rule {
     const Layout value = inner.inputs[0] ? *inner.inputs[0] : variable;
     Plan plan = std::move(inner);
     plan.inputs[0] = std::nullopt;
-    if (spec_.ids_as_indices && plan.inputs[1]) {
-      // The ids as they are: the plan's index tuples less their trailing axis of 1.
-      std::vector<DimSpec> specs = plan.inputs[1]->specs();
-      specs.pop_back();
-      plan.inputs[1] = Layout::Replicated(ctx.mesh, ctx.rank(1)).WithSpecs(specs);
-    }
     if (value != variable) {
       plan.notes.push_back("reads the DVariable's value " + variable.ShortString() + " as " +
                            value.ShortString() + " for '" + spec_.functional + "'" +
@@ -57,23 +51,6 @@ class ThroughValueRule : public Rule {
                                                "the value of the DVariable of '" +
                                                    ctx.op_name + "'"));
     }
-    if (spec_.ids_as_indices) {
-      TFD_ASSIGN_OR_RETURN(ValueId axis, builder.HostConstant({-1}, {}, TF_INT32));
-      LocalOpOptions expand;
-      expand.copy_attrs = false;
-      expand.overrides = {AttrOverride::Type("T", builder.dtype(inputs[1])),
-                          AttrOverride::Type("Tdim", TF_INT32)};
-      std::vector<DimSpec> specs = builder.layout(inputs[1])->specs();
-      specs.push_back(DimSpec::Replicated());
-      std::vector<int64_t> shape = ctx.inputs[1].shape;
-      shape.push_back(1);
-      expand.global_shapes = {shape};
-      TFD_ASSIGN_OR_RETURN(
-          std::vector<ValueId> indices,
-          builder.LocalOp("ExpandDims", {inputs[1], axis}, expand,
-                          {Layout::Replicated(ctx.mesh, ctx.rank(1) + 1).WithSpecs(specs)}));
-      inputs[1] = indices[0];
-    }
     LocalOpOptions options;
     options.copy_attrs = false;
     options.overrides = plan.overrides;
@@ -104,8 +81,7 @@ class ThroughValueRule : public Rule {
   }
 
  private:
-  // The functional op's plan, its input 0 the DVariable's value (and input 1 the ids as
-  // index tuples where they are row ids).
+  // The functional op's plan, its input 0 the DVariable's value.
   StatusOr<Plan> InnerPlan(const OpContext& ctx) const {
     if (ctx.inputs.empty() || !ctx.inputs[0].resource) {
       return InvalidArgument("'" + ctx.op_name + "' needs a DVariable handle as input 0; got " +
@@ -122,13 +98,6 @@ class ThroughValueRule : public Rule {
     inner.inputs = ctx.inputs;
     inner.inputs[0] = InputInfo{resource.value_shape, resource.value_dtype,
                                 resource.value_layout};
-    if (spec_.ids_as_indices && inner.inputs.size() > 1 && inner.inputs[1].layout) {
-      InputInfo& ids = inner.inputs[1];
-      std::vector<DimSpec> specs = ids.layout->specs();
-      specs.push_back(DimSpec::Replicated());
-      ids.layout = Layout::Replicated(ctx.mesh, static_cast<int>(specs.size())).WithSpecs(specs);
-      ids.shape.push_back(1);
-    }
     inner.keep_partial = ctx.keep_partial;
     inner.in_function = ctx.in_function;
     return rule->rule->Forward(inner);

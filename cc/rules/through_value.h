@@ -1,7 +1,6 @@
 // Resource ops run as a functional op on a DVariable's value:
 //   ResourceStridedSliceAssign(v, b, e, s, x) -> assign(v, TensorStridedSliceUpdate(read(v), ...))
 //   ResourceScatterNd{Update,Add,Sub,Max,Min}(v, i, u) -> assign(v, TensorScatter*(read(v), i, u))
-//   ResourceScatterUpdate(v [x,*], ids, u) -> assign(v, TensorScatterUpdate(read(v), ids[..., None], u))
 //   ResourceGatherNd(v, i) -> GatherNd(read(v), i)
 // The functional op's own rule plans the value: an axis the update or gather leaves whole
 // keeps its sharding (`v[:, 1:3].assign(x)` on [x,*] updates each device's rows with no
@@ -29,9 +28,6 @@ struct ThroughValueSpec {
   // the op's output.
   bool writes = true;
   std::pair<std::string, std::string> renamed = {};
-  // Input 1 holds row ids (ResourceScatterUpdate's): the functional op takes them as
-  // index tuples of length 1, ids[..., None].
-  bool ids_as_indices = false;
 };
 
 // The rule for a resource op whose input 0 is a DVariable handle.

@@ -146,6 +146,34 @@ def test_row_blocks_with_an_empty_block():
         tf.gather(v, ids)
 
 
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("spec", ["[x,y]", "[y,x]", "[x,*]"])
+@pytest.mark.parametrize("row", [0, 3, 4, 6])
+def test_gather_of_one_id_from_row_blocks(row, spec, in_function, mesh_2x2):
+    # A scalar id (tf.gather(v, 3)): a DVariable's used to be refused ("pass the ids as a
+    # vector"), a tensor's rows gathered whole. Now each device reads its block, as for a
+    # list of ids; the gradient too.
+    table = random_array((VOCAB, DIM), seed=15)
+    layout = layout_of(spec, mesh_2x2)
+    v = dtensor.DVariable(to_dtensor(table, layout))
+    tensor = to_dtensor(table, layout)
+    idx = to_dtensor(np.int32(row), layout_of("[]", mesh_2x2))
+
+    def fn(i):
+        with tf.GradientTape() as tape:
+            looked_up = tf.gather(v, i)
+            loss = tf.reduce_sum(looked_up * 2.0)
+        return looked_up, tf.gather(tensor, i), tf.convert_to_tensor(tape.gradient(loss, v))
+
+    looked_up, from_tensor, grad = run_without_fallback(
+        tf.function(fn) if in_function else fn, idx)
+    assert_values_equal(table[row], reassemble(looked_up))
+    assert_values_equal(table[row], reassemble(from_tensor))
+    expected_grad = np.zeros_like(table)
+    expected_grad[row] = 2.0
+    assert_values_equal(expected_grad, reassemble(grad))
+
+
 SCATTERS = {
     "add": (lambda v, s: v.scatter_add(s), np.add),
     "sub": (lambda v, s: v.scatter_sub(s), np.subtract),
@@ -153,7 +181,8 @@ SCATTERS = {
     "div": (lambda v, s: v.scatter_div(s), np.divide),
     "max": (lambda v, s: v.scatter_max(s), np.maximum),
     "min": (lambda v, s: v.scatter_min(s), np.minimum),
-    # On a table sharded by rows this gathers the rows (it used to be refused).
+    # On a table sharded by rows each device writes the ids of its block (it used to be
+    # refused, then to gather the table).
     "update": (lambda v, s: v.scatter_update(s), lambda row, update: update),
 }
 
@@ -188,8 +217,7 @@ def _set_at(table, ids, rows):
 
 
 # (op, ids, their layout, how one device applies the rows): adds with duplicate ids; an
-# update (distinct ids: a duplicate's winner is undefined) of row blocks, which gathers
-# the rows.
+# update (distinct ids: a duplicate's winner is undefined) of row blocks.
 @pytest.mark.parametrize("op,ids,ids_spec,apply", [
     (tf.raw_ops.ResourceScatterAdd, IDS, "[*,*]", _add_at),
     (tf.raw_ops.ResourceScatterUpdate, np.array([[6, 0, 3], [1, 5, 2]], np.int32), "[x,*]",
@@ -205,6 +233,104 @@ def test_scatter_with_2d_ids(op, ids, ids_spec, apply, mesh_2x2):
     expected = table.copy()
     apply(expected, ids.reshape(-1), updates.reshape(-1, DIM))
     assert_dtensor_equal(expected, layout_of("[x,y]", mesh_2x2), v.read_value())
+
+
+RAW_SCATTERS = {kind: getattr(tf.raw_ops, "ResourceScatter" + kind.capitalize())
+                for kind in SCATTERS}
+
+
+def _scatter_expected(table, kind, ids, updates):
+    """One device's result, from a plain tf.Variable (duplicate ids, scalars and all)."""
+    plain = tf.Variable(table)
+    RAW_SCATTERS[kind](resource=plain.handle, indices=ids, updates=updates)
+    return plain.numpy()
+
+
+def _scatter_into(v, kind, in_function):
+    """`fn(ids, updates)` running the raw scatter on `v`'s handle (returns nothing)."""
+    def fn(ids, updates):
+        RAW_SCATTERS[kind](resource=v.handle, indices=ids, updates=updates)
+    return tf.function(fn) if in_function else fn
+
+
+@pytest.mark.parametrize("kind", sorted(SCATTERS))
+@pytest.mark.parametrize("table_layout", _table_layouts())
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_resource_scatter_of_a_scalar(table_layout, kind, in_function):
+    # updates=[] applies one value at every id (plain TensorFlow broadcasts it). It used to
+    # be refused on row blocks, and to fail relaying the scalar out ("Cannot relayout
+    # input 2") on every other layout, replicated included.
+    table = random_array((VOCAB, DIM), low=0.5, high=2.0, seed=7)
+    ids = np.array([[6, 0], [3, 6]], np.int64)  # 2-D, with a duplicate
+    expected = _scatter_expected(table, kind, ids, np.float32(1.5))
+    v = dtensor.DVariable(to_dtensor(table, table_layout))
+    mesh = table_layout.mesh
+    run_without_fallback(_scatter_into(v, kind, in_function),
+                         to_dtensor(ids, layout_of("[*,*]", mesh)),
+                         to_dtensor(np.float32(1.5), layout_of("[]", mesh)))
+    assert_dtensor_equal(expected, table_layout, v.read_value())
+
+
+@pytest.mark.parametrize("kind", sorted(SCATTERS))
+@pytest.mark.parametrize("scalar", [False, True], ids=["rows", "scalar"])
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_resource_scatter_at_one_id(kind, scalar, in_function, mesh_2x2):
+    # A scalar id (updates: one row, or a scalar) on row blocks; the blocks' bounds were
+    # [1] tensors, which made the mask of one id a list (wrong ranks, an InternalError).
+    table = random_array((VOCAB, DIM), low=0.5, high=2.0, seed=8)
+    updates = np.float32(1.5) if scalar else random_array((DIM,), low=0.5, high=2.0, seed=9)
+    expected = _scatter_expected(table, kind, np.int32(5), updates)
+    layout = layout_of("[x,y]", mesh_2x2)
+    v = dtensor.DVariable(to_dtensor(table, layout))
+    run_without_fallback(_scatter_into(v, kind, in_function),
+                         to_dtensor(np.int32(5), layout_of("[]", mesh_2x2)),
+                         to_dtensor(updates, layout_of("[]" if scalar else "[*]", mesh_2x2)))
+    assert_dtensor_equal(expected, layout, v.read_value())
+
+
+@pytest.mark.parametrize("kind", sorted(SCATTERS))
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_resource_scatter_on_a_table_with_an_empty_block(kind, in_function):
+    # 7 rows over 8 devices: the last holds none, so no row is there to clamp its
+    # out-of-block ids to; each device applies the ids of its block instead (it was
+    # refused).
+    from dtensor_testing import MESH_8
+    table = random_array((VOCAB, DIM), low=0.5, high=2.0, seed=10)
+    ids = np.array([6, 0, 3, 6, 2], np.int32)
+    updates = random_array((5, DIM), low=0.5, high=2.0, seed=11)
+    if kind == "update":
+        ids = ids[:4] + np.array([0, 0, 0, -1], np.int32)  # distinct: 6, 0, 3, 5
+        updates = updates[:4]
+    expected = _scatter_expected(table, kind, ids, updates)
+    layout = layout_of("[x,*]", MESH_8)
+    v = dtensor.DVariable(to_dtensor(table, layout))
+    run_without_fallback(_scatter_into(v, kind, in_function),
+                         to_dtensor(ids, layout_of("[*]", MESH_8)),
+                         to_dtensor(updates, layout_of("[*,*]", MESH_8)))
+    assert_dtensor_equal(expected, layout, v.read_value())
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+def test_update_of_row_blocks_never_gathers_the_table(in_function, mesh_2x2):
+    # scatter_update on [x,y] used to gather the table along its rows (an embedding table
+    # whole on every device); now the only communication is none at all.
+    table = random_array((VOCAB, DIM), seed=12)
+    ids = np.array([6, 1, 3], np.int32)
+    updates = random_array((3, DIM), seed=13)
+    layout = layout_of("[x,y]", mesh_2x2)
+    v = dtensor.DVariable(to_dtensor(table, layout))
+    fn = lambda i, u: v.scatter_update(tf.IndexedSlices(u, i, dense_shape=[VOCAB, DIM]))
+    if in_function:
+        fn = tf.function(fn)
+    ids_d = to_dtensor(ids, layout_of("[*]", mesh_2x2))
+    updates_d = to_dtensor(updates, layout_of("[*,y]", mesh_2x2))
+    fn(ids_d, updates_d)  # a first call traces (and plans) outside the ledger
+    with tf_dtensor.debug.collectives() as ledger:
+        fn(ids_d, updates_d)
+    assert ledger.count() == 0, ledger
+    expected = table.copy()
+    expected[ids] = updates
+    assert_dtensor_equal(expected, layout, v.read_value())
 
 
 def test_row_sharded_gather_plans_no_gather_of_the_table(mesh_2x2):

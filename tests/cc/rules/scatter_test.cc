@@ -132,21 +132,35 @@ TEST(ScatterRules, ResourceScatterAppliesRowBlocks) {
   SCOPED_TRACE(steps.back());
   EXPECT_NE(steps.back().find("local ResourceScatterAdd"), std::string::npos);
 
-  // An update of row blocks runs as TensorScatterUpdate on the table gathered along its
-  // rows (through_value.h), written back.
+  // An update of row blocks: each device keeps the ids in its block and their updates'
+  // rows (Where, GatherNd) and updates its own rows; the table is never gathered.
   OpCase update("ResourceScatterUpdate", mesh);
   update.Resource("[x,y]", {7, 4}).In("[*]", {6}, TF_INT32).In("[*,*]", {6, 4});
   EXPECT_EQ(update.PlanString(), "= [*] [*,y] -> replicated");
-  EXPECT_EQ(update.Steps(),
+  const std::vector<std::string> update_steps = update.Steps();
+  ExpectNoTableGather(update_steps);
+  EXPECT_EQ(update.Collectives(),  // a slice: no communication
+            std::vector<std::string>{"input 2: slice axis 1 over y [*,*] -> [*,y]"});
+  ASSERT_TRUE(update_steps.size() >= 4u);
+  EXPECT_EQ(std::vector<std::string>(update_steps.end() - 4, update_steps.end()),
             (std::vector<std::string>{
-                "slice axis 1 over y [*,*] -> [*,y]",
-                "local ReadVariableOp [] -> [x,y] dtype=float32",
-                "all-gather axis 0 [x,y] -> [*,y]",  // the rows only: columns stay sharded
-                "host constant [-1] int32",
-                "local ExpandDims [*] host [] -> [*,*] T=int32 Tdim=int32",
-                "local TensorScatterUpdate [*,y] [*,*] [*,y] -> [*,y]",
-                "slice axis 0 over x [*,y] -> [x,y]",
-                "local AssignVariableOp [] [x,y] -> replicated dtype=float32"}));
+                "local Where [*] -> [*,*] T=bool",
+                "local GatherNd [*] [*,*] -> [*] Tparams=int32 Tindices=int64",
+                "local GatherNd [*,y] [*,*] -> [*,y] Tparams=float32 Tindices=int64",
+                "local ResourceScatterUpdate [] [*] [*,y] -> replicated"}));
+
+  // So does a scalar update (every combine), and a table with an empty block (5 rows
+  // over 4 devices: blocks of 2, 2, 1, 0), where no row is there to clamp ids to.
+  OpCase scalar("ResourceScatterMax", mesh);
+  scalar.Resource("[x,y]", {7, 4}).In("[*,*]", {2, 3}, TF_INT64).In("[]", {});
+  EXPECT_EQ(scalar.PlanString(), "= [*,*] [] -> replicated");
+  ExpectNoTableGather(scalar.Steps());
+  EXPECT_EQ(scalar.Steps().back(), "local ResourceScatterMax [] [*] [] -> replicated");
+  const Mesh four = MakeMesh({{"x", 4}}, "CPU");
+  OpCase empty_block("ResourceScatterAdd", four);
+  empty_block.Resource("[x,*]", {5, 3}).In("[*]", {6}, TF_INT32).In("[*,*]", {6, 3});
+  ExpectNoTableGather(empty_block.Steps());
+  EXPECT_EQ(empty_block.Steps().back(), "local ResourceScatterAdd [] [*] [*,*] -> replicated");
 
   OpCase columns("ResourceScatterUpdate", mesh);
   columns.Resource("[*,y]", {7, 4}).In("[x]", {6}, TF_INT32).In("[x,y]", {6, 4});
