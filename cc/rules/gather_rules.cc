@@ -100,12 +100,16 @@ class GatherRule : public FactorRule {
         !params.layout->spec(static_cast<int>(axis)).sharded() || plan.outputs.empty()) {
       return plan;
     }
+    // A tensor with a block of no rows is gathered; a DVariable's device with no rows
+    // looks up only the ids of its (empty) block (GatherInBlock).
     if (HasEmptyBlock(*params.layout, params.shape, static_cast<int>(axis))) {
       if (!resource_) return plan;
-      return Unimplemented("'" + ctx.op_name + "' has no rule for a DVariable of shape " +
-                           ShapeString(params.shape) + " sharded " +
-                           params.layout->ShortString() + ": some device holds no rows. Use "
-                           "fewer shards than rows.");
+      if (BatchDims(ctx) != 0) {
+        return Unimplemented("'" + ctx.op_name + "' with batch_dims has no rule for a "
+                             "DVariable of shape " + ShapeString(params.shape) + " sharded " +
+                             params.layout->ShortString() + ": some device holds no rows. "
+                             "Use fewer shards than rows.");
+      }
     }
     // Strings have no sum to combine the row blocks' lookups with: the table is gathered.
     if (params.dtype == TF_STRING) {
@@ -181,18 +185,23 @@ class GatherRule : public FactorRule {
     inputs[1] = ids.local;
     // The local lookups' layout: the result's without k (every device reads all the ids).
     const Layout whole = UnshardedOver(plan.outputs[0].WithoutPartial(), k);
-    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> gathered,
-                         builder.LocalOp(ctx.op_name, inputs,
-                                         DistinctOver(k, plan.overrides, /*copy_attrs=*/true),
-                                         {whole}));
-    TFD_ASSIGN_OR_RETURN(
-        ValueId mask,
-        ExpandMask(builder, ids.in_block, k, static_cast<int>(batch_dims),
-                   static_cast<int>(axis - batch_dims),
-                   static_cast<int>(params.shape.size() - axis - 1)));
-    TFD_ASSIGN_OR_RETURN(ValueId zeros, FillLike(builder, "ZerosLike", gathered[0], k));
     TFD_ASSIGN_OR_RETURN(Layout partial, whole.WithPartial({{k, ReduceOp::kSum}}));
-    TFD_ASSIGN_OR_RETURN(ValueId out, Select(builder, mask, gathered[0], zeros, k, partial));
+    ValueId out = -1;
+    if (HasEmptyBlock(*params.layout, params.shape, static_cast<int>(axis))) {
+      TFD_ASSIGN_OR_RETURN(out, LookUpInBlock(ctx, plan, builder, inputs, ids, partial));
+    } else {
+      TFD_ASSIGN_OR_RETURN(std::vector<ValueId> gathered,
+                           builder.LocalOp(ctx.op_name, inputs,
+                                           DistinctOver(k, plan.overrides, /*copy_attrs=*/true),
+                                           {whole}));
+      TFD_ASSIGN_OR_RETURN(
+          ValueId mask,
+          ExpandMask(builder, ids.in_block, k, static_cast<int>(batch_dims),
+                     static_cast<int>(axis - batch_dims),
+                     static_cast<int>(params.shape.size() - axis - 1)));
+      TFD_ASSIGN_OR_RETURN(ValueId zeros, FillLike(builder, "ZerosLike", gathered[0], k));
+      TFD_ASSIGN_OR_RETURN(out, Select(builder, mask, gathered[0], zeros, k, partial));
+    }
     if (plan.outputs[0].is_partial()) return std::vector<ValueId>{out};
     if (plan.outputs[0] == whole) {
       TFD_ASSIGN_OR_RETURN(out, builder.AllReduce(out, {k}, ReduceOp::kSum));
@@ -204,6 +213,68 @@ class GatherRule : public FactorRule {
   }
 
  private:
+  // ResourceGather (axis 0, no batch dims) where some device's block has no row, which
+  // the masked lookup would clamp its ids to: each device looks up only the ids in its
+  // block (KeepInBlock) and scatters the rows into zeros of the result's local shape
+  // (ids.shape + the block's trailing shape); `out` is the partial result's layout.
+  static StatusOr<ValueId> LookUpInBlock(const OpContext& ctx, const Plan& plan,
+                                         Builder& builder, const std::vector<ValueId>& inputs,
+                                         const BlockIds& ids, const Layout& out) {
+    const int k = ids.mesh_dim;
+    const Mesh& mesh = ctx.mesh;
+    auto one = [&](const std::string& op, const std::vector<ValueId>& in,
+                   std::vector<AttrOverride> attrs, const Layout& layout) -> StatusOr<ValueId> {
+      TFD_ASSIGN_OR_RETURN(std::vector<ValueId> r,
+                           builder.LocalOp(op, in, DistinctOver(k, std::move(attrs)), {layout}));
+      return r[0];
+    };
+    using A = AttrOverride;
+    TFD_ASSIGN_OR_RETURN(InBlockIds kept, KeepInBlock(builder, ids));
+    // The looked-up rows: one per kept id, then the result's trailing axes.
+    const int id_axes = ctx.rank(1);
+    std::vector<DimSpec> specs(1, DimSpec::Replicated());
+    specs.insert(specs.end(), out.specs().begin() + id_axes, out.specs().end());
+    const Layout rows_layout = out.WithoutPartial().WithSpecs(specs);
+    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> rows,
+                         builder.LocalOp(ctx.op_name, {inputs[0], kept.local},
+                                         DistinctOver(k, plan.overrides, /*copy_attrs=*/true),
+                                         {rows_layout}));
+    // The result's local shape: the ids' (a list of one for a single id), then the rows'
+    // less their first axis.
+    const int dtype = builder.dtype(rows[0]);
+    ValueId in_block = ids.in_block;
+    if (kept.listed) {
+      TFD_ASSIGN_OR_RETURN(in_block, ListOfOne(builder, in_block, k));
+    }
+    TFD_ASSIGN_OR_RETURN(ValueId ids_shape,
+                         one("Shape", {in_block},
+                             {A::Type("T", TF_BOOL), A::Type("out_type", TF_INT64)},
+                             Layout::Replicated(mesh, 1)));
+    TFD_ASSIGN_OR_RETURN(ValueId rows_shape,
+                         one("Shape", {rows[0]},
+                             {A::Type("T", dtype), A::Type("out_type", TF_INT64)},
+                             Layout::Replicated(mesh, 1)));
+    TFD_ASSIGN_OR_RETURN(ValueId begin, builder.HostConstant({1}, {1}, TF_INT32));
+    TFD_ASSIGN_OR_RETURN(ValueId size, builder.HostConstant({-1}, {1}, TF_INT32));
+    TFD_ASSIGN_OR_RETURN(ValueId trailing,
+                         one("Slice", {rows_shape, begin, size},
+                             {A::Type("T", TF_INT64), A::Type("Index", TF_INT32)},
+                             Layout::Replicated(mesh, 1)));
+    TFD_ASSIGN_OR_RETURN(ValueId front, builder.HostConstant({0}, {}, TF_INT32));
+    TFD_ASSIGN_OR_RETURN(ValueId shape,
+                         one("ConcatV2", {ids_shape, trailing, front},
+                             {A::Int("N", 2), A::Type("T", TF_INT64), A::Type("Tidx", TF_INT32)},
+                             Layout::Replicated(mesh, 1)));
+    const std::vector<AttrOverride> scatter = {A::Type("T", dtype),
+                                               A::Type("Tindices", TF_INT64)};
+    if (!kept.listed) return one("ScatterNd", {kept.where, rows[0], shape}, scatter, out);
+    TFD_ASSIGN_OR_RETURN(Layout listed_layout, rows_layout.WithPartial({{k, ReduceOp::kSum}}));
+    TFD_ASSIGN_OR_RETURN(ValueId listed,
+                         one("ScatterNd", {kept.where, rows[0], shape}, scatter, listed_layout));
+    return one("Squeeze", {listed}, {A::Type("T", dtype), A::IntList("squeeze_dims", {0})},
+               out);
+  }
+
   static int64_t BatchDims(const OpContext& ctx) {
     int64_t batch_dims = ctx.attrs->GetInt("batch_dims", 0);
     return batch_dims < 0 ? batch_dims + ctx.rank(1) : batch_dims;

@@ -165,6 +165,47 @@ StatusOr<BlockIds> LocalizeIds(Builder& builder, ValueId ids, const Layout& tabl
   return out;
 }
 
+StatusOr<ValueId> ListOfOne(Builder& builder, ValueId value, int mesh_dim) {
+  TFD_ASSIGN_OR_RETURN(ValueId front, builder.HostConstant({0}, {}, TF_INT32));
+  std::vector<DimSpec> specs = builder.layout(value)->specs();
+  specs.insert(specs.begin(), DimSpec::Replicated());
+  const Layout out = builder.layout(value)->WithSpecs(specs);
+  return One(builder, "ExpandDims", {value, front},
+             DistinctOver(mesh_dim, {AttrOverride::Type("T", builder.dtype(value)),
+                                     AttrOverride::Type("Tdim", TF_INT32)}),
+             out);
+}
+
+StatusOr<ValueId> GatherInBlock(Builder& builder, ValueId value, ValueId where, int id_axes,
+                                int mesh_dim) {
+  const std::vector<DimSpec>& specs = builder.layout(value)->specs();
+  std::vector<DimSpec> kept(1, DimSpec::Replicated());
+  kept.insert(kept.end(), specs.begin() + id_axes, specs.end());
+  const Layout out = builder.layout(value)->WithSpecs(kept);
+  return One(builder, "GatherNd", {value, where},
+             DistinctOver(mesh_dim, {AttrOverride::Type("Tparams", builder.dtype(value)),
+                                     AttrOverride::Type("Tindices", TF_INT64)}),
+             out);
+}
+
+StatusOr<InBlockIds> KeepInBlock(Builder& builder, const BlockIds& ids) {
+  InBlockIds out;
+  ValueId in_block = ids.in_block, local = ids.local;
+  if (builder.layout(in_block)->rank() == 0) {  // Where takes no scalar
+    out.listed = true;
+    TFD_ASSIGN_OR_RETURN(in_block, ListOfOne(builder, in_block, ids.mesh_dim));
+    TFD_ASSIGN_OR_RETURN(local, ListOfOne(builder, local, ids.mesh_dim));
+  }
+  const Mesh& mesh = builder.layout(in_block)->mesh();
+  TFD_ASSIGN_OR_RETURN(out.where, One(builder, "Where", {in_block},
+                                      DistinctOver(ids.mesh_dim,
+                                                   {AttrOverride::Type("T", TF_BOOL)}),
+                                      Layout::Replicated(mesh, 2)));
+  const int rank = builder.layout(in_block)->rank();
+  TFD_ASSIGN_OR_RETURN(out.local, GatherInBlock(builder, local, out.where, rank, ids.mesh_dim));
+  return out;
+}
+
 StatusOr<ValueId> ExpandMask(Builder& builder, ValueId mask, int mesh_dim, int at, int inner,
                              int trailing) {
   std::vector<DimSpec> specs = builder.layout(mask)->specs();

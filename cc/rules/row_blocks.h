@@ -64,6 +64,23 @@ StatusOr<BlockIds> LocalizeIds(Builder& builder, ValueId ids, const Layout& tabl
                                const std::string& op_name = "",
                                IdRange check = IdRange::kUnchecked);
 
+// The ids (from LocalizeIds) that fall in each device's block, for ops that run on
+// those alone: `where`, their positions ([n, r] int64, r the ids' rank; one id counts
+// as a list of one, r = 1, `listed`), and `local`, those ids made local to the block
+// ([n]). `listed(value)` puts a value of a single id in a list of one (ExpandDims).
+struct InBlockIds {
+  ValueId where = -1;
+  ValueId local = -1;
+  bool listed = false;
+};
+StatusOr<InBlockIds> KeepInBlock(Builder& builder, const BlockIds& ids);
+// `value` with an axis of 1 in front, distinct along `mesh_dim` as it is.
+StatusOr<ValueId> ListOfOne(Builder& builder, ValueId value, int mesh_dim);
+// GatherNd(value, where) of an InBlockIds: the entries of the kept ids, its first
+// `id_axes` axes (those of the ids) become one; the rest keep their layout.
+StatusOr<ValueId> GatherInBlock(Builder& builder, ValueId value, ValueId where, int id_axes,
+                                int mesh_dim);
+
 // `mask` (bool, one entry per id) broadcast against a result whose axes are the mask's
 // with `inner` axes inserted after its first `at` axes and `trailing` axes appended:
 // ExpandDims, so that SelectV2 broadcasts it.

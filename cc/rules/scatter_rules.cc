@@ -11,6 +11,8 @@
 //   scatter_nd(indices [B,1] [x,*], updates [B,D] [x,y], shape) -> [*,y] +partial(x)
 //     (duplicates add up, so each device scatters its updates and the sums combine)
 //   sparse_to_dense(...) -> replicated
+#include <algorithm>
+
 #include "cc/core/strings.h"
 #include "cc/rules/factor.h"
 #include "cc/rules/expand.h"
@@ -119,49 +121,15 @@ class ResourceScatterRule : public Rule {
                                                       const std::vector<ValueId>& inputs,
                                                       const BlockIds& ids) {
     const int k = ids.mesh_dim;
-    const Mesh& mesh = ctx.mesh;
-    int ids_rank = ctx.rank(1);
-    ValueId in_block = ids.in_block, local = ids.local, updates = inputs[2];
-    if (ids_rank == 0) {  // one id: made a list of one (Where takes no scalar)
-      TFD_ASSIGN_OR_RETURN(ValueId front, builder.HostConstant({0}, {}, TF_INT32));
-      auto listed = [&](ValueId value) -> StatusOr<ValueId> {
-        std::vector<DimSpec> specs = builder.layout(value)->specs();
-        specs.insert(specs.begin(), DimSpec::Replicated());
-        const Layout out = builder.layout(value)->WithSpecs(specs);
-        LocalOpOptions options = DistinctOver(k, {AttrOverride::Type("T", builder.dtype(value)),
-                                                  AttrOverride::Type("Tdim", TF_INT32)});
-        TFD_ASSIGN_OR_RETURN(std::vector<ValueId> r,
-                             builder.LocalOp("ExpandDims", {value, front}, options, {out}));
-        return r[0];
-      };
-      TFD_ASSIGN_OR_RETURN(in_block, listed(in_block));
-      TFD_ASSIGN_OR_RETURN(local, listed(local));
-      if (ctx.rank(2) > 0) {
-        TFD_ASSIGN_OR_RETURN(updates, listed(updates));
+    TFD_ASSIGN_OR_RETURN(InBlockIds kept, KeepInBlock(builder, ids));
+    const ValueId local_ids = kept.local;
+    ValueId updates = inputs[2];
+    if (ctx.rank(2) > 0) {  // the kept ids' rows of the updates
+      if (kept.listed) {
+        TFD_ASSIGN_OR_RETURN(updates, ListOfOne(builder, updates, k));
       }
-      ids_rank = 1;
-    }
-    auto gather_in_block = [&](ValueId value, ValueId where,
-                               const Layout& out) -> StatusOr<ValueId> {
-      LocalOpOptions options = DistinctOver(k, {AttrOverride::Type("Tparams",
-                                                                   builder.dtype(value)),
-                                                AttrOverride::Type("Tindices", TF_INT64)});
-      TFD_ASSIGN_OR_RETURN(std::vector<ValueId> r,
-                           builder.LocalOp("GatherNd", {value, where}, options, {out}));
-      return r[0];
-    };
-    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> where,
-                         builder.LocalOp("Where", {in_block},
-                                         DistinctOver(k, {AttrOverride::Type("T", TF_BOOL)}),
-                                         {Layout::Replicated(mesh, 2)}));
-    TFD_ASSIGN_OR_RETURN(ValueId local_ids,
-                         gather_in_block(local, where[0], Layout::Replicated(mesh, 1)));
-    if (ctx.rank(2) > 0) {
-      const std::vector<DimSpec>& specs = builder.layout(updates)->specs();
-      std::vector<DimSpec> rows(1, DimSpec::Replicated());
-      rows.insert(rows.end(), specs.begin() + ids_rank, specs.end());
-      const Layout out = builder.layout(updates)->WithSpecs(rows);
-      TFD_ASSIGN_OR_RETURN(updates, gather_in_block(updates, where[0], out));
+      TFD_ASSIGN_OR_RETURN(updates, GatherInBlock(builder, updates, kept.where,
+                                                  std::max(ctx.rank(1), 1), k));
     }
     return builder.LocalOp(ctx.op_name, {inputs[0], local_ids, updates},
                            DistinctOver(k, plan.overrides, /*copy_attrs=*/true), {});

@@ -132,18 +132,38 @@ def test_gather_v2_gradient_on_row_blocks(spec, in_function, mesh_2x2):
     assert_values_equal(expected, reassemble(actual))
 
 
-def test_row_blocks_with_an_empty_block():
-    # 7 rows over x=8: the last device holds none. A tensor's rows are gathered instead;
-    # a DVariable's are not, and the op says so.
-    from dtensor_testing import MESH_8
-    table = random_array((VOCAB, DIM), seed=14)
-    layout = layout_of("[x,*]", MESH_8)
-    ids = to_dtensor(IDS, layout_of("[*,*]", MESH_8))
-    out = run_without_fallback(lambda p, i: tf.gather(p, i), to_dtensor(table, layout), ids)
-    assert_values_equal(tf.gather(table, IDS).numpy(), reassemble(out))
+def _check_lookups(table, layout, ids, in_function):
+    """tf.gather of `ids` (replicated) from a DVariable and a tensor laid out as `layout`,
+    and the DVariable's gradient, against one device's."""
+    mesh = layout.mesh
     v = dtensor.DVariable(to_dtensor(table, layout))
-    with pytest.raises(tf.errors.UnimplementedError, match="holds no rows"):
-        tf.gather(v, ids)
+    tensor = to_dtensor(table, layout)
+
+    def fn(i):
+        with tf.GradientTape() as tape:
+            looked_up = tf.gather(v, i)
+            loss = tf.reduce_sum(looked_up * 3.0)
+        return looked_up, tf.gather(tensor, i), tf.convert_to_tensor(tape.gradient(loss, v))
+
+    ids_d = to_dtensor(ids, layout_of("[" + ",".join("*" * np.ndim(ids)) + "]", mesh))
+    looked_up, from_tensor, grad = run_without_fallback(
+        tf.function(fn) if in_function else fn, ids_d)
+    assert_values_equal(table[ids], reassemble(looked_up))
+    assert_values_equal(table[ids], reassemble(from_tensor))
+    expected_grad = np.zeros_like(table)
+    np.add.at(expected_grad, np.reshape(ids, -1), 3.0)
+    assert_values_equal(expected_grad, reassemble(grad))
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("ids", [IDS, np.int32(6)], ids=["2d", "one"])
+def test_row_blocks_with_an_empty_block(ids, in_function):
+    # 7 rows over x=8: the last device holds none, so it has no row to clamp its ids to.
+    # A tensor's rows are gathered instead; a DVariable's device looks up only the ids of
+    # its block and scatters them into zeros (it was refused).
+    from dtensor_testing import MESH_8
+    _check_lookups(random_array((VOCAB, DIM), seed=14), layout_of("[x,*]", MESH_8), ids,
+                   in_function)
 
 
 @pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
@@ -152,26 +172,9 @@ def test_row_blocks_with_an_empty_block():
 def test_gather_of_one_id_from_row_blocks(row, spec, in_function, mesh_2x2):
     # A scalar id (tf.gather(v, 3)): a DVariable's used to be refused ("pass the ids as a
     # vector"), a tensor's rows gathered whole. Now each device reads its block, as for a
-    # list of ids; the gradient too.
-    table = random_array((VOCAB, DIM), seed=15)
-    layout = layout_of(spec, mesh_2x2)
-    v = dtensor.DVariable(to_dtensor(table, layout))
-    tensor = to_dtensor(table, layout)
-    idx = to_dtensor(np.int32(row), layout_of("[]", mesh_2x2))
-
-    def fn(i):
-        with tf.GradientTape() as tape:
-            looked_up = tf.gather(v, i)
-            loss = tf.reduce_sum(looked_up * 2.0)
-        return looked_up, tf.gather(tensor, i), tf.convert_to_tensor(tape.gradient(loss, v))
-
-    looked_up, from_tensor, grad = run_without_fallback(
-        tf.function(fn) if in_function else fn, idx)
-    assert_values_equal(table[row], reassemble(looked_up))
-    assert_values_equal(table[row], reassemble(from_tensor))
-    expected_grad = np.zeros_like(table)
-    expected_grad[row] = 2.0
-    assert_values_equal(expected_grad, reassemble(grad))
+    # list of ids.
+    _check_lookups(random_array((VOCAB, DIM), seed=15), layout_of(spec, mesh_2x2),
+                   np.int32(row), in_function)
 
 
 SCATTERS = {
