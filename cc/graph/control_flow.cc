@@ -93,6 +93,10 @@ Status FunctionExpansion::EmitFunctional(const NodeSpec& node, const std::string
   for (const ValueMeta& m : results) {
     if (!m.layout) {
       outs.push_back(builder_.AddHost(TF_Output{op, next++}));
+      // A plain variable's handle that a loop passes through keeps its value's shape.
+      if (m.resource && m.dtype == TF_RESOURCE) {
+        host_resources_.insert_or_assign(outs.back(), *m.resource);
+      }
       continue;
     }
     TFD_RETURN_IF_ERROR(m.layout->LocalShape(m.shape, "a result").status());

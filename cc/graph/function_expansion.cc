@@ -700,7 +700,12 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
       TFD_ASSIGN_OR_RETURN(v, Relayout(builder_, v, *target,
                                        "result " + std::to_string(i) + " of '" + function + "'"));
     }
-    if (request.host(i)) {
+    // A handle on the host (a plain tf.Variable's, a dataset iterator's: a loop variable of
+    // every tf.range loop that reads the variable) is one handle: it leaves as it came, even
+    // where nothing is asked of it (the rounds in which a loop's body shows its layouts).
+    const bool host_handle =
+        !target && builder_.is_host(v) && builder_.dtype(v) == TF_RESOURCE;
+    if (request.host(i) || host_handle) {
       if (!builder_.is_host(v) && !builder_.layout(v)->IsFullyReplicated()) {
         TFD_ASSIGN_OR_RETURN(v, Relayout(builder_, v,
                                          Layout::Replicated(builder_.layout(v)->mesh(),

@@ -164,15 +164,22 @@ void GraphBuilder::BeginNode(const std::string& name, const std::string& op,
   created_.clear();
 }
 
-std::vector<TF_Operation*> GraphBuilder::ControlsFor(const std::string& device) const {
+std::vector<TF_Operation*> GraphBuilder::ControlsFor(const std::string& device,
+                                                     const std::string& op_type) const {
   // Where devices share no buffers, a device's side effects (its component of a DVariable,
   // its place in a collective) are its own: an op waits for what its control inputs
   // expanded into on its own device, which keeps every device's order. Each control edge
   // between two devices costs a _Send/_Recv pair per call (8 devices: 56 of them for one
   // edge of the traced function). Shared buffers (one variable read by all devices), a
   // control input with nothing on this device (another mesh, the host) and an op on no
-  // device keep every edge.
-  if (control_inputs_.empty() || device.empty() || !orders_per_device()) {
+  // device keep every edge. So does a While, If, Case or call: placed on the host, its
+  // bodies run ops on every device, also where the host is a mesh device too (CPU:0 of a
+  // CPU mesh): a loop that assigns a DVariable after a read waits for every device's read.
+  static const std::set<std::string>* const kFunctional = new std::set<std::string>{
+      "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
+      "PartitionedCall", "StatefulPartitionedCall"};
+  if (control_inputs_.empty() || device.empty() || !orders_per_device() ||
+      kFunctional->count(op_type)) {
     return control_inputs_;
   }
   std::vector<TF_Operation*> same;
@@ -305,7 +312,7 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
       next += length;
     }
   }
-  for (TF_Operation* control : ControlsFor(device)) TF_AddControlInput(desc, control);
+  for (TF_Operation* control : ControlsFor(device, op_type)) TF_AddControlInput(desc, control);
   TF_Operation* op = TF_FinishOperation(desc, status_);
   TFD_RETURN_IF_ERROR(FromTF(status_, "adding '" + op_type + "' to the SPMD graph"));
   created_.push_back(op);

@@ -165,7 +165,8 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   std::optional<AttrMap> node_attr_map_;
   std::vector<TF_Operation*> control_inputs_;
   // The control inputs of an op created on `device` (see the definition).
-  std::vector<TF_Operation*> ControlsFor(const std::string& device) const;
+  std::vector<TF_Operation*> ControlsFor(const std::string& device,
+                                         const std::string& op_type) const;
   std::vector<TF_Operation*> created_;
   int counter_ = 0;
   std::map<std::pair<TF_Operation*, std::string>, TF_Operation*> const_copies_;

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tf_dtensor
-from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal,
+from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal, cpus,
                              assert_values_equal, collective_lowering, layout_of, random_array,
                              reassemble, run_without_fallback, spec_params, to_dtensor)
 from function_testing import check_function, no_relayout, num_expanded
@@ -454,3 +454,38 @@ def test_gradient_of_a_switch_case_around_a_while_loop_with_a_sharded_input(inde
         lambda index, loop, xs: tf.switch_case(
             index, [lambda: xs[1] * 2.0, loop, lambda: tf.sin(xs[2])]),
         np.int32(index), "[x,*]", seed=4)
+
+
+@pytest.mark.parametrize("lowering", ["ops", "copies"])
+def test_a_loop_that_updates_a_dvariable_waits_for_every_devices_read_before_it(lowering):
+    # Where devices share no buffers each op waits only for its own device's part of its
+    # control inputs; the While (placed on the host, CPU:0, also the mesh's first device)
+    # then waited only for CPU:0's read, and the loop's assigns on the other devices could
+    # run before their reads: `before` sometimes held the values after the loop.
+    mesh = dtensor.create_mesh([("x", 2), ("y", 4)], devices=cpus(8))
+    start = random_array((6, 4), seed=3)
+    with collective_lowering(lowering):
+        v = dtensor.DVariable(to_dtensor(start, layout_of("[x,y]", mesh)))
+
+        @tf.function
+        def step(p):
+            if p > 0:
+                v.assign(v * 0.5)
+            before = v.read_value() + 1.0
+
+            def body(i, total):
+                v.assign_add(tf.fill(v.shape, tf.cast(i, tf.float32)))
+                return i + 1, total + tf.reduce_sum(v)
+
+            _, total = tf.while_loop(lambda i, total: i < 4, body, [0, 0.0])
+            return before, total
+
+        want = start
+        for _ in range(30):
+            before, total = step(tf.constant(1.0))
+            want = want * 0.5
+            want_total = sum((want + sum(range(k + 1))).sum() for k in range(4))
+            assert_dtensor_equal(want + 1.0, layout_of("[x,y]", mesh), before)
+            np.testing.assert_allclose(reassemble(total), want_total, rtol=1e-5)
+            want = want + 6.0
+        assert_values_equal(want, reassemble(v.read_value()))

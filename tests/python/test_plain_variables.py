@@ -57,6 +57,56 @@ def test_a_plain_variable_assigned_in_a_function_changes_once():
     assert not dtensor.is_dtensor(counter.handle)
 
 
+@pytest.mark.parametrize("spec", ["[x,*]", "[*,x]"])
+def test_a_plain_variable_read_and_assigned_in_a_tf_range_loop_matches_one_device(spec):
+    # A tf.range loop passes the variable's handle through as a loop variable; the rounds
+    # that read the body's layouts copied that host handle to the mesh, and failed naming an
+    # internal placeholder ("TensorFlow infers no shape for it").
+    def program(scale, matrix, total):
+        def step(x):
+            for _ in tf.range(3):
+                scale.assign_add(0.5)
+                x = x * scale + matrix
+                total.assign_add(tf.reduce_sum(x))
+            return x
+        return tf.function(step)
+
+    variables = lambda: (tf.Variable(1.5), tf.Variable(X / 4.0), tf.Variable(0.0))
+    ref = variables()
+    want = program(*ref)(tf.constant(X)).numpy()
+    got_vars = variables()
+    got = program(*got_vars)(to_dtensor(X, layout_of(spec, MESH_8)))
+    assert dtensor.fetch_layout(got) == layout_of(spec, MESH_8)
+    assert_values_equal(want, reassemble(got))
+    for mine, theirs in zip(got_vars, ref):
+        assert not dtensor.is_dtensor(mine.handle)
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-5)
+
+
+def test_a_keras_optimizer_built_inside_a_tf_range_loop_matches_one_device():
+    keras = pytest.importorskip("keras")
+    w0 = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+
+    def train(w, x):
+        optimizer = keras.optimizers.Adam(0.05)  # its step count is a plain variable
+
+        @tf.function
+        def steps(x):
+            for _ in tf.range(3):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(tf.square(tf.matmul(x, w)))
+                optimizer.apply_gradients([(tape.gradient(loss, w), w)])
+            return loss
+        return steps(x)
+
+    ref = tf.Variable(w0)
+    want = train(ref, tf.constant(X)).numpy()
+    w = dtensor.DVariable(to_dtensor(w0, layout_of("[*,x]", MESH_8)))
+    got = train(w, to_dtensor(X, layout_of("[x,*]", MESH_8)))
+    np.testing.assert_allclose(reassemble(got), want, rtol=1e-5)
+    np.testing.assert_allclose(reassemble(w.read_value()), ref.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_seed_read_from_a_plain_variable_gives_one_devices_numbers():
     x = to_dtensor(X, layout_of("[x,*]", MESH_8))
     seed = tf.Variable([1, 2], dtype=tf.int64)
