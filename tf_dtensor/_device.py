@@ -74,6 +74,7 @@ def get() -> _core.Device:
         device.set_warning_handler(_warn)
         # A new context may have fewer logical devices: meshes are checked again.
         _checked_meshes.clear()
+        _existing_devices.clear()
         if not _strict_from_environment:
             _strict_from_environment = True
             if os.environ.get("TF_DTENSOR_STRICT", "0") not in ("", "0", "false"):
@@ -114,8 +115,12 @@ def run(op_name: str, inputs, attrs, num_outputs: int = 1):
         raise core._status_to_exception(error) from None  # pylint: disable=protected-access
 
 
-# Meshes whose local devices were found to exist (checked once, at first use).
+# Local device names found to exist, and the meshes last checked (a hash lookup per use).
+# The meshes are forgotten now and then: a program that made a new mesh per step kept every
+# one here, about 3 KB each; the device names stay as few as the host's devices.
+_existing_devices: set = set()
 _checked_meshes: set = set()
+_MAX_CHECKED_MESHES = 256
 
 
 def _num_devices(device_type: str) -> int:
@@ -138,8 +143,18 @@ def check_mesh(mesh) -> None:
     """
     if mesh is None or mesh in _checked_meshes:
         return
+    devices = mesh.local_devices()
+    if not _existing_devices.issuperset(devices):
+        _check_devices(mesh, devices)
+        _existing_devices.update(devices)
+    if len(_checked_meshes) >= _MAX_CHECKED_MESHES:
+        _checked_meshes.clear()
+    _checked_meshes.add(mesh)
+
+
+def _check_devices(mesh, devices: List[str]) -> None:
     counts: Dict[str, int] = {}
-    for name in mesh.local_devices():
+    for name in devices:
         spec = tf_device.DeviceSpec.from_string(name)
         device_type = (spec.device_type or "").upper()
         if device_type not in ("CPU", "GPU") or spec.device_index is None:
@@ -156,7 +171,6 @@ def check_mesh(mesh) -> None:
                 f"(`tf.config.set_logical_device_configuration`, or "
                 f"`initialize_accelerator_system(num_logical_cpu_devices=...)`), or build the "
                 f"mesh from existing devices.")
-    _checked_meshes.add(mesh)
 
 
 @contextlib.contextmanager

@@ -118,6 +118,10 @@ class Mesh {
   // Whether both are one object. Equal meshes made while one of them is alive always are
   // (see Interned), so the equality above is a pointer comparison on hot paths.
   bool SharesRepresentation(const Mesh& other) const { return rep_ == other.rep_; }
+  // The shared object behind this mesh and how many Mesh values hold it: a cache keyed by
+  // mesh can tell the meshes only it still holds (and drop them).
+  const void* representation() const { return rep_.get(); }
+  long representation_holders() const { return rep_.use_count(); }
 
  private:
   struct Rep {

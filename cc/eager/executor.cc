@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "cc/core/strings.h"
 #include "cc/eager/collective_recovery.h"
@@ -67,6 +68,33 @@ Status ForEachItemOnThreads(int n, int threads,
   }
   return Status::Ok();
 }
+
+// While alive, the calling thread's eager ops go to a synchronous executor of the thread's
+// own (made once per thread, kept for the process, as TF's parallel device keeps one per
+// device thread) instead of the context's. In an asynchronous context every thread shares
+// the context's one executor, which runs its queue in order on one thread: the first
+// device's collective would wait there for peers queued behind it, forever. Each op
+// still waits for its inputs, which the context's executor makes.
+class ThreadExecutor {
+ public:
+  explicit ThreadExecutor(TFE_Context* context)
+      : context_(context), previous_(TFE_ContextGetExecutorForThread(context)) {
+    thread_local TFE_Executor* own = TFE_NewExecutor(/*is_async=*/false,
+                                                     /*enable_streaming_enqueue=*/true,
+                                                     /*in_flight_nodes_limit=*/0);
+    TFE_ContextSetExecutorForThread(context_, own);
+  }
+  ~ThreadExecutor() {
+    TFE_ContextSetExecutorForThread(context_, previous_);
+    TFE_DeleteExecutor(previous_);  // the handle only: the context owns its executor
+  }
+  ThreadExecutor(const ThreadExecutor&) = delete;
+  ThreadExecutor& operator=(const ThreadExecutor&) = delete;
+
+ private:
+  TFE_Context* context_;
+  TFE_Executor* previous_;
+};
 
 // Each thread keeps the value table of its last finished builder, so that an eager op
 // does not allocate one (an op's inputs and outputs: about 2 KiB, a malloc and a free per
@@ -252,12 +280,15 @@ StatusOr<std::vector<std::vector<TFE_TensorHandle*>>> EagerBuilder::RunOnEach(
 StatusOr<std::vector<std::vector<TFE_TensorHandle*>>> EagerBuilder::RunAtOnce(
     const std::string& op_name, const std::vector<std::vector<TFE_TensorHandle*>>& inputs,
     const std::vector<int>& devices, const LocalOpOptions& options, int num_outputs,
-    int threads) {
+    int threads, bool executor_of_its_own) {
   if (watch_) watch_->local_only = false;
   const int n = static_cast<int>(inputs.size());
   std::vector<std::vector<TFE_TensorHandle*>> out(n);
   const Mesh mesh = mesh_;
+  TFE_Context* context = context_;
   Status done = ForEachItemOnThreads(n, threads, [&](int i, TF_Status* status) {
+    std::optional<ThreadExecutor> own;
+    if (executor_of_its_own) own.emplace(context);
     const std::string& device = mesh.local_devices()[devices[i]];
     TFE_Op* op = pool_.Take(context_, status);
     if (op == nullptr) {
@@ -412,7 +443,8 @@ StatusOr<std::vector<TFE_TensorHandle*>> EagerBuilder::RunCollective(
   std::vector<int> devices(n);
   for (int d = 0; d < n; ++d) devices[d] = d;
   StatusOr<std::vector<std::vector<TFE_TensorHandle*>>> ran =
-      RunAtOnce(op_name, inputs, devices, options, 1, n);
+      RunAtOnce(op_name, inputs, devices, options, 1, n,
+                /*executor_of_its_own=*/!collectives_done_on_return());
   if (!ran.ok()) run.Failed();
   TFD_ASSIGN_OR_RETURN(std::vector<std::vector<TFE_TensorHandle*>> out, std::move(ran));
   std::vector<TFE_TensorHandle*> outputs;

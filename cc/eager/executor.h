@@ -126,11 +126,13 @@ class EagerBuilder : public ComponentBuilder<TFE_TensorHandle*> {
     return collective_check_(record);
   }
   // RunOn for every `inputs[i]` on `devices[i]` from `threads` threads at once
-  // (RunOnEach's and RunCollective's way); on failure nothing it made is kept.
+  // (RunOnEach's and RunCollective's way); on failure nothing it made is kept. With
+  // `executor_of_its_own`, each thread runs its ops on a synchronous executor of its own
+  // (collectives in an asynchronous context: see ThreadExecutor in executor.cc).
   StatusOr<std::vector<std::vector<TFE_TensorHandle*>>> RunAtOnce(
       const std::string& op_name, const std::vector<std::vector<TFE_TensorHandle*>>& inputs,
       const std::vector<int>& devices, const LocalOpOptions& options, int num_outputs,
-      int threads);
+      int threads, bool executor_of_its_own = false);
   // TF collective ops: every device's op on its own thread (device_threads.h), since
   // the participants wait for each other.
   StatusOr<std::vector<TFE_TensorHandle*>> RunCollective(

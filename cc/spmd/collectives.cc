@@ -6,6 +6,7 @@
 #include <mutex>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "cc/spmd/lowering.h"
 
@@ -151,6 +152,7 @@ class CollectiveCache {
     const CollectiveLowering& lowering = ChooseCollectiveLowering(mesh);
     Entry entry{mesh, kLoweringBit, nullptr, nullptr, &lowering, generation};
     entries_[Key(mesh, kLoweringBit)].push_back(std::move(entry));
+    Added();
     return lowering;
   }
 
@@ -163,6 +165,7 @@ class CollectiveCache {
     auto groups = std::make_unique<CollectiveGroups>(Build(mesh, mask));
     const CollectiveGroups& result = *groups;
     entries_[Key(mesh, mask)].push_back(Entry{mesh, mask, std::move(groups), nullptr, nullptr, 0});
+    Added();
     return result;
   }
 
@@ -189,7 +192,13 @@ class CollectiveCache {
     const std::vector<int>& result = *leaders;
     Entry entry{mesh, mask, nullptr, std::move(leaders), nullptr, 0};
     entries_[Key(mesh, mask)].push_back(std::move(entry));
+    Added();
     return result;
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return size_;
   }
 
  private:
@@ -290,8 +299,45 @@ class CollectiveCache {
     return g;
   }
 
+  // Counts a new entry; when the entries have doubled since the last sweep, drops those
+  // of the meshes nothing but this cache holds any more. A program that makes a new mesh
+  // per step (new names, another device order) kept about 3 KB of groups, leaders and
+  // mesh text per mesh for good. A reference handed out stays valid while its caller
+  // holds the mesh, which every caller does while it uses it. Called with mutex_ held.
+  void Added() {
+    if (++size_ < sweep_at_) return;
+    std::unordered_map<const void*, long> entries_of;  // mesh representation -> entries
+    for (const auto& [key, bucket] : entries_) {
+      for (const Entry& e : bucket) ++entries_of[e.mesh.representation()];
+    }
+    // Decided before any is dropped: dropping an entry lowers its mesh's count.
+    std::unordered_set<const void*> unheld;
+    for (const auto& [key, bucket] : entries_) {
+      for (const Entry& e : bucket) {
+        if (e.mesh.representation_holders() == entries_of[e.mesh.representation()]) {
+          unheld.insert(e.mesh.representation());
+        }
+      }
+    }
+    size_ = 0;
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      std::vector<Entry>& bucket = it->second;
+      bucket.erase(std::remove_if(bucket.begin(), bucket.end(),
+                                  [&](const Entry& e) {
+                                    return unheld.count(e.mesh.representation()) > 0;
+                                  }),
+                   bucket.end());
+      size_ += bucket.size();
+      it = bucket.empty() ? entries_.erase(it) : std::next(it);
+    }
+    sweep_at_ = std::max<size_t>(kFirstSweep, 2 * size_);
+  }
+
+  static constexpr size_t kFirstSweep = 256;
   std::mutex mutex_;
   std::unordered_map<size_t, std::vector<Entry>> entries_;
+  size_t size_ = 0;
+  size_t sweep_at_ = kFirstSweep;
 };
 
 const CollectiveGroups& CollectiveGroups::For(const Mesh& mesh,
@@ -307,6 +353,8 @@ const std::vector<int>& LocalLeaders(const Mesh& mesh, const std::vector<int>& k
 const std::vector<int>& GroupLeaders(const Mesh& mesh, const std::vector<int>& key_dims) {
   return CollectiveCache::Get().Leaders(mesh, key_dims, /*share=*/true);
 }
+
+size_t CollectiveCacheEntries() { return CollectiveCache::Get().size(); }
 
 const CollectiveLowering& CachedLowering(const Mesh& mesh, uint64_t generation) {
   return CollectiveCache::Get().Lowering(mesh, generation);

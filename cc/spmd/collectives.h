@@ -11,6 +11,7 @@
 #ifndef TF_DTENSOR_CC_SPMD_COLLECTIVES_H_
 #define TF_DTENSOR_CC_SPMD_COLLECTIVES_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -94,6 +95,9 @@ int64_t DistributedTaskOf(const Mesh& mesh, int64_t id);
 std::string DistributedTaskName(const Mesh& mesh, int64_t task);
 // How many instance keys NextInstanceKey has handed out so far.
 int64_t InstanceKeysIssued();
+// How many groups, leader tables and lowerings the process-wide cache holds (tests: the
+// entries of meshes no longer held elsewhere are dropped as the cache grows).
+size_t CollectiveCacheEntries();
 
 // Instance keys that eager collectives hand back for reuse. TensorFlow's collective
 // runtime keeps a record for every (group key, instance key) it has seen, for the life of

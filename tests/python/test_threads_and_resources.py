@@ -5,6 +5,8 @@ expansion cache's dropped functions, fetch_layout's text)."""
 from __future__ import annotations
 
 import gc
+import json
+import textwrap
 import threading
 
 import numpy as np
@@ -201,3 +203,66 @@ def test_eager_collectives_in_threads_at_once_keep_their_keys_apart():
         assert not errors, errors[0]
         assert results == [values.sum(axis=0).tolist()] * 160
         assert _core.instance_keys_issued() - keys <= 4
+
+
+def test_eager_collective_ops_in_an_asynchronous_context():
+    # With `tf.config.experimental.set_synchronous_execution(False)`, every thread's ops
+    # went to the context's one asynchronous executor, which runs its queue in order: the
+    # first device's collective op waited there for its peers, queued behind it, and the
+    # first eager all-gather or all-reduce under the `ops` lowering hung the process.
+    from dtensor_testing import run_python
+    result = run_python(textwrap.dedent("""
+        import json, threading
+        import numpy as np, tensorflow as tf
+        from tf_dtensor import dtensor
+        from tf_dtensor.dtensor import Layout
+        tf.config.experimental.set_synchronous_execution(False)
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+        mesh = dtensor.create_mesh([("x", 2), ("y", 2)], devices=[f"CPU:{d}" for d in range(4)])
+        values = np.arange(64.0, dtype=np.float32).reshape(8, 8)
+        a = dtensor.relayout(dtensor.copy_to_mesh(tf.constant(values), Layout.replicated(mesh, 2)),
+                             Layout(["x", "y"], mesh))
+        def unpacked(t):
+            return dtensor.unpack(dtensor.relayout(t, Layout.replicated(mesh, t.shape.rank)))[0]
+        def step():
+            b = dtensor.relayout(a, Layout(["y", "*"], mesh))
+            return (unpacked(tf.matmul(a, b)).numpy().tolist(),
+                    unpacked(tf.reduce_sum(a, axis=0)).numpy().tolist())
+        out = {"alone": [step() for _ in range(3)], "threads": []}
+        def steps():
+            for _ in range(5):
+                out["threads"].append(step())
+        threads = [threading.Thread(target=steps) for _ in range(3)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        print(json.dumps(out))
+    """), env={"TF_DTENSOR_COLLECTIVES": "ops", "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    values = np.arange(64.0, dtype=np.float32).reshape(8, 8)
+    want = [(values @ values).tolist(), values.sum(axis=0).tolist()]
+    assert len(out["alone"]) == 3 and len(out["threads"]) == 15
+    for product, total in out["alone"] + out["threads"]:
+        np.testing.assert_allclose(product, want[0], rtol=1e-6)
+        np.testing.assert_array_equal(total, want[1])
+
+
+def test_meshes_used_once_are_not_kept():
+    # The check that a mesh's devices exist remembered every mesh it had passed: a program
+    # that made a new mesh per step (new dimension names) kept each one, about 3 KB.
+    from tf_dtensor.mesh import Mesh
+    for i in range(600):
+        mesh = dtensor.create_mesh([(f"once{i}", 2), ("b", 4)], devices=cpus(8))
+        packed = dtensor.pack([tf.fill([1, 2], float(i))] * 8, Layout([f"once{i}", "b"], mesh))
+    np.testing.assert_array_equal(reassemble(packed), np.full([2, 8], 599.0, np.float32))
+    del mesh, packed
+    gc.collect()
+    alive = sum(1 for o in gc.get_objects()
+                if isinstance(o, Mesh) and o.dim_names[0].startswith("once"))
+    assert alive <= 300, f"{alive} of 600 meshes still alive"
+    # A mesh over a device this host lacks is still refused after the first ones passed.
+    missing = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:99"])
+    with pytest.raises(ValueError, match="CPU:99"):
+        dtensor.pack([tf.ones([1])] * 2, Layout(["x"], missing))

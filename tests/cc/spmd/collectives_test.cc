@@ -2,6 +2,9 @@
 // of the shared-buffer lowering, on CPU, GPU-typed and local-subset meshes.
 #include "cc/spmd/collectives.h"
 
+#include <string>
+#include <vector>
+
 #include "tests/cc/testing.h"
 
 namespace tf_dtensor {
@@ -60,6 +63,25 @@ TEST(CollectiveGroups, ReturnedInstanceKeysServeOnlyTheirSignature) {
   EXPECT_EQ(InstanceKeysIssued(), before);
   EXPECT_NE(TakeInstanceKey("test-signature-b"), a);  // another signature gets its own
   EXPECT_EQ(InstanceKeysIssued(), before + 1);
+}
+
+TEST(CollectiveGroups, MeshesNoLongerHeldLeaveTheCache) {
+  // A program that made a new mesh per step (new dimension names) kept each mesh's
+  // groups, leaders and text in the cache for good: about 3 KB a mesh, without bound.
+  Mesh kept = MakeMesh({{"kept", 2}, {"other", 4}});
+  const CollectiveGroups& kept_groups = CollectiveGroups::For(kept, {1});
+  const std::vector<int>* kept_leaders = &LocalLeaders(kept, {0});
+  for (int i = 0; i < 2000; ++i) {
+    Mesh mesh = MakeMesh({{"a" + std::to_string(i), 2}, {"b", 4}});
+    EXPECT_EQ(CollectiveGroups::For(mesh, {1}).group_size(), 4);
+    EXPECT_EQ(CollectiveGroups::For(mesh, {0, 1}).group_size(), 8);
+    EXPECT_EQ(LocalLeaders(mesh, {0}).size(), 8u);
+  }
+  EXPECT_TRUE(CollectiveCacheEntries() < 1000);  // 6,000 and more before
+  // A mesh still held keeps its entries: the same objects as before.
+  EXPECT_TRUE(&CollectiveGroups::For(kept, {1}) == &kept_groups);
+  EXPECT_TRUE(&LocalLeaders(kept, {0}) == kept_leaders);
+  EXPECT_EQ(kept_groups.groups()[0], (std::vector<int64_t>{0, 1, 2, 3}));
 }
 
 }  // namespace
