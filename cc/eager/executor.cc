@@ -1,13 +1,17 @@
 #include "cc/eager/executor.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <unordered_map>
 
 #include "cc/core/strings.h"
 #include "cc/eager/collective_recovery.h"
 #include "cc/eager/device_threads.h"
+#include "cc/tf/op_registry.h"
 #include "tensorflow/c/tf_tensor.h"
 
 namespace tf_dtensor {
@@ -373,6 +377,35 @@ std::optional<LocalOnlyRun> EagerBuilder::LocalOnly(const std::vector<ValueId>& 
   return run;
 }
 
+namespace {
+
+// The lock an op that TF's eager dispatch runs on `device_name` takes, or null. TF runs
+// such an op as a one-op function; on a CPU device other than the host, its inputs that
+// live on the host (a Slice's begin and size, SplitV's sizes, ConcatV2's axis) reach it by
+// _Send/_Recv, and two runs of that function at once on one device share their keys: from
+// several threads, inputs cross (shape errors, or wrong values where shapes agree; plain
+// TensorFlow does the same, 2 of 300 tf.slice calls from 8 threads on CPU:4). Those runs
+// go one at a time per device; runs on different devices, and every op on the host or a
+// GPU, do not wait. Stateful ops (a collective waits for its peers) take no lock.
+std::mutex* DispatchLock(const std::string& device_name, const std::string& op_name) {
+  static constexpr size_t kLocks = 64;
+  static std::mutex* const locks = new std::mutex[kLocks];
+  static const std::string kCpu = "/device:CPU:";
+  const size_t at = device_name.rfind(kCpu);
+  if (at == std::string::npos) return nullptr;
+  const char* index = device_name.c_str() + at + kCpu.size();
+  if (index[0] == '0' && index[1] == '\0') return nullptr;  // the host
+  thread_local std::unordered_map<std::string, bool> stateless;  // TF's registry locks
+  auto known = stateless.find(op_name);
+  if (known == stateless.end()) {
+    known = stateless.emplace(op_name, IsStatelessWithoutFunctions(op_name)).first;
+  }
+  if (!known->second) return nullptr;
+  return &locks[std::strtoul(index, nullptr, 10) % kLocks];
+}
+
+}  // namespace
+
 Status EagerBuilder::RunLocal(TFE_Op* op, const std::string& op_name,
                               const std::string& device_name, const TFE_OpAttrs* attrs,
                               const std::vector<TFE_TensorHandle*>& inputs,
@@ -414,7 +447,13 @@ Status EagerBuilder::RunLocal(TFE_Op* op, const std::string& op_name,
     TFD_RETURN_IF_TF_ERROR(status, "adding an input to '" + op_name + "'");
   }
   if (!kernels.Run(op, device_name.c_str(), outputs, num_outputs, status)) {
-    TFE_Execute(op, outputs, num_outputs, status);
+    std::mutex* lock = DispatchLock(device_name, op_name);
+    if (lock != nullptr) {
+      std::lock_guard<std::mutex> one_at_a_time(*lock);
+      TFE_Execute(op, outputs, num_outputs, status);
+    } else {
+      TFE_Execute(op, outputs, num_outputs, status);
+    }
   }
   TFD_RETURN_IF_TF_ERROR(status,
                          "running '" + op_name + "' on " + ShortDeviceName(device_name));
