@@ -382,9 +382,10 @@ namespace {
 // The lock an op that TF's eager dispatch runs on `device_name` takes, or null. TF runs
 // such an op as a one-op function; on a CPU device other than the host, its inputs that
 // live on the host (a Slice's begin and size, SplitV's sizes, ConcatV2's axis) reach it by
-// _Send/_Recv, and two runs of that function at once on one device share their keys: from
-// several threads, inputs cross (shape errors, or wrong values where shapes agree; plain
-// TensorFlow does the same, 2 of 300 tf.slice calls from 8 threads on CPU:4). Those runs
+// _Send/_Recv, and two runs of that function at once on one device cross their inputs
+// (most likely shared rendezvous keys): shape errors, or wrong values where shapes agree.
+// Plain TensorFlow does the same from 8 threads on CPU:1 and up (a few tf.slice calls in
+// 2,400), never on CPU:0 or with one device per thread. Those runs
 // go one at a time per device; runs on different devices, and every op on the host or a
 // GPU, do not wait. Stateful ops (a collective waits for its peers) take no lock.
 std::mutex* DispatchLock(const std::string& device_name, const std::string& op_name) {
