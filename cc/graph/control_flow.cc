@@ -68,7 +68,18 @@ Status FunctionExpansion::EmitFunctional(const NodeSpec& node, const std::string
     attrs.emplace_back("Tin", TypeListAttr(types));
     attrs.emplace_back("Tout", TypeListAttr(out_types));
   }
-  if (!IsCall(op_type)) attrs.emplace_back("output_shapes", EmptyListAttr());
+  if (!IsCall(op_type)) {
+    attrs.emplace_back("output_shapes", EmptyListAttr());
+    // Lowered to Switch/Merge frames in the SPMD function, always. The op sits on the
+    // host CPU and its branches or body hold every device's ops; TensorFlow runs a
+    // functional If, Case or While that stays one op by calling its functions as
+    // multi-device functions of their own, where collective ops of the `ops` lowering
+    // (CollectiveReduceV2, ...) were seen to fail (a cond: "BufRendezvous::ProvideBuf
+    // already called") or to hang for good (a loop). tf.function(jit_compile=True) traces
+    // its control flow without the attribute (it expects XLA to compile the op whole,
+    // which cannot span the mesh's devices); a plain tf.function sets it.
+    attrs.emplace_back("_lower_using_switch_merge", BoolAttr(true));
+  }
   std::vector<TF_Output> all = prefix;
   all.insert(all.end(), flat.begin(), flat.end());
   LocalOpOptions options;

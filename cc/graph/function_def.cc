@@ -264,4 +264,10 @@ std::string TypeListAttr(const std::vector<int>& types) {
   return value.Take();
 }
 
+std::string BoolAttr(bool b) {
+  WireWriter value;
+  value.Varint(5, b ? 1 : 0);
+  return value.Take();
+}
+
 }  // namespace tf_dtensor

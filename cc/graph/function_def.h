@@ -71,6 +71,7 @@ std::optional<std::vector<std::string>> FunctionNamesOf(std::string_view attr_va
 std::string FunctionAttr(const std::string& name);
 std::string FunctionListAttr(const std::vector<std::string>& names);
 std::string TypeListAttr(const std::vector<int>& types);
+std::string BoolAttr(bool value);
 
 }  // namespace tf_dtensor
 

@@ -99,3 +99,60 @@ def test_xla_compiles_every_device_of_the_spmd_function(tmp_path, lowering):
     # 4 devices; collectives and variable updates stay outside).
     for jit in ("set_jit", "jit_compile"):
         assert _clusters(str(tmp_path / jit)) >= 4, jit
+
+
+_CONTROL_FLOW_PROGRAM = """
+import json
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+from tf_dtensor import config, dtensor
+config.set_collective_lowering(LOWERING)
+mesh = dtensor.create_mesh([("x", 4)], devices=[f"CPU:{i}" for i in range(4)])
+value = np.random.RandomState(1).rand(8, 6).astype(np.float32) - 0.25
+
+def loop(a):
+    return tf.while_loop(lambda i, x: i < 3,
+                         lambda i, x: (i + 1, x + tf.reduce_mean(x)), [0, a])[1]
+
+def cond(a):
+    return tf.cond(tf.reduce_sum(a) > 0, lambda: a + tf.reduce_mean(a),
+                   lambda: a - tf.reduce_max(a))
+
+def case(a):
+    index = tf.cast(tf.reduce_sum(a) > 0, tf.int32)
+    return tf.switch_case(index, [lambda: a - tf.reduce_max(a), lambda: a + tf.reduce_mean(a)])
+
+def cond_in_loop(a):
+    def body(i, x):
+        return i + 1, tf.cond(i > 0, lambda: x + tf.reduce_mean(x), lambda: x * 2.0)
+    return tf.while_loop(lambda i, x: i < 3, body, [0, a])[1]
+
+out = {}
+for name, fn in [("loop", loop), ("cond", cond), ("case", case), ("cond_in_loop", cond_in_loop)]:
+    want = tf.function(fn)(tf.constant(value)).numpy()
+    x = dtensor.pack(np.split(value, 4), dtensor.Layout(["x", "unsharded"], mesh))
+    got = np.concatenate([t.numpy() for t in dtensor.unpack(tf.function(fn, jit_compile=True)(x))])
+    out[name] = [want.tolist(), got.tolist()]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("lowering", ["", "copies", "ops"], ids=["default", "copies", "ops"])
+def test_jit_compile_control_flow_with_collectives_inside_runs(lowering):
+    # A tf.function(jit_compile=True) traces its tf.while_loop, tf.cond and tf.switch_case
+    # without `_lower_using_switch_merge`; tf_dtensor's expanded op then stayed one
+    # functional op on the host CPU, run by calling its body as a multi-device function, and
+    # under the `ops` lowering a loop with an all-reduce in its body hung for good on its
+    # first call (a cond failed with "BufRendezvous::ProvideBuf already called"). The
+    # process runs under a timeout, so a hang fails instead of stopping the suite.
+    import numpy as np
+    program = textwrap.dedent(_CONTROL_FLOW_PROGRAM).replace("LOWERING", repr(lowering))
+    result = run_python(program, env={
+        "TF_CPP_MIN_LOG_LEVEL": "2", "TF_XLA_FLAGS": "--tf_xla_cpu_global_jit"}, timeout=150)
+    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stderr[-5000:]}"
+    runs = json.loads(result.stdout.strip().splitlines()[-1])
+    assert sorted(runs) == ["case", "cond", "cond_in_loop", "loop"]
+    for name, (want, got) in runs.items():
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
