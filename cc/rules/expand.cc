@@ -72,10 +72,8 @@ StatusOr<ValueId> PerDeviceEntry(Builder& builder, const Mesh& mesh,
   options.copy_attrs = false;
   options.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tshape", TF_INT32)};
   options.distinct_over = {mesh_dim};
-  TFD_ASSIGN_OR_RETURN(std::vector<ValueId> scalar,
-                       builder.LocalOp("Reshape", {piece, scalar_shape}, options,
-                                       {Layout::Replicated(mesh, 0)}));
-  return scalar[0];
+  return builder.LocalOpValue("Reshape", {piece, scalar_shape}, options,
+                              Layout::Replicated(mesh, 0));
 }
 
 }  // namespace tf_dtensor

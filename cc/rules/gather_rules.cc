@@ -223,10 +223,8 @@ class GatherRule : public FactorRule {
     const int k = ids.mesh_dim;
     const Mesh& mesh = ctx.mesh;
     auto one = [&](const std::string& op, const std::vector<ValueId>& in,
-                   std::vector<AttrOverride> attrs, const Layout& layout) -> StatusOr<ValueId> {
-      TFD_ASSIGN_OR_RETURN(std::vector<ValueId> r,
-                           builder.LocalOp(op, in, DistinctOver(k, std::move(attrs)), {layout}));
-      return r[0];
+                   std::vector<AttrOverride> attrs, const Layout& layout) {
+      return builder.LocalOpValue(op, in, DistinctOver(k, std::move(attrs)), layout);
     };
     using A = AttrOverride;
     TFD_ASSIGN_OR_RETURN(InBlockIds kept, KeepInBlock(builder, ids));

@@ -35,8 +35,7 @@ class LocalMath {
     options.copy_attrs = false;
     options.overrides = std::move(attrs);
     if (global) options.global_shapes = {std::move(global)};
-    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> r, builder_.LocalOp(op, inputs, options, {out}));
-    return r[0];
+    return builder_.LocalOpValue(op, inputs, options, out);
   }
   // An elementwise op of type T; the result has `out` (the layout of the broadcast shape).
   StatusOr<ValueId> Apply(const std::string& op, const std::vector<ValueId>& inputs,

@@ -7,15 +7,6 @@
 #include "tensorflow/c/tf_datatype.h"
 
 namespace tf_dtensor {
-namespace {
-
-StatusOr<ValueId> One(Builder& builder, const std::string& op, const std::vector<ValueId>& in,
-                      const LocalOpOptions& options, const Layout& out) {
-  TFD_ASSIGN_OR_RETURN(std::vector<ValueId> r, builder.LocalOp(op, in, options, {out}));
-  return r[0];
-}
-
-}  // namespace
 
 bool HasEmptyBlock(const Layout& layout, const std::vector<int64_t>& shape, int axis) {
   for (int64_t size : layout.PieceSizes(shape, axis)) {
@@ -80,13 +71,16 @@ StatusOr<ValueId> CheckIds(Builder& builder, ValueId ids, ValueId local, int64_t
   typed.copy_attrs = false;
   typed.overrides = {AttrOverride::Type("T", dtype)};
   TFD_ASSIGN_OR_RETURN(ValueId limit, builder.HostConstant({rows}, {}, dtype));
-  TFD_ASSIGN_OR_RETURN(ValueId bad, One(builder, "GreaterEqual", {ids, limit}, typed, ids_layout));
+  TFD_ASSIGN_OR_RETURN(ValueId bad,
+                       builder.LocalOpValue("GreaterEqual", {ids, limit}, typed, ids_layout));
   if (check == IdRange::kInRange) {
     TFD_ASSIGN_OR_RETURN(ValueId zero, builder.HostConstant({0}, {}, dtype));
-    TFD_ASSIGN_OR_RETURN(ValueId negative, One(builder, "Less", {ids, zero}, typed, ids_layout));
+    TFD_ASSIGN_OR_RETURN(ValueId negative,
+                         builder.LocalOpValue("Less", {ids, zero}, typed, ids_layout));
     LocalOpOptions plain;
     plain.copy_attrs = false;
-    TFD_ASSIGN_OR_RETURN(bad, One(builder, "LogicalOr", {bad, negative}, plain, ids_layout));
+    TFD_ASSIGN_OR_RETURN(bad,
+                         builder.LocalOpValue("LogicalOr", {bad, negative}, plain, ids_layout));
   }
   // Per device (its block of the ids): any bad id -> 1.0 -> log(1 - 1) = -inf, which
   // CheckNumerics refuses with `what`; else log(1) = 0, added to the local ids.
@@ -100,24 +94,25 @@ StatusOr<ValueId> CheckIds(Builder& builder, ValueId ids, ValueId local, int64_t
   const Layout one = Layout::Replicated(ids_layout.mesh(), 0);
   LocalOpOptions any = scalar;
   any.overrides = {AttrOverride::Type("Tidx", TF_INT32), AttrOverride::Bool("keep_dims", false)};
-  TFD_ASSIGN_OR_RETURN(ValueId any_bad, One(builder, "Any", {bad, all_axes}, any, one));
+  TFD_ASSIGN_OR_RETURN(ValueId any_bad, builder.LocalOpValue("Any", {bad, all_axes}, any, one));
   LocalOpOptions to_float = scalar;
   to_float.overrides = {AttrOverride::Type("SrcT", TF_BOOL), AttrOverride::Type("DstT", TF_FLOAT)};
-  TFD_ASSIGN_OR_RETURN(ValueId flag, One(builder, "Cast", {any_bad}, to_float, one));
+  TFD_ASSIGN_OR_RETURN(ValueId flag, builder.LocalOpValue("Cast", {any_bad}, to_float, one));
   LocalOpOptions f32 = scalar;
   f32.overrides = {AttrOverride::Type("T", TF_FLOAT)};
-  TFD_ASSIGN_OR_RETURN(ValueId ones, One(builder, "OnesLike", {flag}, f32, one));
-  TFD_ASSIGN_OR_RETURN(ValueId rest, One(builder, "Sub", {ones, flag}, f32, one));
-  TFD_ASSIGN_OR_RETURN(ValueId log, One(builder, "Log", {rest}, f32, one));
+  TFD_ASSIGN_OR_RETURN(ValueId ones, builder.LocalOpValue("OnesLike", {flag}, f32, one));
+  TFD_ASSIGN_OR_RETURN(ValueId rest, builder.LocalOpValue("Sub", {ones, flag}, f32, one));
+  TFD_ASSIGN_OR_RETURN(ValueId log, builder.LocalOpValue("Log", {rest}, f32, one));
   LocalOpOptions numerics = f32;
   numerics.overrides.push_back(AttrOverride::String("message", what));
-  TFD_ASSIGN_OR_RETURN(ValueId checked, One(builder, "CheckNumerics", {log}, numerics, one));
+  TFD_ASSIGN_OR_RETURN(ValueId checked,
+                       builder.LocalOpValue("CheckNumerics", {log}, numerics, one));
   LocalOpOptions back = scalar;
   back.overrides = {AttrOverride::Type("SrcT", TF_FLOAT), AttrOverride::Type("DstT", dtype)};
-  TFD_ASSIGN_OR_RETURN(ValueId zero_id, One(builder, "Cast", {checked}, back, one));
+  TFD_ASSIGN_OR_RETURN(ValueId zero_id, builder.LocalOpValue("Cast", {checked}, back, one));
   LocalOpOptions add = DistinctOver(mesh_dim, {AttrOverride::Type("T", dtype)});
   if (mesh_dim < 0) add.distinct_over.clear();
-  return One(builder, "AddV2", {local, zero_id}, add, *builder.layout(local));
+  return builder.LocalOpValue("AddV2", {local, zero_id}, add, *builder.layout(local));
 }
 
 StatusOr<BlockIds> LocalizeIds(Builder& builder, ValueId ids, const Layout& table,
@@ -146,15 +141,16 @@ StatusOr<BlockIds> LocalizeIds(Builder& builder, ValueId ids, const Layout& tabl
   TFD_ASSIGN_OR_RETURN(ValueId high,
                        PerDeviceEntry(builder, mesh, hi, out.mesh_dim, dtype, one_id));
   const LocalOpOptions typed = DistinctOver(out.mesh_dim, {AttrOverride::Type("T", dtype)});
-  TFD_ASSIGN_OR_RETURN(ValueId ge, One(builder, "GreaterEqual", {ids, low}, typed, ids_layout));
-  TFD_ASSIGN_OR_RETURN(ValueId lt, One(builder, "Less", {ids, high}, typed, ids_layout));
-  TFD_ASSIGN_OR_RETURN(out.in_block, One(builder, "LogicalAnd", {ge, lt},
+  TFD_ASSIGN_OR_RETURN(ValueId ge,
+                       builder.LocalOpValue("GreaterEqual", {ids, low}, typed, ids_layout));
+  TFD_ASSIGN_OR_RETURN(ValueId lt, builder.LocalOpValue("Less", {ids, high}, typed, ids_layout));
+  TFD_ASSIGN_OR_RETURN(out.in_block, builder.LocalOpValue("LogicalAnd", {ge, lt},
                                          DistinctOver(out.mesh_dim, {}), ids_layout));
-  TFD_ASSIGN_OR_RETURN(ValueId shifted, One(builder, "Sub", {ids, low}, typed, ids_layout));
+  TFD_ASSIGN_OR_RETURN(ValueId shifted, builder.LocalOpValue("Sub", {ids, low}, typed, ids_layout));
   TFD_ASSIGN_OR_RETURN(ValueId fills, FillLike(builder, "ZerosLike", shifted, out.mesh_dim));
   if (fill != 0) {
     TFD_ASSIGN_OR_RETURN(ValueId f, builder.HostConstant({fill}, {}, dtype));
-    TFD_ASSIGN_OR_RETURN(fills, One(builder, "AddV2", {fills, f}, typed, ids_layout));
+    TFD_ASSIGN_OR_RETURN(fills, builder.LocalOpValue("AddV2", {fills, f}, typed, ids_layout));
   }
   TFD_ASSIGN_OR_RETURN(out.local,
                        Select(builder, out.in_block, shifted, fills, out.mesh_dim, ids_layout));
@@ -170,7 +166,7 @@ StatusOr<ValueId> ListOfOne(Builder& builder, ValueId value, int mesh_dim) {
   std::vector<DimSpec> specs = builder.layout(value)->specs();
   specs.insert(specs.begin(), DimSpec::Replicated());
   const Layout out = builder.layout(value)->WithSpecs(specs);
-  return One(builder, "ExpandDims", {value, front},
+  return builder.LocalOpValue("ExpandDims", {value, front},
              DistinctOver(mesh_dim, {AttrOverride::Type("T", builder.dtype(value)),
                                      AttrOverride::Type("Tdim", TF_INT32)}),
              out);
@@ -182,7 +178,7 @@ StatusOr<ValueId> GatherInBlock(Builder& builder, ValueId value, ValueId where, 
   std::vector<DimSpec> kept(1, DimSpec::Replicated());
   kept.insert(kept.end(), specs.begin() + id_axes, specs.end());
   const Layout out = builder.layout(value)->WithSpecs(kept);
-  return One(builder, "GatherNd", {value, where},
+  return builder.LocalOpValue("GatherNd", {value, where},
              DistinctOver(mesh_dim, {AttrOverride::Type("Tparams", builder.dtype(value)),
                                      AttrOverride::Type("Tindices", TF_INT64)}),
              out);
@@ -197,7 +193,7 @@ StatusOr<InBlockIds> KeepInBlock(Builder& builder, const BlockIds& ids) {
     TFD_ASSIGN_OR_RETURN(local, ListOfOne(builder, local, ids.mesh_dim));
   }
   const Mesh& mesh = builder.layout(in_block)->mesh();
-  TFD_ASSIGN_OR_RETURN(out.where, One(builder, "Where", {in_block},
+  TFD_ASSIGN_OR_RETURN(out.where, builder.LocalOpValue("Where", {in_block},
                                       DistinctOver(ids.mesh_dim,
                                                    {AttrOverride::Type("T", TF_BOOL)}),
                                       Layout::Replicated(mesh, 2)));
@@ -216,8 +212,8 @@ StatusOr<ValueId> ExpandMask(Builder& builder, ValueId mask, int mesh_dim, int a
     specs.insert(specs.begin() + position, DimSpec::Replicated());
     LocalOpOptions options = DistinctOver(
         mesh_dim, {AttrOverride::Type("T", TF_BOOL), AttrOverride::Type("Tdim", TF_INT32)});
-    TFD_ASSIGN_OR_RETURN(current,
-                         One(builder, "ExpandDims", {current, dim}, options, base.WithSpecs(specs)));
+    TFD_ASSIGN_OR_RETURN(current, builder.LocalOpValue("ExpandDims", {current, dim}, options,
+                                                       base.WithSpecs(specs)));
     return Status::Ok();
   };
   for (int i = 0; i < inner; ++i) TFD_RETURN_IF_ERROR(expand(at));
@@ -227,12 +223,12 @@ StatusOr<ValueId> ExpandMask(Builder& builder, ValueId mask, int mesh_dim, int a
 
 StatusOr<ValueId> Select(Builder& builder, ValueId mask, ValueId value, ValueId fill,
                          int mesh_dim, const Layout& out) {
-  return One(builder, "SelectV2", {mask, value, fill},
+  return builder.LocalOpValue("SelectV2", {mask, value, fill},
              DistinctOver(mesh_dim, {AttrOverride::Type("T", builder.dtype(value))}), out);
 }
 
 StatusOr<ValueId> FillLike(Builder& builder, const char* op, ValueId value, int mesh_dim) {
-  return One(builder, op, {value},
+  return builder.LocalOpValue(op, {value},
              DistinctOver(mesh_dim, {AttrOverride::Type("T", builder.dtype(value))}),
              *builder.layout(value));
 }

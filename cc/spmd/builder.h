@@ -146,6 +146,13 @@ class Builder {
                                                  const std::vector<ValueId>& inputs,
                                                  const LocalOpOptions& options,
                                                  const std::vector<Layout>& out_layouts) = 0;
+  // LocalOp of one output, with layout `out_layout`: that output's value.
+  StatusOr<ValueId> LocalOpValue(const std::string& op_name, const std::vector<ValueId>& inputs,
+                                 const LocalOpOptions& options, const Layout& out_layout) {
+    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> out,
+                         LocalOp(op_name, inputs, options, {out_layout}));
+    return out[0];
+  }
 
   // Combines the partial values held along `mesh_dims` (e.g. after a contraction over a
   // sharded axis): every device ends with the reduction of its group. Keeps the sharding;

@@ -14,9 +14,7 @@ StatusOr<ValueId> Local(Builder& builder, const std::string& op, const std::vect
   options.copy_attrs = false;
   options.overrides = std::move(attrs);
   options.overrides.push_back(AttrOverride::Type("T", builder.dtype(like)));
-  TFD_ASSIGN_OR_RETURN(std::vector<ValueId> out,
-                       builder.LocalOp(op, inputs, options, {*builder.layout(like)}));
-  return out[0];
+  return builder.LocalOpValue(op, inputs, options, *builder.layout(like));
 }
 
 StatusOr<ValueId> Concat(Builder& builder, const std::vector<ValueId>& parts, int axis,
