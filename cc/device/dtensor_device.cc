@@ -499,10 +499,15 @@ TFE_TensorHandle* DTensorDevice::CopyFromDevice(TFE_Context* context, TFE_Tensor
     return nullptr;
   }
   if (!t->layout().IsFullyReplicated()) {
+    // A partial value's devices hold terms of a pending sum (or max...), not shards.
+    const bool partial = t->visible_layout().is_partial();
     ToTF(Unimplemented("Cannot copy a DTensor with layout " + t->visible_layout().ShortString() +
-                       " to " + target_device +
-                       ": it is sharded, and reading it whole would gather every shard on one "
-                       "device. Use `dtensor.unpack(t)` for the components, or "
+                       " to " + target_device + ": it " +
+                       (partial ? "holds pending reductions (each device a term of the value)"
+                                : "is sharded") +
+                       ", and reading it whole would gather every " +
+                       (partial ? "term" : "shard") +
+                       " on one device. Use `dtensor.unpack(t)` for the components, or "
                        "`dtensor.relayout(t, dtensor.Layout.replicated(mesh, rank))` first."),
          status);
     return nullptr;

@@ -20,6 +20,7 @@
 #include "cc/spmd/layout_types.h"
 #include "cc/spmd/relayout.h"
 #include "cc/tf/handles.h"
+#include "cc/tf/op_registry.h"
 #include "cc/tf/ops.h"
 
 namespace tensorflow {
@@ -463,7 +464,8 @@ Status FunctionExpansion::ExpandWithRule(const NodeSpec& node, std::vector<Value
   DispatchOptions options;
   options.policy = policy_;
   options.in_function = true;
-  options.stateful = op_spec && op_spec->is_stateful;
+  // The op's own OpDef, or TF's registry (which also counts seeded ops, FractionalMaxPool).
+  options.stateful = (op_spec && op_spec->is_stateful) || IsStatefulOp(node.op);
   options.where = " (node '" + node.name + "' of tf.function '" + function_ + "')";
   StatusOr<std::vector<ValueId>> results =
       Dispatch(rule, ctx, std::move(inputs), builder_, options);

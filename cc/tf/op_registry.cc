@@ -18,7 +18,17 @@ const tf::OpDef* RegisteredOpDef(const std::string& op_name) {
 
 bool IsStatefulOp(const std::string& op_name) {
   const tf::OpDef* def = RegisteredOpDef(op_name);
-  return def != nullptr && def->is_stateful();
+  if (def == nullptr) return false;
+  if (def->is_stateful()) return true;
+  // Seed attributes on an op TF registers as stateless: its kernel draws random numbers
+  // (FractionalMaxPool, FractionalAvgPool: with seed 0 each kernel draws its own pooling
+  // sequence), so devices that each ran it would hold different "replicas".
+  bool seed = false, seed2 = false;
+  for (const auto& attr : def->attr()) {
+    seed = seed || (attr.name() == "seed" && attr.type() == "int");
+    seed2 = seed2 || (attr.name() == "seed2" && attr.type() == "int");
+  }
+  return seed && seed2;
 }
 
 bool IsStatelessWithoutFunctions(const std::string& op_name) {

@@ -9,8 +9,10 @@
 
 namespace tf_dtensor {
 
-// Whether TF registers `op_name` as stateful (random, shuffle, ...); false for an op TF
-// does not know.
+// Whether TF registers `op_name` as stateful (random, shuffle, ...), or it draws random
+// numbers from `seed`/`seed2` attributes although TF registers it as stateless
+// (FractionalMaxPool); false for an op TF does not know. Such an op without a rule runs
+// once and every device gets its result.
 bool IsStatefulOp(const std::string& op_name);
 
 // Whether the op's definition lets its kernel run outside TF's eager dispatch: a known op,

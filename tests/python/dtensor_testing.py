@@ -167,6 +167,8 @@ def reassemble(actual) -> np.ndarray:
         index = tuple(piece_index(s, coords) for s in specs)
         block_shape, _ = layout.shard_geometry(shape, index)
         value = component.numpy()
+        if component.dtype == tf.string:
+            value = np.asarray(value, dtype=object)   # a scalar string's numpy() is bytes
         assert value.shape == tuple(block_shape), (
             f"component on {device} has shape {value.shape}; {layout.short()} of {list(shape)} "
             f"needs {list(block_shape)} for block {index}")

@@ -412,3 +412,14 @@ def test_debug_numeric_summaries_of_sharded_values_are_one_devices(mode):
     got = summary(to_dtensor(value, layout_of("[x,y]", MESH_2X2)))
     assert tuple(got.shape) == want.shape
     np.testing.assert_array_equal(reassemble(got), want)
+
+
+def test_reading_a_partial_value_whole_names_its_pending_reductions_not_shards():
+    # Found by the API sweep: tf.py_function of a partial value said "it is sharded".
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("x",))
+    p = from_local([tf.constant([1.0, 2.0])] * 4, mesh, [Partial("sum")])
+    with pytest.raises(tf.errors.UnimplementedError,
+                       match=r"\+partial\(x:sum\).*: it holds pending reductions .*every term"):
+        tf.py_function(lambda y: y * 2, [p], tf.float32)
+    whole = dtensor.relayout(p, Layout.replicated(dtensor.fetch_layout(p).mesh, 1))
+    assert tf.py_function(lambda y: y * 2, [whole], tf.float32).numpy().tolist() == [8.0, 16.0]

@@ -15,7 +15,8 @@ import pytest
 import tensorflow as tf
 
 import tf_dtensor
-from dtensor_testing import assert_dtensor_equal, layout_of, to_dtensor
+from dtensor_testing import (assert_dtensor_equal, collective_lowering, layout_of, reassemble,
+                             to_dtensor)
 from tf_dtensor import dtensor
 
 _X = np.arange(32, dtype=np.float32).reshape(4, 8)
@@ -110,3 +111,33 @@ def test_explain_of_op_without_rule(mesh_2x2):
     with pytest.raises(tf_dtensor.UnsupportedOpError,
                        match="'NthElement' has no tf_dtensor rule"):
         tf_dtensor.debug.explain("NthElement", [layout_of("[x,*]", mesh_2x2), None], [[4, 8], []])
+
+
+# FractionalMaxPool draws its pooling sequences from seed attributes although TF registers
+# it as stateless. Without a rule, each device ran it under the ops and copies lowerings
+# (the shared buffers of the default one compute a replicated result once) and the
+# "replicated" result's replicas held different poolings. A seeded op without a rule now
+# runs once, as a stateful one does, and every device gets that result.
+@pytest.mark.parametrize("lowering", ["", "ops", "copies"], ids=["default", "ops", "copies"])
+def test_seeded_op_without_rule_runs_once_so_replicas_agree(lowering, mesh_2x2):
+    x = np.random.default_rng(1).normal(size=(4, 7, 7, 2)).astype(np.float32)
+
+    def pool(t):
+        return tf.nn.fractional_max_pool(t, [1.0, 1.6, 1.6, 1.0])
+
+    with collective_lowering(lowering), warnings.catch_warnings():
+        warnings.simplefilter("ignore", tf_dtensor.UnsupportedOpWarning)
+        for run in (pool, tf.function(pool)):
+            out, rows, cols = run(to_dtensor(x, layout_of("[x,*,*,*]", mesh_2x2)))
+            assert dtensor.fetch_layout(out) == layout_of("[*,*,*,*]", mesh_2x2)
+            pooled = reassemble(out)   # fails where two devices' replicas differ
+            # The sequences' components, as every device holds them (TF's shape inference
+            # gives them one element too few inside a function).
+            rows, cols = ([s.numpy() for s in dtensor.unpack(seq)] for seq in (rows, cols))
+            for seq in (rows, cols):
+                assert all(np.array_equal(s, seq[0]) for s in seq)
+            rows, cols = rows[0], cols[0]
+            expected = np.array([[x[:, r0:r1, c0:c1].max(axis=(1, 2))
+                                  for c0, c1 in zip(cols[:-1], cols[1:])]
+                                 for r0, r1 in zip(rows[:-1], rows[1:])]).transpose(2, 0, 1, 3)
+            np.testing.assert_array_equal(pooled, expected)

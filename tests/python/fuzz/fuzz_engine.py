@@ -514,7 +514,9 @@ def check_case(spec: OpSpec, call: Call, layouts: Sequence[Layout], d: Drawer,
     grad = spec.grad and call.grad and any(_differentiable(a.dtype) for a in arrays)
     plain = [tf.constant(a) for a in arrays]
     try:
-        expected_outputs = [o.numpy() for o in invoke(name, call, plain)]
+        # A scalar string's numpy() is bytes, not an array: keep arrays throughout.
+        expected_outputs = [np.asarray(o.numpy(), dtype=object) if o.dtype == tf.string
+                            else o.numpy() for o in invoke(name, call, plain)]
     except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
             tf.errors.NotFoundError, ValueError, TypeError) as error:
         raise _Invalid() from error   # the table drew something TensorFlow refuses

@@ -192,6 +192,101 @@ def _(d):
 
 
 # ---------------------------------------------------------------------------------------
+# Elementwise: strings (each element mapped alone; strings are never partial)
+# ---------------------------------------------------------------------------------------
+
+_WORDS = ("ab", "Hello", "  pad ", "aab", "x-y", "42", "Zz9", "ba")
+
+
+def _strings(d: Drawer, shape: Sequence[int] = None, words: Sequence[str] = _WORDS,
+             sharded: bool = True) -> T:
+    """Strings from `words`. TF's collective ops cannot all-gather strings, so under the
+    ops lowering a relayout of strings between two shardings is refused by design: the
+    inputs after the first of a multi-input op stay replicated (sliced, never gathered)."""
+    shape = d.shape() if shape is None else shape
+    picks = d.array(shape, tf.int32, 0, len(words) - 1)
+    return T(np.vectorize(lambda i: words[i].encode(), otypes=[object])(picks)
+             if picks.size else np.zeros(shape, object), partial=False, sharded=sharded)
+
+
+# name -> attributes drawn for one string input
+_STRING_UNARY = {
+    "EncodeBase64": lambda d: {"pad": d.bool()},
+    "StaticRegexFullMatch": lambda d: {"pattern": d.choice(["a+b", ".*a.*", "[0-9]+"])},
+    "StaticRegexReplace": lambda d: {"pattern": d.choice(["a", "[A-Z]", " +"]),
+                                     "rewrite": d.choice(["", "#"]),
+                                     "replace_global": d.bool()},
+    "StringLength": lambda d: {"unit": d.choice(["BYTE", "UTF8_CHAR"])},
+    "StringLower": lambda d: {},
+    "StringStrip": lambda d: {},
+    "StringToHashBucket": lambda d: {"num_buckets": d.int(1, 9)},
+    "StringToHashBucketFast": lambda d: {"num_buckets": d.int(1, 9)},
+    "StringToHashBucketStrong": lambda d: {"num_buckets": d.int(1, 9), "key": [d.int(0, 9), 7]},
+    "StringUpper": lambda d: {},
+    "UnicodeTranscode": lambda d: {"input_encoding": "UTF-8", "output_encoding": "UTF-16-BE"},
+}
+
+for _name, _attrs in _STRING_UNARY.items():
+    @op(_name, grad=False)
+    def _(d, _attrs=_attrs):
+        return Call([_strings(d)], _attrs(d))
+
+
+@op("DecodeBase64", grad=False)
+def _(d):
+    encoded = [tf.io.encode_base64(w).numpy().decode() for w in _WORDS]
+    return Call([_strings(d, words=encoded)])
+
+
+@op("StringToNumber", grad=False)
+def _(d):
+    return Call([_strings(d, words=("1", "-2", "42", "0", "7.5"))],
+                {"out_type": d.dtype((tf.float32, tf.float64))})
+
+
+@op("AsString", grad=False)
+def _(d):
+    dtype = d.dtype((tf.float32, tf.int32, tf.int64))
+    return Call([T(d.array(d.shape(), dtype, -100, 100))])
+
+
+@op("UnicodeScript", grad=False)
+def _(d):
+    return Call([T(d.array(d.shape(), tf.int32, 0, 0x3000))])
+
+
+@op("RegexFullMatch", grad=False)
+def _(d):
+    return Call([_strings(d), H(d.choice(["a+b", ".*a.*"]), tf.string)])
+
+
+@op("RegexReplace", grad=False)
+def _(d):
+    return Call([_strings(d), H(d.choice(["a", "[A-Z]"]), tf.string), H("#", tf.string)],
+                {"replace_global": d.bool()})
+
+
+@op("StringJoin", grad=False)
+def _(d):
+    shape = d.shape()
+    # Inputs of one shape, or scalars among them (TF's kernel broadcasts nothing else).
+    inputs = [_strings(d, shape if d.int(0, 3) else (), sharded=i == 0)
+              for i in range(d.int(1, 3))]
+    return Call([inputs], {"separator": d.choice(["", "-"])})
+
+
+@op("Substr", grad=False)
+def _(d):
+    strings = _strings(d, words=("abc", "Hello", "xyz9", "four"))  # 3 bytes or more
+    shape = strings.value.shape
+    if d.bool():   # one position and length for every string
+        return Call([strings, H(d.int(0, 3), tf.int32), H(d.int(0, 3), tf.int32)],
+                    {"unit": d.choice(["BYTE", "UTF8_CHAR"])})
+    return Call([strings, T(d.array(shape, tf.int32, 0, 3), sharded=False),
+                 T(d.array(shape, tf.int32, 0, 3), sharded=False)])
+
+
+# ---------------------------------------------------------------------------------------
 # Batch-parallel: linear algebra
 # ---------------------------------------------------------------------------------------
 
