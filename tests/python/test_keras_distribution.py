@@ -681,6 +681,50 @@ def test_output_activation_key_relays_out_the_layer_output():
     assert kt.fetch_layout_short(out) is not None
 
 
+def test_output_key_of_a_layer_with_several_outputs_lays_out_each_of_them():
+    # An LSTM with return_state returns (output, h, c): Keras hands the whole tuple to
+    # distribute_tensor with the one `lstm/output` layout (JAX lays out each leaf); it
+    # raised AttributeError ('tuple' object has no attribute 'shape') at model build.
+    seen = []
+
+    def record(t):
+        if tf.executing_eagerly():
+            seen.append(kt.fetch_layout_short(t))
+        return t
+
+    def build():
+        keras.utils.set_random_seed(3)
+        inputs = keras.Input((5, 6))
+        output, h, c = keras.layers.LSTM(8, return_state=True, name="lstm")(inputs)
+        joined = keras.layers.Concatenate()([output, keras.layers.Lambda(record, output_shape=(8,))(h), c])
+        model = keras.Model(inputs, keras.layers.Dense(4, name="out")(joined))
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    sequences = RNG.randn(16, 5, 6).astype("float32")
+    steps = kt.batches(sequences, Y_REG[:16], 8)
+    distribution = kt.model_parallel({".*lstm/output": ("batch", "model"),
+                                      ".*out/kernel": ("model", None)})
+    kt.assert_same_steps(kt.train_steps(build, distribution, steps),
+                         kt.train_steps(build, None, steps), rtol=1e-4, atol=1e-5)
+    with distribution.scope():
+        build()(keras.distribution.distribute_tensor(
+            sequences[:8], distribution.get_data_layout((8, 5, 6))))
+    assert seen == ["[batch,model] @ mesh(batch=2,model=4)"]
+
+
+def test_output_key_of_a_layer_whose_outputs_differ_in_rank_names_the_layer_and_fix():
+    with kt.model_parallel({".*mha/output": ("batch", None, "model")}).scope():
+        inputs = keras.Input((5, 6))
+        with pytest.raises(tf_dtensor.LayoutError) as error:
+            keras.layers.MultiHeadAttention(2, 4, name="mha")(inputs, inputs,
+                                                              return_attention_scores=True)
+    message = str(error.value)
+    for part in ["Keras layer `mha`", "LayoutMap['.*mha/output']", "`mha/output`",
+                 "[batch,*,model] @ mesh(batch=2,model=4)", "ranks [3, 4]", "Narrow the key"]:
+        assert part in message, message
+
+
 def test_large_unmatched_variable_is_reported_and_replicated_on_the_mesh():
     tf_dtensor.keras.set_replicated_warning_bytes(1024)
     try:
