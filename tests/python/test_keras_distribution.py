@@ -321,6 +321,50 @@ def test_model_trained_on_one_device_continues_on_the_distribution_as_on_one_dev
     assert len(slots) == 8 and all(slot == weight for slot, weight in slots.values())
 
 
+MOVES = {
+    "data(cpu:0-3)->data(cpu:4-7)": (
+        lambda: keras.distribution.DataParallel(devices=kt.DEVICES[:4]),
+        lambda: keras.distribution.DataParallel(devices=kt.DEVICES[4:]),
+        "[*,*] @ mesh(batch=4)"),
+    "data->model": (kt.data_parallel, lambda: kt.model_parallel(MLP_RULES),
+                    "[*,model] @ mesh(batch=2,model=4)"),
+    "model(2,4)->model(4,2)": (lambda: kt.model_parallel(MLP_RULES),
+                               lambda: kt.model_parallel(MLP_RULES, shape=(4, 2)),
+                               "[*,model] @ mesh(batch=4,model=2)")}
+
+
+@pytest.mark.parametrize("move", list(MOVES))
+def test_model_laid_out_by_one_distribution_moves_to_another_at_its_first_fit(move):
+    # Made and trained under one distribution, then fit under another (another mesh): the
+    # batch went to the new mesh and the weights stayed on the old one, and the step
+    # failed ("'MatMul' got inputs on different meshes"). The model now moves to the new
+    # distribution's layouts, optimizer state and all, and trains on as on one device.
+    first, second, d1_kernel = MOVES[move]
+    plain = mlp()()
+    plain.fit(X[:32], Y_REG[:32], batch_size=16, epochs=1, shuffle=False, verbose=0)
+    want = plain.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
+                     verbose=0).history
+    with first().scope():
+        model = mlp()()
+        model.fit(X[:32], Y_REG[:32], batch_size=16, epochs=1, shuffle=False, verbose=0)
+    distribution = second()
+    with distribution.scope():
+        got = model.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
+                        verbose=0).history
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
+    for w, p in zip(model.weights + model.optimizer.variables,
+                    plain.weights + plain.optimizer.variables):
+        np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6,
+                                   err_msg=w.path)
+    assert kt.layouts(model)["d1/kernel"] == d1_kernel, kt.layouts(model)
+    mesh = distribution.device_mesh.backend_mesh
+    for variable in _hooks._state_variables(model):
+        assert variable._value.layout.mesh == mesh, variable.path
+    slots = _slot_layouts(model)
+    assert len(slots) == 8 and all(slot == weight for slot, weight in slots.values())
+
+
 def test_layout_map_rank_mismatch_names_the_variable_its_shape_layout_and_fix():
     distribution = kt.model_parallel({".*d1/.*": (None, "model")})  # also matches d1/bias
     with distribution.scope(), pytest.raises(tf_dtensor.LayoutError) as caught:

@@ -257,8 +257,11 @@ def distribute_data_input(per_process_batch, layout, batch_dim_name):
 
 
 def lay_out_batch(batch, mesh: Mesh):
-    """A host batch (any nest) on `mesh`: as the active distribution says, else replicated."""
+    """A host batch (any nest) on `mesh`: as the active distribution says when `mesh` is its
+    mesh, else replicated (a model whose layer arguments keep it on its own mesh)."""
     distribution = active_distribution()
+    if distribution is not None and distribution.device_mesh.backend_mesh != mesh:
+        distribution = None
 
     def place(value):
         if value is None or api._is_dtensor(value):
