@@ -707,6 +707,35 @@ def test_mixed_precision_matches_one_device(policy):
     kt.assert_same_steps(got, want, rtol=eps, atol=eps / 10)
 
 
+@pytest.mark.parametrize("kind", ["data", "model"])
+def test_loss_scale_optimizer_scales_the_loss_by_its_current_scale_at_every_step(kind):
+    # The optimizer is built in the step's first trace, and its variables are made on the
+    # mesh outside the function, where tf.function does not see them: the step was never
+    # traced again, and `scale_loss` kept the unbuilt optimizer's constant initial scale
+    # (128) while gradients were divided by the current one (256 from the third step): the
+    # updates came out halved, then quartered. float32: the scaling itself is exact.
+    def build():
+        return mlp(optimizer=keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.1), initial_scale=128.0, dynamic_growth_steps=2))()
+
+    distribution = kt.data_parallel() if kind == "data" else kt.model_parallel(MLP_RULES)
+    steps = kt.batches(X[:48], Y_REG[:48], 16) * 2
+    got = kt.train_steps(build, distribution, steps)
+    kt.assert_same_steps(got, kt.train_steps(build, None, steps))
+    plain = build()
+    want = plain.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
+                     verbose=0).history
+    with distribution.scope():
+        model = build()
+        fitted = model.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
+                           verbose=0).history
+    for key in want:
+        np.testing.assert_allclose(fitted[key], want[key], rtol=1e-5, err_msg=key)
+    assert float(model.optimizer.dynamic_scale) == 1024.0
+    for w, p in zip(model.weights, plain.weights):
+        np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6)
+
+
 def test_output_activation_key_relays_out_the_layer_output():
     seen = []
 

@@ -498,7 +498,7 @@ def _on_mesh(model, function, which: str, make_original):
     has built the compiled metrics; a model trained before the distribution was set) gets
     a new backing DVariable, but the traced step still captures the old variable: its
     updates would land there while `reset_state` and `result()` use the new one. The step
-    is then made (and traced) again.
+    is then made (and traced) again; so it is after a call whose trace made variables.
     """
     attribute = f"{which}_function"
     state = {"function": function, "called": False, "adoptions": 0}
@@ -507,7 +507,7 @@ def _on_mesh(model, function, which: str, make_original):
         function = state["function"]
         _adopt(model)
         adoptions = _ADOPTIONS.get(model, 0)
-        if state["called"] and state["adoptions"] != adoptions:
+        if state["called"] and (state["adoptions"] != adoptions or state.pop("stale", False)):
             make_original(model, force=True)
             function = state["function"] = getattr(model, attribute)
             setattr(model, attribute, on_mesh)
@@ -531,8 +531,17 @@ def _on_mesh(model, function, which: str, make_original):
         spec = getattr(iterator_or_batches, "element_spec", None)
         if which != "predict" and spec is not None:
             function = _traced_for(state, function, spec, len(batches), f"{which}_step")
+        made = _VARIABLES_MADE[0]
         with default_mesh(mesh):
-            return _backend.to_host(function(batches))
+            outputs = function(batches)
+        if _VARIABLES_MADE[0] != made:
+            # The trace made variables (an optimizer built at the first step), on the mesh
+            # and outside the function, where tf.function does not see them: it would keep
+            # this trace, in which Keras saw them unbuilt (a LossScaleOptimizer scaled the
+            # loss by its initial scale, a constant, at every step). tf.function traces
+            # again after a first trace that made variables; so is the step made again.
+            state["stale"] = True
+        return _backend.to_host(outputs)
 
     on_mesh._tf_dtensor_wrapped = True
     return on_mesh
