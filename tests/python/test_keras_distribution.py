@@ -736,6 +736,39 @@ def test_loss_scale_optimizer_scales_the_loss_by_its_current_scale_at_every_step
         np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6)
 
 
+def test_loss_scale_optimizer_built_in_a_custom_tf_function_loop_scales_as_on_one_device():
+    # The same cause in a custom loop: the user's tf.function never traced again after
+    # its first trace built the optimizer on the mesh, and kept the constant scale.
+    distribution = kt.data_parallel()
+
+    def setup():
+        model = mlp()()
+        optimizer = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.1), initial_scale=128.0, dynamic_growth_steps=2)
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x) - y))
+                scaled = optimizer.scale_loss(loss)
+            optimizer.apply(tape.gradient(scaled, model.trainable_variables),
+                            model.trainable_variables)
+            return loss
+        return model, step
+
+    plain, plain_step = setup()
+    with distribution.scope():
+        model, step = setup()
+    for i, (x, y) in enumerate(kt.batches(X[:48], Y_REG[:48], 16) * 2):
+        want = plain_step(tf.constant(x), tf.constant(y))
+        with distribution.scope():
+            got = step(*(keras.distribution.distribute_tensor(
+                v, distribution.get_data_layout(v.shape)) for v in (x, y)))
+        np.testing.assert_allclose(float(got), float(want), rtol=1e-5, err_msg=f"step {i}")
+    for w, p in zip(model.weights, plain.weights):
+        np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6)
+
+
 def test_output_activation_key_relays_out_the_layer_output():
     seen = []
 

@@ -32,6 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import ops
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 from tf_dtensor import api
@@ -178,6 +179,28 @@ def _variable_layout(variable) -> Layout:
         f"and a layout needs one entry per axis of the variable. {fix}.")
 
 
+def _tell_tracing_function(variable) -> None:
+    """Lets a tf.function being traced know that this trace made a variable.
+
+    tf.function traces again after a first trace that made variables (Keras code branches
+    on what they are: a LossScaleOptimizer built in the step scales the loss by its
+    variable, not by its constant initial scale), and counts those `tf.Variable` made
+    through its variable creator. A DVariable is made on the mesh outside the function,
+    where that creator does not see it; a one-element marker made through the creator
+    tells it instead (kept while the Keras variable lives, outside it: a Keras variable
+    tracks its attributes into checkpoints).
+    """
+    if tf.inside_function() and ops.get_default_graph()._variable_creator_stack:
+        key = id(variable)
+        _TRACE_MARKERS[key] = tf.Variable(False, trainable=False,
+                                          name="tf_dtensor_made_a_variable")
+        weakref.finalize(variable, _TRACE_MARKERS.pop, key, None)
+
+
+# id of a Keras variable made while a tf.function was traced -> its marker.
+_TRACE_MARKERS: Dict[int, Any] = {}
+
+
 def _variable_hooks(variable_class) -> None:
     original_initialize = variable_class._initialize
     distributed_classes: Dict[type, type] = {}
@@ -228,6 +251,7 @@ def _variable_hooks(variable_class) -> None:
                 initial, trainable=self.trainable, name=self.name,
                 aggregation=self._map_aggregation(self.aggregation),
                 synchronization=self._map_synchronization(self.synchronization))
+        _tell_tracing_function(self)
         cls = type(self)
         if cls not in distributed_classes.values():
             if cls not in distributed_classes:
@@ -498,7 +522,7 @@ def _on_mesh(model, function, which: str, make_original):
     has built the compiled metrics; a model trained before the distribution was set) gets
     a new backing DVariable, but the traced step still captures the old variable: its
     updates would land there while `reset_state` and `result()` use the new one. The step
-    is then made (and traced) again; so it is after a call whose trace made variables.
+    is then made (and traced) again.
     """
     attribute = f"{which}_function"
     state = {"function": function, "called": False, "adoptions": 0}
@@ -507,7 +531,7 @@ def _on_mesh(model, function, which: str, make_original):
         function = state["function"]
         _adopt(model)
         adoptions = _ADOPTIONS.get(model, 0)
-        if state["called"] and (state["adoptions"] != adoptions or state.pop("stale", False)):
+        if state["called"] and state["adoptions"] != adoptions:
             make_original(model, force=True)
             function = state["function"] = getattr(model, attribute)
             setattr(model, attribute, on_mesh)
@@ -531,17 +555,8 @@ def _on_mesh(model, function, which: str, make_original):
         spec = getattr(iterator_or_batches, "element_spec", None)
         if which != "predict" and spec is not None:
             function = _traced_for(state, function, spec, len(batches), f"{which}_step")
-        made = _VARIABLES_MADE[0]
         with default_mesh(mesh):
-            outputs = function(batches)
-        if _VARIABLES_MADE[0] != made:
-            # The trace made variables (an optimizer built at the first step), on the mesh
-            # and outside the function, where tf.function does not see them: it would keep
-            # this trace, in which Keras saw them unbuilt (a LossScaleOptimizer scaled the
-            # loss by its initial scale, a constant, at every step). tf.function traces
-            # again after a first trace that made variables; so is the step made again.
-            state["stale"] = True
-        return _backend.to_host(outputs)
+            return _backend.to_host(function(batches))
 
     on_mesh._tf_dtensor_wrapped = True
     return on_mesh
