@@ -321,6 +321,50 @@ def test_model_trained_on_one_device_continues_on_the_distribution_as_on_one_dev
     assert len(slots) == 8 and all(slot == weight for slot, weight in slots.values())
 
 
+MOVES = {
+    "data(cpu:0-3)->data(cpu:4-7)": (
+        lambda: keras.distribution.DataParallel(devices=kt.DEVICES[:4]),
+        lambda: keras.distribution.DataParallel(devices=kt.DEVICES[4:]),
+        "[*,*] @ mesh(batch=4)"),
+    "data->model": (kt.data_parallel, lambda: kt.model_parallel(MLP_RULES),
+                    "[*,model] @ mesh(batch=2,model=4)"),
+    "model(2,4)->model(4,2)": (lambda: kt.model_parallel(MLP_RULES),
+                               lambda: kt.model_parallel(MLP_RULES, shape=(4, 2)),
+                               "[*,model] @ mesh(batch=4,model=2)")}
+
+
+@pytest.mark.parametrize("move", list(MOVES))
+def test_model_laid_out_by_one_distribution_moves_to_another_at_its_first_fit(move):
+    # Made and trained under one distribution, then fit under another (another mesh): the
+    # batch went to the new mesh and the weights stayed on the old one, and the step
+    # failed ("'MatMul' got inputs on different meshes"). The model now moves to the new
+    # distribution's layouts, optimizer state and all, and trains on as on one device.
+    first, second, d1_kernel = MOVES[move]
+    plain = mlp()()
+    plain.fit(X[:32], Y_REG[:32], batch_size=16, epochs=1, shuffle=False, verbose=0)
+    want = plain.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
+                     verbose=0).history
+    with first().scope():
+        model = mlp()()
+        model.fit(X[:32], Y_REG[:32], batch_size=16, epochs=1, shuffle=False, verbose=0)
+    distribution = second()
+    with distribution.scope():
+        got = model.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
+                        verbose=0).history
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
+    for w, p in zip(model.weights + model.optimizer.variables,
+                    plain.weights + plain.optimizer.variables):
+        np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6,
+                                   err_msg=w.path)
+    assert kt.layouts(model)["d1/kernel"] == d1_kernel, kt.layouts(model)
+    mesh = distribution.device_mesh.backend_mesh
+    for variable in _hooks._state_variables(model):
+        assert variable._value.layout.mesh == mesh, variable.path
+    slots = _slot_layouts(model)
+    assert len(slots) == 8 and all(slot == weight for slot, weight in slots.values())
+
+
 def test_layout_map_rank_mismatch_names_the_variable_its_shape_layout_and_fix():
     distribution = kt.model_parallel({".*d1/.*": (None, "model")})  # also matches d1/bias
     with distribution.scope(), pytest.raises(tf_dtensor.LayoutError) as caught:
@@ -663,6 +707,68 @@ def test_mixed_precision_matches_one_device(policy):
     kt.assert_same_steps(got, want, rtol=eps, atol=eps / 10)
 
 
+@pytest.mark.parametrize("kind", ["data", "model"])
+def test_loss_scale_optimizer_scales_the_loss_by_its_current_scale_at_every_step(kind):
+    # The optimizer is built in the step's first trace, and its variables are made on the
+    # mesh outside the function, where tf.function does not see them: the step was never
+    # traced again, and `scale_loss` kept the unbuilt optimizer's constant initial scale
+    # (128) while gradients were divided by the current one (256 from the third step): the
+    # updates came out halved, then quartered. float32: the scaling itself is exact.
+    def build():
+        return mlp(optimizer=keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.1), initial_scale=128.0, dynamic_growth_steps=2))()
+
+    distribution = kt.data_parallel() if kind == "data" else kt.model_parallel(MLP_RULES)
+    steps = kt.batches(X[:48], Y_REG[:48], 16) * 2
+    got = kt.train_steps(build, distribution, steps)
+    kt.assert_same_steps(got, kt.train_steps(build, None, steps))
+    plain = build()
+    want = plain.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
+                     verbose=0).history
+    with distribution.scope():
+        model = build()
+        fitted = model.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
+                           verbose=0).history
+    for key in want:
+        np.testing.assert_allclose(fitted[key], want[key], rtol=1e-5, err_msg=key)
+    assert float(model.optimizer.dynamic_scale) == 1024.0
+    for w, p in zip(model.weights, plain.weights):
+        np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6)
+
+
+def test_loss_scale_optimizer_built_in_a_custom_tf_function_loop_scales_as_on_one_device():
+    # The same cause in a custom loop: the user's tf.function never traced again after
+    # its first trace built the optimizer on the mesh, and kept the constant scale.
+    distribution = kt.data_parallel()
+
+    def setup():
+        model = mlp()()
+        optimizer = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.1), initial_scale=128.0, dynamic_growth_steps=2)
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x) - y))
+                scaled = optimizer.scale_loss(loss)
+            optimizer.apply(tape.gradient(scaled, model.trainable_variables),
+                            model.trainable_variables)
+            return loss
+        return model, step
+
+    plain, plain_step = setup()
+    with distribution.scope():
+        model, step = setup()
+    for i, (x, y) in enumerate(kt.batches(X[:48], Y_REG[:48], 16) * 2):
+        want = plain_step(tf.constant(x), tf.constant(y))
+        with distribution.scope():
+            got = step(*(keras.distribution.distribute_tensor(
+                v, distribution.get_data_layout(v.shape)) for v in (x, y)))
+        np.testing.assert_allclose(float(got), float(want), rtol=1e-5, err_msg=f"step {i}")
+    for w, p in zip(model.weights, plain.weights):
+        np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6)
+
+
 def test_output_activation_key_relays_out_the_layer_output():
     seen = []
 
@@ -679,6 +785,50 @@ def test_output_activation_key_relays_out_the_layer_output():
             X[:8], distribution.get_data_layout((8, 16))))
     assert seen[-1] == "[batch,model] @ mesh(batch=2,model=4)"
     assert kt.fetch_layout_short(out) is not None
+
+
+def test_output_key_of_a_layer_with_several_outputs_lays_out_each_of_them():
+    # An LSTM with return_state returns (output, h, c): Keras hands the whole tuple to
+    # distribute_tensor with the one `lstm/output` layout (JAX lays out each leaf); it
+    # raised AttributeError ('tuple' object has no attribute 'shape') at model build.
+    seen = []
+
+    def record(t):
+        if tf.executing_eagerly():
+            seen.append(kt.fetch_layout_short(t))
+        return t
+
+    def build():
+        keras.utils.set_random_seed(3)
+        inputs = keras.Input((5, 6))
+        output, h, c = keras.layers.LSTM(8, return_state=True, name="lstm")(inputs)
+        joined = keras.layers.Concatenate()([output, keras.layers.Lambda(record, output_shape=(8,))(h), c])
+        model = keras.Model(inputs, keras.layers.Dense(4, name="out")(joined))
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    sequences = RNG.randn(16, 5, 6).astype("float32")
+    steps = kt.batches(sequences, Y_REG[:16], 8)
+    distribution = kt.model_parallel({".*lstm/output": ("batch", "model"),
+                                      ".*out/kernel": ("model", None)})
+    kt.assert_same_steps(kt.train_steps(build, distribution, steps),
+                         kt.train_steps(build, None, steps), rtol=1e-4, atol=1e-5)
+    with distribution.scope():
+        build()(keras.distribution.distribute_tensor(
+            sequences[:8], distribution.get_data_layout((8, 5, 6))))
+    assert seen == ["[batch,model] @ mesh(batch=2,model=4)"]
+
+
+def test_output_key_of_a_layer_whose_outputs_differ_in_rank_names_the_layer_and_fix():
+    with kt.model_parallel({".*mha/output": ("batch", None, "model")}).scope():
+        inputs = keras.Input((5, 6))
+        with pytest.raises(tf_dtensor.LayoutError) as error:
+            keras.layers.MultiHeadAttention(2, 4, name="mha")(inputs, inputs,
+                                                              return_attention_scores=True)
+    message = str(error.value)
+    for part in ["Keras layer `mha`", "LayoutMap['.*mha/output']", "`mha/output`",
+                 "[batch,*,model] @ mesh(batch=2,model=4)", "ranks [3, 4]", "Narrow the key"]:
+        assert part in message, message
 
 
 def test_large_unmatched_variable_is_reported_and_replicated_on_the_mesh():

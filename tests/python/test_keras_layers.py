@@ -125,6 +125,36 @@ def test_plain_layers_beside_sharded_ones_join_the_mesh():
                          kt.train_steps(lambda: build(False), None, steps))
 
 
+def test_a_model_on_its_layers_mesh_trains_there_under_a_distribution_of_other_devices():
+    # Layer arguments put d1 on a (2,2) mesh of cpu:0-3; fit under a DataParallel of
+    # cpu:4-7 laid d2's weights and the batch out on that mesh, and the step failed
+    # ("got inputs on different meshes"). The model keeps to its own mesh.
+    mesh = dtensor.create_mesh([("batch", 2), ("model", 2)],
+                               devices=[f"CPU:{i}" for i in range(4)])
+
+    def build(sharded):
+        keras.utils.set_random_seed(2)
+        first = layers.Dense(16, name="d1", kernel_layout=dtensor.Layout([U, "model"], mesh)) \
+            if sharded else keras.layers.Dense(16, name="d1")
+        model = keras.Sequential([keras.Input((8,)), first, keras.layers.Dense(2, name="d2")])
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+        return model
+
+    x, y = RNG.randn(16, 8).astype("float32"), RNG.randn(16, 2).astype("float32")
+    plain, model = build(False), build(True)
+    want = plain.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+    with keras.distribution.DataParallel(devices=kt.DEVICES[4:]).scope():
+        got = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
+    for w, p in zip(model.weights, plain.weights):
+        np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6)
+    assert kt.layouts(model) == {"d1/kernel": "[*,model] @ mesh(batch=2,model=2)",
+                                 "d1/bias": "[*] @ mesh(batch=2,model=2)",
+                                 "d2/kernel": "[*,*] @ mesh(batch=2,model=2)",
+                                 "d2/bias": "[*] @ mesh(batch=2,model=2)"}
+
+
 def test_placements_without_a_mesh_say_what_to_pass():
     layer = layers.Dense(4, kernel_layout=[Shard(1), Replicate()])
     with pytest.raises(ValueError, match="pass `mesh=`"):

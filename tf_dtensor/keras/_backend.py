@@ -183,8 +183,15 @@ def distribute_tensor(tensor, layout):
     """`tensor` laid out as `layout` (a TensorLayout or Layout), eagerly or while tracing.
 
     A regular tensor is sliced on each device (no device receives the whole value); a
-    DTensor is relayouted, and returned as is when it already has the layout.
+    DTensor is relayouted, and returned as is when it already has the layout. A nest (the
+    outputs of a layer that returns several, such as an LSTM's `(output, h, c)`, which
+    Keras lays out by one `{layer path}/output` key) is laid out value by value, as JAX
+    lays out each leaf of a pytree; each value must have the layout's rank.
     """
+    if tf.nest.is_nested(tensor):
+        _check_one_rank(tensor, layout)
+        return tf.nest.map_structure(
+            lambda value: value if value is None else distribute_tensor(value, layout), tensor)
     if _is_keras_tensor(tensor):
         return tensor  # symbolic (functional model construction): nothing to place
     if isinstance(tensor, tf.Variable) and not api._is_dtensor(tensor):
@@ -198,6 +205,23 @@ def distribute_tensor(tensor, layout):
             tensor = tensor.read_value()
         return tensor if api.fetch_layout(tensor) == layout else api.relayout(tensor, layout)
     return api.copy_to_mesh(tensor, layout)
+
+
+def _check_one_rank(values, layout) -> None:
+    """Raises LayoutError when the values of a nest that one layout is to lay out have
+    several ranks (`MultiHeadAttention(return_attention_scores=True)`: ranks 3 and 4)."""
+    ranks = [len(v.shape) for v in tf.nest.flatten(values) if v is not None]
+    if len(set(ranks)) < 2:
+        return
+    output = _layer_output_key(layout)
+    what = (f"the outputs of Keras layer `{output[0][:-len('/output')]}`, which "
+            f"LayoutMap[{output[1]!r}] lays out (it matches `{output[0]}`)" if output
+            else "a nest of values")
+    raise LayoutError(
+        f"Cannot lay out {what} as {as_layout(layout).short()}: one layout lays out every "
+        f"value of the nest, and these have ranks {ranks}. Narrow the key so that it does "
+        f"not match this layer, and lay out a layer's output downstream instead, or lay "
+        f"out each value in the layer's `call` with `keras.distribution.distribute_tensor`.")
 
 
 def scatter_host_value(array: np.ndarray, layout: Layout):
@@ -233,8 +257,11 @@ def distribute_data_input(per_process_batch, layout, batch_dim_name):
 
 
 def lay_out_batch(batch, mesh: Mesh):
-    """A host batch (any nest) on `mesh`: as the active distribution says, else replicated."""
+    """A host batch (any nest) on `mesh`: as the active distribution says when `mesh` is its
+    mesh, else replicated (a model whose layer arguments keep it on its own mesh)."""
     distribution = active_distribution()
+    if distribution is not None and distribution.device_mesh.backend_mesh != mesh:
+        distribution = None
 
     def place(value):
         if value is None or api._is_dtensor(value):

@@ -32,6 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import ops
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 from tf_dtensor import api
@@ -178,6 +179,28 @@ def _variable_layout(variable) -> Layout:
         f"and a layout needs one entry per axis of the variable. {fix}.")
 
 
+def _tell_tracing_function(variable) -> None:
+    """Lets a tf.function being traced know that this trace made a variable.
+
+    tf.function traces again after a first trace that made variables (Keras code branches
+    on what they are: a LossScaleOptimizer built in the step scales the loss by its
+    variable, not by its constant initial scale), and counts those `tf.Variable` made
+    through its variable creator. A DVariable is made on the mesh outside the function,
+    where that creator does not see it; a one-element marker made through the creator
+    tells it instead (kept while the Keras variable lives, outside it: a Keras variable
+    tracks its attributes into checkpoints).
+    """
+    if tf.inside_function() and ops.get_default_graph()._variable_creator_stack:
+        key = id(variable)
+        _TRACE_MARKERS[key] = tf.Variable(False, trainable=False,
+                                          name="tf_dtensor_made_a_variable")
+        weakref.finalize(variable, _TRACE_MARKERS.pop, key, None)
+
+
+# id of a Keras variable made while a tf.function was traced -> its marker.
+_TRACE_MARKERS: Dict[int, Any] = {}
+
+
 def _variable_hooks(variable_class) -> None:
     original_initialize = variable_class._initialize
     distributed_classes: Dict[type, type] = {}
@@ -196,10 +219,13 @@ def _variable_hooks(variable_class) -> None:
             self._layout = asked(len(self._shape))
             self._tf_dtensor_rule = "layer argument"
         distribution = _backend.active_distribution()
+        mesh = _default_mesh()
+        if distribution is not None and mesh is not None and \
+                distribution.device_mesh.backend_mesh != mesh:
+            distribution = None  # its model's (layer's) variables live on another mesh
         if self._layout is None and distribution is not None:
             self._layout = distribution.get_variable_layout(self)
             self._tf_dtensor_rule = rule_for(distribution, self)
-        mesh = _default_mesh()
         if self._layout is None and mesh is not None:
             self._layout = Layout.replicated(mesh, len(self._shape))
             self._tf_dtensor_rule = "replicated on the mesh of the model's other weights"
@@ -225,6 +251,7 @@ def _variable_hooks(variable_class) -> None:
                 initial, trainable=self.trainable, name=self.name,
                 aggregation=self._map_aggregation(self.aggregation),
                 synchronization=self._map_synchronization(self.synchronization))
+        _tell_tracing_function(self)
         cls = type(self)
         if cls not in distributed_classes.values():
             if cls not in distributed_classes:
@@ -380,6 +407,9 @@ def _adopt(model) -> bool:
     optimizer slot in its weight's layout, the rest replicated. Their values are kept.
     Otherwise (weights laid out by layer arguments, other variables made off the mesh: the
     optimizer's counters, metrics, plain layers) each is replicated on the model's mesh.
+    A model laid out by another distribution (on another mesh), none of whose variables a
+    layer argument laid out, moves to the active one: every variable is laid out again as
+    if made under it, its value carried through the host.
     """
     distribution = _backend.active_distribution()
     checked = _CHECKED.get(model)
@@ -402,24 +432,36 @@ def _adopted_mesh(model):
 
 def _adopt_unchecked(model, distribution) -> bool:
     mesh = _model_mesh(model)
+    moving = False
     if distribution is not None:
         distribution_mesh = distribution.device_mesh.backend_mesh
         if mesh is None:
             mesh = distribution_mesh
         elif distribution_mesh != mesh:
-            distribution = None
+            # Made under another distribution: it moves to this one, unless a layer
+            # argument pinned a weight to its mesh (that model stays where it is).
+            moving = not any(getattr(v, "_tf_dtensor_rule", None) == "layer argument"
+                             for v in model.variables)
+            if moving:
+                mesh = distribution_mesh
+            else:
+                distribution = None
     if mesh is None:
         return False
-    plain = [variable for variable in _state_variables(model)
-             if not is_distributed(variable) and getattr(variable, "_value", None) is not None]
-    if not plain:
+    state = list({id(v): v for v in _state_variables(model)}.values())
+    chosen = [variable for variable in state
+              if (moving or not is_distributed(variable)) and
+              getattr(variable, "_value", None) is not None]
+    if not chosen:
         return False
     optimizer = getattr(model, "optimizer", None)
     keys = _variable_keys(optimizer)
     references = _slot_references(optimizer) if distribution is not None else {}
-    for variable in plain:  # weights first: a slot takes its weight's new layout
-        value = variable._value
-        variable._layout = None
+    # Values are read before any variable moves (a slot's reference is its weight).
+    values = [_backend.to_numpy(variable._value) if is_distributed(variable)
+              else variable._value.read_value() for variable in chosen]
+    for variable, value in zip(chosen, values):  # weights first: a slot takes its weight's
+        variable._layout = None                 # new layout
         if hasattr(variable, "_tf_dtensor_rule"):
             del variable._tf_dtensor_rule
         reference = references.get(id(variable))
@@ -427,7 +469,7 @@ def _adopt_unchecked(model, distribution) -> bool:
             variable._layout = reference._layout
             variable._tf_dtensor_rule = f"its weight's layout (`{reference.path}`)"
         with default_mesh(mesh):
-            variable._initialize(value.read_value())
+            variable._initialize(value)
     _rekey(optimizer, keys)
     _ADOPTIONS[model] = _ADOPTIONS.get(model, 0) + 1
     return True
