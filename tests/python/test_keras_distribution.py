@@ -299,6 +299,16 @@ def test_model_built_before_set_distribution_is_laid_out_at_its_first_fit(kind):
         assert _hooks.is_distributed(variable), variable.path
 
 
+def _assert_same_training(got, want, model, plain):
+    """fit's histories agree, and so do the weights and optimizer variables after it."""
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
+    for w, p in zip(model.weights + model.optimizer.variables,
+                    plain.weights + plain.optimizer.variables):
+        np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6,
+                                   err_msg=w.path)
+
+
 def test_model_trained_on_one_device_continues_on_the_distribution_as_on_one_device():
     # The optimizer was built (slots made, weights keyed) before the distribution was set:
     # its slots move into their weights' layouts and it still finds every weight.
@@ -310,12 +320,7 @@ def test_model_trained_on_one_device_continues_on_the_distribution_as_on_one_dev
     with kt.model_parallel(MLP_RULES).scope():
         got = model.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
                         verbose=0).history
-    for key in want:
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
-    for w, p in zip(model.weights + model.optimizer.variables,
-                    plain.weights + plain.optimizer.variables):
-        np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6,
-                                   err_msg=w.path)
+    _assert_same_training(got, want, model, plain)
     assert kt.layouts(model) == MLP_LAYOUTS
     slots = _slot_layouts(model)
     assert len(slots) == 8 and all(slot == weight for slot, weight in slots.values())
@@ -351,12 +356,7 @@ def test_model_laid_out_by_one_distribution_moves_to_another_at_its_first_fit(mo
     with distribution.scope():
         got = model.fit(X[:48], Y_REG[:48], batch_size=16, epochs=2, shuffle=False,
                         verbose=0).history
-    for key in want:
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
-    for w, p in zip(model.weights + model.optimizer.variables,
-                    plain.weights + plain.optimizer.variables):
-        np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6,
-                                   err_msg=w.path)
+    _assert_same_training(got, want, model, plain)
     assert kt.layouts(model)["d1/kernel"] == d1_kernel, kt.layouts(model)
     mesh = distribution.device_mesh.backend_mesh
     for variable in _hooks._state_variables(model):
