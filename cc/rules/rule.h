@@ -16,6 +16,7 @@
 #define TF_DTENSOR_CC_RULES_RULE_H_
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -85,6 +86,9 @@ struct Plan {
   // exchange, synchronised batch-norm statistics, a softmax's row max and sum), and why
   // an axis was gathered, in words for Collectives() and debug.
   std::vector<std::string> notes;
+  // A rule that runs the op as another op (ThroughValue: a resource op as the functional op
+  // on the variable's value) keeps that op's plan here for its Expand, planned once.
+  std::shared_ptr<const Plan> through;
 
   // Every input that has a layout whole on each device, and one output of `output_rank`,
   // replicated: the plan of an op that runs as one device would (operands known only at

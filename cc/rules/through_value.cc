@@ -16,7 +16,8 @@ class ThroughValueRule : public Rule {
     TFD_ASSIGN_OR_RETURN(Plan inner, InnerPlan(ctx));
     const Layout& variable = ctx.inputs[0].resource->value_layout;
     const Layout value = inner.inputs[0] ? *inner.inputs[0] : variable;
-    Plan plan = std::move(inner);
+    Plan plan = inner;
+    plan.through = std::make_shared<const Plan>(std::move(inner));
     plan.inputs[0] = std::nullopt;
     if (value != variable) {
       plan.notes.push_back("reads the DVariable's value " + variable.ShortString() + " as " +
@@ -34,7 +35,12 @@ class ThroughValueRule : public Rule {
 
   StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                         Builder& builder) const override {
-    TFD_ASSIGN_OR_RETURN(Plan inner, InnerPlan(ctx));
+    // Forward's plan of the functional op (planned again only for a plan made elsewhere).
+    Plan planned;
+    if (!plan.through) {
+      TFD_ASSIGN_OR_RETURN(planned, InnerPlan(ctx));
+    }
+    const Plan& inner = plan.through ? *plan.through : planned;
     const ResourceInfo& resource = *ctx.inputs[0].resource;
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, plan, builder));
     const ValueId handle = inputs[0];
