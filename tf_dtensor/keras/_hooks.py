@@ -216,7 +216,13 @@ def _variable_hooks(variable_class) -> None:
             self._tf_dtensor_rule = "its own layout= (an optimizer slot: its weight's)"
         asked = _asked_layout(self.path)
         if asked is not None and self._layout is None:
-            self._layout = asked(len(self._shape))
+            try:
+                self._layout = asked(len(self._shape))
+            except LayoutError as error:
+                # The argument's rank check knows the argument, not the variable it lays out.
+                raise LayoutError(f"Cannot lay out Keras variable `{self.path}` (shape "
+                                  f"{tuple(self._shape)}) by its layer's layout argument: "
+                                  f"{error}") from None
             self._tf_dtensor_rule = "layer argument"
         distribution = _backend.active_distribution()
         mesh = _default_mesh()
