@@ -151,6 +151,12 @@ def _layout_arg(layout: Any, function: str) -> Layout:
 def _matched(tensor, layout: Layout) -> Layout:
     """`layout` with each MATCH axis given `tensor`'s sharding of it (eagerly)."""
     current = fetch_layout(tensor)
+    if current.rank != layout.rank:
+        # Checked here, before MATCH is filled in: the message showed a target no one wrote
+        # ([x,*,y] for [match,match,y]).
+        raise RelayoutError(f"relayout to {layout.short()}: the layout has rank {layout.rank} "
+                            f"but the input ({current.short()}) has rank {current.rank}. Give "
+                            f"one sharding spec (or MATCH) per tensor axis.")
     if current.mesh != layout.mesh:
         raise LayoutError(f"relayout to {layout.short()}: MATCH keeps an axis's sharding on "
                           f"the same mesh, but the input is on {current.mesh.short()}.")

@@ -249,6 +249,18 @@ def test_uneven_shape_is_split_like_torch_chunk(to_layout, mesh_8):
     assert [c.shape[0] for c in dtensor.unpack(t)] == [1, 1, 1, 1, 1, 1, 0, 0]
 
 
+def test_relayout_to_match_of_another_rank_shows_the_layout_as_written(mesh_2x2):
+    """MATCH was filled in from the input first, and the error showed [x,*,y], a target the
+    caller never wrote. TensorFlow's DTensor raises a ValueError too."""
+    t = to_dtensor(_X, layout_of("[x,*]", mesh_2x2))
+    target = Layout([dtensor.MATCH, dtensor.MATCH, "y"], mesh_2x2)
+    with pytest.raises(tf_dtensor.RelayoutError,
+                       match=r"relayout to \[match,match,y\] @ mesh\(x=2,y=2\): the layout has "
+                             r"rank 3 but the input \(\[x,\*\] @ mesh\(x=2,y=2\)\) has rank 2"):
+        dtensor.relayout(t, target)
+    assert issubclass(tf_dtensor.RelayoutError, ValueError)
+
+
 def test_relayout_like_of_a_regular_template_names_relayout_like(mesh_2x2):
     """The message named `fetch_layout`, which the caller never called."""
     t = to_dtensor(_X, layout_of("[x,y]", mesh_2x2))
