@@ -141,7 +141,12 @@ def check_mesh(mesh) -> None:
     Checked when a mesh is first used, not when it is built: programs (TensorFlow's tests
     among them) build meshes first and split the host into logical devices afterwards.
     """
-    if mesh is None or mesh in _checked_meshes:
+    if mesh is None:
+        return
+    # The device of the current context first: after a context reset (with fewer logical
+    # devices, say) it clears what was checked against the old context.
+    get()
+    if mesh in _checked_meshes:
         return
     devices = mesh.local_devices()
     if not _existing_devices.issuperset(devices):

@@ -126,6 +126,7 @@ def check_layout(tensor, layout: Layout) -> None:
       TypeError: `tensor` is not a tensor (TensorFlow's DTensor raises TypeError too).
       LayoutError: `tensor` is a regular tensor.
     """
+    _layout_arg(layout, "check_layout")
     actual = fetch_layout(tensor)
     if actual is None:
         raise TypeError(f"check_layout expects a DTensor; got a `{type(tensor).__name__}`. "
@@ -150,6 +151,12 @@ def _layout_arg(layout: Any, function: str) -> Layout:
 def _matched(tensor, layout: Layout) -> Layout:
     """`layout` with each MATCH axis given `tensor`'s sharding of it (eagerly)."""
     current = fetch_layout(tensor)
+    if current.rank != layout.rank:
+        # Checked here, before MATCH is filled in: the message showed a target no one wrote
+        # ([x,*,y] for [match,match,y]).
+        raise RelayoutError(f"relayout to {layout.short()}: the layout has rank {layout.rank} "
+                            f"but the input ({current.short()}) has rank {current.rank}. Give "
+                            f"one sharding spec (or MATCH) per tensor axis.")
     if current.mesh != layout.mesh:
         raise LayoutError(f"relayout to {layout.short()}: MATCH keeps an axis's sharding on "
                           f"the same mesh, but the input is on {current.mesh.short()}.")
@@ -183,6 +190,12 @@ def pack(tensors: Sequence[Any], layout: Layout, *, run_check: bool = False) -> 
     """
     _layout_arg(layout, "pack")
     _refuse_while_tracing("pack")
+    if tf.is_tensor(tensors) or isinstance(tensors, np.ndarray):
+        # Iterated, one tensor would be its rows, each taken for a device's component.
+        raise PackError(f"pack takes a list of tensors, one per local device of "
+                        f"{layout.mesh.short()}; got one tensor of shape "
+                        f"{list(tensors.shape)}. Pass `[component_0, component_1, ...]`, or "
+                        f"`copy_to_mesh(tensor, layout)` to lay out one whole value.")
     if not isinstance(tensors, (list, tuple)):
         tensors = list(tensors)  # a generator is read once, here
     if any(isinstance(t, tf.SparseTensor) for t in tensors):
@@ -474,6 +487,11 @@ def relayout_like(tensor: tf.Tensor, layout_tensor: tf.Tensor,
                         f"tf.function being traced, and it is out of scope and cannot be used "
                         f"here (eagerly, e.g. under `init_scope`). Pass a DTensor made eagerly, "
                         f"or call relayout_like in the function's body.")
+    if not _is_dtensor(layout_tensor):
+        raise LayoutError(f"relayout_like: `layout_tensor` must be a DTensor, whose layout "
+                          f"`tensor` takes; got a regular {type(layout_tensor).__name__} "
+                          f"(FetchLayout expects a tensor placed on the layout device.), which "
+                          f"has none. Pass a DTensor, or call `relayout(tensor, layout)`.")
     return relayout(tensor, fetch_layout(layout_tensor), name)
 
 

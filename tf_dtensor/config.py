@@ -19,8 +19,9 @@ makes this process one client of the cluster on TensorFlow's distributed runtime
 from __future__ import annotations
 
 import logging
+import numbers
 import os
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -281,18 +282,34 @@ def create_mesh(mesh_dims: Union[List[Tuple[str, int]], Dict[str, int], None] = 
                 f"create_mesh: this host has no {device_type or 'CPU'} devices to build the "
                 f"mesh from (device_type={device_type or 'CPU'!r}). Use a device type it has "
                 f"(`tf.config.list_logical_devices()`), or pass `devices=`.")
+    elif isinstance(devices, (str, bytes)) or hasattr(devices, "to_string"):
+        # Iterated, "CPU:0" would be five devices named by its letters.
+        raise MeshError(f"create_mesh: `devices` must be a list of devices; got the single "
+                        f"device {devices!r}. Did you mean [{devices!r}]?")
     device_names = [_this_clients(d) for d in devices]
+    if device_type is not None and device_names:
+        # As TensorFlow's DTensor: a `device_type` that the given devices do not have is a
+        # mistake, not a hint to ignore.
+        wanted = device_type.upper()
+        other = [d for d in device_names if _device_type_of(d) not in ("", wanted)]
+        if other:
+            raise MeshError(f"create_mesh: `device_type={device_type!r}` conflicts with the "
+                            f"devices given ({other[0]!r} is a "
+                            f"{_device_type_of(other[0])} device; Conflicting devices and "
+                            f"device_type). Leave `device_type` out when passing `devices`, or "
+                            f"pass {wanted} devices.")
     if mesh_dims is None:
         mesh_dims = [("x", len(device_names))]
     elif isinstance(mesh_dims, dict):
         mesh_dims = list(mesh_dims.items())
+    mesh_dims = _mesh_dim_pairs(mesh_dims)
     if len(mesh_dims) == 1 and mesh_dims[0][1] == -1:
         # As in TensorFlow's DTensor: a single dimension of size -1 takes every device.
         mesh_dims = [(mesh_dims[0][0], len(device_names))]
     names = [name for name, _ in mesh_dims]
     for i, name in enumerate(names):
         if not isinstance(name, str):
-            raise MeshError(f"Mesh dimension {i} is named {name!r} ({type(name).__name__}); "
+            raise TypeError(f"Mesh dimension {i} is named {name!r} ({type(name).__name__}); "
                             f"mesh dimensions are named by strings, e.g. ('x', 2).")
     sizes = [_dim_size(name, size) for name, size in mesh_dims]
     for name, size in zip(names, sizes):
@@ -317,10 +334,40 @@ def create_mesh(mesh_dims: Union[List[Tuple[str, int]], Dict[str, int], None] = 
     return mesh
 
 
+def _device_type_of(name: str) -> str:
+    """"CPU" for "CPU:0" or a full name; "" for a name that does not parse (the mesh refuses
+    it, naming it)."""
+    try:
+        return (tf_device.DeviceSpec.from_string(name).device_type or "").upper()
+    except ValueError:
+        return ""
+
+
+def _mesh_dim_pairs(mesh_dims) -> List[Tuple[Any, Any]]:
+    """`mesh_dims` as a list of (name, size) pairs; any other shape is a TypeError naming it
+    (`create_mesh("x")`, `create_mesh(["x", "y"])` and `[("x", 2, 1)]` once failed inside
+    tuple unpacking, with a message that named neither `create_mesh` nor `mesh_dims`)."""
+    usage = ("create_mesh: `mesh_dims` must be a list of (name, size) pairs such as "
+             "[('x', 2), ('y', 4)], or a dict {'x': 2, 'y': 4}")
+    if isinstance(mesh_dims, (str, bytes)):
+        raise TypeError(f"{usage}; got the string {mesh_dims!r}. Did you mean "
+                        f"[({mesh_dims!r}, -1)] (one dimension over every device)?")
+    try:
+        pairs = list(mesh_dims)
+    except TypeError:
+        raise TypeError(f"{usage}; got {mesh_dims!r} ({type(mesh_dims).__name__}).") from None
+    for i, pair in enumerate(pairs):
+        if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+            raise TypeError(f"{usage}; entry {i} is {pair!r}.")
+    return [tuple(pair) for pair in pairs]
+
+
 def _dim_size(name: str, size) -> int:
-    """A mesh dimension size as an int; 2.5 or "2" is refused rather than truncated."""
-    if isinstance(size, (bool, str)) or not np.isscalar(size) or float(size) != int(size):
-        raise MeshError(f"Mesh dimension `{name}` has size {size!r}; sizes are whole numbers "
+    """A mesh dimension size as an int; 2.5 or "2" is refused rather than truncated (a
+    TypeError, as in TensorFlow's DTensor); an integral float such as 2.0 is taken."""
+    if isinstance(size, (bool, str, bytes)) or not np.isscalar(size) or \
+            not isinstance(size, (numbers.Integral, numbers.Real)) or float(size) != int(size):
+        raise TypeError(f"Mesh dimension `{name}` has size {size!r}; sizes are whole numbers "
                         f"of devices, e.g. ({name!r}, 2).")
     return int(size)
 

@@ -192,6 +192,12 @@ def visualize(tensor, path: Optional[str] = None) -> str:
       >>> t = call_with_layout(tf.zeros, Layout(["x", UNSHARDED], mesh), [4, 2])
       >>> _ = visualize(t)
     """
+    if not api.is_dtensor(tensor):
+        # fetch_layout's own error named fetch_layout (and a Python value got None back).
+        raise LayoutError(f"visualize takes a DTensor or a DVariable; got a regular "
+                          f"{type(tensor).__name__}, which one device holds whole. Lay it out "
+                          f"first (`copy_to_mesh(value, layout)`), or visualize a layout "
+                          f"without a value with `block_table(layout, shape)`.")
     layout = api.fetch_layout(tensor)
     shape = [int(d) for d in tensor.shape]
     text = block_table(layout, shape)

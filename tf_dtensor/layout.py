@@ -40,7 +40,12 @@ def _partial_items(partial) -> List[Tuple[str, str]]:
 
 
 def _rank(rank, where: str) -> int:
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 0:
+    # A rank of another type (2.0, "2") is a TypeError, as in TensorFlow's DTensor; a
+    # negative one a LayoutError (a ValueError).
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+        raise TypeError(f"{where}: `rank` must be a non-negative integer; got {rank!r} "
+                        f"({type(rank).__name__}).")
+    if rank < 0:
         raise LayoutError(f"{where}: `rank` must be a non-negative integer; got {rank!r}.")
     return int(rank)
 
@@ -228,6 +233,10 @@ class Layout:
 
     @staticmethod
     def inner_sharded(mesh: Mesh, inner_dim: str, rank: int) -> "Layout":
+        if _rank(rank, "Layout.inner_sharded") == 0:
+            raise LayoutError(f"Layout.inner_sharded: a rank-0 layout has no inner axis to "
+                              f"shard over `{inner_dim}`; give `rank` >= 1, or use "
+                              f"`Layout.replicated(mesh, 0)` for a scalar.")
         return Layout.batch_sharded(mesh, inner_dim, rank, axis=rank - 1)
 
     def to_string(self) -> str:

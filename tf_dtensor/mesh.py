@@ -26,6 +26,15 @@ def _device_str(device) -> str:
     return device
 
 
+def _device_strs(devices, what: str) -> List[str]:
+    """Device names from a list; one name alone ("CPU:0") is refused, not read letter by
+    letter."""
+    if isinstance(devices, (str, bytes)) or hasattr(devices, "to_string"):
+        raise MeshError(f"`{what}` must be a list of devices; got the single device "
+                        f"{devices!r}. Did you mean [{devices!r}]?")
+    return [_device_str(d) for d in devices]
+
+
 def _serialized(proto, expected: type) -> bytes:
     """The bytes of a TF DTensor proto message, for the C++ parser."""
     if not hasattr(proto, "SerializeToString"):
@@ -74,7 +83,8 @@ class Mesh:
     ):
         ids = np.asarray(global_device_ids)
         if ids.size and ids.dtype.kind not in "iu":
-            raise MeshError(f"`global_device_ids` must hold integers; got {ids.dtype} values "
+            # A TypeError, the class TensorFlow's DTensor raises for such ids.
+            raise TypeError(f"`global_device_ids` must hold integers; got {ids.dtype} values "
                             f"{ids.ravel()[:4].tolist()}. Use e.g. np.arange(n).reshape(...).")
         names = _args.strings(dim_names, "`dim_names`")
         if ids.ndim != len(names):
@@ -92,9 +102,9 @@ class Mesh:
             dims,
             [int(i) for i in ids.ravel()],
             [int(i) for i in local_device_ids],
-            [_device_str(d) for d in local_devices],
+            _device_strs(local_devices, "local_devices"),
             mesh_name,
-            [_device_str(d) for d in (global_devices or [])],
+            _device_strs(global_devices or [], "global_devices"),
             use_xla_spmd,
         )
 

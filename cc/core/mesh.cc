@@ -199,8 +199,17 @@ StatusOr<Mesh> Mesh::Create(std::vector<MeshDim> dims, std::vector<int64_t> glob
     }
   }
   std::set<std::string> device_set;
+  // A name that does not parse ("foo", one letter of a string passed for a list) is named
+  // as written; read on, "foo" and "bar" were a mesh that "mixes device types FOO and BAR".
+  auto unparsable = [](const std::string& written) {
+    return InvalidArgument("Cannot read `" + written + "` as a device of the mesh: expected "
+                           "a device name such as `CPU:0` or "
+                           "`/job:localhost/replica:0/task:0/device:CPU:0`.");
+  };
   for (std::string& device : local_devices) {
+    std::string written = device;
     device = CanonicalDeviceName(device);
+    if (!IsFullDeviceName(device)) return unparsable(written);
     if (!device_set.insert(device).second) {
       return InvalidArgument("Device `" + device + "` appears twice in the mesh (Duplicate "
                              "devices found in mesh specification); each device may hold one "
@@ -217,7 +226,11 @@ StatusOr<Mesh> Mesh::Create(std::vector<MeshDim> dims, std::vector<int64_t> glob
                              "with `copy_to_mesh` or `relayout`).");
     }
   }
-  for (std::string& device : global_devices) device = CanonicalDeviceName(device);
+  for (std::string& device : global_devices) {
+    std::string written = device;
+    device = CanonicalDeviceName(device);
+    if (!IsFullDeviceName(device)) return unparsable(written);
+  }
   if (!global_devices.empty() && static_cast<int64_t>(global_devices.size()) != rep->size) {
     return InvalidArgument("Mesh has " + std::to_string(rep->size) + " devices but " +
                            std::to_string(global_devices.size()) + " global devices were given.");

@@ -97,6 +97,18 @@ def test_pack_rejects_dtensor_components(mesh_2x2):
         dtensor.pack([component] * 4, Layout(["x", UNSHARDED], mesh_2x2))
 
 
+@pytest.mark.parametrize("one", [np.zeros((2, 2), np.float32), tf.zeros([2, 2])],
+                         ids=["numpy", "tensor"])
+def test_pack_of_one_tensor_instead_of_a_list(one, mesh_2x2):
+    """Iterated, the tensor's 2 rows were taken as 2 components ("pack got 2 components").
+    A PackError is an UnimplementedError, what TensorFlow's DTensor raises here."""
+    with pytest.raises(tf_dtensor.PackError,
+                       match=r"pack takes a list of tensors, one per local device of "
+                             r"mesh\(x=2,y=2\); got one tensor of shape \[2, 2\]"):
+        dtensor.pack(one, Layout(["x", UNSHARDED], mesh_2x2))
+    assert issubclass(tf_dtensor.PackError, tf.errors.UnimplementedError)
+
+
 def test_unpack_regular_tensor():
     with pytest.raises(tf_dtensor.LayoutError, match="expects a DTensor"):
         dtensor.unpack(tf.zeros([2]))
@@ -168,6 +180,15 @@ def test_check_layout(mesh_2x2):
         dtensor.check_layout(t, layout_of("[x,*]", mesh_2x2))
 
 
+@pytest.mark.parametrize("layout", [None, "[x,y]", MESH_2X2], ids=["none", "string", "mesh"])
+def test_check_layout_of_a_non_layout_is_a_type_error(layout, mesh_2x2):
+    """`check_layout(t, None)` raised AttributeError ('NoneType' has no attribute 'short');
+    TensorFlow's DTensor raises TypeError."""
+    t = to_dtensor(np.zeros((8, 4)), layout_of("[x,y]", mesh_2x2))
+    with pytest.raises(TypeError, match=r"`check_layout` takes a `Layout` as `layout`"):
+        dtensor.check_layout(t, layout)
+
+
 def test_is_dtensor(mesh_2x2):
     t = to_dtensor(np.zeros((8, 4)), layout_of("[x,y]", mesh_2x2))
     assert dtensor.is_dtensor(t)
@@ -226,6 +247,27 @@ def test_uneven_shape_is_split_like_torch_chunk(to_layout, mesh_8):
     t = to_layout(tf.constant(x), layout)
     assert_dtensor_equal(x, layout, t)
     assert [c.shape[0] for c in dtensor.unpack(t)] == [1, 1, 1, 1, 1, 1, 0, 0]
+
+
+def test_relayout_to_match_of_another_rank_shows_the_layout_as_written(mesh_2x2):
+    """MATCH was filled in from the input first, and the error showed [x,*,y], a target the
+    caller never wrote. TensorFlow's DTensor raises a ValueError too."""
+    t = to_dtensor(_X, layout_of("[x,*]", mesh_2x2))
+    target = Layout([dtensor.MATCH, dtensor.MATCH, "y"], mesh_2x2)
+    with pytest.raises(tf_dtensor.RelayoutError,
+                       match=r"relayout to \[match,match,y\] @ mesh\(x=2,y=2\): the layout has "
+                             r"rank 3 but the input \(\[x,\*\] @ mesh\(x=2,y=2\)\) has rank 2"):
+        dtensor.relayout(t, target)
+    assert issubclass(tf_dtensor.RelayoutError, ValueError)
+
+
+def test_relayout_like_of_a_regular_template_names_relayout_like(mesh_2x2):
+    """The message named `fetch_layout`, which the caller never called."""
+    t = to_dtensor(_X, layout_of("[x,y]", mesh_2x2))
+    with pytest.raises(tf_dtensor.LayoutError,
+                       match=r"relayout_like: `layout_tensor` must be a DTensor.*got a regular "
+                             r"EagerTensor.*call `relayout\(tensor, layout\)`"):
+        dtensor.relayout_like(t, tf.zeros(_X.shape))
 
 
 def test_relayout_like(mesh_2x2):

@@ -233,6 +233,28 @@ def test_a_mesh_is_checked_again_after_a_reset_to_fewer_devices():
     assert "CPU:4` of mesh(x=8) does not exist: this host has 4" in out["raised"], out
 
 
+def test_a_mesh_used_before_a_reset_is_checked_again_at_its_first_use_after_it():
+    """`check_mesh` answered from what it had checked in the old context until an op of the
+    new one registered the device: a mesh used before a reset to fewer devices made a
+    DTensor on devices that no longer exist, and only `unpack` failed ("CPU:2 unknown
+    device"). TensorFlow's DTensor returns a regular tensor there."""
+    out = _run("""
+        configure(8)
+        mesh = dtensor.create_mesh([("x", 2), ("y", 2)], devices=[f"CPU:{d}" for d in range(4)])
+        layout = dtensor.Layout(["x", dtensor.UNSHARDED], mesh)
+        dtensor.relayout(dtensor.copy_to_mesh(tf.ones([4, 2]), dtensor.Layout.replicated(mesh, 2)),
+                         layout)
+        context._reset_context(); configure(2)
+        try:
+            dtensor.call_with_layout(tf.ones, layout, shape=(4, 2))
+            print(json.dumps({"raised": None}))
+        except ValueError as e:
+            print(json.dumps({"raised": type(e).__name__ + ": " + str(e)}))
+    """)
+    assert "MeshError: Device `/job:localhost/replica:0/task:0/device:CPU:2` of mesh(x=2,y=2) " \
+        "does not exist: this host has 2" in out["raised"], out
+
+
 def test_collectives_renewed_after_a_failed_step_in_each_context():
     """A failed step under the collective-ops lowering renews TensorFlow's collective
     executor manager of its context (cc/eager/collective_recovery.h); the renewed manager

@@ -37,6 +37,15 @@ def test_visualize_row_sharded(mesh_2x2, capsys):
     assert _devices_in(lines[bottom + 1]) == ["CPU:2", "CPU:3"]
 
 
+@pytest.mark.parametrize("value", [np.zeros((4, 2)), 3.0], ids=["numpy", "python"])
+def test_visualize_of_a_regular_value_names_visualize(value):
+    """The error named fetch_layout (for a Python value: AttributeError on the None it
+    returned)."""
+    with pytest.raises(tf_dtensor.LayoutError, match=r"visualize takes a DTensor or a DVariable; "
+                                                     r"got a regular"):
+        tf_dtensor.debug.visualize(tf.constant(value) if isinstance(value, np.ndarray) else value)
+
+
 def test_visualize_fully_sharded(mesh_2x2):
     t = to_dtensor(np.zeros((4, 8), np.float32), layout_of("[x,y]", mesh_2x2))
     text = tf_dtensor.debug.visualize(t)

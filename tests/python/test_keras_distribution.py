@@ -93,6 +93,24 @@ def test_model_parallel_mlp_matches_one_device_at_every_step():
     kt.assert_same_steps(got, want)
 
 
+def test_a_batch_dim_name_that_is_not_a_mesh_axis_is_refused_at_the_first_step():
+    """A Sequential given no input shape is built in its first step, which ran before any
+    batch was laid out by the distribution: a fit of one step took `batch_dim_name="nope"`
+    silently (Keras' own check came at the second step; on JAX, Keras refuses it at the
+    first batch with a ValueError)."""
+    mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"], kt.DEVICES)
+    distribution = keras.distribution.ModelParallel(
+        layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="nope")
+    with distribution.scope():
+        model = keras.Sequential([keras.layers.Dense(8)])
+        model.compile(loss="mse")
+        with pytest.raises(ValueError, match=r"ModelParallel\(batch_dim_name='nope'\): the "
+                                             r"batch dimension must be an axis of its "
+                                             r"DeviceMesh, whose axes are \['batch', 'model'\]"):
+            model.fit(np.ones([8, 4], np.float32), np.ones([8, 8], np.float32), epochs=1,
+                      verbose=0)
+
+
 OPTIMIZERS = {
     "SGD-momentum": lambda: keras.optimizers.SGD(0.01, momentum=0.9, nesterov=True),
     "Adam": lambda: keras.optimizers.Adam(0.01), "AdamW": lambda: keras.optimizers.AdamW(0.01),

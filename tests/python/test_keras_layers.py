@@ -159,3 +159,14 @@ def test_placements_without_a_mesh_say_what_to_pass():
     layer = layers.Dense(4, kernel_layout=[Shard(1), Replicate()])
     with pytest.raises(ValueError, match="pass `mesh=`"):
         layer.build((2, 8))
+
+
+def test_a_layout_argument_of_another_rank_names_the_variable_and_the_argument():
+    """The message was "Layout [model] has rank 1 but the value has rank 2", naming neither
+    the layer's variable nor the argument that gave the layout."""
+    layer = layers.Dense(8, kernel_layout=L("model"))
+    with pytest.raises(tf_dtensor.LayoutError,
+                       match=r"Cannot lay out Keras variable `dense\w*/kernel` \(shape \(4, 8\)\) "
+                             r"by its layer's layout argument: `kernel_layout`: Layout \[model\] "
+                             r"@ mesh\(batch=2,model=4\) has rank 1 but the value has rank 2"):
+        layer.build((2, 4))

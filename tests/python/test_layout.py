@@ -383,10 +383,22 @@ def test_public_names_cover_tf():
 
 # --- malformed input is refused at construction, naming the bad value (issue 9) ---
 
-@pytest.mark.parametrize("rank", [-1, 1.5, None], ids=["negative", "fraction", "none"])
-def test_replicated_layout_needs_a_non_negative_rank(rank, mesh_1d):
+def test_replicated_layout_needs_a_non_negative_rank(mesh_1d):
     with pytest.raises(tf_dtensor.LayoutError, match=r"Layout.replicated: `rank` must be a non-negative"):
+        Layout.replicated(mesh_1d, -1)
+
+
+@pytest.mark.parametrize("rank", [1.5, 2.0, None, "2"], ids=["fraction", "float", "none", "string"])
+def test_replicated_layout_rank_of_another_type_is_a_type_error(rank, mesh_1d):
+    """A rank that is not an int is a TypeError, the class TensorFlow's DTensor raises."""
+    with pytest.raises(TypeError, match=r"Layout.replicated: `rank` must be a non-negative integer; got"):
         Layout.replicated(mesh_1d, rank)
+
+
+def test_inner_sharded_of_rank_zero_names_inner_sharded(mesh_1d):
+    """TF's DTensor crashes the process here; the message used to name batch_sharded's axis -1."""
+    with pytest.raises(tf_dtensor.LayoutError, match=r"Layout.inner_sharded: a rank-0 layout has no inner axis"):
+        Layout.inner_sharded(mesh_1d, "x", 0)
 
 
 @pytest.mark.parametrize("axis", [2, -3], ids=["past_rank", "before_rank"])

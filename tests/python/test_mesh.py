@@ -432,17 +432,64 @@ print("components", [c.numpy().tolist() for c in dtensor.unpack(t)])
 
 @pytest.mark.parametrize("size", [2.5, "2", True], ids=["fraction", "string", "bool"])
 def test_mesh_dimension_size_must_be_a_whole_number(size):
-    with pytest.raises(MeshError, match=r"Mesh dimension `x` has size"):
+    """A TypeError, the class TensorFlow's DTensor raises for 2.5 and "2"."""
+    with pytest.raises(TypeError, match=r"Mesh dimension `x` has size"):
         dtensor.create_mesh([("x", size)], devices=["CPU:0", "CPU:1"])
+
+
+@pytest.mark.parametrize("name", [1, None], ids=["int", "none"])
+def test_mesh_dimension_name_of_another_type_is_a_type_error(name):
+    """TensorFlow's DTensor raises TypeError; tf_dtensor raised a MeshError (ValueError)."""
+    with pytest.raises(TypeError, match=r"Mesh dimension 0 is named .*; mesh dimensions are named by strings"):
+        dtensor.create_mesh([(name, 2)], devices=["CPU:0", "CPU:1"])
+
+
+@pytest.mark.parametrize("mesh_dims, entry", [
+    ("x", "got the string 'x'. Did you mean \\[\\('x', -1\\)\\]"),
+    (["x", "y"], "entry 0 is 'x'"),
+    ([("x", 2, 1)], "entry 0 is \\('x', 2, 1\\)"),
+    (3, "got 3 \\(int\\)"),
+], ids=["string", "list_of_names", "triple", "int"])
+def test_create_mesh_dims_that_are_not_pairs_name_mesh_dims(mesh_dims, entry):
+    """These failed inside tuple unpacking ("string index out of range", "not enough values to
+    unpack") or, for a triple, were accepted; TensorFlow's DTensor fails with an IndexError."""
+    with pytest.raises(TypeError, match=r"create_mesh: `mesh_dims` must be a list of \(name, size\) pairs.*" + entry):
+        dtensor.create_mesh(mesh_dims, devices=["CPU:0", "CPU:1"])
+
+
+def test_create_mesh_devices_as_one_string_is_refused():
+    """Read letter by letter, "CPU:0" was five devices ("hold 1 devices but 5 were given")."""
+    with pytest.raises(MeshError, match=r"`devices` must be a list of devices; got the single device 'CPU:0'. Did you mean \['CPU:0'\]"):
+        dtensor.create_mesh([("x", 1)], devices="CPU:0")
+    with pytest.raises(MeshError, match=r"`local_devices` must be a list"):
+        dtensor.Mesh(["x"], np.arange(1), [0], "CPU:0")
+
+
+def test_create_mesh_device_names_that_do_not_parse_are_named():
+    """`["foo", "bar"]` was a mesh that "mixes device types FOO and BAR"."""
+    with pytest.raises(MeshError, match=r"Cannot read `foo` as a device of the mesh: expected a device name such as `CPU:0`"):
+        dtensor.create_mesh([("x", 2)], devices=["foo", "bar"])
+    with pytest.raises(MeshError, match=r"Cannot read `bar`"):
+        dtensor.Mesh(["x"], np.arange(2), [0, 1], ["CPU:0", "bar"])
+
+
+def test_create_mesh_device_type_that_the_devices_do_not_have_is_refused():
+    """It was ignored: a mesh of CPUs came back for `device_type="GPU"` (TF raises ValueError)."""
+    with pytest.raises(MeshError, match=r"`device_type='GPU'` conflicts with the devices given \('CPU:0' is a CPU device"):
+        dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"], device_type="GPU")
+    mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"], device_type="cpu")
+    assert mesh.device_type() == "CPU"
 
 
 def test_integral_float_size_is_accepted():
     assert dtensor.create_mesh([("x", 2.0)], devices=["CPU:0", "CPU:1"]).shape() == [2]
 
 
-def test_mesh_ids_must_be_integers():
-    with pytest.raises(MeshError, match="must hold integers"):
-        dtensor.Mesh(["x"], np.array(["a", "b"]), [0, 1], ["CPU:0", "CPU:1"])
+@pytest.mark.parametrize("ids", [np.array(["a", "b"]), np.array([0.0, 1.0])], ids=["strings", "floats"])
+def test_mesh_ids_must_be_integers(ids):
+    """A TypeError, the class TensorFlow's DTensor raises for such ids."""
+    with pytest.raises(TypeError, match="must hold integers"):
+        dtensor.Mesh(["x"], ids, [0, 1], ["CPU:0", "CPU:1"])
 
 
 def test_coords_of_an_id_past_the_mesh_wrap_around(mesh_2x2):

@@ -216,7 +216,13 @@ def _variable_hooks(variable_class) -> None:
             self._tf_dtensor_rule = "its own layout= (an optimizer slot: its weight's)"
         asked = _asked_layout(self.path)
         if asked is not None and self._layout is None:
-            self._layout = asked(len(self._shape))
+            try:
+                self._layout = asked(len(self._shape))
+            except LayoutError as error:
+                # The argument's rank check knows the argument, not the variable it lays out.
+                raise LayoutError(f"Cannot lay out Keras variable `{self.path}` (shape "
+                                  f"{tuple(self._shape)}) by its layer's layout argument: "
+                                  f"{error}") from None
             self._tf_dtensor_rule = "layer argument"
         distribution = _backend.active_distribution()
         mesh = _default_mesh()
@@ -430,10 +436,28 @@ def _adopted_mesh(model):
     return checked[1] if checked is not None else _model_mesh(model)
 
 
+def _check_batch_dim(distribution) -> None:
+    """Refuses a distribution whose batch dimension is not an axis of its mesh.
+
+    Keras refuses it when it first lays out a batch, and a model built at its first step
+    (a Sequential given no input shape) lays out its first batch only at its second: a fit
+    of one step took `ModelParallel(batch_dim_name="nope")` without a word.
+    """
+    name = getattr(distribution, "batch_dim_name", None)
+    axes = list(distribution.device_mesh.axis_names)
+    if name is not None and name not in axes:
+        raise LayoutError(
+            f"{type(distribution).__name__}(batch_dim_name={name!r}): the batch dimension "
+            f"must be an axis of its DeviceMesh, whose axes are {axes} (Invalid axis names "
+            f"for Layout). Pass batch_dim_name={axes[0]!r}, or name the axis that "
+            f"splits the batch.")
+
+
 def _adopt_unchecked(model, distribution) -> bool:
     mesh = _model_mesh(model)
     moving = False
     if distribution is not None:
+        _check_batch_dim(distribution)
         distribution_mesh = distribution.device_mesh.backend_mesh
         if mesh is None:
             mesh = distribution_mesh

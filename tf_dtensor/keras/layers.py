@@ -28,6 +28,7 @@ from typing import Any, Dict, Optional
 
 import keras
 
+from tf_dtensor._errors import LayoutError
 from tf_dtensor.keras import _backend, _hooks
 from tf_dtensor.layout import Layout, _layout_for
 from tf_dtensor.mesh import Mesh
@@ -49,7 +50,10 @@ def _resolver(value: Any, mesh: Optional[Mesh], argument: str):
                     f"`{argument}` gives placements {list(value)} but the layer has no `mesh=` "
                     f"and no Keras distribution is set; pass `mesh=` to the layer.")
             return _layout_for(target, list(value), rank, argument)
-        return _backend.to_layout(value, rank)
+        try:
+            return _backend.to_layout(value, rank)
+        except LayoutError as error:
+            raise LayoutError(f"`{argument}`: {error}") from None
 
     return resolve
 
