@@ -200,7 +200,16 @@ StatusOr<Mesh> Mesh::Create(std::vector<MeshDim> dims, std::vector<int64_t> glob
   }
   std::set<std::string> device_set;
   for (std::string& device : local_devices) {
+    const std::string given = device;
     device = CanonicalDeviceName(device);
+    // "0" (devices=[0, 1]) would read as a device of type "0", and a mesh of two of them
+    // as one that mixes device types.
+    if (!IsFullDeviceName(device)) {
+      return InvalidArgument("Device `" + given + "` of the mesh is not a device name: "
+                             "expected a type and an index, such as `CPU:0` or "
+                             "`/job:localhost/replica:0/task:0/device:CPU:0`. Name each "
+                             "device, e.g. devices=[f\"CPU:{i}\" for i in range(n)].");
+    }
     if (!device_set.insert(device).second) {
       return InvalidArgument("Device `" + device + "` appears twice in the mesh (Duplicate "
                              "devices found in mesh specification); each device may hold one "

@@ -131,6 +131,16 @@ def test_mixed_device_types_are_rejected():
         dtensor.create_mesh([("x", 2)], devices=["CPU:0", "GPU:0"])
 
 
+@pytest.mark.parametrize("devices", [[0, 1], ["0", "1"], ["CPU", "CPU:1"], ["CPU:a", "CPU:1"]],
+                         ids=["ints", "digits", "no-index", "bad-index"])
+def test_a_device_without_type_and_index_is_named_in_the_error(devices):
+    # Regression: devices=[0, 1] read as devices of types "0" and "1" and was refused as a
+    # mesh that mixes device types.
+    with pytest.raises(tf_dtensor.MeshError,
+                       match=rf"Device `{devices[0]}` of the mesh is not a device name.*CPU:0"):
+        dtensor.create_mesh([("x", 2)], devices=devices)
+
+
 def test_zero_sized_dim_is_rejected():
     with pytest.raises(tf_dtensor.MeshError, match="size 0"):
         dtensor.create_mesh([("x", 0)], devices=[])

@@ -47,6 +47,8 @@ TEST(Mesh, CreateRejectsInvalidMeshesNamingTheProblem) {
       {"local id not global", {{"x", 2}}, {0, 1}, {5}, {kCpu0}, {"Local device id 5", "0,1"}},
       {"device twice", {{"x", 2}}, {0, 1}, {0, 1}, {kCpu0, kCpu0}, {kCpu0, "twice"}},
       {"mixed types", {{"x", 2}}, {0, 1}, {0, 1}, {kCpu0, kGpu0}, {"CPU", "GPU", "one type"}},
+      {"device without a type", {{"x", 2}}, {0, 1}, {0, 1}, {"0", "1"},
+       {"Device `0`", "not a device name", "CPU:0"}},
   };
   for (const CreateErrorRow& row : rows) {
     SCOPED_TRACE(row.name);
