@@ -199,12 +199,14 @@ StatusOr<Mesh> Mesh::Create(std::vector<MeshDim> dims, std::vector<int64_t> glob
     }
   }
   std::set<std::string> device_set;
-  // A name that does not parse ("foo", one letter of a string passed for a list) is named
-  // as written; read on, "foo" and "bar" were a mesh that "mixes device types FOO and BAR".
+  // A name that does not parse is named as written: "foo" and "bar" (or one letter of a
+  // string passed for a list) read as a mesh that "mixes device types FOO and BAR", and "0"
+  // (devices=[0, 1]) as a device of type "0".
   auto unparsable = [](const std::string& written) {
-    return InvalidArgument("Cannot read `" + written + "` as a device of the mesh: expected "
-                           "a device name such as `CPU:0` or "
-                           "`/job:localhost/replica:0/task:0/device:CPU:0`.");
+    return InvalidArgument("Device `" + written + "` of the mesh is not a device name: "
+                           "expected a type and an index, such as `CPU:0` or "
+                           "`/job:localhost/replica:0/task:0/device:CPU:0`. Name each device, "
+                           "e.g. devices=[f\"CPU:{i}\" for i in range(n)].");
   };
   for (std::string& device : local_devices) {
     std::string written = device;

@@ -328,7 +328,9 @@ class CollectiveOps final : public CollectiveLowering {
   bool Serves(const Mesh& mesh, bool multi_client) const override { return true; }
 
   // [x,*] partial over x -> every device of a group holds the group's reduction:
-  // CollectiveReduceV2(local, group_size, group_key(g), instance_key) on every device.
+  // CollectiveReduceV2(local, group_size, group_key(g), instance_key) on every device;
+  // a floating-point sum, mean or product whose groups TF ranks in different orders
+  // (a permuted device list) is gathered and reduced in mesh order (ReduceByGather).
   StatusOr<ValueId> AllReduce(CollectiveRunner& run, ValueId value,
                               const std::vector<int>& mesh_dims, ReduceOp op) const override;
   // [x,*] -> [*,*] along tensor axis `dim`: CollectiveGatherV2 stacks the pieces along
@@ -352,19 +354,33 @@ class CollectiveOps final : public CollectiveLowering {
                              int to_dim) const override;
 };
 
+// Whether adding (multiplying) the same terms in another order can round differently:
+// floating-point sums, means and products. Integer sums wrap alike in any order; a
+// maximum or minimum does not depend on the order.
+bool OrderSensitive(int dtype, ReduceOp op) {
+  if (op == ReduceOp::kMax || op == ReduceOp::kMin) return false;
+  switch (dtype) {
+    case TF_FLOAT: case TF_HALF: case TF_BFLOAT16: case TF_DOUBLE: case TF_COMPLEX64:
+    case TF_COMPLEX128:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // An all-reduce that CollectiveReduceV2 cannot do for this dtype (a product, maximum or
 // minimum of complex numbers: their parts do not reduce on their own; a mean, maximum or
-// minimum of uint64, which would read as int64): every device's block is gathered on a
-// new leading axis (CollectiveGatherV2, which takes complex numbers as float pairs) and
-// reduced over it by the op's own reduction kernel (an integer Mean truncates, as one
-// device's does). `blocks` are non-empty (padded by the caller); the results are new
-// handles.
+// minimum of uint64, which would read as int64), or one whose groups would add their terms
+// in different orders (`tf_orders_agree`): every device's block is gathered on a new
+// leading axis (CollectiveGatherV2, which takes complex numbers as float pairs), the pieces
+// are put in mesh order, and they are reduced over that axis by the op's own reduction
+// kernel (an integer Mean truncates, as one device's does), so every group adds the same
+// terms in the same order and the replicas agree bit for bit. `blocks` are non-empty
+// (padded by the caller); the results are new handles.
 StatusOr<Handles> ReduceByGather(CollectiveRunner& run, const Handles& blocks,
                                  const CollectiveGroups& groups, int dtype, ReduceOp op) {
   const Wire wire = GatherWire(dtype);
-  if (!wire.supported || op == ReduceOp::kSum) {
-    return UnsupportedCollectiveType("all-reduce", dtype);
-  }
+  if (!wire.supported) return UnsupportedCollectiveType("all-reduce", dtype);
   Handles made;
   auto fail = [&](const Status& status) {
     run.DiscardAll(made);
@@ -396,11 +412,20 @@ StatusOr<Handles> ReduceByGather(CollectiveRunner& run, const Handles& blocks,
     current = *back;
     made.insert(made.end(), current.begin(), current.end());
   }
+  if (!groups.tf_order_is_identity()) {
+    // Piece j of the gather is the block of the device at position tf_order[j].
+    StatusOr<Handles> ordered =
+        PermuteChunks(run, current, groups.group_size(), groups, false, dtype, made);
+    if (!ordered.ok()) return fail(ordered.status());
+    current = *ordered;
+    made.insert(made.end(), current.begin(), current.end());
+  }
   LocalOpOptions reduce;
   reduce.copy_attrs = false;
   reduce.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Tidx", TF_INT32),
                       AttrOverride::Bool("keep_dims", false)};
-  const char* kernel = op == ReduceOp::kProd   ? "Prod"
+  const char* kernel = op == ReduceOp::kSum    ? "Sum"
+                       : op == ReduceOp::kProd ? "Prod"
                        : op == ReduceOp::kMax  ? "Max"
                        : op == ReduceOp::kMean ? "Mean"
                                                : "Min";
@@ -447,7 +472,7 @@ StatusOr<ValueId> CollectiveOps::AllReduce(CollectiveRunner& run, ValueId value,
     TFD_ASSIGN_OR_RETURN(sent, PadEach(run, sent, padding, dtype));
     made = sent;
   }
-  if (!wire.supported) {
+  if (!wire.supported || (!groups.tf_orders_agree() && OrderSensitive(dtype, op))) {
     StatusOr<Handles> reduced = ReduceByGather(run, sent, groups, dtype, op);
     // TrimToBlocks puts the untrimmed results in `made` (once: twice was a double free).
     if (padded && reduced.ok()) {

@@ -294,6 +294,7 @@ class CollectiveCache {
       for (size_t r = 0; r < order.size(); ++r) {
         if (order[r] != static_cast<int>(r)) g.tf_order_identity_ = false;
       }
+      if (!g.tf_order_.empty() && order != g.tf_order_.front()) g.tf_orders_agree_ = false;
       g.tf_order_.push_back(std::move(order));
     }
     return g;

@@ -57,6 +57,11 @@ class CollectiveGroups {
   // the pieces in that order. Identity in the common case.
   const std::vector<int>& tf_order(int g) const { return tf_order_[g]; }
   bool tf_order_is_identity() const { return tf_order_identity_; }
+  // Whether every group ranks its positions alike (tf_order(g) the same for every g).
+  // Where not (a mesh on a permuted device list: [3,1,7,5 | 0,2,6,4]), a ring reduction
+  // adds the same terms in another order in each group, and the replicas of a result that
+  // several groups compute differ in the last bits.
+  bool tf_orders_agree() const { return tf_orders_agree_; }
   // Whether every member of every group with a local device is local.
   bool all_local() const { return all_local_; }
 
@@ -68,6 +73,7 @@ class CollectiveGroups {
   std::vector<int32_t> group_keys_;
   std::vector<std::vector<int>> tf_order_;
   bool tf_order_identity_ = true;
+  bool tf_orders_agree_ = true;
   bool all_local_ = true;
 };
 

@@ -97,7 +97,7 @@ def test_reduction_over_sharded_axes(collective_ops, name, mesh, spec, axis, tra
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
 def test_matmul_with_a_sharded_contraction(collective_ops, traced):
     # [*,x] @ [x,*] -> partial(x) -> all-reduce -> [*,*]
-    a, b = _data((4, 8), seed=1), _data((8, 6), seed=2)
+    a, b = _data((16, 1024), seed=0), _data((1024, 8), seed=1)
     run = tf.function(tf.matmul) if traced else tf.matmul
     actual = run(to_dtensor(a, layout_of("*,x", MESH_8)), to_dtensor(b, layout_of("x,*", MESH_8)))
     assert_dtensor_equal(a @ b, layout_of("*,*", MESH_8), actual)
@@ -123,7 +123,7 @@ def test_relayout(collective_ops, mesh, source, target, traced):
 def test_gradient_through_collectives(collective_ops, traced):
     # loss = sum((a @ b)^2) with the contraction sharded: the forward pass all-reduces,
     # the backward pass gathers.
-    a, b = _data((4, 8), seed=4), _data((8, 2), seed=5)
+    a, b = _data((16, 1024), seed=0), _data((1024, 8), seed=1)
 
     def grads(x, y):
         with tf.GradientTape() as tape:
@@ -143,6 +143,39 @@ def test_integer_all_reduce(collective_ops):
     value = np.arange(16, dtype=np.int32).reshape(8, 2)
     actual = tf.reduce_sum(to_dtensor(value, layout_of("x,*", MESH_8)), axis=0)
     assert_dtensor_equal(value.sum(axis=0).astype(np.int32), layout_of("*", MESH_8), actual)
+
+
+# Devices in no monotone order: TF ranks the y-group of x=0 (CPU:3,1,7,5) as y=1,0,3,2 and
+# that of x=1 (CPU:0,2,6,4) as y=0,1,3,2, so a ring sum adds the terms in another order in
+# each group.
+MESH_2X4_PERMUTED = create_mesh([("x", 2), ("y", 4)],
+                                devices=[f"CPU:{i}" for i in [3, 1, 7, 5, 0, 2, 6, 4]])
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_replicas_of_a_sum_agree_on_a_permuted_device_list(collective_ops, traced):
+    # Regression: the replicas over x of a sum over y differed in the last bits (each
+    # y-group added its terms in TF's rank order). The groups now gather and add in mesh
+    # order. The values are compared with a tolerance (a sum of 64 terms of both signs
+    # cancels), the replicas bit for bit.
+    mesh = MESH_2X4_PERMUTED
+    a, b = random_array((16, 64), seed=0), random_array((64, 16), seed=1)
+
+    def program(x, y):
+        product = tf.matmul(x, y)   # [*,y] @ [y,*] -> partial(y) -> all-reduce -> [*,*]
+        return product, tf.reduce_sum(x, axis=1), tf.reduce_mean(x, axis=1), tf.reduce_prod(
+            x[:, :8] * 0.5 + 1.0, axis=1)
+
+    expected = program(tf.constant(a), tf.constant(b))
+    run = tf.function(program) if traced else program
+    outputs = run(to_dtensor(a, layout_of("*,y", mesh)), to_dtensor(b, layout_of("y,*", mesh)))
+    for want, got in zip(expected, outputs):
+        assert dtensor.fetch_layout(got) == Layout.replicated(mesh, want.shape.rank)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        replicas = [c.numpy() for c in dtensor.unpack(got)]
+        for device, replica in zip(mesh.local_devices(), replicas):
+            np.testing.assert_array_equal(replica, replicas[0], err_msg=device)
+        np.testing.assert_allclose(replicas[0], want.numpy(), rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------
@@ -436,7 +469,7 @@ def test_forcing_collective_ops_on_cpus_changes_the_matmul_plan_consistently():
     # buffers the operands are gathered ([*,*] @ [*,*], no all-reduce); without them (the
     # ops lowering, as on GPUs) the partial products are all-reduced. The plan follows the
     # lowering that runs it, also for an op already planned (and cached) under the other.
-    a, b = _data((8, 2), seed=6), _data((2, 8), seed=7)
+    a, b = _data((16, 1024), seed=0), _data((1024, 8), seed=1)
     layouts = [layout_of("*,x", MESH_1D), layout_of("x,*", MESH_1D)]
     config.set_collective_lowering("shared")
     try:

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tf_dtensor
+import dtensor_testing
 from dtensor_testing import cpus
 from tf_dtensor import dtensor
 from tf_dtensor.dtensor import Mesh
@@ -129,6 +130,16 @@ def test_repeated_device_id_is_rejected():
 def test_mixed_device_types_are_rejected():
     with pytest.raises(tf_dtensor.MeshError, match="CPU and GPU"):
         dtensor.create_mesh([("x", 2)], devices=["CPU:0", "GPU:0"])
+
+
+@pytest.mark.parametrize("devices", [[0, 1], ["0", "1"], ["CPU", "CPU:1"], ["CPU:a", "CPU:1"]],
+                         ids=["ints", "digits", "no-index", "bad-index"])
+def test_a_device_without_type_and_index_is_named_in_the_error(devices):
+    # Regression: devices=[0, 1] read as devices of types "0" and "1" and was refused as a
+    # mesh that mixes device types.
+    with pytest.raises(tf_dtensor.MeshError,
+                       match=rf"Device `{devices[0]}` of the mesh is not a device name.*CPU:0"):
+        dtensor.create_mesh([("x", 2)], devices=devices)
 
 
 def test_zero_sized_dim_is_rejected():
@@ -467,9 +478,9 @@ def test_create_mesh_devices_as_one_string_is_refused():
 
 def test_create_mesh_device_names_that_do_not_parse_are_named():
     """`["foo", "bar"]` was a mesh that "mixes device types FOO and BAR"."""
-    with pytest.raises(MeshError, match=r"Cannot read `foo` as a device of the mesh: expected a device name such as `CPU:0`"):
+    with pytest.raises(MeshError, match=r"Device `foo` of the mesh is not a device name: expected a type and an index, such as `CPU:0`"):
         dtensor.create_mesh([("x", 2)], devices=["foo", "bar"])
-    with pytest.raises(MeshError, match=r"Cannot read `bar`"):
+    with pytest.raises(MeshError, match=r"Device `bar` of the mesh is not a device name"):
         dtensor.Mesh(["x"], np.arange(2), [0, 1], ["CPU:0", "bar"])
 
 
@@ -513,3 +524,71 @@ def test_dim_names_holding_a_separator_are_rejected(name, shown):
     from tf_dtensor.placements import init_device_mesh
     with pytest.raises(tf_dtensor.MeshError, match="separator"):
         init_device_mesh("cpu", (2, 2), mesh_dim_names=(name, "c"))
+
+
+_MANY_DEVICES_PROGRAM = """
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 64)
+from tf_dtensor import dtensor
+from tf_dtensor.dtensor import UNSHARDED as U, Layout
+
+rng = np.random.default_rng(0)
+x0, y0 = rng.uniform(-1, 1, (24, 10)).astype(np.float32), rng.uniform(-1, 1, (24, 3)).astype(np.float32)
+w0, v0 = rng.uniform(-1, 1, (10, 6)).astype(np.float32), rng.uniform(-1, 1, (6, 3)).astype(np.float32)
+
+def put(value, layout):
+    whole = dtensor.copy_to_mesh(tf.constant(value), Layout.replicated(layout.mesh, value.ndim))
+    return dtensor.relayout(whole, layout)
+
+def whole(t):
+    mesh = dtensor.fetch_layout(t).mesh
+    parts = dtensor.unpack(dtensor.relayout(t, Layout.replicated(mesh, t.shape.rank)))
+    for part in parts[1:]:
+        np.testing.assert_array_equal(part.numpy(), parts[0].numpy())
+    return parts[0].numpy()
+
+def train(w, v, x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((tf.matmul(tf.nn.relu(tf.matmul(x, w)), v) - y) ** 2)
+    gw, gv = tape.gradient(loss, [w, v])
+    w.assign_sub(0.1 * gw)
+    v.assign_sub(0.1 * gv)
+    return loss
+
+pw, pv = tf.Variable(w0), tf.Variable(v0)
+plain = tf.function(lambda x, y: train(pw, pv, x, y))
+expected = [plain(x0, y0).numpy() for _ in range(2)]
+# (mesh, batch spec, w spec, v spec): 24 rows over 64 devices leave blocks empty
+for dims, batch, ws, vs in [([("b", 8), ("m", 8)], "b", [U, "m"], ["m", U]),
+                            ([("b", 4), ("m", 4), ("z", 4)], "b+z", [U, "m"], ["m", U]),
+                            ([("b", 64)], "b", [U, U], [U, U])]:
+    mesh = dtensor.create_mesh(dims, devices=[f"CPU:{i}" for i in range(64)])
+    w = dtensor.DVariable(put(w0, Layout(ws, mesh)))
+    v = dtensor.DVariable(put(v0, Layout(vs, mesh)))
+    step = tf.function(lambda x, y: train(w, v, x, y))
+    x, y = put(x0, Layout([batch, U], mesh)), put(y0, Layout([batch, U], mesh))
+    for want in expected:
+        np.testing.assert_allclose(whole(step(x, y)), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(whole(w.read_value()), pw.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(whole(v.read_value()), pv.numpy(), rtol=1e-5, atol=1e-6)
+    assert dtensor.fetch_layout(w.read_value()) == Layout(ws, mesh)
+# A sub-mesh of the last 8 devices, as 2x2x2, and back.
+big = dtensor.create_mesh([("x", 8), ("y", 8)], devices=[f"CPU:{i}" for i in range(64)])
+small = dtensor.create_mesh([("x", 2), ("y", 2), ("z", 2)], devices=[f"CPU:{i}" for i in range(56, 64)])
+t = put(x0, Layout(["x+y", U], big))
+moved = dtensor.relayout(t, Layout(["z", "x+y"], small))
+np.testing.assert_array_equal(whole(moved), x0)
+np.testing.assert_array_equal(whole(dtensor.relayout(moved, Layout(["y", "x"], big))), x0)
+print("OK")
+"""
+
+
+def test_meshes_of_64_devices_train_and_move_as_one_device():
+    # Beyond the 8 devices of the suite: 8x8, 4x4x4 (the batch over two mesh dimensions)
+    # and 64x1 meshes train a two-layer step in a tf.function as one device does, and a
+    # value moves to a 2x2x2 sub-mesh and back (a process of its own: 64 virtual CPUs).
+    result = dtensor_testing.run_python(_MANY_DEVICES_PROGRAM)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("OK"), result.stdout[-2000:]

@@ -48,7 +48,9 @@ TEST(Mesh, CreateRejectsInvalidMeshesNamingTheProblem) {
       {"device twice", {{"x", 2}}, {0, 1}, {0, 1}, {kCpu0, kCpu0}, {kCpu0, "twice"}},
       {"mixed types", {{"x", 2}}, {0, 1}, {0, 1}, {kCpu0, kGpu0}, {"CPU", "GPU", "one type"}},
       {"unparsable device", {{"x", 2}}, {0, 1}, {0, 1}, {kCpu0, "foo"},
-       {"`foo`", "device name such as `CPU:0`"}},
+       {"`foo`", "not a device name", "CPU:0"}},
+      {"device without a type", {{"x", 2}}, {0, 1}, {0, 1}, {"0", "1"},
+       {"Device `0`", "not a device name", "CPU:0"}},
   };
   for (const CreateErrorRow& row : rows) {
     SCOPED_TRACE(row.name);
