@@ -87,6 +87,7 @@ def fetch_layout(tensor) -> Optional[Layout]:
     (`None` is returned), while a regular `tf.Tensor` or `tf.Variable` is an error.
 
     Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
       >>> t = call_with_layout(tf.ones, Layout(["x"], mesh), shape=(4,))
       >>> fetch_layout(t) == Layout(["x"], mesh), fetch_layout([1.0, 2.0])
       (True, None)
@@ -118,6 +119,7 @@ def check_layout(tensor, layout: Layout) -> None:
     """Raises ValueError if `tensor`'s layout is not `layout`.
 
     Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
       >>> check_layout(call_with_layout(tf.ones, Layout(["x"], mesh), shape=(4,)),
       ...              Layout(["x"], mesh))
 
@@ -186,7 +188,10 @@ def pack(tensors: Sequence[Any], layout: Layout, *, run_check: bool = False) -> 
       LayoutError: no components.
 
     Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
       >>> t = pack([[0, 1]] * mesh.num_local_devices(), Layout.replicated(mesh, 1))
+      >>> [c.numpy().tolist() for c in unpack(t)]
+      [[0, 1], [0, 1]]
     """
     _layout_arg(layout, "pack")
     _refuse_while_tracing("pack")
@@ -304,6 +309,7 @@ def unpack(tensor: Any) -> Sequence[Any]:
     """The components of a DTensor, one per local device in mesh order (first dim outermost).
 
     Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
       >>> [c.shape for c in unpack(call_with_layout(tf.ones, Layout(["x"], mesh), shape=(4,)))]
       [TensorShape([2]), TensorShape([2])]
 
@@ -477,7 +483,11 @@ def relayout_like(tensor: tf.Tensor, layout_tensor: tf.Tensor,
     `layout_tensor` may live on another mesh: the value moves there.
 
     Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> layout = Layout(["x", dtensor.UNSHARDED], mesh)
       >>> b = relayout_like(tf.ones((4, 2)), call_with_layout(tf.zeros, layout, [4, 2]))
+      >>> fetch_layout(b) == layout
+      True
     """
     if not context.executing_eagerly():
         return _relayout_like_op(tensor, layout_tensor)
@@ -503,7 +513,10 @@ def call_with_layout(fn: Callable[..., Any], layout: Optional[Layout], *args, **
     produce their blocks directly in `layout`.
 
     Example:
-      >>> ones = call_with_layout(tf.ones, Layout(["x", UNSHARDED], mesh), shape=(4, 2))
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> ones = call_with_layout(tf.ones, Layout(["x", dtensor.UNSHARDED], mesh), shape=(4, 2))
+      >>> fetch_layout(ones).short()
+      '[x,*] @ mesh(x=2)'
     """
     if layout is None:
         return fn(*args, **kwargs)
@@ -526,6 +539,7 @@ def default_mesh(mesh: Mesh):
     Scopes nest; leaving one (also by an exception) restores the enclosing mesh.
 
     Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
       >>> with default_mesh(mesh):
       ...     fetch_layout(tf.ones([2])) == Layout.replicated(mesh, 1)
       True

@@ -185,8 +185,8 @@ def preferred_device_type() -> str:
     Reads the physical devices, so it does not start TensorFlow's runtime.
 
     Example:
-      >>> preferred_device_type()  # on a machine without accelerators
-      'CPU'
+      >>> preferred_device_type() == ("GPU" if tf.config.list_physical_devices("GPU") else "CPU")
+      True
     """
     if _tpu.tpu_present():
         return "TPU"
@@ -448,6 +448,7 @@ def initialize_accelerator_system(device_type: Optional[str] = None,
     Example:
       >>> initialize_accelerator_system("CPU", num_logical_cpu_devices=8)
       'CPU'
+      >>> shutdown_accelerator_system()
 
     Raises:
       ValueError: already initialized (call `shutdown_accelerator_system` first), an

@@ -142,7 +142,8 @@ def block_table(layout: Layout, shape: Sequence[int]) -> str:
     uneven axes and axes not drawn.
 
     Example:
-      >>> print(block_table(Layout(["x"], mesh, partial={"y": "sum"}), [5]))  # mesh x=2,y=2
+      >>> mesh = dtensor.create_mesh([("x", 2), ("y", 2)], devices=[f"CPU:{i}" for i in range(4)])
+      >>> print(block_table(Layout(["x"], mesh, partial={"y": "sum"}), [5]))
       [x] +partial(y:sum) @ mesh(x=2,y=2)  shape=[5]  placements=[S(0), P(sum)]
       +-----------------+-----------------+
       |      [0:3]      |      [3:5]      |
@@ -189,8 +190,17 @@ def visualize(tensor, path: Optional[str] = None) -> str:
       ImportError: `path` is given and matplotlib is not installed.
 
     Example:
-      >>> t = call_with_layout(tf.zeros, Layout(["x", UNSHARDED], mesh), [4, 2])
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> t = dtensor.call_with_layout(tf.zeros, Layout(["x", UNSHARDED], mesh), [4, 2])
       >>> _ = visualize(t)
+      [x,*] @ mesh(x=2)  shape=[4, 2]  placements=[S(0)]
+      +--------------+
+      |  [0:2, 0:2]  |
+      |    CPU:0     |
+      +--------------+
+      |  [2:4, 0:2]  |
+      |    CPU:1     |
+      +--------------+
     """
     if not api.is_dtensor(tensor):
         # fetch_layout's own error named fetch_layout (and a Python value got None back).
