@@ -145,7 +145,17 @@ def distribute_tensor(tensor, mesh: Optional[Mesh] = None, placements: Placement
     `run_on(mesh)`). Eagerly, the gradient with respect to a regular `tensor` is a
     regular tensor; inside a function it is a DTensor.
 
+    Args:
+      tensor: a regular tensor (or a value convertible to one) or a DTensor.
+      mesh: the mesh (default: the innermost `dtensor.default_mesh`).
+      placements: one placement per mesh dimension (default: `Replicate()` on each).
+      device_mesh: PyTorch's name for `mesh`.
+
+    Returns:
+      The DTensor.
+
     Raises:
+      TypeError: no mesh given and no default mesh.
       LayoutError: placements that do not fit the tensor or the mesh.
 
     Example:
@@ -227,6 +237,10 @@ def from_local(local, mesh: Optional[Mesh] = None, placements: Placements = None
         default (it reads every block). PyTorch's `run_check=True` instead overwrites the
         replicas with the first one's data; here replicas that differ are an error, never
         silently replaced.
+      device_mesh: PyTorch's name for `mesh`.
+
+    Returns:
+      The DTensor.
 
     Gradients (eager): with a list, each block gets its device's gradient block, as each
     PyTorch rank does (`Partial` terms get the gradient of the reduced value). With one
@@ -374,7 +388,14 @@ def full_tensor(tensor, mesh: Optional[Mesh] = None):
     Eagerly a regular `tf.Tensor` on the mesh's first device, as PyTorch's `full_tensor`.
     Inside a `tf.function` a DTensor replicated on `mesh` (default: the innermost
     `default_mesh`; layouts are not known while tracing), whose `.numpy()` is the value.
-    The gradient flows back to the DTensor's layout.
+    The gradient flows back to the DTensor's layout. A regular tensor is returned as it is.
+
+    Args:
+      tensor: a DTensor or DVariable.
+      mesh: inside a `tf.function`, the mesh to replicate the value on.
+
+    Returns:
+      Eagerly a regular `tf.Tensor`; inside a `tf.function` a replicated DTensor.
 
     Raises:
       RuntimeError: inside a tf.function with no `mesh` and no default mesh.
@@ -425,6 +446,16 @@ def redistribute(tensor, placements: Placements = None, mesh: Optional[Mesh] = N
     `t.redistribute(device_mesh, placements)`), and its keyword `device_mesh=` work too.
     Inside a `tf.function` the tensor's mesh is not known while tracing: pass `mesh` or
     use `dtensor.default_mesh`.
+
+    Args:
+      tensor: a DTensor (or DVariable).
+      placements: one placement per mesh dimension (default: `Replicate()` on each).
+      mesh: the target mesh (default: `tensor`'s own; inside a `tf.function`, required
+        unless a `default_mesh` is set).
+      device_mesh: PyTorch's name for `mesh`.
+
+    Returns:
+      The DTensor laid out as `placements`.
 
     Raises:
       LayoutError: eagerly, a regular tensor and no `mesh`; placements that do not fit

@@ -60,9 +60,12 @@ class Layout:
         layout: relayouts, pack/unpack, DVariables and checkpoints keep it, and other ops
         see the axis over its first mesh dimension (they relayout it first).
       mesh: the mesh.
+      partial: pending reductions, mesh dimension name -> `"sum"`, `"mean"`, `"max"`,
+        `"min"` or `"prod"` (see below).
 
     Raises:
-      LayoutError: an unknown mesh dimension, or one that shards two axes.
+      LayoutError: an unknown mesh dimension, one that shards two axes, or one both
+        sharding an axis and partial.
 
     A static layout may also carry pending reductions (`partial`): per mesh dimension a
     reduction (`"sum"`, `"mean"`, `"max"`, `"min"`, `"prod"`) that combines the values the
