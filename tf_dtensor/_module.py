@@ -191,6 +191,16 @@ def named_parameters(module, recurse: bool = True) -> List[Tuple[str, Any]]:
     too), each once: PyTorch's `named_parameters`, buffers included (`tf.Variable`s, or
     `keras.Variable`s for Keras layers).
 
+    Args:
+      module: a `tf.Module` or Keras layer.
+      recurse: also the variables of its submodules.
+
+    Returns:
+      `[(name, variable), ...]`, depth first.
+
+    Raises:
+      TypeError: `module` is not a `tf.Module` or Keras layer.
+
     Example:
       >>> def linear(n_in, n_out):
       ...     layer = tf.Module()
@@ -424,6 +434,13 @@ def save_state_dict(state, file_prefix) -> None:
     distinct block of a DTensor once, by the device holding it (`sharded_save`), so that
     no device gathers a whole tensor. `tf.train.load_checkpoint(file_prefix)` reads the
     values whole; `load_state_dict(module, file_prefix)` reads each device's slice.
+
+    Args:
+      state: a state dict (name -> DTensor or regular tensor), or a module.
+      file_prefix: the checkpoint prefix (a string or path).
+
+    Raises:
+      ValueError: called inside a `tf.function`.
 
     Example:
       >>> import os, tempfile

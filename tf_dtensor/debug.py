@@ -141,6 +141,16 @@ def block_table(layout: Layout, shape: Sequence[int]) -> str:
     of the block, joined by `+`; notes under the table name the pending reductions,
     uneven axes and axes not drawn.
 
+    Args:
+      layout: the layout.
+      shape: the tensor's global shape (every size known).
+
+    Returns:
+      The table, as text.
+
+    Raises:
+      LayoutError: an unknown size, or a shape of another rank than `layout`'s.
+
     Example:
       >>> mesh = dtensor.create_mesh([("x", 2), ("y", 2)], devices=[f"CPU:{i}" for i in range(4)])
       >>> print(block_table(Layout(["x"], mesh, partial={"y": "sum"}), [5]))
@@ -232,6 +242,24 @@ def explain(op_name: str, layouts: Sequence[Optional[Layout]], shapes: Sequence[
     `backward`: per input, the layout the op's rule asks of it so that the outputs come
     out in those layouts without a relayout (None: no preference). This is the request
     that tf.function expansion sends back to the op producing that input.
+
+    Args:
+      op_name: the TensorFlow op type, e.g. `"MatMul"`.
+      layouts: per input, its layout, or None for a host tensor (a shape, the axes).
+      shapes: per input, its global shape.
+      int_values: input index -> the values of a host integer input (a Sum's axes).
+      attrs: the op's attributes, e.g. `{"transpose_a": True}`.
+      requested: the layout asked of the output, as `call_with_layout` asks it.
+      output_layouts: per output, the layout wanted of it (None: no wish).
+
+    Returns:
+      A dict: `inputs` (layouts the op runs with), `outputs` (its output layouts),
+      `collectives` (descriptions), and with `output_layouts` also `backward`.
+
+    Raises:
+      TypeError: a layout that is not a `Layout`.
+      LayoutError: a layout whose rank is not its shape's.
+      UnsupportedOpError: `op_name` has no rule.
 
     Example:
       >>> mesh = dtensor.Mesh(["x"], np.arange(2), [0, 1], ["CPU:0", "CPU:1"])

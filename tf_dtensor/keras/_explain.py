@@ -51,6 +51,14 @@ def explain(model, print_fn: Optional[Callable[[str], None]] = print) -> List[Va
     and whether its shape divides the mesh dimensions that shard it. Shapes that do not
     divide are allowed: the blocks are ceil(n/k) long and the last ones shorter.
 
+    Args:
+      model: a built Keras model or layer.
+      print_fn: where the table goes; None prints nothing.
+
+    Returns:
+      A `VariablePlan` per variable (`path`, `shape`, `dtype`, `rule`, `layout`,
+      `bytes_per_device`, `divides`).
+
     Example:
       >>> import keras, tf_dtensor
       >>> mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"],
