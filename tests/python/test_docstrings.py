@@ -18,6 +18,7 @@ import importlib
 import io
 import os
 import pkgutil
+import sys
 import tempfile
 import tokenize
 from typing import Dict, List, Tuple
@@ -61,8 +62,9 @@ def clean_state(monkeypatch, tmp_path):
         config.set_collective_lowering(lowering)
         with contextlib.suppress(ValueError):
             config.shutdown_accelerator_system()
-        import keras  # pylint: disable=import-outside-toplevel
-        keras.distribution.set_distribution(None)
+        keras = sys.modules.get("keras")
+        if keras is not None:
+            keras.distribution.set_distribution(None)
 
 
 def run_doctests(module) -> Tuple[int, int, str]:
