@@ -152,6 +152,13 @@ def named_modules(module) -> List[Tuple[str, Any]]:
     `module`; `"fc1"`, `"blocks.0"`, ...), each once.
 
     Example:
+      >>> def linear(n_in, n_out):
+      ...     layer = tf.Module()
+      ...     layer.weight = tf.Variable(tf.ones([n_in, n_out]))
+      ...     layer.bias = tf.Variable(tf.zeros([n_out]))
+      ...     return layer
+      >>> model = tf.Module()
+      >>> model.fc1, model.fc2 = linear(8, 16), linear(16, 4)
       >>> [name for name, _ in named_modules(model)]
       ['', 'fc1', 'fc2']
     """
@@ -184,7 +191,24 @@ def named_parameters(module, recurse: bool = True) -> List[Tuple[str, Any]]:
     too), each once: PyTorch's `named_parameters`, buffers included (`tf.Variable`s, or
     `keras.Variable`s for Keras layers).
 
+    Args:
+      module: a `tf.Module` or Keras layer.
+      recurse: also the variables of its submodules.
+
+    Returns:
+      `[(name, variable), ...]`, depth first.
+
+    Raises:
+      TypeError: `module` is not a `tf.Module` or Keras layer.
+
     Example:
+      >>> def linear(n_in, n_out):
+      ...     layer = tf.Module()
+      ...     layer.weight = tf.Variable(tf.ones([n_in, n_out]))
+      ...     layer.bias = tf.Variable(tf.zeros([n_out]))
+      ...     return layer
+      >>> model = tf.Module()
+      >>> model.fc1, model.fc2 = linear(8, 16), linear(16, 4)
       >>> [name for name, _ in named_parameters(model)]
       ['fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias']
     """
@@ -258,12 +282,16 @@ def distribute_parameter(module, name: str, mesh: Mesh, placements) -> Any:
 
     Raises:
       KeyError: `module` has no variable `name`.
+      TypeError: `module` is not a `tf.Module` or Keras layer.
 
     Example:
-      >>> def shard_params(name, module, mesh):
-      ...     if isinstance(module, Linear):
-      ...         for param, _ in named_parameters(module, recurse=False):
-      ...             distribute_parameter(module, param, mesh, [Shard(0)])
+      >>> from tf_dtensor.placements import Shard, init_device_mesh, placements_of
+      >>> model = tf.Module()
+      >>> model.fc1 = tf.Module()
+      >>> model.fc1.weight = tf.Variable(tf.ones([8, 16]))
+      >>> _ = distribute_parameter(model, "fc1.weight", init_device_mesh("cpu", (4,)), [Shard(1)])
+      >>> placements_of(model.fc1.weight)
+      (Shard(dim=1),)
     """
     _check_module(module, "distribute_parameter")
     held = [variable for slot_name, variable, _ in _slots(module) if slot_name == name]
@@ -321,12 +349,21 @@ def distribute_module(module, mesh: Mesh, partition_fn=None, input_fn=None, outp
       `module`.
 
     Raises:
+      TypeError: `module` is not a `tf.Module` or Keras layer, `mesh` is not a `Mesh`, or
+        `input_fn`/`output_fn` are given for a module that cannot be called.
       RuntimeError: `module` was distributed before.
 
     Example:
-      >>> mesh = init_device_mesh("cpu", (4,))
-      >>> model = distribute_module(MyModule(), mesh, partition_fn=shard_params)
-      >>> full_tensor(model(tf.ones([2, 8])))
+      >>> import keras
+      >>> from tf_dtensor.placements import Shard, full_tensor, init_device_mesh, placements_of
+      >>> layer = keras.layers.Dense(4, kernel_initializer="ones")
+      >>> layer.build((None, 8))
+      >>> def shard_kernel(name, module, mesh):   # the kernel's columns over 4 devices
+      ...     distribute_parameter(module, "kernel", mesh, [Shard(1)])
+      >>> layer = distribute_module(layer, init_device_mesh("cpu", (4,)), shard_kernel)
+      >>> y = layer(tf.ones([2, 8]))
+      >>> placements_of(y), full_tensor(y).numpy().tolist()
+      ((Shard(dim=1),), [[8.0, 8.0, 8.0, 8.0], [8.0, 8.0, 8.0, 8.0]])
     """
     _check_module(module, "distribute_module")
     if not isinstance(mesh, Mesh):
@@ -377,8 +414,15 @@ def state_dict(module) -> "collections.OrderedDict[str, tf.Tensor]":
     `name_based_save`; `load_state_dict` reads it back into any layout.
 
     Example:
-      >>> sd = state_dict(model); placements_of(sd["fc1.weight"])
-      (Shard(dim=0),)
+      >>> from tf_dtensor.placements import Shard, init_device_mesh, placements_of
+      >>> model = tf.Module()
+      >>> model.weight, model.bias = tf.Variable(tf.ones([8, 4])), tf.Variable(tf.zeros([4]))
+      >>> def shard_weight(name, module, mesh):
+      ...     distribute_parameter(module, "weight", mesh, [Shard(0)])
+      >>> model = distribute_module(model, init_device_mesh("cpu", (4,)), shard_weight)
+      >>> sd = state_dict(model)
+      >>> list(sd), placements_of(sd["weight"]), placements_of(sd["bias"])
+      (['weight', 'bias'], (Shard(dim=0),), (Replicate(),))
     """
     _check_module(module, "state_dict")
     return collections.OrderedDict(
@@ -391,8 +435,23 @@ def save_state_dict(state, file_prefix) -> None:
     no device gathers a whole tensor. `tf.train.load_checkpoint(file_prefix)` reads the
     values whole; `load_state_dict(module, file_prefix)` reads each device's slice.
 
+    Args:
+      state: a state dict (name -> DTensor or regular tensor), or a module.
+      file_prefix: the checkpoint prefix (a string or path).
+
+    Raises:
+      ValueError: called inside a `tf.function`.
+
     Example:
-      >>> save_state_dict(model, "/tmp/model")
+      >>> import os, tempfile
+      >>> from tf_dtensor.placements import init_device_mesh
+      >>> model = tf.Module()
+      >>> model.weight = tf.Variable(tf.ones([8, 4]))
+      >>> model = distribute_module(model, init_device_mesh("cpu", (4,)))
+      >>> prefix = os.path.join(tempfile.mkdtemp(), "model")
+      >>> save_state_dict(model, prefix)
+      >>> tf.train.load_checkpoint(prefix).get_tensor("weight").shape
+      (8, 4)
     """
     if _is_module(state):
         state = state_dict(state)
@@ -446,8 +505,18 @@ def load_state_dict(module, state, strict: bool = True) -> LoadResult:
       ValueError: with `strict`, names that do not match; a shape that differs.
 
     Example:
-      >>> load_state_dict(other_model, state_dict(model))
+      >>> from tf_dtensor.placements import Shard, full_tensor, init_device_mesh
+      >>> mesh = init_device_mesh("cpu", (2,))
+      >>> source = tf.Module()
+      >>> source.weight = tf.Variable(tf.reshape(tf.range(4.0), [2, 2]))
+      >>> source = distribute_module(source, mesh)   # replicated
+      >>> target = tf.Module()
+      >>> target.weight = tf.Variable(tf.zeros([2, 2]))
+      >>> _ = distribute_parameter(target, "weight", mesh, [Shard(0)])
+      >>> load_state_dict(target, state_dict(source))
       LoadResult(missing_keys=[], unexpected_keys=[])
+      >>> full_tensor(target.weight).numpy().tolist()
+      [[0.0, 1.0], [2.0, 3.0]]
     """
     _check_module(module, "load_state_dict")
     variables = collections.OrderedDict(

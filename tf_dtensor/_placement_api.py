@@ -145,11 +145,25 @@ def distribute_tensor(tensor, mesh: Optional[Mesh] = None, placements: Placement
     `run_on(mesh)`). Eagerly, the gradient with respect to a regular `tensor` is a
     regular tensor; inside a function it is a DTensor.
 
+    Args:
+      tensor: a regular tensor (or a value convertible to one) or a DTensor.
+      mesh: the mesh (default: the innermost `dtensor.default_mesh`).
+      placements: one placement per mesh dimension (default: `Replicate()` on each).
+      device_mesh: PyTorch's name for `mesh`.
+
+    Returns:
+      The DTensor.
+
     Raises:
+      TypeError: no mesh given and no default mesh.
       LayoutError: placements that do not fit the tensor or the mesh.
 
     Example:
-      >>> t = distribute_tensor(tf.ones([5, 2]), mesh, [Shard(0)])   # blocks of 2, 2, 1, 0
+      >>> from tf_dtensor.placements import Shard
+      >>> mesh = init_device_mesh("cpu", (4,))
+      >>> t = distribute_tensor(tf.ones([5, 2]), mesh, [Shard(0)])
+      >>> [block.shape[0] for block in to_local(t)]   # cut as torch.chunk cuts
+      [2, 2, 1, 0]
     """
     mesh = _mesh_arg(mesh, device_mesh, "distribute_tensor")
     placements = _placements_arg(placements, mesh)
@@ -223,6 +237,10 @@ def from_local(local, mesh: Optional[Mesh] = None, placements: Placements = None
         default (it reads every block). PyTorch's `run_check=True` instead overwrites the
         replicas with the first one's data; here replicas that differ are an error, never
         silently replaced.
+      device_mesh: PyTorch's name for `mesh`.
+
+    Returns:
+      The DTensor.
 
     Gradients (eager): with a list, each block gets its device's gradient block, as each
     PyTorch rank does (`Partial` terms get the gradient of the reduced value). With one
@@ -237,7 +255,11 @@ def from_local(local, mesh: Optional[Mesh] = None, placements: Placements = None
       RuntimeError: called while tracing a `tf.function` (build DTensors outside).
 
     Example:
-      >>> t = from_local([tf.ones([2, 3])] * 4, mesh, [Shard(0)])   # global shape [8, 3]
+      >>> from tf_dtensor.placements import Shard
+      >>> mesh = init_device_mesh("cpu", (4,))
+      >>> t = from_local([tf.ones([2, 3])] * 4, mesh, [Shard(0)])
+      >>> full_tensor(t).shape
+      TensorShape([8, 3])
     """
     if not context.executing_eagerly():
         raise RuntimeError("`from_local` places blocks on devices, which happens eagerly "
@@ -341,7 +363,13 @@ def to_local(tensor) -> List[tf.Tensor]:
     client drives all its devices, so it gets all of their blocks (`Partial` terms
     unreduced). Eager only.
 
+    Raises:
+      LayoutError: `tensor` is not a DTensor.
+      RuntimeError: called while tracing a `tf.function`.
+
     Example:
+      >>> from tf_dtensor.placements import Shard
+      >>> mesh = init_device_mesh("cpu", (4,))
       >>> [b.shape[0] for b in to_local(distribute_tensor(tf.ones([5]), mesh, [Shard(0)]))]
       [2, 2, 1, 0]
     """
@@ -360,10 +388,24 @@ def full_tensor(tensor, mesh: Optional[Mesh] = None):
     Eagerly a regular `tf.Tensor` on the mesh's first device, as PyTorch's `full_tensor`.
     Inside a `tf.function` a DTensor replicated on `mesh` (default: the innermost
     `default_mesh`; layouts are not known while tracing), whose `.numpy()` is the value.
-    The gradient flows back to the DTensor's layout.
+    The gradient flows back to the DTensor's layout. A regular tensor is returned as it is.
+
+    Args:
+      tensor: a DTensor or DVariable.
+      mesh: inside a `tf.function`, the mesh to replicate the value on.
+
+    Returns:
+      Eagerly a regular `tf.Tensor`; inside a `tf.function` a replicated DTensor.
 
     Raises:
       RuntimeError: inside a tf.function with no `mesh` and no default mesh.
+
+    Example:
+      >>> from tf_dtensor.placements import Shard
+      >>> mesh = init_device_mesh("cpu", (2,))
+      >>> t = distribute_tensor(tf.reshape(tf.range(4), [2, 2]), mesh, [Shard(1)])
+      >>> full_tensor(t).numpy().tolist()
+      [[0, 1], [2, 3]]
     """
     if not context.executing_eagerly():
         mesh = _traced_mesh(mesh, "full_tensor")
@@ -405,8 +447,28 @@ def redistribute(tensor, placements: Placements = None, mesh: Optional[Mesh] = N
     Inside a `tf.function` the tensor's mesh is not known while tracing: pass `mesh` or
     use `dtensor.default_mesh`.
 
+    Args:
+      tensor: a DTensor (or DVariable).
+      placements: one placement per mesh dimension (default: `Replicate()` on each).
+      mesh: the target mesh (default: `tensor`'s own; inside a `tf.function`, required
+        unless a `default_mesh` is set).
+      device_mesh: PyTorch's name for `mesh`.
+
+    Returns:
+      The DTensor laid out as `placements`.
+
+    Raises:
+      LayoutError: eagerly, a regular tensor and no `mesh`; placements that do not fit
+        the tensor or the mesh.
+      RelayoutError: the relayout to `placements` cannot be made.
+      RuntimeError: inside a tf.function with no `mesh` and no default mesh.
+
     Example:
-      >>> u = redistribute(t, [Replicate(), Shard(1)])
+      >>> from tf_dtensor.placements import Shard
+      >>> mesh = init_device_mesh("cpu", (2, 2))
+      >>> t = distribute_tensor(tf.ones([4, 4]), mesh, [Shard(0), Replicate()])
+      >>> placements_of(redistribute(t, [Replicate(), Shard(1)]))
+      (Replicate(), Shard(dim=1))
     """
     if isinstance(placements, Mesh) and not isinstance(mesh, Mesh):
         placements, mesh = mesh, placements  # PyTorch's order: (device_mesh, placements)
@@ -440,8 +502,15 @@ def _describe(layout: Layout) -> str:
 def placements_of(tensor) -> Tuple[Placement, ...]:
     """The placements of a DTensor, one per mesh dimension (eager only).
 
+    Raises:
+      LayoutError: `tensor` is not a DTensor, or its layout has no placements (an axis
+        sharded by several mesh dimensions, minor first).
+      RuntimeError: called while tracing a `tf.function`.
+
     Example:
-      >>> placements_of(distribute_tensor(tf.ones([4, 4]), mesh2x2, [Shard(1), Replicate()]))
+      >>> from tf_dtensor.placements import Shard
+      >>> mesh = init_device_mesh("cpu", (2, 2))
+      >>> placements_of(distribute_tensor(tf.ones([4, 4]), mesh, [Shard(1), Replicate()]))
       (Shard(dim=1), Replicate())
     """
     _eager_only("placements_of", "reads a layout, which is known only when it runs")

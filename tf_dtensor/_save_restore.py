@@ -92,10 +92,13 @@ def sharded_save(mesh: Mesh, file_prefix, tensor_names, shape_and_slices, tensor
         DTensor has a non-empty shape-and-slice spec.
 
     Example:
-      >>> mesh = create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
-      >>> w = copy_to_mesh(tf.reshape(tf.range(8.0), [4, 2]), Layout(["x", UNSHARDED], mesh))
-      >>> sharded_save(mesh, "/tmp/named", ["w"], [""], [w])
-      >>> tf.train.load_checkpoint("/tmp/named").get_tensor("w").shape
+      >>> import os, tempfile
+      >>> prefix = os.path.join(tempfile.mkdtemp(), "named")
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> w = dtensor.copy_to_mesh(tf.reshape(tf.range(8.0), [4, 2]),
+      ...                          Layout(["x", dtensor.UNSHARDED], mesh))
+      >>> sharded_save(mesh, prefix, ["w"], [""], [w])
+      >>> tf.train.load_checkpoint(prefix).get_tensor("w").shape
       (4, 2)
     """
     _require_eager("sharded_save")
@@ -163,9 +166,13 @@ def name_based_save(mesh: Mesh, checkpoint_prefix, name_tensor_dict: Dict[str, o
       ValueError: called inside a `tf.function`.
 
     Example:
-      >>> mesh = create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
-      >>> w = copy_to_mesh(tf.ones([4, 2]), Layout(["x", UNSHARDED], mesh))
-      >>> name_based_save(mesh, "/tmp/named", {"w": w})
+      >>> import os, tempfile
+      >>> prefix = os.path.join(tempfile.mkdtemp(), "named")
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> w = dtensor.copy_to_mesh(tf.ones([4, 2]), Layout(["x", dtensor.UNSHARDED], mesh))
+      >>> name_based_save(mesh, prefix, {"w": w})
+      >>> tf.train.load_checkpoint(prefix).get_tensor("w").tolist()
+      [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]
     """
     _require_eager("name_based_save")
     ordered = _ordered(name_tensor_dict)
@@ -196,8 +203,16 @@ def name_based_restore(mesh: Mesh, checkpoint_prefix,
       tf.errors.InvalidArgumentError: a saved tensor's shape or dtype differs.
 
     Example:
-      >>> w = copy_to_mesh(tf.zeros([4, 2]), Layout([UNSHARDED, "x"], mesh))
-      >>> name_based_restore(mesh, "/tmp/named", {"w": w})["w"]  # [*,x] now
+      >>> import os, tempfile
+      >>> prefix = os.path.join(tempfile.mkdtemp(), "named")
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> saved = dtensor.copy_to_mesh(tf.reshape(tf.range(8.0), [4, 2]),
+      ...                              Layout(["x", dtensor.UNSHARDED], mesh))
+      >>> name_based_save(mesh, prefix, {"w": saved})
+      >>> target = dtensor.copy_to_mesh(tf.zeros([4, 2]), Layout([dtensor.UNSHARDED, "x"], mesh))
+      >>> w = name_based_restore(mesh, prefix, {"w": target})["w"]
+      >>> dtensor.fetch_layout(w).short(), [c.numpy().tolist() for c in dtensor.unpack(w)]
+      ('[*,x] @ mesh(x=2)', [[[0.0], [2.0], [4.0], [6.0]], [[1.0], [3.0], [5.0], [7.0]]])
     """
     del mesh  # Each tensor's own layout says where its slices go.
     _require_eager("name_based_restore")
@@ -245,6 +260,7 @@ def enable_save_as_bf16(variables: Sequence[object]) -> None:
       variables: variables; only float32 `DVariable`s are affected.
 
     Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
       >>> v = DVariable(tf.ones([4]), layout=Layout(["x"], mesh))
       >>> enable_save_as_bf16([v]); v.save_as_bf16
       True

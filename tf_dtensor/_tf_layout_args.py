@@ -7,7 +7,10 @@ tf_dtensor `Layout` to tf_dtensor's `call_with_layout`; TensorFlow's own layouts
 went before, so both DTensors can be used in one program.
 
 Example:
-  >>> tf.ones([4, 2], layout=dtensor.Layout(["x", dtensor.UNSHARDED], mesh))   # a DTensor
+  >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+  >>> t = tf.ones([4, 2], layout=dtensor.Layout(["x", dtensor.UNSHARDED], mesh))
+  >>> dtensor.fetch_layout(t).short()
+  '[x,*] @ mesh(x=2)'
 """
 
 from __future__ import annotations

@@ -87,6 +87,7 @@ def fetch_layout(tensor) -> Optional[Layout]:
     (`None` is returned), while a regular `tf.Tensor` or `tf.Variable` is an error.
 
     Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
       >>> t = call_with_layout(tf.ones, Layout(["x"], mesh), shape=(4,))
       >>> fetch_layout(t) == Layout(["x"], mesh), fetch_layout([1.0, 2.0])
       (True, None)
@@ -118,6 +119,7 @@ def check_layout(tensor, layout: Layout) -> None:
     """Raises ValueError if `tensor`'s layout is not `layout`.
 
     Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
       >>> check_layout(call_with_layout(tf.ones, Layout(["x"], mesh), shape=(4,)),
       ...              Layout(["x"], mesh))
 
@@ -179,14 +181,29 @@ def pack(tensors: Sequence[Any], layout: Layout, *, run_check: bool = False) -> 
     `run_check=True` (as PyTorch's `DTensor.from_local(run_check=True)`) compares them
     first, at the cost of reading every component, and raises if replicas differ.
 
+    Args:
+      tensors: a list with one component per local device of `layout.mesh`, in mesh order
+        (first dimension outermost): tensors, arrays or Python values (`SparseTensor`s
+        make a sparse DTensor).
+      layout: the DTensor's layout; the components' shape is its block shape.
+      run_check: compare the components that `layout` makes replicas first.
+
+    Returns:
+      The DTensor.
+
     Raises:
+      TypeError: `layout` is not a `Layout`.
+      RuntimeError: called while tracing a `tf.function`.
       PackError: wrong component count, rank, shape or dtype; with `run_check`, replicas
         that differ (a `tf.errors.InvalidArgumentError`, and the classes TensorFlow's
         DTensor raises).
       LayoutError: no components.
 
     Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
       >>> t = pack([[0, 1]] * mesh.num_local_devices(), Layout.replicated(mesh, 1))
+      >>> [c.numpy().tolist() for c in unpack(t)]
+      [[0, 1], [0, 1]]
     """
     _layout_arg(layout, "pack")
     _refuse_while_tracing("pack")
@@ -304,6 +321,7 @@ def unpack(tensor: Any) -> Sequence[Any]:
     """The components of a DTensor, one per local device in mesh order (first dim outermost).
 
     Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
       >>> [c.shape for c in unpack(call_with_layout(tf.ones, Layout(["x"], mesh), shape=(4,)))]
       [TensorShape([2]), TensorShape([2])]
 
@@ -434,7 +452,32 @@ def _relayout_like_op(tensor, layout_tensor):
 
 
 def copy_to_mesh(tensor: Any, layout: Layout, source_layout: Optional[Layout] = None) -> tf.Tensor:
-    """Copies a regular tensor onto `layout.mesh`, laid out as `layout` (sliced locally)."""
+    """Copies a regular tensor onto `layout.mesh`, laid out as `layout` (sliced locally).
+
+    Each device keeps its block of the value; a DTensor is relaid out (`relayout`). A fully
+    replicated `layout` of another rank is taken at the tensor's rank, as in TensorFlow's
+    DTensor. Works inside `tf.function` under `run_on(mesh)`.
+
+    Args:
+      tensor: a tensor, or a NumPy or Python value (made on the host first).
+      layout: the layout of the result.
+      source_layout: ignored (TensorFlow's signature): a regular tensor's source is its
+        own device.
+
+    Returns:
+      A DTensor with `layout`.
+
+    Raises:
+      TypeError: `layout` is not a `Layout`.
+      RelayoutError: `layout` has another rank than `tensor`.
+      LayoutError: `layout` has MATCH axes and `tensor` is a regular tensor.
+
+    Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> t = copy_to_mesh([[1, 2], [3, 4]], Layout(["x", dtensor.UNSHARDED], mesh))
+      >>> [c.numpy().tolist() for c in unpack(t)]
+      [[[1, 2]], [[3, 4]]]
+    """
     del source_layout  # The source of a regular tensor is its own device.
     if _is_dtensor(tensor):
         return relayout(tensor, layout)
@@ -461,7 +504,32 @@ def _host_tensor(value) -> tf.Tensor:
 
 
 def relayout(tensor: tf.Tensor, layout: Layout, name: Optional[str] = None) -> tf.Tensor:
-    """Changes a DTensor's layout, inserting the needed all-gathers, slices or all-to-alls."""
+    """Changes a DTensor's layout, inserting the needed all-gathers, slices or all-to-alls.
+
+    Works eagerly and inside `tf.function`; the gradient returns to the input's layout.
+
+    Args:
+      tensor: a DTensor, or a DVariable (its value is read); a regular tensor is laid out
+        as by `copy_to_mesh`.
+      layout: the target layout, possibly on another mesh (the value moves there); a
+        `MATCH` axis keeps the input's sharding of that axis.
+      name: ignored (TensorFlow's signature).
+
+    Returns:
+      The DTensor with `layout`.
+
+    Raises:
+      TypeError: `layout` is not a `Layout`.
+      RelayoutError: `layout` has another rank than `tensor`, or the relayout cannot be
+        made.
+      LayoutError: `MATCH` axes for a regular tensor or a target on another mesh.
+
+    Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> t = copy_to_mesh(tf.reshape(tf.range(4), [2, 2]), Layout(["x", dtensor.UNSHARDED], mesh))
+      >>> fetch_layout(relayout(t, Layout([dtensor.UNSHARDED, "x"], mesh))).short()
+      '[*,x] @ mesh(x=2)'
+    """
     del name
     if isinstance(tensor, tf.Variable):
         tensor = tensor.read_value()  # TensorFlow's relayout reads a variable, too
@@ -476,8 +544,24 @@ def relayout_like(tensor: tf.Tensor, layout_tensor: tf.Tensor,
 
     `layout_tensor` may live on another mesh: the value moves there.
 
+    Args:
+      tensor: a DTensor or a regular tensor (see `relayout`).
+      layout_tensor: the DTensor whose layout `tensor` takes.
+      name: ignored (TensorFlow's signature).
+
+    Returns:
+      `tensor` in the layout of `layout_tensor`.
+
+    Raises:
+      LayoutError: eagerly, `layout_tensor` is a regular tensor.
+      TypeError: eagerly, `layout_tensor` is a tensor of a `tf.function` being traced.
+
     Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> layout = Layout(["x", dtensor.UNSHARDED], mesh)
       >>> b = relayout_like(tf.ones((4, 2)), call_with_layout(tf.zeros, layout, [4, 2]))
+      >>> fetch_layout(b) == layout
+      True
     """
     if not context.executing_eagerly():
         return _relayout_like_op(tensor, layout_tensor)
@@ -502,11 +586,28 @@ def call_with_layout(fn: Callable[..., Any], layout: Optional[Layout], *args, **
     Ops inside run on the DTensor device with `layout.mesh` as default mesh; creation ops
     produce their blocks directly in `layout`.
 
+    Args:
+      fn: the function to call.
+      layout: the layout of the result; None calls `fn` as it is.
+      *args, **kwargs: `fn`'s arguments.
+
+    Returns:
+      `fn`'s result as a DTensor with `layout`.
+
+    Raises:
+      TypeError: `layout` is neither a `Layout` nor None.
+      LayoutError: `layout` has `MATCH` axes.
+      RelayoutError: `layout` has another rank than the result.
+
     Example:
-      >>> ones = call_with_layout(tf.ones, Layout(["x", UNSHARDED], mesh), shape=(4, 2))
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> ones = call_with_layout(tf.ones, Layout(["x", dtensor.UNSHARDED], mesh), shape=(4, 2))
+      >>> fetch_layout(ones).short()
+      '[x,*] @ mesh(x=2)'
     """
     if layout is None:
         return fn(*args, **kwargs)
+    _layout_arg(layout, "call_with_layout")
     with _device.mesh_scope(layout.mesh), _device.layout_scope(layout):
         result = fn(*args, **kwargs)
         if not context.executing_eagerly():
@@ -526,6 +627,7 @@ def default_mesh(mesh: Mesh):
     Scopes nest; leaving one (also by an exception) restores the enclosing mesh.
 
     Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
       >>> with default_mesh(mesh):
       ...     fetch_layout(tf.ones([2])) == Layout.replicated(mesh, 1)
       True
@@ -555,9 +657,24 @@ def barrier(mesh: Mesh, barrier_name: Optional[str] = None,
 
     Sums one value per device with an all-reduce over the whole mesh and reads the result.
     In a multi-client run every client then waits at the coordination service's barrier
-    `barrier_name` (default `"(barrier)"`) for up to `timeout_in_ms` (default: one day);
-    `tf.errors.DeadlineExceededError` if a client does not arrive in time.
+    `barrier_name` (default `"(barrier)"`) for up to `timeout_in_ms` (default: one day).
+
+    Args:
+      mesh: the mesh whose devices take part.
+      barrier_name: the coordination service's barrier (multi-client runs).
+      timeout_in_ms: how long a client waits for the others (multi-client runs).
+
+    Raises:
+      TypeError: `mesh` is not a `Mesh`.
+      tf.errors.DeadlineExceededError: a client did not arrive in time.
+
+    Example:
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> barrier(mesh)
     """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"barrier takes a `Mesh` as `mesh`; got {mesh!r} "
+                        f"({type(mesh).__name__}). Build one with `create_mesh`.")
     # One element per device: [n] sharded over every mesh dimension, via a [d0, d1, ...]
     # tensor sharded axis by axis.
     ones = call_with_layout(tf.ones, Layout(mesh.dim_names, mesh), shape=mesh.shape())

@@ -102,7 +102,8 @@ def slice_spec(layout: Layout, global_shape: Sequence[int], block: Block) -> str
     shape then `start,length` (or `-` for a whole axis) per axis.
 
     Example:
-      >>> slice_spec(Layout(["x", UNSHARDED], mesh_x2), [8, 4], (1, 0))
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> slice_spec(Layout(["x", UNSHARDED], mesh), [8, 4], (1, 0))
       '8 4 4,4:-'
     """
     if layout.is_fully_replicated():
@@ -144,8 +145,8 @@ def global_value(tensor) -> tf.Tensor:
       LayoutError: `tensor` is not a DTensor.
 
     Example:
-      >>> mesh = create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
-      >>> t = copy_to_mesh(tf.reshape(tf.range(8), [4, 2]), Layout(["x", UNSHARDED], mesh))
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> t = dtensor.copy_to_mesh(tf.reshape(tf.range(8), [4, 2]), Layout(["x", UNSHARDED], mesh))
       >>> global_value(t).numpy().tolist()
       [[0, 1], [2, 3], [4, 5], [6, 7]]
     """
@@ -471,9 +472,12 @@ class DTensorCheckpoint(tf.train.Checkpoint):
       **kwargs: the objects to track, as for `tf.train.Checkpoint`.
 
     Example:
-      >>> mesh = create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
-      >>> v = DVariable(tf.zeros([4]), layout=Layout(["x"], mesh))
-      >>> path = DTensorCheckpoint(mesh, v=v).save("/tmp/ckpt")
+      >>> import os, tempfile
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> v = dtensor.DVariable(tf.zeros([4]), layout=Layout(["x"], mesh))
+      >>> path = DTensorCheckpoint(mesh, v=v).save(os.path.join(tempfile.mkdtemp(), "ckpt"))
+      >>> os.path.basename(path)
+      'ckpt-1'
     """
 
     def __init__(self, mesh, root=None, **kwargs):

@@ -185,8 +185,8 @@ def preferred_device_type() -> str:
     Reads the physical devices, so it does not start TensorFlow's runtime.
 
     Example:
-      >>> preferred_device_type()  # on a machine without accelerators
-      'CPU'
+      >>> preferred_device_type() == ("GPU" if tf.config.list_physical_devices("GPU") else "CPU")
+      True
     """
     if _tpu.tpu_present():
         return "TPU"
@@ -198,6 +198,11 @@ def preferred_device_type() -> str:
 def local_devices(device_type: str,
                   for_client_id: Optional[int] = None) -> List[tf_device.DeviceSpec]:
     """This client's devices of `device_type` as full DeviceSpecs, by increasing index.
+
+    Args:
+      device_type: `"CPU"`, `"GPU"` or `"TPU"` (any case).
+      for_client_id: whose devices to name (default: this client's); every client is
+        taken to have as many devices as this one.
 
     Example:
       >>> local_devices("CPU")[0].to_string()
@@ -384,6 +389,14 @@ def create_distributed_mesh(mesh_dims: Union[List[Tuple[str, int]], Dict[str, in
     client. Global device ids run client by client: client `c` holds ids
     `c * n ... c * n + n - 1` for `n` local devices, as in TensorFlow's DTensor.
 
+    Args:
+      mesh_dims: `[(name, size), ...]` or `{name: size}`, outermost first.
+      mesh_name: the mesh's name.
+      local_devices: this client's devices (default: all of `device_type`).
+      device_type: the type of the default devices (default: CPU, as in TensorFlow's
+        DTensor, also where there are accelerators).
+      use_xla_spmd: recorded in the mesh.
+
     Example:
       >>> mesh = create_distributed_mesh([("batch", num_global_devices("CPU"))])
 
@@ -398,7 +411,10 @@ def create_distributed_mesh(mesh_dims: Union[List[Tuple[str, int]], Dict[str, in
     names = [name for name, _ in mesh_dims]
     sizes = [_dim_size(name, size) for name, size in mesh_dims]
     if local_devices is None:
-        device_type = (device_type or preferred_device_type()).upper()
+        # CPU, as TensorFlow's DTensor defaults it (and create_mesh here), not the
+        # preferred type: a GPU client would otherwise build a GPU mesh where TF builds a
+        # CPU one.
+        device_type = (device_type or "CPU").upper()
         local_devices = _client_devices(device_type)
     local_names = [tf_device.DeviceSpec.from_string(d).to_string() if isinstance(d, str)
                    else d.to_string() for d in local_devices]
@@ -448,6 +464,7 @@ def initialize_accelerator_system(device_type: Optional[str] = None,
     Example:
       >>> initialize_accelerator_system("CPU", num_logical_cpu_devices=8)
       'CPU'
+      >>> shutdown_accelerator_system()
 
     Raises:
       ValueError: already initialized (call `shutdown_accelerator_system` first), an

@@ -141,8 +141,19 @@ def block_table(layout: Layout, shape: Sequence[int]) -> str:
     of the block, joined by `+`; notes under the table name the pending reductions,
     uneven axes and axes not drawn.
 
+    Args:
+      layout: the layout.
+      shape: the tensor's global shape (every size known).
+
+    Returns:
+      The table, as text.
+
+    Raises:
+      LayoutError: an unknown size, or a shape of another rank than `layout`'s.
+
     Example:
-      >>> print(block_table(Layout(["x"], mesh, partial={"y": "sum"}), [5]))  # mesh x=2,y=2
+      >>> mesh = dtensor.create_mesh([("x", 2), ("y", 2)], devices=[f"CPU:{i}" for i in range(4)])
+      >>> print(block_table(Layout(["x"], mesh, partial={"y": "sum"}), [5]))
       [x] +partial(y:sum) @ mesh(x=2,y=2)  shape=[5]  placements=[S(0), P(sum)]
       +-----------------+-----------------+
       |      [0:3]      |      [3:5]      |
@@ -189,8 +200,17 @@ def visualize(tensor, path: Optional[str] = None) -> str:
       ImportError: `path` is given and matplotlib is not installed.
 
     Example:
-      >>> t = call_with_layout(tf.zeros, Layout(["x", UNSHARDED], mesh), [4, 2])
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> t = dtensor.call_with_layout(tf.zeros, Layout(["x", UNSHARDED], mesh), [4, 2])
       >>> _ = visualize(t)
+      [x,*] @ mesh(x=2)  shape=[4, 2]  placements=[S(0)]
+      +--------------+
+      |  [0:2, 0:2]  |
+      |    CPU:0     |
+      +--------------+
+      |  [2:4, 0:2]  |
+      |    CPU:1     |
+      +--------------+
     """
     if not api.is_dtensor(tensor):
         # fetch_layout's own error named fetch_layout (and a Python value got None back).
@@ -222,6 +242,24 @@ def explain(op_name: str, layouts: Sequence[Optional[Layout]], shapes: Sequence[
     `backward`: per input, the layout the op's rule asks of it so that the outputs come
     out in those layouts without a relayout (None: no preference). This is the request
     that tf.function expansion sends back to the op producing that input.
+
+    Args:
+      op_name: the TensorFlow op type, e.g. `"MatMul"`.
+      layouts: per input, its layout, or None for a host tensor (a shape, the axes).
+      shapes: per input, its global shape.
+      int_values: input index -> the values of a host integer input (a Sum's axes).
+      attrs: the op's attributes, e.g. `{"transpose_a": True}`.
+      requested: the layout asked of the output, as `call_with_layout` asks it.
+      output_layouts: per output, the layout wanted of it (None: no wish).
+
+    Returns:
+      A dict: `inputs` (layouts the op runs with), `outputs` (its output layouts),
+      `collectives` (descriptions), and with `output_layouts` also `backward`.
+
+    Raises:
+      TypeError: a layout that is not a `Layout`.
+      LayoutError: a layout whose rank is not its shape's.
+      UnsupportedOpError: `op_name` has no rule.
 
     Example:
       >>> mesh = dtensor.Mesh(["x"], np.arange(2), [0, 1], ["CPU:0", "CPU:1"])

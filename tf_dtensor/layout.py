@@ -60,9 +60,12 @@ class Layout:
         layout: relayouts, pack/unpack, DVariables and checkpoints keep it, and other ops
         see the axis over its first mesh dimension (they relayout it first).
       mesh: the mesh.
+      partial: pending reductions, mesh dimension name -> `"sum"`, `"mean"`, `"max"`,
+        `"min"` or `"prod"` (see below).
 
     Raises:
-      LayoutError: an unknown mesh dimension, or one that shards two axes.
+      LayoutError: an unknown mesh dimension, one that shards two axes, or one both
+        sharding an axis and partial.
 
     A static layout may also carry pending reductions (`partial`): per mesh dimension a
     reduction (`"sum"`, `"mean"`, `"max"`, `"min"`, `"prod"`) that combines the values the
@@ -127,6 +130,7 @@ class Layout:
           LayoutError: the proto has no mesh, an unknown type, or specs the mesh lacks.
 
         Example:
+          >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
           >>> layout = Layout(["x"], mesh)
           >>> Layout.from_proto(layout.as_proto()) == layout
           True
@@ -145,6 +149,8 @@ class Layout:
             placements that make no valid layout (messages show the placements).
 
         Example:
+          >>> mesh2x2 = dtensor.create_mesh([("x", 2), ("y", 2)],
+          ...                               devices=[f"CPU:{i}" for i in range(4)])
           >>> from tf_dtensor.placements import Shard, Replicate
           >>> Layout.from_placements(mesh2x2, [Shard(0), Replicate()], 2).short()
           '[x,*] @ mesh(x=2,y=2)'
@@ -160,6 +166,8 @@ class Layout:
             mesh dimensions minor first (`"y+x"` on mesh (x, y)), which placements cannot say.
 
         Example:
+          >>> mesh2x2 = dtensor.create_mesh([("x", 2), ("y", 2)],
+          ...                               devices=[f"CPU:{i}" for i in range(4)])
           >>> Layout([UNSHARDED, "x"], mesh2x2).placements
           (Shard(dim=1), Replicate())
         """
@@ -192,6 +200,7 @@ class Layout:
         """This layout as TensorFlow's own `tensorflow.dtensor.LayoutProto` message.
 
         Example:
+          >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
           >>> Layout(["x"], mesh).as_proto().sharding_specs[0].sharding_spec
           'x'
         """
@@ -204,6 +213,7 @@ class Layout:
           LayoutError: on a single-device layout, which has no shards to part.
 
         Example:
+          >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
           >>> Layout(["x"], mesh).to_parted().to_string().split(" mesh:")[0]
           'parted:x,'
         """
@@ -293,6 +303,7 @@ class Layout:
         """Axis 0 sharded and all other axes replicated.
 
         Example:
+          >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
           >>> Layout(["x", UNSHARDED], mesh).is_batch_parallel()
           True
         """
@@ -302,6 +313,7 @@ class Layout:
         """For each device offset of the mesh, the shard index it holds along each axis.
 
         Example:
+          >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
           >>> Layout([UNSHARDED, "x"], mesh).offset_to_shard()
           [(0, 0), (0, 1)]
         """
@@ -314,6 +326,7 @@ class Layout:
           LayoutError: not one index per axis, or an index outside its axis's shard count.
 
         Example:
+          >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
           >>> Layout(["x"], mesh).offset_tuple_to_global_index((1,))
           1
         """
@@ -327,6 +340,7 @@ class Layout:
           LayoutError: a rank other than the layout's, or a size the shards do not divide.
 
         Example:
+          >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
           >>> Layout(["x", UNSHARDED], mesh).local_shape_from_global_shape([4, 3])
           (2, 3)
         """
@@ -339,6 +353,7 @@ class Layout:
           LayoutError: a rank other than the layout's.
 
         Example:
+          >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
           >>> Layout(["x", UNSHARDED], mesh).global_shape_from_local_shape([2, 3])
           (4, 3)
         """
@@ -350,6 +365,7 @@ class Layout:
         The guide derives a bias layout from its weight's: `[*,*] -> delete([0]) -> [*]`.
 
         Example:
+          >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
           >>> Layout(["x", UNSHARDED], mesh).delete([0]).short()
           '[*] @ mesh(x=2)'
         """
@@ -366,6 +382,7 @@ class Layout:
         """Pending reductions: mesh dimension name -> `"sum"`/`"mean"`/`"max"`/`"min"`/`"prod"`.
 
         Example:
+          >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
           >>> Layout([UNSHARDED], mesh, partial={"x": "sum"}).partial
           {'x': 'sum'}
         """
@@ -393,6 +410,7 @@ class Layout:
         smaller or empty.
 
         Example:
+          >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
           >>> Layout(["x"], mesh).shard_geometry([3], [1])
           ((1,), (2,))
         """

@@ -297,6 +297,7 @@ class Mesh:
         """The mesh coordinates of a device, as an int32 tensor (as TF's `Mesh.coords`).
 
         Example:
+          >>> cpus = [f"CPU:{i}" for i in range(4)]
           >>> Mesh(["x", "y"], np.arange(4).reshape(2, 2), [0, 1, 2, 3], cpus).coords(2)
           <tf.Tensor: shape=(2,), dtype=int32, numpy=array([1, 0], dtype=int32)>
 

@@ -35,8 +35,12 @@ class DVariable(resource_variable_ops.ResourceVariable):
       *args, dtype, **kwargs: as for `tf.Variable`; `layout=` gives the layout.
 
     Example:
-      >>> v = DVariable(call_with_layout(tf.zeros, Layout(["x", UNSHARDED], mesh), [4, 2]))
-      >>> v.assign_add(call_with_layout(tf.ones, v.layout, [4, 2]))
+      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+      >>> layout = dtensor.Layout(["x", dtensor.UNSHARDED], mesh)
+      >>> v = DVariable(dtensor.call_with_layout(tf.zeros, layout, [4, 2]))
+      >>> _ = v.assign_add(dtensor.call_with_layout(tf.ones, v.layout, [4, 2]))
+      >>> v.layout.short(), float(tf.reduce_sum(v))
+      ('[x,*] @ mesh(x=2)', 8.0)
     """
 
     def __init__(self, initial_value, *args, dtype=None, **kwargs):

@@ -390,6 +390,18 @@ def test_barrier(mesh):
     assert dtensor.barrier(mesh) is None
 
 
+def test_barrier_of_a_non_mesh_is_a_type_error_naming_barrier():
+    # It was an AttributeError ('str' object has no attribute 'dim_names').
+    with pytest.raises(TypeError, match=r"barrier takes a `Mesh` as `mesh`; got 'x'"):
+        dtensor.barrier("x")
+
+
+def test_call_with_layout_of_a_non_layout_is_a_type_error_naming_it():
+    # It was an AttributeError ('str' object has no attribute 'mesh').
+    with pytest.raises(TypeError, match=r"`call_with_layout` takes a `Layout` as `layout`"):
+        dtensor.call_with_layout(tf.ones, "x", shape=[2])
+
+
 def test_accelerator_system():
     assert dtensor.initialize_accelerator_system("CPU") == "CPU"
     dtensor.shutdown_accelerator_system()

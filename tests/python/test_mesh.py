@@ -15,7 +15,7 @@ import tensorflow as tf
 import tf_dtensor
 import dtensor_testing
 from dtensor_testing import cpus
-from tf_dtensor import dtensor
+from tf_dtensor import config, dtensor
 from tf_dtensor.dtensor import Mesh
 
 tf_dtensor_builtin = tf.experimental.dtensor
@@ -77,6 +77,20 @@ def test_mesh_constructor_matches_create_mesh(mesh_2x2):
 def test_create_distributed_mesh_with_one_client(mesh_2x2):
     mesh = dtensor.create_distributed_mesh([("x", 2), ("y", 2)], local_devices=cpus(4))
     assert mesh == mesh_2x2
+
+
+def test_create_distributed_mesh_of_several_clients_defaults_to_cpus(monkeypatch):
+    # It took the preferred device type (GPU where there is one) where TensorFlow's
+    # DTensor, and create_mesh, default to CPU. Two clients, as this process's variables
+    # say; building the mesh joins nothing.
+    monkeypatch.setenv("DTENSOR_JOBS", "localhost:10001,localhost:10002")
+    monkeypatch.setenv("DTENSOR_CLIENT_ID", "1")
+    monkeypatch.setattr(config, "preferred_device_type", lambda: "GPU")
+    mesh = dtensor.create_distributed_mesh([("x", 16)])
+    assert mesh.device_type() == "CPU"
+    assert mesh.local_devices() == [f"/job:worker/replica:0/task:1/device:CPU:{i}"
+                                    for i in range(8)]
+    assert mesh.local_device_ids() == list(range(8, 16))
 
 
 def test_duplicate_dim_names_are_rejected():

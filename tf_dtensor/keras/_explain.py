@@ -51,12 +51,30 @@ def explain(model, print_fn: Optional[Callable[[str], None]] = print) -> List[Va
     and whether its shape divides the mesh dimensions that shard it. Shapes that do not
     divide are allowed: the blocks are ceil(n/k) long and the last ones shorter.
 
+    Args:
+      model: a built Keras model or layer.
+      print_fn: where the table goes; None prints nothing.
+
+    Returns:
+      A `VariablePlan` per variable (`path`, `shape`, `dtype`, `rule`, `layout`,
+      `bytes_per_device`, `divides`).
+
     Example:
+      >>> import keras, tf_dtensor
+      >>> mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"],
+      ...                                      keras.distribution.list_devices()[:8])
+      >>> layout_map = keras.distribution.LayoutMap(mesh)
+      >>> layout_map[".*dense.*kernel"] = (None, "model")
+      >>> keras.distribution.set_distribution(
+      ...     keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch"))
+      >>> model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, name="dense")],
+      ...                          name="mlp")
       >>> plans = tf_dtensor.keras.explain(model)
-      path                     shape     dtype    layout              per device  divides  rule
-      sequential/dense/kernel  (16, 32)  float32  [*,model] @ mesh(...)  512 B    yes      LayoutMap['.*dense.*kernel']
-      sequential/dense/bias    (32,)     float32  [*] @ mesh(...)        128 B    yes      no LayoutMap rule matched: replicated
+      path              shape     dtype    layout                             per device  divides  rule
+      mlp/dense/kernel  (16, 32)  float32  [*,model] @ mesh(batch=2,model=4)  512 B       yes      LayoutMap['.*dense.*kernel']
+      mlp/dense/bias    (32,)     float32  [*] @ mesh(batch=2,model=4)        128 B       yes      no LayoutMap rule matched: replicated
       2 variables, 640 B on the busiest device at most
+      >>> keras.distribution.set_distribution(None)
     """
     plans = [_plan(variable) for variable in _variables(model)]
     if print_fn is not None:
