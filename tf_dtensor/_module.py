@@ -30,7 +30,7 @@ import tensorflow as tf
 from tf_dtensor import api, checkpoint
 from tf_dtensor import _placement_api
 from tf_dtensor._placement_types import Replicate
-from tf_dtensor._save_restore import name_based_restore, name_based_save
+from tf_dtensor._save_restore import _require_eager, name_based_restore, name_based_save
 from tf_dtensor.layout import Layout
 from tf_dtensor.mesh import Mesh
 from tf_dtensor.variable import DVariable
@@ -453,6 +453,7 @@ def save_state_dict(state, file_prefix) -> None:
       >>> tf.train.load_checkpoint(prefix).get_tensor("weight").shape
       (8, 4)
     """
+    _require_eager("save_state_dict")
     if _is_module(state):
         state = state_dict(state)
     values = collections.OrderedDict(
@@ -502,7 +503,8 @@ def load_state_dict(module, state, strict: bool = True) -> LoadResult:
       `LoadResult(missing_keys, unexpected_keys)`.
 
     Raises:
-      ValueError: with `strict`, names that do not match; a shape that differs.
+      ValueError: with `strict`, names that do not match; a shape that differs; a
+        checkpoint read inside a `tf.function`.
 
     Example:
       >>> from tf_dtensor.placements import Shard, full_tensor, init_device_mesh
@@ -523,6 +525,7 @@ def load_state_dict(module, state, strict: bool = True) -> LoadResult:
         (name, (variable, _backing(variable))) for name, variable in named_parameters(module))
     from_file = isinstance(state, (str, bytes, os.PathLike))
     if from_file:
+        _require_eager("load_state_dict")  # the checkpoint is read on the host
         prefix = os.fsdecode(state)
         saved = dict(tf.train.list_variables(prefix))
         source = f"checkpoint {prefix}"

@@ -138,11 +138,12 @@ def check_layout(tensor, layout: Layout) -> None:
                          f"{layout.short()}.")
 
 
-def _layout_arg(layout: Any, function: str) -> Layout:
+def _layout_arg(layout: Any, function: str, allow_match: bool = False) -> Layout:
+    """`layout`, checked as the `layout` argument of `function` (named in the errors)."""
     if not isinstance(layout, Layout):
         raise TypeError(f"`{function}` takes a `Layout` as `layout`; got {layout!r} "
                         f"({type(layout).__name__}). Build one with `Layout(specs, mesh)`.")
-    if layout.has_match and function != "relayout":
+    if layout.has_match and not allow_match:
         raise LayoutError(f"`{function}` got {layout.short()}: MATCH (keep the input's "
                           f"sharding of an axis) is for `relayout` targets only. Name a mesh "
                           f"dimension or UNSHARDED for every axis.")
@@ -392,13 +393,13 @@ def _refuse_uneven_across_clients(op: str, shape, layout: Layout) -> None:
         f"multiple of {layout.num_shards(axis)}, or leave it unsharded.")
 
 
-def _relayout(tensor, layout: Layout):
-    _layout_arg(layout, "relayout")
+def _relayout(tensor, layout: Layout, function: str = "relayout"):
+    _layout_arg(layout, function, allow_match=True)
     if isinstance(layout, Layout) and not layout.has_match:
         _refuse_uneven_across_clients("relayout", tensor.shape, layout)
     if layout.has_match and context.executing_eagerly():
         if not _is_dtensor(tensor):
-            raise LayoutError(f"relayout to {layout.short()}: MATCH keeps the input's "
+            raise LayoutError(f"{function} to {layout.short()}: MATCH keeps the input's "
                               f"sharding of an axis, and a regular tensor has none; name the "
                               f"axis's mesh dimension or UNSHARDED.")
         layout = _matched(tensor, layout)
@@ -479,6 +480,8 @@ def copy_to_mesh(tensor: Any, layout: Layout, source_layout: Optional[Layout] = 
       [[[1, 2]], [[3, 4]]]
     """
     del source_layout  # The source of a regular tensor is its own device.
+    # Checked here, so that a wrong argument names copy_to_mesh, not relayout.
+    _layout_arg(layout, "copy_to_mesh", allow_match=True)
     if _is_dtensor(tensor):
         return relayout(tensor, layout)
     tensor = _host_tensor(tensor)
@@ -490,7 +493,7 @@ def copy_to_mesh(tensor: Any, layout: Layout, source_layout: Optional[Layout] = 
         # A replicated layout means "whole on every device" at any rank; TensorFlow's
         # DTensor takes one of another rank here (a scalar layout for a matrix), so do we.
         layout = Layout.replicated(layout.mesh, rank)
-    return _relayout(tensor, layout)
+    return _relayout(tensor, layout, "copy_to_mesh")
 
 
 def _host_tensor(value) -> tf.Tensor:

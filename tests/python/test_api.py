@@ -270,6 +270,17 @@ def test_relayout_like_of_a_regular_template_names_relayout_like(mesh_2x2):
         dtensor.relayout_like(t, tf.zeros(_X.shape))
 
 
+def test_copy_to_mesh_of_a_non_layout_names_copy_to_mesh(mesh_2x2):
+    """The message named `relayout`, which the caller never called, for both kinds of
+    input; MATCH on a regular tensor names copy_to_mesh too."""
+    for value in (tf.constant(_X), to_dtensor(_X, layout_of("[x,y]", mesh_2x2))):
+        with pytest.raises(TypeError, match=r"`copy_to_mesh` takes a `Layout` as `layout`; "
+                                            r"got 'x' \(str\)"):
+            dtensor.copy_to_mesh(value, "x")
+    with pytest.raises(tf_dtensor.LayoutError, match=r"^copy_to_mesh to \[match,unsharded\]"):
+        dtensor.copy_to_mesh(tf.constant(_X), Layout([dtensor.MATCH, UNSHARDED], mesh_2x2))
+
+
 def test_relayout_like(mesh_2x2):
     t = to_dtensor(_X, layout_of("[*,*]", mesh_2x2))
     like = to_dtensor(np.zeros((4, 8)), layout_of("[y,x]", mesh_2x2))

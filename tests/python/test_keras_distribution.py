@@ -871,6 +871,12 @@ def test_large_unmatched_variable_is_reported_and_replicated_on_the_mesh():
         tf_dtensor.keras.set_replicated_warning_bytes(1 << 20)
 
 
+def test_explain_of_a_non_model_is_a_type_error_naming_explain():
+    """It raised `AttributeError: 'int' object has no attribute 'weights'`."""
+    with pytest.raises(TypeError, match=r"explain takes a Keras model or layer; got 3 \(int\)"):
+        tf_dtensor.keras.explain(3)
+
+
 def test_explain_lists_rule_layout_bytes_and_uneven_shapes(capsys):
     # d1 has 30 units: 30 over model=4 does not divide (blocks of 8, 8, 8, 6), and that is allowed.
     with kt.model_parallel(MLP_RULES).scope():

@@ -378,6 +378,27 @@ def test_load_state_dict_strict_and_shapes(tmp_path):
         load_state_dict(model, prefix, strict=False)
 
 
+def test_checkpoint_state_dict_calls_inside_a_function_name_themselves(tmp_path):
+    """They read and write on the host: inside a tf.function save_state_dict's error named
+    name_based_save, and load_state_dict read the file at trace time."""
+    model = _sharded_model()
+    prefix = str(tmp_path / "sd")
+    save_state_dict(model, prefix)
+
+    @tf.function
+    def save():
+        save_state_dict(model, prefix)
+
+    @tf.function
+    def load():
+        load_state_dict(model, prefix)
+
+    with pytest.raises(ValueError, match=r"`save_state_dict` must run eagerly"):
+        save()
+    with pytest.raises(ValueError, match=r"`load_state_dict` must run eagerly"):
+        load()
+
+
 def test_distributed_module_trains_inside_tf_function():
     x = _inputs()
     reference = TwoLayer(seed=11)

@@ -32,6 +32,10 @@ def _plan(variable) -> VariablePlan:
 
 
 def _variables(model) -> list:
+    if not hasattr(model, "weights"):
+        raise TypeError(f"explain takes a Keras model or layer; got {model!r} "
+                        f"({type(model).__name__}). Pass the model, e.g. "
+                        f"`tf_dtensor.keras.explain(model)`.")
     seen, result = set(), []
     optimizer = getattr(model, "optimizer", None)
     extra = list(optimizer.variables) if optimizer is not None and optimizer.built else []
@@ -58,6 +62,9 @@ def explain(model, print_fn: Optional[Callable[[str], None]] = print) -> List[Va
     Returns:
       A `VariablePlan` per variable (`path`, `shape`, `dtype`, `rule`, `layout`,
       `bytes_per_device`, `divides`).
+
+    Raises:
+      TypeError: `model` is not a Keras model or layer.
 
     Example:
       >>> import keras, tf_dtensor
