@@ -297,6 +297,44 @@ def _shard_counts(layout: Layout, batch_dim: Optional[str] = None) -> List[int]:
     return counts
 
 
+class _Brief:
+    """A nest leaf shown in short form in messages: `float32[3]`, `[b,*] @ mesh(b=2)`."""
+
+    def __init__(self, leaf: Any):
+        if isinstance(leaf, tf.TensorSpec):
+            shape = leaf.shape.as_list() if leaf.shape.rank is not None else "[?]"
+            self.text = f"{leaf.dtype.name}{shape}"
+        else:
+            self.text = leaf.short() if isinstance(leaf, Layout) else repr(leaf)
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _brief(structure: Any) -> str:
+    return repr(nest.map_structure(_Brief, structure))
+
+
+def _nested_like(element_spec: Any, layouts: Any) -> Any:
+    """`layouts` in the nesting of the dataset's elements. A list where the elements are a
+    tuple is taken (a dataset's elements hold no lists); any other difference is refused
+    with both structures shown, as a TypeError where the containers' types differ and a
+    ValueError otherwise, the classes TensorFlow's DTensorDataset raises."""
+    def tuples(structure):
+        if isinstance(structure, list):
+            return tuple(tuples(item) for item in structure)
+        return structure
+
+    try:
+        nest.assert_same_structure(element_spec, tuples(layouts))
+    except (ValueError, TypeError) as error:
+        raise type(error)(
+            f"DTensorDataset: `layouts` must hold one Layout per dataset element, nested as "
+            f"the elements are. The elements are {_brief(element_spec)}; `layouts` is "
+            f"{_brief(layouts)}.") from None
+    return nest.pack_sequence_as(element_spec, nest.flatten(layouts))
+
+
 def _validate_elements(flat_layouts: List[Layout], flat_specs: List[Any],
                        already_batched: bool) -> None:
     if not flat_specs:
@@ -388,7 +426,7 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
             raise NotImplementedError(
                 "DTensorDataset does not use tf.data service (`tf_data_service_config`); each "
                 "client reads its own share of every batch from `dataset`. Drop the argument.")
-        nest.assert_same_structure(dataset.element_spec, layouts)
+        layouts = _nested_like(dataset.element_spec, layouts)
         flat_layouts = nest.flatten(layouts)
         flat_specs = nest.flatten(dataset.element_spec)
 

@@ -109,6 +109,40 @@ def test_element_spec_is_the_global_batch(mesh_2x2):
     assert iter(dataset).element_spec == dataset.element_spec
 
 
+
+def test_layouts_in_a_list_for_tuple_elements_give_the_tuple_batches(mesh_2x2):
+    # TensorFlow's nest refused a list where the elements are a tuple (TypeError, "don't
+    # have the same nested structure"); the layouts are one per element all the same.
+    layouts = [Layout(["x", "y"], mesh_2x2), Layout(["x"], mesh_2x2)]
+    arrays = (FEATURES, LABELS)
+    dataset = dtensor.DTensorDataset(
+        tf.data.Dataset.from_tensor_slices(arrays), mesh=mesh_2x2, layouts=layouts,
+        global_batch_size=4, batch_dim="x")
+    batches = list(dataset)
+    assert isinstance(batches[0], tuple)
+    assert_batches(reference_batches(arrays, 4), tuple(layouts), batches)
+
+
+@pytest.mark.parametrize("make_layouts,error_class,shown", [
+    (lambda l: l, ValueError, "`layouts` is [x,*] @ mesh(x=2,y=2)"),
+    (lambda l: (l,), ValueError, "`layouts` is ([x,*] @ mesh(x=2,y=2),)"),
+    (lambda l: {"a": l, "b": l}, TypeError, "'a': [x,*] @ mesh(x=2,y=2)"),
+    (lambda l: (l, [l]), ValueError, "[[x,*] @ mesh(x=2,y=2)]"),
+], ids=["one-layout", "too-few", "dict", "too-deep"])
+def test_layouts_nested_unlike_the_elements_name_both_structures(mesh_2x2, make_layouts,
+                                                                error_class, shown):
+    # The message was TensorFlow's nest error, with reprs of TensorSpecs and Layouts and no
+    # word of DTensorDataset; the class is still the one TensorFlow's DTensorDataset raises.
+    layouts = make_layouts(Layout(["x", UNSHARDED], mesh_2x2))
+    with pytest.raises(error_class) as raised:
+        dtensor.DTensorDataset(
+            tf.data.Dataset.from_tensor_slices((FEATURES, FEATURES)), mesh=mesh_2x2,
+            layouts=layouts, global_batch_size=4, batch_dim="x")
+    message = str(raised.value)
+    assert message.startswith("DTensorDataset: `layouts` must hold one Layout per dataset element")
+    assert "The elements are (float32[4], float32[4])" in message
+    assert shown in message
+
 def test_iterator_next_and_stop_iteration(mesh_1d):
     layout = Layout(["x", UNSHARDED], mesh_1d)
     dataset = dtensor.DTensorDataset(tf.data.Dataset.from_tensor_slices(FEATURES[:10]),
