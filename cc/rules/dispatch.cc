@@ -117,18 +117,35 @@ Status PrepareContext(const RuleTraits& traits, OpContext& ctx, bool in_function
   return Status::Ok();
 }
 
-// Whether some host input whose value a rule may need is not known before the run, and
-// every DTensor input is replicated on every axis (pending reductions allowed).
+// Whether a rule that could not plan runs as one device would instead (FallbackRule): some
+// host input whose value it may need is known only at run time, no host input is sharded,
+// and either every DTensor input is replicated on every axis (pending reductions allowed:
+// each device computes what one device would, nothing is gathered) or the unknown host
+// inputs are all axes. Which axes a reduction, scan, concat or reverse works on is then
+// known only when it runs (the gradient of `x * y` of sizes known only at run time sums
+// over the axes BroadcastGradientArgs gives): the sharded inputs are gathered, since any
+// of their axes may be one of them, and each device runs the op as one device would.
 bool RunsReplicatedWithoutValues(const RuleTraits& traits, const OpContext& ctx) {
   const int n = static_cast<int>(ctx.inputs.size());
   bool unknown = false;
+  bool only_axes_unknown = true;
+  bool sharded_data = false;
   for (int i = 0; i < n; ++i) {
     const InputInfo& in = ctx.inputs[i];
     if (in.resource) return false;
-    if (in.layout && !in.layout->WithoutPartial().IsFullyReplicated()) return false;
-    unknown = unknown || (traits.IsHostInput(i, n) && !in.int_value);
+    const bool sharded = in.layout && !in.layout->WithoutPartial().IsFullyReplicated();
+    const std::optional<HostValue> host = traits.HostInput(i, n);
+    if (!host) {
+      sharded_data = sharded_data || sharded;
+      continue;
+    }
+    if (sharded) return false;
+    if (!in.int_value) {
+      unknown = true;
+      only_axes_unknown = only_axes_unknown && *host == HostValue::kAxis;
+    }
   }
-  return unknown;
+  return unknown && (!sharded_data || only_axes_unknown);
 }
 
 StatusOr<std::vector<ValueId>> Dispatch(const RegisteredRule* entry, OpContext& ctx,

@@ -11,6 +11,7 @@
 // collective of the process with it. A GPU lowering over NCCL is where a native one goes.
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -321,6 +322,126 @@ StatusOr<Handles> TrimToBlocks(CollectiveRunner& run, const Handles& handles,
   return run.RunEach("Slice", inputs, slice);
 }
 
+// LocalOpOptions of no copied attributes and `overrides`.
+LocalOpOptions Attrs(std::vector<AttrOverride> overrides) {
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = std::move(overrides);
+  return options;
+}
+
+// The all-gather along axis 0 of pieces whose sizes are known only at run time (inside a
+// tf.function: a batch of a tf.data iterator, the last one partial). CollectiveGatherV2
+// needs pieces of one shape, so each device's row count goes round first (a gather of one
+// int64 each), every piece is padded with zeros to the largest (at least one row: TF's
+// collective ops crash the process on a piece without elements), the padded pieces are
+// gathered, and each device keeps the real rows of every chunk in piece order (RaggedRange
+// of the chunks' row spans, then GatherV2). `current[d]` is device d's piece with the
+// gathered axis first, of dtype `dtype` (a wire type); `position_of[c]` is the group
+// position holding piece c. What it makes and does not hand on goes to `made`.
+StatusOr<Handles> GatherRunTimeSizes(CollectiveRunner& run, const Handles& current, int rank,
+                                     const CollectiveGroups& groups, int dtype,
+                                     const std::vector<int64_t>& position_of, Handles& made) {
+  const int n = static_cast<int>(current.size());
+  const int64_t group_size = groups.group_size();
+  // `op` on every device d with inputs(d); the results are kept in `made` too.
+  auto each = [&](const std::string& op, const std::function<Handles(int)>& inputs,
+                  std::vector<AttrOverride> attrs) -> StatusOr<Handles> {
+    std::vector<Handles> all(n);
+    for (int d = 0; d < n; ++d) all[d] = inputs(d);
+    TFD_ASSIGN_OR_RETURN(Handles out, run.RunEach(op, all, Attrs(std::move(attrs))));
+    made.insert(made.end(), out.begin(), out.end());
+    return out;
+  };
+  const AttrOverride int64_type = AttrOverride::Type("T", TF_INT64);
+  TFD_ASSIGN_OR_RETURN(LocalHandle zero, run.Host({0}, {1}, TF_INT64));
+  TFD_ASSIGN_OR_RETURN(LocalHandle one, run.Host({1}, {1}, TF_INT64));
+  TFD_ASSIGN_OR_RETURN(LocalHandle axis, run.Host({0}, {}, TF_INT32));
+  // Each device's row count ([1]) and the group's ([group_size], in group order).
+  TFD_ASSIGN_OR_RETURN(Handles shape,
+                       each("Shape", [&](int d) { return Handles{current[d]}; },
+                            {AttrOverride::Type("T", dtype),
+                             AttrOverride::Type("out_type", TF_INT64)}));
+  TFD_ASSIGN_OR_RETURN(Handles rows,
+                       each("Slice", [&](int d) { return Handles{shape[d], zero, one}; },
+                            {int64_type, AttrOverride::Type("Index", TF_INT64)}));
+  TFD_ASSIGN_OR_RETURN(Handles sizes, RunCollectiveStep(run, "CollectiveGatherV2", rows, groups,
+                                                        CollectiveOptions(run.mesh(), TF_INT64)));
+  made.insert(made.end(), sizes.begin(), sizes.end());
+  if (!groups.tf_order_is_identity()) {
+    TFD_ASSIGN_OR_RETURN(sizes, PermuteChunks(run, sizes, group_size, groups,
+                                              /*to_tf_order=*/false, TF_INT64, made));
+    made.insert(made.end(), sizes.begin(), sizes.end());
+  }
+  // The chunk: the largest piece, at least one row; paddings [[0, chunk - rows], [0, 0]...].
+  TFD_ASSIGN_OR_RETURN(Handles largest,
+                       each("Max", [&](int d) { return Handles{sizes[d], axis}; },
+                            {int64_type, AttrOverride::Type("Tidx", TF_INT32),
+                             AttrOverride::Bool("keep_dims", true)}));
+  TFD_ASSIGN_OR_RETURN(Handles chunk,
+                       each("Maximum", [&](int d) { return Handles{largest[d], one}; },
+                            {int64_type}));
+  TFD_ASSIGN_OR_RETURN(Handles after,
+                       each("Sub", [&](int d) { return Handles{chunk[d], rows[d]}; },
+                            {int64_type}));
+  TFD_ASSIGN_OR_RETURN(LocalHandle rest, run.Host(std::vector<int64_t>(2 * (rank - 1), 0),
+                                                  {2 * static_cast<int64_t>(rank - 1)},
+                                                  TF_INT64));
+  TFD_ASSIGN_OR_RETURN(Handles flat,
+                       each("ConcatV2", [&](int d) { return Handles{zero, after[d], rest, axis}; },
+                            {int64_type, AttrOverride::Type("Tidx", TF_INT32),
+                             AttrOverride::Int("N", 3)}));
+  TFD_ASSIGN_OR_RETURN(LocalHandle pairs, run.Host({rank, 2}, {2}, TF_INT64));
+  TFD_ASSIGN_OR_RETURN(Handles paddings,
+                       each("Reshape", [&](int d) { return Handles{flat[d], pairs}; },
+                            {int64_type, AttrOverride::Type("Tshape", TF_INT64)}));
+  TFD_ASSIGN_OR_RETURN(Handles padded,
+                       each("Pad", [&](int d) { return Handles{current[d], paddings[d]}; },
+                            {AttrOverride::Type("T", dtype),
+                             AttrOverride::Type("Tpaddings", TF_INT64)}));
+  TFD_ASSIGN_OR_RETURN(Handles gathered,
+                       RunCollectiveStep(run, "CollectiveGatherV2", padded, groups,
+                                         CollectiveOptions(run.mesh(), dtype)));
+  if (!groups.tf_order_is_identity()) {
+    made.insert(made.end(), gathered.begin(), gathered.end());
+    TFD_ASSIGN_OR_RETURN(gathered, PermuteChunks(run, gathered, group_size, groups,
+                                                 /*to_tf_order=*/false, dtype, made));
+  }
+  // Piece c's rows: [position_of[c] * chunk, position_of[c] * chunk + sizes[position_of[c]]).
+  TFD_ASSIGN_OR_RETURN(LocalHandle positions, run.Host(position_of, {group_size}, TF_INT64));
+  TFD_ASSIGN_OR_RETURN(LocalHandle ones,
+                       run.Host(std::vector<int64_t>(group_size, 1), {group_size}, TF_INT64));
+  TFD_ASSIGN_OR_RETURN(Handles starts,
+                       each("Mul", [&](int d) { return Handles{positions, chunk[d]}; },
+                            {int64_type}));
+  TFD_ASSIGN_OR_RETURN(Handles counts,
+                       each("GatherV2", [&](int d) { return Handles{sizes[d], positions, axis}; },
+                            {AttrOverride::Type("Tparams", TF_INT64),
+                             AttrOverride::Type("Tindices", TF_INT64),
+                             AttrOverride::Type("Taxis", TF_INT32),
+                             AttrOverride::Int("batch_dims", 0)}));
+  TFD_ASSIGN_OR_RETURN(Handles limits,
+                       each("AddV2", [&](int d) { return Handles{starts[d], counts[d]}; },
+                            {int64_type}));
+  Handles kept(n);
+  for (int d = 0; d < n; ++d) {
+    TFD_ASSIGN_OR_RETURN(std::vector<LocalHandle> ranges,
+                         run.RunOn("RaggedRange", {starts[d], limits[d], ones},
+                                   Attrs({int64_type, AttrOverride::Type("Tsplits", TF_INT64)}),
+                                   d, 2));
+    made.insert(made.end(), ranges.begin(), ranges.end());
+    kept[d] = ranges[1];
+  }
+  std::vector<Handles> take(n);
+  for (int d = 0; d < n; ++d) take[d] = {gathered[d], kept[d], axis};
+  made.insert(made.end(), gathered.begin(), gathered.end());
+  return run.RunEach("GatherV2", take,
+                     Attrs({AttrOverride::Type("Tparams", dtype),
+                            AttrOverride::Type("Tindices", TF_INT64),
+                            AttrOverride::Type("Taxis", TF_INT32),
+                            AttrOverride::Int("batch_dims", 0)}));
+}
+
 class CollectiveOps final : public CollectiveLowering {
  public:
   std::string_view name() const override { return "ops"; }
@@ -533,8 +654,13 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
   const Wire wire = GatherWire(dtype);
   if (!wire.supported) return UnsupportedCollectiveType("all-gather", dtype);
   const int64_t group_size = groups.group_size();
-  const int64_t chunk = Layout::Piece(global[dim], group_size, 0).first;
-  const std::vector<int64_t> piece_sizes = layout.PieceSizes(global, dim);
+  // Pieces whose sizes are known only at run time take GatherRunTimeSizes.
+  bool all_known = true;
+  for (int64_t s : global) all_known = all_known && s >= 0;
+  const bool run_time = global[dim] < 0;
+  const int64_t chunk = run_time ? 0 : Layout::Piece(global[dim], group_size, 0).first;
+  const std::vector<int64_t> piece_sizes =
+      run_time ? std::vector<int64_t>() : layout.PieceSizes(global, dim);
   // The group is ordered row-major over its mesh dimensions in mesh order; an axis over
   // several of them in another order ("y+x") numbers its pieces differently:
   // piece_at[r] is the piece held at group position r.
@@ -558,7 +684,7 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
   }
   // Uneven pieces are padded to the chunk size and trimmed after; reordered pieces take
   // the same trimming gather, which puts them in piece order.
-  const bool uneven = global[dim] % group_size != 0 || reordered;
+  const bool uneven = !run_time && (global[dim] % group_size != 0 || reordered);
 
   // Handles made here and not handed on; discarded whatever happens.
   Handles temporaries;
@@ -596,7 +722,8 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
 
   // Blocks empty along another axis than `dim` are padded there (EmptyAxisPadding).
   const std::vector<std::vector<int64_t>> empty_padding =
-      EmptyAxisPadding(layout, global, n, dim);
+      all_known ? EmptyAxisPadding(layout, global, n, dim)
+            : std::vector<std::vector<int64_t>>(n, std::vector<int64_t>(rank, 0));
   const bool pad_empty = AnyPadding(empty_padding);
   if (uneven || pad_empty) {
     // Every piece to the chunk size: zeros after the real rows (axis `dim` is first now).
@@ -616,8 +743,13 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
     current = std::move(sent).value();
     temporaries.insert(temporaries.end(), current.begin(), current.end());
   }
-  StatusOr<Handles> gathered = RunCollectiveStep(run, "CollectiveGatherV2", current, groups,
-                                                 CollectiveOptions(run.mesh(), wire.wire));
+  std::vector<int64_t> position_of(group_size);
+  for (int64_t r = 0; r < group_size; ++r) position_of[piece_at[r]] = r;
+  StatusOr<Handles> gathered =
+      run_time ? GatherRunTimeSizes(run, current, rank, groups, wire.wire, position_of,
+                                    temporaries)
+               : RunCollectiveStep(run, "CollectiveGatherV2", current, groups,
+                                   CollectiveOptions(run.mesh(), wire.wire));
   if (!gathered.ok()) return cleanup(gathered.status());
   current = std::move(gathered).value();
   if (wire.wire != dtype) {
@@ -627,14 +759,14 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
     current = std::move(back).value();
   }
   StatusOr<std::vector<int64_t>> whole = out_layout.LocalShape(global, "the value");
-  if (whole.ok() && !pad_empty) {
+  if (whole.ok() && !pad_empty && !run_time) {
     std::vector<int64_t> front = *whole;  // the gathered axis first
     for (size_t i = 0; i < perm.size(); ++i) front[i] = (*whole)[perm[i]];
     if (uneven) front[0] = chunk * group_size;  // padded until trimmed below
     for (int d = 0; d < n; ++d) run.SetLocalShape(current[d], front);
   }
 
-  if (!groups.tf_order_is_identity()) {
+  if (!run_time && !groups.tf_order_is_identity()) {
     // Piece j of the gather belongs to the device at position tf_order[j] of the group.
     temporaries.insert(temporaries.end(), current.begin(), current.end());
     StatusOr<Handles> ordered =
@@ -645,8 +777,6 @@ StatusOr<ValueId> CollectiveOps::AllGather(CollectiveRunner& run, ValueId value,
   if (uneven) {
     // Keep rows [r * chunk, r * chunk + size) of the chunk at each group position r, in
     // piece order.
-    std::vector<int64_t> position_of(group_size);
-    for (int64_t r = 0; r < group_size; ++r) position_of[piece_at[r]] = r;
     std::vector<int64_t> rows;
     for (int64_t c = 0; c < group_size; ++c) {
       for (int64_t j = 0; j < piece_sizes[c]; ++j) rows.push_back(position_of[c] * chunk + j);
