@@ -193,6 +193,7 @@ class _DTensorIterator(iterator_ops.OwnedIterator):
 
     @property
     def element_spec(self):
+        """The spec of each global batch (TensorSpecs of the global shapes)."""
         return self._global_element_spec
 
     def __next__(self):
@@ -536,6 +537,7 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
 
     @property
     def element_spec(self):
+        """The spec of each global batch (TensorSpecs of the global shapes)."""
         return self._global_element_spec
 
     # tf.data's own transformations would wrap this dataset's variant, which is the
@@ -554,21 +556,27 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
         return self._anchor
 
     def repeat(self, count=None, name=None):
+        """Repeats the batches `count` times (forever with None), as `tf.data.Dataset.repeat`. Whole batches are kept, with their layouts."""
         return self._on_batches(lambda p: p.repeat(count, name=name))
 
     def take(self, count, name=None):
+        """The first `count` batches, as `tf.data.Dataset.take`. Whole batches are kept, with their layouts."""
         return self._on_batches(lambda p: p.take(count, name=name))
 
     def skip(self, count, name=None):
+        """The batches after the first `count`, as `tf.data.Dataset.skip`. Whole batches are kept, with their layouts."""
         return self._on_batches(lambda p: p.skip(count, name=name))
 
     def prefetch(self, buffer_size, name=None):
+        """Prefetches `buffer_size` batches on the host, as `tf.data.Dataset.prefetch`. Whole batches are kept, with their layouts."""
         return self._on_batches(lambda p: p.prefetch(buffer_size, name=name))
 
     def cache(self, filename="", name=None):
+        """Caches the batches (in memory, or in `filename`), as `tf.data.Dataset.cache`. Whole batches are kept, with their layouts."""
         return self._on_batches(lambda p: p.cache(filename, name=name))
 
     def with_options(self, options, name=None):
+        """The batches with tf.data `options`, as `tf.data.Dataset.with_options`. Whole batches are kept, with their layouts."""
         return self._on_batches(lambda p: p.with_options(options, name=name))
 
     @property
@@ -596,6 +604,7 @@ class _DTensorDatasetSpec(_BatchesSpec, type_spec.TypeSpec):
 
     @property
     def element_spec(self):
+        """The spec of each global batch (TensorSpecs of the global shapes)."""
         return self._global_element_spec
 
     @property
@@ -630,7 +639,7 @@ _REFUSED = ("batch", "bucket_by_sequence_length", "concatenate", "enumerate", "f
 
 
 def _refused(name: str):
-    def method(self, *args, **kwargs):
+    def method(self, *args, **kwargs):  # pylint: disable=unused-argument
         layouts = ", ".join(l.short() for l in nest.flatten(self._layouts))  # pylint: disable=protected-access
         raise NotImplementedError(
             f"`DTensorDataset.{name}` is not supported: DTensorDataset yields batches of "
@@ -639,6 +648,8 @@ def _refused(name: str):
             f"or to the DTensors you read. DTensorDataset itself takes `repeat`, `take`, "
             f"`skip`, `prefetch`, `cache` and `with_options`.")
     method.__name__ = name
+    method.__doc__ = (f"Not supported: raises NotImplementedError. Apply `{name}` to the dataset "
+                      f"given to DTensorDataset, or to the DTensors read from it.")
     return method
 
 

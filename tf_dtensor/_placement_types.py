@@ -18,12 +18,15 @@ class Placement:
     """How a tensor is placed along one mesh dimension (base of the three placements)."""
 
     def is_shard(self, dim: Optional[int] = None) -> bool:
+        """Whether this is `Shard` (of tensor axis `dim`, when given)."""
         return False
 
     def is_replicate(self) -> bool:
+        """Whether this is `Replicate`."""
         return False
 
     def is_partial(self, reduce_op: Optional[str] = None) -> bool:
+        """Whether this is `Partial` (with reduction `reduce_op`, when given)."""
         return False
 
 
@@ -45,6 +48,7 @@ class Shard(Placement):
         object.__setattr__(self, "dim", int(self.dim))
 
     def is_shard(self, dim: Optional[int] = None) -> bool:
+        """Whether this shards tensor axis `dim` (any axis when `dim` is None)."""
         return dim is None or dim == self.dim
 
     def __str__(self) -> str:
@@ -61,6 +65,7 @@ class Replicate(Placement):
     """
 
     def is_replicate(self) -> bool:
+        """True: the value is whole on every device along this mesh dimension."""
         return True
 
     def __str__(self) -> str:
@@ -99,6 +104,7 @@ class Partial(Placement):
         object.__setattr__(self, "reduce_op", op)
 
     def is_partial(self, reduce_op: Optional[str] = None) -> bool:
+        """Whether this is a pending reduction (`reduce_op`, by either of its names, when given)."""
         # As PyTorch's: with a reduction, whether it is this one (by either of its names).
         return reduce_op is None or _REDUCTIONS.get(str(reduce_op).lower()) == self.reduce_op
 

@@ -225,14 +225,30 @@ class Layout:
         return self._layout.type
 
     def is_single_device(self) -> bool:
+        """Whether this is a single-device layout (`Layout.from_device`): the value lives on
+        one device, not sharded over a mesh."""
         return self._layout.is_single_device
 
     @staticmethod
     def replicated(mesh: Mesh, rank: int) -> "Layout":
+        """The layout of `rank` axes, none sharded: every device of `mesh` holds the whole value.
+
+        Example:
+          >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
+          >>> Layout.replicated(mesh, rank=2).short()
+          '[*,*] @ mesh(x=2)'
+        """
         return Layout([UNSHARDED] * _rank(rank, "Layout.replicated"), mesh)
 
     @staticmethod
     def batch_sharded(mesh: Mesh, batch_dim: str, rank: int, axis: int = 0) -> "Layout":
+        """The layout of `rank` axes with axis `axis` (the batch) sharded over `batch_dim`.
+
+        Example:
+          >>> mesh = dtensor.create_mesh([("batch", 2)], devices=["CPU:0", "CPU:1"])
+          >>> Layout.batch_sharded(mesh, "batch", rank=3).short()
+          '[batch,*,*] @ mesh(batch=2)'
+        """
         specs = [UNSHARDED] * _rank(rank, "Layout.batch_sharded")
         if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or \
                 not -rank <= axis < rank:
@@ -243,6 +259,13 @@ class Layout:
 
     @staticmethod
     def inner_sharded(mesh: Mesh, inner_dim: str, rank: int) -> "Layout":
+        """The layout of `rank` axes with the last (innermost) axis sharded over `inner_dim`.
+
+        Example:
+          >>> mesh = dtensor.create_mesh([("model", 2)], devices=["CPU:0", "CPU:1"])
+          >>> Layout.inner_sharded(mesh, "model", rank=2).short()
+          '[*,model] @ mesh(model=2)'
+        """
         if _rank(rank, "Layout.inner_sharded") == 0:
             raise LayoutError(f"Layout.inner_sharded: a rank-0 layout has no inner axis to "
                               f"shard over `{inner_dim}`; give `rank` >= 1, or use "
@@ -250,6 +273,7 @@ class Layout:
         return Layout.batch_sharded(mesh, inner_dim, rank, axis=rank - 1)
 
     def to_string(self) -> str:
+        """The serialized form TensorFlow's DTensor uses (`Layout.from_string` reads it back)."""
         text = self._layout.to_string()
         if not self._match:
             return text
@@ -264,6 +288,7 @@ class Layout:
 
     @property
     def sharding_specs(self) -> List[str]:
+        """Per axis, the mesh dimension sharding it, or `UNSHARDED` (`MATCH` where unset)."""
         specs = list(self._layout.sharding_specs)
         for i in self._match:
             specs[i] = MATCH
@@ -276,10 +301,12 @@ class Layout:
 
     @property
     def mesh(self) -> Mesh:
+        """The mesh this layout places its value on."""
         return self._mesh
 
     @property
     def rank(self) -> int:
+        """The number of axes of the values this layout describes."""
         return self._layout.rank
 
     @property

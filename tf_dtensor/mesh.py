@@ -157,6 +157,7 @@ class Mesh:
         return layout_pb2.MeshProto.FromString(self._mesh.to_proto())
 
     def to_string(self) -> str:
+        """The serialized form TensorFlow's DTensor uses (`Mesh.from_string` reads it back)."""
         return self._mesh.to_string()
 
     def short(self) -> str:
@@ -165,10 +166,12 @@ class Mesh:
 
     @property
     def dim_names(self) -> List[str]:
+        """The names of the mesh dimensions, in order."""
         return list(self._mesh.dim_names)
 
     @property
     def name(self) -> str:
+        """The mesh's name (empty unless one was given)."""
         return self._mesh.name
 
     @property
@@ -190,6 +193,7 @@ class Mesh:
         return self._mesh.reported_size
 
     def shape(self) -> List[int]:
+        """The size of each mesh dimension, in order."""
         return list(self._mesh.dim_sizes)
 
     @property
@@ -218,6 +222,7 @@ class Mesh:
         return MeshDimension(name=dim_name, size=self.dim_size(dim_name))
 
     def contains_dim(self, dim_name: str) -> bool:
+        """Whether `dim_name` is one of the mesh's dimensions."""
         return self._mesh.dim_index(dim_name) >= 0
 
     def __contains__(self, dim_name: str) -> bool:
@@ -250,24 +255,32 @@ class Mesh:
         return self._mesh.min_global_device_id()
 
     def local_device_ids(self) -> List[int]:
+        """The mesh ids of the devices this process holds."""
         return list(self._mesh.reported_local_device_ids)
 
     def local_devices(self) -> List[str]:
+        """The full names of the devices this process holds, in mesh order."""
         return list(self._mesh.reported_local_devices)
 
     def global_devices(self) -> List[str]:
+        """The full names of every device of a mesh that spans processes (empty for a mesh
+        made from this process's devices alone, as in TensorFlow's DTensor)."""
         return list(self._mesh.global_devices)
 
     def num_local_devices(self) -> int:
+        """How many devices of the mesh this process holds."""
         return len(self._mesh.reported_local_devices)
 
     def device_type(self) -> str:
+        """The type of the mesh's devices: `"CPU"`, `"GPU"` or `"TPU"`."""
         return self._mesh.device_type
 
     def is_remote(self) -> bool:
+        """Whether this process holds none of the mesh's devices."""
         return not self._mesh.local_device_ids
 
     def use_xla_spmd(self) -> bool:
+        """Whether the mesh asks for XLA's SPMD partitioner (TensorFlow's DTensor on TPUs)."""
         return self._mesh.use_xla_spmd
 
     def device_location(self, offset: int) -> List[int]:
