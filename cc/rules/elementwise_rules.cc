@@ -38,6 +38,58 @@ class PointwiseRule : public Rule {
     return plan;
   }
 
+  // A replicated input whose size along an axis is known only at run time, beside an
+  // input sharded along it, may broadcast there (size 1 when it runs: x * r with r =
+  // reduce_sum(x, run_time_axes, keepdims=True)): it is cut with SliceMayBroadcast, which
+  // keeps the one row on every device in that case. Cut as a value of the other's size,
+  // each device but the first got an empty block and the result lost its rows.
+  StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
+                                        Builder& builder) const override {
+    const int n = static_cast<int>(ctx.inputs.size());
+    size_t out_rank = 0;
+    for (const InputInfo& in : ctx.inputs) out_rank = std::max(out_rank, in.shape.size());
+    // sharded_out[a]: some input is already sharded along output axis a.
+    std::vector<bool> sharded_out(out_rank, false);
+    for (const InputInfo& in : ctx.inputs) {
+      if (!in.layout) continue;
+      const size_t offset = out_rank - in.shape.size();
+      for (size_t a = 0; a < in.shape.size(); ++a) {
+        if (in.layout->spec(static_cast<int>(a)).sharded()) sharded_out[offset + a] = true;
+      }
+    }
+    Plan first = plan;  // the planned layouts but for the axes cut below
+    std::vector<std::vector<int>> may_broadcast(n);
+    for (int i = 0; i < n && i < static_cast<int>(plan.inputs.size()); ++i) {
+      const std::optional<Layout>& given = ctx.inputs[i].layout;
+      if (!given || !plan.inputs[i]) continue;
+      const std::vector<int64_t>& shape = ctx.inputs[i].shape;
+      const size_t offset = out_rank - shape.size();
+      std::vector<DimSpec> specs = plan.inputs[i]->specs();
+      for (int a = 0; a < static_cast<int>(shape.size()); ++a) {
+        if (shape[a] >= 0 || given->spec(a).sharded() || !specs[a].sharded() ||
+            specs[a].multi() || !sharded_out[offset + a]) {
+          continue;
+        }
+        may_broadcast[i].push_back(a);
+        specs[a] = DimSpec::Replicated();
+      }
+      if (!may_broadcast[i].empty()) first.inputs[i] = plan.inputs[i]->WithSpecs(specs);
+    }
+    bool any = false;
+    for (const std::vector<int>& axes : may_broadcast) any = any || !axes.empty();
+    if (!any) return ExpandDefault(ctx, plan, builder);
+    TFD_ASSIGN_OR_RETURN(std::vector<ValueId> inputs, PrepareInputs(ctx, first, builder));
+    for (int i = 0; i < n; ++i) {
+      for (int a : may_broadcast[i]) {
+        TFD_ASSIGN_OR_RETURN(inputs[i],
+                             builder.SliceMayBroadcast(inputs[i], a, plan.inputs[i]->spec(a)));
+      }
+    }
+    LocalOpOptions options;
+    options.overrides = plan.overrides;
+    return ExpandWithInputs(ctx, plan, inputs, options, builder);
+  }
+
   // The request projected onto each input through broadcasting, right-aligned:
   //   want [x,y] of [4,8] + [8]   -> [x,y], [y]
   //   want [x,y] of [4,8] + [1,8] -> [x,y], [*,y]   (a size-1 axis broadcasts, unsharded)

@@ -175,6 +175,14 @@ class Builder {
   // Slice with any sharding of the axis, also over several mesh dimensions ([*] -> [x+y]).
   // Default: a single mesh dimension only.
   virtual StatusOr<ValueId> SliceOver(ValueId value, int dim, const DimSpec& spec);
+  // SliceOver of an operand that broadcasts where its size is 1: an elementwise op's
+  // replicated operand whose size along `dim` is known only at run time, beside a sharded
+  // one. When it runs with size 1 every device keeps that one row (TF broadcasts it
+  // against each block); otherwise each device keeps its block. Default: SliceOver (a
+  // builder whose sizes are all known).
+  virtual StatusOr<ValueId> SliceMayBroadcast(ValueId value, int dim, const DimSpec& spec) {
+    return SliceOver(value, dim, spec);
+  }
   // Moves an unsharded-on-`dim` value to sharding over `mesh_dim`, and a sharded axis
   // `from_dim` to unsharded, in one exchange: [x,*] -> [*,x]. Default: gather + slice.
   virtual StatusOr<ValueId> AllToAll(ValueId value, int from_dim, int to_dim);

@@ -60,6 +60,7 @@ class ComponentBuilder : public Builder {
   StatusOr<ValueId> AllGather(ValueId value, int dim) override;
   StatusOr<ValueId> Slice(ValueId value, int dim, int mesh_dim) override;
   StatusOr<ValueId> SliceOver(ValueId value, int dim, const DimSpec& spec) override;
+  StatusOr<ValueId> SliceMayBroadcast(ValueId value, int dim, const DimSpec& spec) override;
   // The piece sizes of axis `dim` of `handle` over `pieces` shards, computed on `device`
   // from its size at run time (a data-dependent size inside tf.function: tf.where's rows)
   // by the shard geometry's rule: min(max(n - i * ceil(n / k), 0), ceil(n / k)).
@@ -733,6 +734,112 @@ StatusOr<ValueId> ComponentBuilder<Handle>::SliceOver(ValueId value, int dim,
     }
     return failure;
   }
+  return Add(std::move(out));
+}
+
+// A size known only at run time: each device d slices [begin, begin + size) along `dim`
+// with begin = (n == 1 ? 0 : min(i * ceil(n / k), n)) and size = (n == 1 ? 1 : its piece
+// size), i its shard index, n the run-time size, k the pieces (Slice's size -1 keeps the
+// other axes whole).
+template <typename Handle>
+StatusOr<ValueId> ComponentBuilder<Handle>::SliceMayBroadcast(ValueId value, int dim,
+                                                              const DimSpec& spec) {
+  const Layout layout = *values_[value].layout;
+  if (values_[value].shape[dim] >= 0 || spec.multi() || layout.spec(dim).sharded()) {
+    return SliceOver(value, dim, spec);
+  }
+  mesh_ = layout.mesh();
+  std::vector<DimSpec> specs = layout.specs();
+  specs[dim] = spec;
+  TFD_ASSIGN_OR_RETURN(Layout out_layout,
+                       Layout::FromSpecs(specs, layout.mesh(), layout.type(), layout.partial()));
+  const int rank = layout.rank();
+  const int64_t pieces = out_layout.NumShards(dim);
+  TFD_ASSIGN_OR_RETURN(ValueId begin_at, HostConstant({dim}, {1}, TF_INT32));
+  TFD_ASSIGN_OR_RETURN(ValueId one_i32, HostConstant({1}, {1}, TF_INT32));
+  TFD_ASSIGN_OR_RETURN(ValueId one, HostConstant({1}, {1}, TF_INT64));
+  TFD_ASSIGN_OR_RETURN(ValueId zero, HostConstant({0}, {1}, TF_INT64));
+  TFD_ASSIGN_OR_RETURN(ValueId k_minus_1, HostConstant({pieces - 1}, {1}, TF_INT64));
+  TFD_ASSIGN_OR_RETURN(ValueId k, HostConstant({pieces}, {1}, TF_INT64));
+  TFD_ASSIGN_OR_RETURN(ValueId axis0, HostConstant({0}, {}, TF_INT32));
+  std::optional<ValueId> zeros_before, zeros_after, all_before, all_after;
+  if (dim > 0) {
+    TFD_ASSIGN_OR_RETURN(zeros_before, HostConstant(std::vector<int64_t>(dim, 0), {dim}, TF_INT64));
+    TFD_ASSIGN_OR_RETURN(all_before, HostConstant(std::vector<int64_t>(dim, -1), {dim}, TF_INT64));
+  }
+  if (dim < rank - 1) {
+    const int64_t after = rank - 1 - dim;
+    TFD_ASSIGN_OR_RETURN(zeros_after, HostConstant(std::vector<int64_t>(after, 0), {after}, TF_INT64));
+    TFD_ASSIGN_OR_RETURN(all_after, HostConstant(std::vector<int64_t>(after, -1), {after}, TF_INT64));
+  }
+  const int dtype = values_[value].dtype;
+  Value out{out_layout, values_[value].shape, dtype};
+  out.handles.assign(mesh_.num_local_devices(), Handle{});
+  std::vector<Handle> made;
+  std::vector<Handle> pieces_made;
+  auto fail = [&](Status status) {
+    DiscardAll(made);
+    DiscardAll(pieces_made);
+    return status;
+  };
+  for (int d = 0; d < mesh_.num_local_devices(); ++d) {
+    auto run = [&](const std::string& op, std::vector<Handle> inputs,
+                   std::vector<AttrOverride> overrides) -> StatusOr<Handle> {
+      LocalOpOptions options;
+      options.copy_attrs = false;
+      options.overrides = std::move(overrides);
+      TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn(op, inputs, options, d, 1));
+      made.push_back(r[0]);
+      return r[0];
+    };
+    const AttrOverride int64 = AttrOverride::Type("T", TF_INT64);
+    auto host = [&](ValueId v) { return values_[v].host; };
+    StatusOr<Handle> piece = [&]() -> StatusOr<Handle> {
+      TFD_ASSIGN_OR_RETURN(ValueId shard, HostConstant({out_layout.ShardIndex(d, dim)}, {1},
+                                                       TF_INT64));
+      const Handle whole = values_[value].handles[d];
+      TFD_ASSIGN_OR_RETURN(Handle shape, run("Shape", {whole},
+                                             {AttrOverride::Type("T", dtype),
+                                              AttrOverride::Type("out_type", TF_INT64)}));
+      TFD_ASSIGN_OR_RETURN(Handle n, run("Slice", {shape, host(begin_at), host(one_i32)},
+                                         {int64, AttrOverride::Type("Index", TF_INT32)}));
+      TFD_ASSIGN_OR_RETURN(Handle up, run("AddV2", {n, host(k_minus_1)}, {int64}));
+      TFD_ASSIGN_OR_RETURN(Handle chunk, run("FloorDiv", {up, host(k)}, {int64}));
+      TFD_ASSIGN_OR_RETURN(Handle start, run("Mul", {chunk, host(shard)}, {int64}));
+      TFD_ASSIGN_OR_RETURN(Handle left, run("Sub", {n, start}, {int64}));
+      TFD_ASSIGN_OR_RETURN(Handle nonneg, run("Maximum", {left, host(zero)}, {int64}));
+      TFD_ASSIGN_OR_RETURN(Handle size, run("Minimum", {nonneg, chunk}, {int64}));
+      TFD_ASSIGN_OR_RETURN(Handle single, run("Equal", {n, host(one)},
+                                              {int64, AttrOverride::Bool("incompatible_shape_error", true)}));
+      // Past the end for the trailing empty pieces (2 rows over 8): Slice wants begin <= n.
+      TFD_ASSIGN_OR_RETURN(Handle within, run("Minimum", {start, n}, {int64}));
+      TFD_ASSIGN_OR_RETURN(Handle begin, run("SelectV2", {single, host(zero), within}, {int64}));
+      TFD_ASSIGN_OR_RETURN(Handle length, run("SelectV2", {single, host(one), size}, {int64}));
+      auto vector = [&](std::optional<ValueId> before, Handle middle,
+                        std::optional<ValueId> after) -> StatusOr<Handle> {
+        std::vector<Handle> parts;
+        if (before) parts.push_back(host(*before));
+        parts.push_back(middle);
+        if (after) parts.push_back(host(*after));
+        if (parts.size() == 1) return middle;
+        const int64_t count = static_cast<int64_t>(parts.size());
+        parts.push_back(host(axis0));
+        return run("ConcatV2", parts, {int64, AttrOverride::Type("Tidx", TF_INT32),
+                                       AttrOverride::Int("N", count)});
+      };
+      TFD_ASSIGN_OR_RETURN(Handle begins, vector(zeros_before, begin, zeros_after));
+      TFD_ASSIGN_OR_RETURN(Handle sizes, vector(all_before, length, all_after));
+      LocalOpOptions slice;
+      slice.copy_attrs = false;
+      slice.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Index", TF_INT64)};
+      TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn("Slice", {whole, begins, sizes}, slice, d, 1));
+      return r[0];
+    }();
+    if (!piece.ok()) return fail(piece.status());
+    out.handles[d] = *piece;
+    pieces_made.push_back(*piece);
+  }
+  DiscardAll(made);
   return Add(std::move(out));
 }
 

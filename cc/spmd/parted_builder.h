@@ -92,6 +92,10 @@ class PartedBuilder : public Builder {
     }
     return inner_.Slice(value, dim, mesh_dim);
   }
+  StatusOr<ValueId> SliceMayBroadcast(ValueId value, int dim, const DimSpec& spec) override {
+    if (parted_.count(value) || spec.multi()) return Builder::SliceMayBroadcast(value, dim, spec);
+    return inner_.SliceMayBroadcast(value, dim, spec);
+  }
   StatusOr<ValueId> HostConstant(const std::vector<int64_t>& values,
                                  const std::vector<int64_t>& shape, int dtype) override {
     return inner_.HostConstant(values, shape, dtype);

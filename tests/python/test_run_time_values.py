@@ -273,6 +273,11 @@ REDUCTIONS = {
     "max": lambda x: tf.reduce_max(x, _long_axes(x), keepdims=True),
     "mean": lambda x: tf.reduce_mean(x, _long_axes(x), keepdims=True),
     "cumsum": lambda x: tf.cumsum(x, axis=tf.size(_long_axes(x)) - 1),
+    # The reduction (replicated, of run-time size 1 along the reduced axes) broadcast
+    # against the sharded input: it was cut as if it had the input's size, each device
+    # but the first got no row, and the product lost its rows (4 rows became 1) or failed.
+    "sum_times_x": lambda x: tf.reduce_sum(x, _long_axes(x), keepdims=True) * x,
+    "x_minus_max": lambda x: x - tf.reduce_max(x, _long_axes(x), keepdims=True),
 }
 
 
@@ -338,5 +343,17 @@ def test_shape_of_a_sharded_batch_of_run_time_size_under_every_lowering(lowering
     def step(iterator, to_mesh):
         x = to_mesh(next(iterator))
         return tf.shape(x), tf.reduce_sum(x, 0), to_mesh(x, "[*,x]")
+
+    _steps_match_one_device(step, layout_of("[x,*]", MESH_8), lowering)
+
+
+@pytest.mark.parametrize("lowering", ["copies", "ops"])
+def test_a_host_value_of_run_time_size_one_broadcasts_against_a_sharded_batch(lowering):
+    # `r` is made on the host from the batch before it goes to the mesh: of size 1 along
+    # axis 0 for the full batches, of the batch's size for the last, known only at run time.
+    def step(iterator, to_mesh):
+        x = next(iterator)
+        r = tf.reduce_sum(x, _long_axes(x), keepdims=True)
+        return (to_mesh(x) * r,)
 
     _steps_match_one_device(step, layout_of("[x,*]", MESH_8), lowering)
