@@ -445,10 +445,12 @@ def _step_mesh(model):
     later one is (batch-sharded under a distribution; the first step computed the whole
     batch on every device): on the mesh a layer's layout arguments name (which keeps the
     model there, the batch replicated, as a built model on its layers' mesh is), else on the
-    active distribution's mesh; None without either (a plain model).
+    active distribution's mesh; None without either (a plain model). A built model none
+    of whose variables is on a mesh runs as a plain one, its layers not searched at every
+    step.
     """
     mesh = _adopted_mesh(model)
-    if mesh is not None:
+    if mesh is not None or getattr(model, "built", False):
         return mesh
     for layer in model._flatten_layers(include_self=True, recursive=True):
         declared = getattr(layer, "_tf_dtensor_mesh", None)
