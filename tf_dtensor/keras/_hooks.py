@@ -464,9 +464,10 @@ def _step_mesh(model):
 def _check_batch_dim(distribution) -> None:
     """Refuses a distribution whose batch dimension is not an axis of its mesh.
 
-    Keras refuses it when it first lays out a batch, and a model built at its first step
-    (a Sequential given no input shape) lays out its first batch only at its second: a fit
-    of one step took `ModelParallel(batch_dim_name="nope")` without a word.
+    Checked before any variable is laid out or batch placed, so that every model (one
+    built by its first step too: a fit of one step once took
+    `ModelParallel(batch_dim_name="nope")` without a word) is refused at its first step,
+    with the mesh's axes and the fix.
     """
     name = getattr(distribution, "batch_dim_name", None)
     axes = list(distribution.device_mesh.axis_names)
