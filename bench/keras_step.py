@@ -5,7 +5,8 @@ trained with `model.fit` three ways in one process: plain Keras on CPU:0, under
 `keras.distribution.DataParallel` over 8 virtual CPUs, and under `ModelParallel` on a
 ("batch", 2) x ("model", 4) mesh with the hidden kernels split column- then row-wise.
 Rounds alternate the columns so a load spike hits all alike; the table shows medians of the
-per-step time of one epoch. When JAX is installed, the same two distributions run on
+per-step time of one epoch, then each column's range over rounds and its median process CPU
+time per step (all threads), which moves less than wall time on a shared machine. When JAX is installed, the same two distributions run on
 Keras' JAX backend with 8 host devices, in a subprocess (a Keras process has one backend):
 what a Keras user would pick instead.
 
@@ -81,11 +82,16 @@ class Column:
         return self.distribution.scope() if self.distribution else contextlib.nullcontext()
 
     def step_ms(self) -> float:
+        return self.step_wall_and_cpu_ms()[0]
+
+    def step_wall_and_cpu_ms(self) -> tuple:
+        """Wall-clock and process CPU time (every thread's) per step of one epoch."""
         with self._scope():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             self.model.fit(self.x, self.y, batch_size=BATCH, epochs=1, verbose=0,
                            shuffle=False)
-            return (time.perf_counter() - start) * 1e3 / self.steps
+            return ((time.perf_counter() - start) * 1e3 / self.steps,
+                    (time.process_time() - start_cpu) * 1e3 / self.steps)
 
 
 def measure(backend: str, kinds, rounds: int, steps: int) -> dict:
@@ -95,8 +101,14 @@ def measure(backend: str, kinds, rounds: int, steps: int) -> dict:
     samples = {c.kind: [] for c in columns}
     for _ in range(rounds):
         for column in columns:
-            samples[column.kind].append(column.step_ms())
-    result = {kind: statistics.median(values) for kind, values in samples.items()}
+            samples[column.kind].append(column.step_wall_and_cpu_ms())
+    result = {kind: statistics.median(wall for wall, _ in values)
+              for kind, values in samples.items()}
+    for kind, values in samples.items():
+        # CPU time moves less than wall time when other processes share the cores.
+        result[f"{kind}_cpu"] = statistics.median(cpu for _, cpu in values)
+        result[f"{kind}_spread"] = (min(wall for wall, _ in values),
+                                    max(wall for wall, _ in values))
     if backend == "tensorflow":
         import tf_dtensor.keras
         for column in columns:
@@ -150,6 +162,12 @@ def main() -> None:
         print(f"{label:<16}{plain:>12.2f}ms{ours[kind]:>12.2f}ms{ours[kind] / plain:>8.2f}"
               f"{jax_cells}{ours[f'{kind}_state_bytes'] / 2**20:>11.2f} MiB")
     print("ratio: tf_dtensor's time over the other column's (below 1: tf_dtensor faster)")
+    print(f"{'':<16}{'wall min-max':>18}{'CPU ms/step':>14}{'CPU ratio':>11}")
+    for kind, label in (("plain", "none (1 device)"), ("data", "DataParallel"),
+                        ("model", "ModelParallel")):
+        low, high = ours[f"{kind}_spread"]
+        print(f"{label:<16}{low:>8.1f}-{high:.1f}ms{ours[f'{kind}_cpu']:>12.2f}ms"
+              f"{ours[f'{kind}_cpu'] / ours['plain_cpu']:>11.2f}")
     if jax is None:
         print(f"Keras on JAX: not run ({why[0]})")
 

@@ -111,6 +111,131 @@ def test_a_batch_dim_name_that_is_not_a_mesh_axis_is_refused_at_the_first_step()
                       verbose=0)
 
 
+class InputLayoutProbe(keras.layers.Layer):
+    """Passes its input on; run eagerly, records the input's layout (None: not a DTensor)."""
+
+    def __init__(self, record, **kwargs):
+        super().__init__(**kwargs)
+        self._record = record
+
+    def call(self, x):
+        if tf.executing_eagerly():
+            self._record(kt.fetch_layout_short(x))
+        return x
+
+
+class SubclassedMLP(keras.Model):
+    def __init__(self, record, **kwargs):
+        super().__init__(**kwargs)
+        self.probe = InputLayoutProbe(record)
+        self.d1 = keras.layers.Dense(32, activation="relu", name="d1")
+        self.d2 = keras.layers.Dense(4, name="d2")
+
+    def call(self, x):
+        return self.d2(self.d1(self.probe(x)))
+
+
+def lazy_mlp(kind: str, record=lambda layout: None, run_eagerly=False, seed=1):
+    """The MLP given no input shape: its variables are made by its first step."""
+    def build():
+        keras.utils.set_random_seed(seed)
+        if kind == "sequential":
+            model = keras.Sequential([InputLayoutProbe(record),
+                                      keras.layers.Dense(32, activation="relu", name="d1"),
+                                      keras.layers.Dense(4, name="d2")])
+        else:
+            model = SubclassedMLP(record)
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"], run_eagerly=run_eagerly)
+        return model
+    return build
+
+
+def _distribution(kind: str):
+    return kt.data_parallel() if kind == "data" else kt.model_parallel(MLP_RULES)
+
+
+BATCH_LAYOUTS = {"data": "[batch,*] @ mesh(batch=8)",
+                 "model": "[batch,*] @ mesh(batch=2,model=4)"}
+
+
+@pytest.mark.parametrize("model_kind", ["sequential", "subclassed"])
+@pytest.mark.parametrize("kind", ["data", "model"])
+def test_a_model_built_by_its_first_step_gets_that_batch_sharded_as_later_ones(kind, model_kind):
+    """A model given no input shape makes its variables in its first step. That step's
+    batch reached the model as one regular tensor (every device computed the whole batch,
+    with the right values): the hooks laid batches out on the mesh of the model's variables,
+    and it had none yet. Run eagerly, the model sees each batch's layout."""
+    seen = []
+    steps = kt.batches(X[:48], Y_REG[:48], 16)
+    want = kt.train_steps(lazy_mlp(model_kind), None, steps)
+    got = kt.train_steps(lazy_mlp(model_kind, seen.append, run_eagerly=True),
+                         _distribution(kind), steps)
+    kt.assert_same_steps(got, want)
+    assert seen == [BATCH_LAYOUTS[kind]] * 3
+
+
+@pytest.mark.parametrize("model_kind", ["sequential", "subclassed"])
+@pytest.mark.parametrize("kind", ["data", "model"])
+def test_a_model_built_by_its_first_fit_step_is_data_parallel_from_that_step(kind, model_kind):
+    """The same through `fit`'s compiled step: its first step issues the batch-dimension
+    all-reduces of the gradients that later steps issue (it issued none: the batch was
+    replicated), and fit trains as on one device."""
+    plain = lazy_mlp(model_kind)()
+    want = plain.fit(X[:48], Y_REG[:48], batch_size=16, shuffle=False, verbose=0).history
+    per_step = []
+
+    class Count(keras.callbacks.Callback):
+        """A ledger around each step (a ledger is filled when its block ends)."""
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.block = tf_dtensor.debug.collectives()
+            self.ledger = self.block.__enter__()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.block.__exit__(None, None, None)
+            per_step.append(self.ledger.count(mesh_dim="batch"))
+
+    with _distribution(kind).scope():
+        model = lazy_mlp(model_kind)()
+        got = model.fit(X[:48], Y_REG[:48], batch_size=16, shuffle=False, verbose=0,
+                        callbacks=[Count()]).history
+    _assert_same_training(got, want, model, plain)
+    assert per_step[0] > 0 and per_step == [per_step[0]] * 3
+    layouts = {"/".join(v.path.split("/")[-2:]): v._value.layout.short()
+               for v in model.weights}
+    assert layouts == (MLP_LAYOUTS if kind == "model" else {
+        path: "[*,*] @ mesh(batch=8)" if path.endswith("kernel") else "[*] @ mesh(batch=8)"
+        for path in MLP_LAYOUTS})
+
+
+@pytest.mark.parametrize("kind", ["data", "model"])
+def test_evaluate_and_predict_as_a_models_first_step_match_one_device(kind):
+    """`evaluate` and `predict` of a model they build, and after `fit`, under either
+    distribution: the same values as one-device Keras, every batch laid out batch-sharded."""
+    seen = []
+    x, y = X[:40], Y_REG[:40]
+    plain = lazy_mlp("subclassed")()
+    want_predicted = plain.predict(x, batch_size=16, verbose=0)
+    want_loss = plain.evaluate(x, y, batch_size=16, verbose=0)
+    with _distribution(kind).scope():
+        predicting = lazy_mlp("subclassed", seen.append, run_eagerly=True)()
+        np.testing.assert_allclose(predicting.predict(x, batch_size=16, verbose=0),
+                                   want_predicted, rtol=1e-5, atol=1e-6)
+        evaluating = lazy_mlp("subclassed")()
+        np.testing.assert_allclose(evaluating.evaluate(x, y, batch_size=16, verbose=0),
+                                   want_loss, rtol=1e-5)
+    # 40 rows in batches of 16: the last one (8 rows) is laid out as the others.
+    assert seen == [BATCH_LAYOUTS[kind]] * 3
+    plain.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+    with _distribution(kind).scope():
+        evaluating.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+        np.testing.assert_allclose(evaluating.evaluate(x, y, batch_size=16, verbose=0),
+                                   plain.evaluate(x, y, batch_size=16, verbose=0), rtol=1e-5)
+        np.testing.assert_allclose(evaluating.predict(x, batch_size=16, verbose=0),
+                                   plain.predict(x, batch_size=16, verbose=0),
+                                   rtol=1e-5, atol=1e-6)
+
+
 OPTIMIZERS = {
     "SGD-momentum": lambda: keras.optimizers.SGD(0.01, momentum=0.9, nesterov=True),
     "Adam": lambda: keras.optimizers.Adam(0.01), "AdamW": lambda: keras.optimizers.AdamW(0.01),
@@ -640,6 +765,30 @@ def test_custom_training_loop_with_gradient_tape():
     for got, want in zip(model.get_weights(), plain.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
+
+
+@pytest.mark.parametrize("kind", ["data", "model"])
+def test_a_model_built_in_a_custom_loops_first_step_is_data_parallel_from_that_step(kind):
+    """A custom loop lays its batches out itself: a model its traced step builds makes its
+    variables on the mesh in that step, which reduces the gradients over `batch` as later
+    steps do, and trains as on one device."""
+    distribution = _distribution(kind)
+    with distribution.scope():
+        model, optimizer = lazy_mlp("subclassed")(), keras.optimizers.Adam()
+    plain, plain_optimizer = lazy_mlp("subclassed")(), keras.optimizers.Adam()
+    sharded_step = tf.function(kt.custom_step(model, optimizer))
+    plain_step = tf.function(kt.custom_step(plain, plain_optimizer))
+    per_step = []
+    for x, y in kt.batches(X[:48], Y_REG[:48], 16):
+        x_sharded, y_sharded = (keras.distribution.distribute_tensor(
+            v, distribution.get_data_layout(v.shape)) for v in (x, y))
+        with distribution.scope(), tf_dtensor.debug.collectives() as ledger:
+            loss = sharded_step(x_sharded, y_sharded)
+        per_step.append(ledger.count(mesh_dim="batch"))
+        np.testing.assert_allclose(float(loss), float(plain_step(x, y)), rtol=1e-5)
+    assert per_step[0] > 0 and per_step == [per_step[0]] * 3
+    for got, want in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 def cnn():
     keras.utils.set_random_seed(2)

@@ -436,12 +436,38 @@ def _adopted_mesh(model):
     return checked[1] if checked is not None else _model_mesh(model)
 
 
+def _step_mesh(model):
+    """The mesh a step of `model` runs on, its batches laid out there.
+
+    A model with variables runs where they are (`_adopted_mesh`). One that has none yet (a
+    Sequential given no input shape, a subclassed model: built by the step's first trace)
+    runs where that trace will make them, so that its first batch is laid out as every
+    later one is (batch-sharded under a distribution; the first step computed the whole
+    batch on every device): on the mesh a layer's layout arguments name (which keeps the
+    model there, the batch replicated, as a built model on its layers' mesh is), else on the
+    active distribution's mesh; None without either (a plain model). A built model none
+    of whose variables is on a mesh runs as a plain one, its layers not searched at every
+    step.
+    """
+    mesh = _adopted_mesh(model)
+    if mesh is not None or getattr(model, "built", False):
+        return mesh
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        declared = getattr(layer, "_tf_dtensor_mesh", None)
+        mesh = declared() if callable(declared) else None
+        if mesh is not None:
+            return mesh
+    distribution = _backend.active_distribution()
+    return distribution.device_mesh.backend_mesh if distribution is not None else None
+
+
 def _check_batch_dim(distribution) -> None:
     """Refuses a distribution whose batch dimension is not an axis of its mesh.
 
-    Keras refuses it when it first lays out a batch, and a model built at its first step
-    (a Sequential given no input shape) lays out its first batch only at its second: a fit
-    of one step took `ModelParallel(batch_dim_name="nope")` without a word.
+    Checked before any variable is laid out or batch placed, so that every model (one
+    built by its first step too: a fit of one step once took
+    `ModelParallel(batch_dim_name="nope")` without a word) is refused at its first step,
+    with the mesh's axes and the fix.
     """
     name = getattr(distribution, "batch_dim_name", None)
     axes = list(distribution.device_mesh.axis_names)
@@ -541,7 +567,8 @@ def _on_mesh(model, function, which: str, make_original):
 
     Before each call, variables of the model still off the mesh are adopted onto it
     (`_adopt`): a model built before `set_distribution` is laid out by the distribution
-    at its first step. A variable adopted after the step was traced (a metric object made
+    at its first step. A model not built yet runs its first step on the mesh its variables
+    will be made on (`_step_mesh`), its batch laid out as at every later step. A variable adopted after the step was traced (a metric object made
     before the distribution, whose variables the step only reaches once its first trace
     has built the compiled metrics; a model trained before the distribution was set) gets
     a new backing DVariable, but the traced step still captures the old variable: its
@@ -560,7 +587,7 @@ def _on_mesh(model, function, which: str, make_original):
             function = state["function"] = getattr(model, attribute)
             setattr(model, attribute, on_mesh)
         state["called"], state["adoptions"] = True, adoptions
-        mesh = _adopted_mesh(model)
+        mesh = _step_mesh(model)
         if mesh is None:
             return function(iterator_or_batches)
         if which == "predict":

@@ -85,11 +85,16 @@ class _LayoutArguments:
         replicated on its mesh (a layer's weights all live on one mesh)."""
         layouts = {self.LAYOUT_ARGUMENTS[k]: _resolver(v, self._layout_mesh, k)
                    for k, v in self._layout_values.items() if v is not None}
-        mesh = self._layout_mesh or next(
-            (m for m in map(_mesh_of, self._layout_values.values()) if m is not None), None)
+        mesh = self._tf_dtensor_mesh()
         with _hooks.weight_layouts(layouts), \
                 (_hooks.default_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
             yield
+
+    def _tf_dtensor_mesh(self) -> Optional[Mesh]:
+        """The mesh this layer's weights will live on: its `mesh=`, else that of a layout
+        argument; None when neither names one (placements then use the distribution's)."""
+        return self._layout_mesh or next(
+            (m for m in map(_mesh_of, self._layout_values.values()) if m is not None), None)
 
     def get_config(self):
         config = super().get_config()
