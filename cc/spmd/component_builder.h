@@ -61,10 +61,28 @@ class ComponentBuilder : public Builder {
   StatusOr<ValueId> Slice(ValueId value, int dim, int mesh_dim) override;
   StatusOr<ValueId> SliceOver(ValueId value, int dim, const DimSpec& spec) override;
   StatusOr<ValueId> SliceMayBroadcast(ValueId value, int dim, const DimSpec& spec) override;
-  // The piece sizes of axis `dim` of `handle` over `pieces` shards, computed on `device`
-  // from its size at run time (a data-dependent size inside tf.function: tf.where's rows)
-  // by the shard geometry's rule: min(max(n - i * ceil(n / k), 0), ceil(n / k)).
+  // The pieces `shards` (shard indices i) of axis `dim` of `handle` over `pieces` shards,
+  // computed on `device` from its size n at run time (a data-dependent size inside
+  // tf.function: tf.where's rows) by the shard geometry's rule: each starts at
+  // i * ceil(n / k) and holds min(max(n - start, 0), ceil(n / k)). int64 vectors.
+  struct DynamicPieces {
+    Handle n;      // [1]
+    Handle start;  // one per shard
+    Handle size;   // one per shard
+  };
+  StatusOr<DynamicPieces> DynamicPieceGeometry(Handle handle, int dim, int64_t pieces,
+                                               const std::vector<int64_t>& shards, int device);
+  // The sizes of every piece (shards 0 .. pieces - 1).
   StatusOr<Handle> DynamicPieceSizes(Handle handle, int dim, int64_t pieces, int device);
+  // `op` of one output on `device`, with only the attributes `overrides` gives.
+  StatusOr<Handle> RunOne(const std::string& op, std::vector<Handle> inputs,
+                          std::vector<AttrOverride> overrides, int device) {
+    LocalOpOptions options;
+    options.copy_attrs = false;
+    options.overrides = std::move(overrides);
+    TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn(op, inputs, options, device, 1));
+    return r[0];
+  }
   StatusOr<ValueId> AllToAll(ValueId value, int from_dim, int to_dim) override;
   StatusOr<ValueId> Broadcast(ValueId host_value, const Mesh& mesh) override;
   StatusOr<ValueId> MoveToMesh(ValueId value, const Mesh& mesh) override;
@@ -755,22 +773,22 @@ StatusOr<ValueId> ComponentBuilder<Handle>::SliceMayBroadcast(ValueId value, int
                        Layout::FromSpecs(specs, layout.mesh(), layout.type(), layout.partial()));
   const int rank = layout.rank();
   const int64_t pieces = out_layout.NumShards(dim);
-  TFD_ASSIGN_OR_RETURN(ValueId begin_at, HostConstant({dim}, {1}, TF_INT32));
-  TFD_ASSIGN_OR_RETURN(ValueId one_i32, HostConstant({1}, {1}, TF_INT32));
   TFD_ASSIGN_OR_RETURN(ValueId one, HostConstant({1}, {1}, TF_INT64));
   TFD_ASSIGN_OR_RETURN(ValueId zero, HostConstant({0}, {1}, TF_INT64));
-  TFD_ASSIGN_OR_RETURN(ValueId k_minus_1, HostConstant({pieces - 1}, {1}, TF_INT64));
-  TFD_ASSIGN_OR_RETURN(ValueId k, HostConstant({pieces}, {1}, TF_INT64));
   TFD_ASSIGN_OR_RETURN(ValueId axis0, HostConstant({0}, {}, TF_INT32));
   std::optional<ValueId> zeros_before, zeros_after, all_before, all_after;
   if (dim > 0) {
-    TFD_ASSIGN_OR_RETURN(zeros_before, HostConstant(std::vector<int64_t>(dim, 0), {dim}, TF_INT64));
-    TFD_ASSIGN_OR_RETURN(all_before, HostConstant(std::vector<int64_t>(dim, -1), {dim}, TF_INT64));
+    TFD_ASSIGN_OR_RETURN(zeros_before,
+                         HostConstant(std::vector<int64_t>(dim, 0), {dim}, TF_INT64));
+    TFD_ASSIGN_OR_RETURN(all_before,
+                         HostConstant(std::vector<int64_t>(dim, -1), {dim}, TF_INT64));
   }
   if (dim < rank - 1) {
     const int64_t after = rank - 1 - dim;
-    TFD_ASSIGN_OR_RETURN(zeros_after, HostConstant(std::vector<int64_t>(after, 0), {after}, TF_INT64));
-    TFD_ASSIGN_OR_RETURN(all_after, HostConstant(std::vector<int64_t>(after, -1), {after}, TF_INT64));
+    TFD_ASSIGN_OR_RETURN(zeros_after,
+                         HostConstant(std::vector<int64_t>(after, 0), {after}, TF_INT64));
+    TFD_ASSIGN_OR_RETURN(all_after,
+                         HostConstant(std::vector<int64_t>(after, -1), {after}, TF_INT64));
   }
   const int dtype = values_[value].dtype;
   Value out{out_layout, values_[value].shape, dtype};
@@ -785,32 +803,25 @@ StatusOr<ValueId> ComponentBuilder<Handle>::SliceMayBroadcast(ValueId value, int
   for (int d = 0; d < mesh_.num_local_devices(); ++d) {
     auto run = [&](const std::string& op, std::vector<Handle> inputs,
                    std::vector<AttrOverride> overrides) -> StatusOr<Handle> {
-      LocalOpOptions options;
-      options.copy_attrs = false;
-      options.overrides = std::move(overrides);
-      TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn(op, inputs, options, d, 1));
-      made.push_back(r[0]);
-      return r[0];
+      TFD_ASSIGN_OR_RETURN(Handle h, RunOne(op, std::move(inputs), std::move(overrides), d));
+      made.push_back(h);
+      return h;
     };
     const AttrOverride int64 = AttrOverride::Type("T", TF_INT64);
     auto host = [&](ValueId v) { return values_[v].host; };
     StatusOr<Handle> piece = [&]() -> StatusOr<Handle> {
-      TFD_ASSIGN_OR_RETURN(ValueId shard, HostConstant({out_layout.ShardIndex(d, dim)}, {1},
-                                                       TF_INT64));
       const Handle whole = values_[value].handles[d];
-      TFD_ASSIGN_OR_RETURN(Handle shape, run("Shape", {whole},
-                                             {AttrOverride::Type("T", dtype),
-                                              AttrOverride::Type("out_type", TF_INT64)}));
-      TFD_ASSIGN_OR_RETURN(Handle n, run("Slice", {shape, host(begin_at), host(one_i32)},
-                                         {int64, AttrOverride::Type("Index", TF_INT32)}));
-      TFD_ASSIGN_OR_RETURN(Handle up, run("AddV2", {n, host(k_minus_1)}, {int64}));
-      TFD_ASSIGN_OR_RETURN(Handle chunk, run("FloorDiv", {up, host(k)}, {int64}));
-      TFD_ASSIGN_OR_RETURN(Handle start, run("Mul", {chunk, host(shard)}, {int64}));
-      TFD_ASSIGN_OR_RETURN(Handle left, run("Sub", {n, start}, {int64}));
-      TFD_ASSIGN_OR_RETURN(Handle nonneg, run("Maximum", {left, host(zero)}, {int64}));
-      TFD_ASSIGN_OR_RETURN(Handle size, run("Minimum", {nonneg, chunk}, {int64}));
-      TFD_ASSIGN_OR_RETURN(Handle single, run("Equal", {n, host(one)},
-                                              {int64, AttrOverride::Bool("incompatible_shape_error", true)}));
+      TFD_ASSIGN_OR_RETURN(
+          DynamicPieces geometry,
+          DynamicPieceGeometry(whole, dim, pieces, {out_layout.ShardIndex(d, dim)}, d));
+      const Handle n = geometry.n;
+      const Handle start = geometry.start;
+      const Handle size = geometry.size;
+      made.insert(made.end(), {n, start, size});
+      TFD_ASSIGN_OR_RETURN(
+          Handle single,
+          run("Equal", {n, host(one)},
+              {int64, AttrOverride::Bool("incompatible_shape_error", true)}));
       // Past the end for the trailing empty pieces (2 rows over 8): Slice wants begin <= n.
       TFD_ASSIGN_OR_RETURN(Handle within, run("Minimum", {start, n}, {int64}));
       TFD_ASSIGN_OR_RETURN(Handle begin, run("SelectV2", {single, host(zero), within}, {int64}));
@@ -832,7 +843,8 @@ StatusOr<ValueId> ComponentBuilder<Handle>::SliceMayBroadcast(ValueId value, int
       LocalOpOptions slice;
       slice.copy_attrs = false;
       slice.overrides = {AttrOverride::Type("T", dtype), AttrOverride::Type("Index", TF_INT64)};
-      TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn("Slice", {whole, begins, sizes}, slice, d, 1));
+      TFD_ASSIGN_OR_RETURN(std::vector<Handle> r,
+                           RunOn("Slice", {whole, begins, sizes}, slice, d, 1));
       return r[0];
     }();
     if (!piece.ok()) return fail(piece.status());
@@ -844,36 +856,44 @@ StatusOr<ValueId> ComponentBuilder<Handle>::SliceMayBroadcast(ValueId value, int
 }
 
 template <typename Handle>
-StatusOr<Handle> ComponentBuilder<Handle>::DynamicPieceSizes(Handle handle, int dim,
-                                                             int64_t pieces, int device) {
-  std::vector<int64_t> index(pieces);
-  for (int64_t i = 0; i < pieces; ++i) index[i] = i;
+StatusOr<typename ComponentBuilder<Handle>::DynamicPieces>
+ComponentBuilder<Handle>::DynamicPieceGeometry(Handle handle, int dim, int64_t pieces,
+                                               const std::vector<int64_t>& shards, int device) {
   TFD_ASSIGN_OR_RETURN(ValueId begin, HostConstant({dim}, {1}, TF_INT32));
   TFD_ASSIGN_OR_RETURN(ValueId one, HostConstant({1}, {1}, TF_INT32));
   TFD_ASSIGN_OR_RETURN(ValueId k_minus_1, HostConstant({pieces - 1}, {1}, TF_INT64));
   TFD_ASSIGN_OR_RETURN(ValueId k, HostConstant({pieces}, {1}, TF_INT64));
   TFD_ASSIGN_OR_RETURN(ValueId zero, HostConstant({0}, {1}, TF_INT64));
-  TFD_ASSIGN_OR_RETURN(ValueId shard, HostConstant(index, {pieces}, TF_INT64));
+  TFD_ASSIGN_OR_RETURN(ValueId shard, HostConstant(shards, {static_cast<int64_t>(shards.size())},
+                                                   TF_INT64));
   auto run = [&](const std::string& op, std::vector<Handle> inputs,
-                 std::vector<AttrOverride> overrides) -> StatusOr<Handle> {
-    LocalOpOptions options;
-    options.copy_attrs = false;
-    options.overrides = std::move(overrides);
-    TFD_ASSIGN_OR_RETURN(std::vector<Handle> r, RunOn(op, inputs, options, device, 1));
-    return r[0];
+                 std::vector<AttrOverride> overrides) {
+    return RunOne(op, std::move(inputs), std::move(overrides), device);
   };
   const AttrOverride int64 = AttrOverride::Type("T", TF_INT64);
+  DynamicPieces out;
   TFD_ASSIGN_OR_RETURN(Handle shape, run("Shape", {handle},
                                           {AttrOverride::Type("T", DTypeOf(handle)),
                                            AttrOverride::Type("out_type", TF_INT64)}));
-  TFD_ASSIGN_OR_RETURN(Handle n, run("Slice", {shape, values_[begin].host, values_[one].host},
-                                      {int64, AttrOverride::Type("Index", TF_INT32)}));
-  TFD_ASSIGN_OR_RETURN(Handle up, run("AddV2", {n, values_[k_minus_1].host}, {int64}));
+  TFD_ASSIGN_OR_RETURN(out.n, run("Slice", {shape, values_[begin].host, values_[one].host},
+                                  {int64, AttrOverride::Type("Index", TF_INT32)}));
+  TFD_ASSIGN_OR_RETURN(Handle up, run("AddV2", {out.n, values_[k_minus_1].host}, {int64}));
   TFD_ASSIGN_OR_RETURN(Handle chunk, run("FloorDiv", {up, values_[k].host}, {int64}));
-  TFD_ASSIGN_OR_RETURN(Handle starts, run("Mul", {chunk, values_[shard].host}, {int64}));
-  TFD_ASSIGN_OR_RETURN(Handle left, run("Sub", {n, starts}, {int64}));
+  TFD_ASSIGN_OR_RETURN(out.start, run("Mul", {chunk, values_[shard].host}, {int64}));
+  TFD_ASSIGN_OR_RETURN(Handle left, run("Sub", {out.n, out.start}, {int64}));
   TFD_ASSIGN_OR_RETURN(Handle at_least_0, run("Maximum", {left, values_[zero].host}, {int64}));
-  return run("Minimum", {at_least_0, chunk}, {int64});
+  TFD_ASSIGN_OR_RETURN(out.size, run("Minimum", {at_least_0, chunk}, {int64}));
+  return out;
+}
+
+template <typename Handle>
+StatusOr<Handle> ComponentBuilder<Handle>::DynamicPieceSizes(Handle handle, int dim,
+                                                             int64_t pieces, int device) {
+  std::vector<int64_t> index(pieces);
+  for (int64_t i = 0; i < pieces; ++i) index[i] = i;
+  TFD_ASSIGN_OR_RETURN(DynamicPieces geometry,
+                       DynamicPieceGeometry(handle, dim, pieces, index, device));
+  return geometry.size;
 }
 
 template <typename Handle>

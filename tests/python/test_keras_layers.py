@@ -125,10 +125,13 @@ def test_plain_layers_beside_sharded_ones_join_the_mesh():
                          kt.train_steps(lambda: build(False), None, steps))
 
 
-def test_a_model_on_its_layers_mesh_trains_there_under_a_distribution_of_other_devices():
+@pytest.mark.parametrize("built", ["with_input", "by_first_step"])
+def test_a_model_on_its_layers_mesh_trains_there_under_a_distribution_of_other_devices(built):
     # Layer arguments put d1 on a (2,2) mesh of cpu:0-3; fit under a DataParallel of
     # cpu:4-7 laid d2's weights and the batch out on that mesh, and the step failed
-    # ("got inputs on different meshes"). The model keeps to its own mesh.
+    # ("got inputs on different meshes"). The model keeps to its own mesh. Built by its
+    # first step (no input shape, made under the distribution), it failed the same way in
+    # that step, which laid d2's weights out by the DataParallel.
     mesh = dtensor.create_mesh([("batch", 2), ("model", 2)],
                                devices=[f"CPU:{i}" for i in range(4)])
 
@@ -136,46 +139,18 @@ def test_a_model_on_its_layers_mesh_trains_there_under_a_distribution_of_other_d
         keras.utils.set_random_seed(2)
         first = layers.Dense(16, name="d1", kernel_layout=dtensor.Layout([U, "model"], mesh)) \
             if sharded else keras.layers.Dense(16, name="d1")
-        model = keras.Sequential([keras.Input((8,)), first, keras.layers.Dense(2, name="d2")])
-        model.compile(optimizer="adam", loss="mse", metrics=["mae"])
-        return model
-
-    x, y = RNG.randn(16, 8).astype("float32"), RNG.randn(16, 2).astype("float32")
-    plain, model = build(False), build(True)
-    want = plain.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
-    with keras.distribution.DataParallel(devices=kt.DEVICES[4:]).scope():
-        got = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
-    for key in want:
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
-    for w, p in zip(model.weights, plain.weights):
-        np.testing.assert_allclose(np.array(w), np.array(p), rtol=1e-5, atol=1e-6)
-    assert kt.layouts(model) == {"d1/kernel": "[*,model] @ mesh(batch=2,model=2)",
-                                 "d1/bias": "[*] @ mesh(batch=2,model=2)",
-                                 "d2/kernel": "[*,*] @ mesh(batch=2,model=2)",
-                                 "d2/bias": "[*] @ mesh(batch=2,model=2)"}
-
-
-
-def test_a_model_built_at_its_first_fit_on_its_layers_mesh_trains_there():
-    # As above, with no input shape: the model makes its variables in its first step. That
-    # step laid d2's weights out by the DataParallel of cpu:4-7 and failed the same way
-    # ("got inputs on different meshes"); it now runs on the mesh d1's argument names.
-    mesh = dtensor.create_mesh([("batch", 2), ("model", 2)],
-                               devices=[f"CPU:{i}" for i in range(4)])
-
-    def build(sharded):
-        keras.utils.set_random_seed(2)
-        first = layers.Dense(16, name="d1", kernel_layout=dtensor.Layout([U, "model"], mesh)) \
-            if sharded else keras.layers.Dense(16, name="d1")
-        model = keras.Sequential([first, keras.layers.Dense(2, name="d2")])
+        inputs = [keras.Input((8,))] if built == "with_input" else []
+        model = keras.Sequential(inputs + [first, keras.layers.Dense(2, name="d2")])
         model.compile(optimizer="adam", loss="mse", metrics=["mae"])
         return model
 
     x, y = RNG.randn(16, 8).astype("float32"), RNG.randn(16, 2).astype("float32")
     plain = build(False)
     want = plain.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+    model = build(True) if built == "with_input" else None
     with keras.distribution.DataParallel(devices=kt.DEVICES[4:]).scope():
-        model = build(True)
+        if model is None:
+            model = build(True)
         got = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
@@ -185,6 +160,7 @@ def test_a_model_built_at_its_first_fit_on_its_layers_mesh_trains_there():
                                  "d1/bias": "[*] @ mesh(batch=2,model=2)",
                                  "d2/kernel": "[*,*] @ mesh(batch=2,model=2)",
                                  "d2/bias": "[*] @ mesh(batch=2,model=2)"}
+
 
 def test_placements_without_a_mesh_say_what_to_pass():
     layer = layers.Dense(4, kernel_layout=[Shard(1), Replicate()])
