@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dtensor_testing import collective_lowering
+from dtensor_testing import collective_lowering, reassemble
 from tf_dtensor import dtensor
 
 GPUS = [d.name for d in tf.config.list_logical_devices("GPU")]
@@ -145,6 +145,42 @@ def test_training_step_matches_one_gpu(lowering, jit_compile):
     for v, p in zip(variables, plain_vars):
         for component in dtensor.unpack(v.read_value()):
             np.testing.assert_allclose(component.numpy(), p.numpy(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("lowering", LOWERINGS)
+def test_batches_of_run_time_size_match_one_gpu(lowering):
+    """Batches whose size a tf.function knows only at run time (a tf.data iterator, the
+    last batch partial, 2 rows over 8 GPUs): their shape (an all-gather of pieces of
+    run-time size: sizes go round first under "ops"), a gated product's gradient (a sum
+    over run-time axes, gathered) and a row of run-time size 1 broadcast against the
+    batch, against one GPU."""
+    value = (np.arange(40, dtype=np.float32).reshape(10, 4) - 7.0) / 9.0
+
+    def step(iterator, to_mesh):
+        x = next(iterator)
+        r = tf.reduce_sum(x, tf.cast(tf.where(tf.shape(x) > 3)[:, 0], tf.int32), keepdims=True)
+        x = to_mesh(x)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.tanh(x) * tf.sigmoid(x * 2.0) + x * r
+            loss = tf.reduce_sum(y * y)
+        return tf.shape(x), y, tape.gradient(loss, x)
+
+    def batches():
+        return iter(tf.data.Dataset.from_tensor_slices(value).batch(4))
+
+    with tf.device(GPUS[0]):
+        plain, iterator = tf.function(step), batches()
+        want = [[t.numpy() for t in plain(iterator, lambda x: x)] for _ in range(3)]
+    mesh = _mesh()
+    layout = dtensor.Layout.batch_sharded(mesh, "x", 2)
+    with collective_lowering(lowering):
+        sharded, iterator = tf.function(step), batches()
+        for expected in want:
+            with dtensor.run_on(mesh):
+                got = sharded(iterator, lambda x: dtensor.relayout(x, layout))
+            for e, g in zip(expected, got):
+                np.testing.assert_allclose(reassemble(g), e, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["data", "model"])
