@@ -541,7 +541,10 @@ StatusOr<std::vector<ValueId>> ComponentBuilder<Handle>::LocalOp(
       return fail(FailedPrecondition(
           "The shape of output " + std::to_string(j) + " of '" + op_name +
           "' is unknown, even its rank; tf_dtensor needs static shapes. Give the function "
-          "inputs of fixed shape. A plain tf.Variable read inside the function is such an "
+          "inputs of fixed shape; where the op's axes or shape are known only when it runs "
+          "(a reduction over run-time axes without keepdims, and its gradient), compute them "
+          "from static shapes or keep the reduced axes (keepdims=True). A plain tf.Variable "
+          "read inside the function is such an "
           "input (TF gives its value no shape there): make it a DVariable "
           "(`dtensor.DVariable(dtensor.copy_to_mesh(value, layout))`), or pass its value in "
           "(`fn(x, variable.read_value())`)."));

@@ -357,3 +357,15 @@ def test_a_host_value_of_run_time_size_one_broadcasts_against_a_sharded_batch(lo
         return (to_mesh(x) * r,)
 
     _steps_match_one_device(step, layout_of("[x,*]", MESH_8), lowering)
+
+
+def test_a_reduction_over_run_time_axes_without_keepdims_says_to_keep_them():
+    # TF infers no rank for its result; the message named only fixed-shape inputs and
+    # tf.Variables, neither of which is the cause here.
+    def step(iterator, to_mesh):
+        x = to_mesh(next(iterator))
+        return (tf.reduce_sum(x, _long_axes(x)),)
+
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match=r"output 0 of 'Sum' is unknown, even its rank.*keepdims=True"):
+        _steps_match_one_device(step, layout_of("[x,*]", MESH_8), "copies", steps=1)
