@@ -45,6 +45,11 @@ class PointwiseRule : public Rule {
   // each device but the first got an empty block and the result lost its rows.
   StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
                                         Builder& builder) const override {
+    bool run_time_size = false;  // the common case (every size known) returns at once
+    for (const InputInfo& in : ctx.inputs) {
+      for (int64_t size : in.shape) run_time_size = run_time_size || size < 0;
+    }
+    if (!run_time_size) return ExpandDefault(ctx, plan, builder);
     const int n = static_cast<int>(ctx.inputs.size());
     size_t out_rank = 0;
     for (const InputInfo& in : ctx.inputs) out_rank = std::max(out_rank, in.shape.size());
