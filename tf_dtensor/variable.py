@@ -47,7 +47,10 @@ class DVariable(resource_variable_ops.ResourceVariable):
         if not context.executing_eagerly():
             # Created while tracing a tf.function: the variable is made once, eagerly, as
             # tf.function lifts tf.Variables (create it on the first call only).
-            if isinstance(initial_value, tensor_lib.Tensor) and initial_value.graph.building_function:
+            # A value made outside the function is an eager tensor, which has no graph.
+            if (isinstance(initial_value, tensor_lib.Tensor)
+                    and not isinstance(initial_value, ops.EagerTensor)
+                    and initial_value.graph.building_function):
                 raise RuntimeError(
                     "A DVariable created inside a tf.function is created eagerly, once, so its "
                     "initial value cannot be a tensor computed in the function. Pass a callable "

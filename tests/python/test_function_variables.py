@@ -159,6 +159,39 @@ def test_dvariable_created_by_a_callable_in_a_function(mesh_1d):
     assert holder["v"].layout == layout
 
 
+@pytest.mark.parametrize("with_layout_argument", [False, True], ids=["dtensor", "layout="])
+@pytest.mark.parametrize("layouts", _VAR_LAYOUTS)
+def test_dvariable_created_in_a_function_from_a_value_made_outside(layouts,
+                                                                   with_layout_argument):
+    # The documented alternative to a callable: an initial value made outside the function
+    # (an eager DTensor, or a regular tensor with `layout=`). Reading `.graph` of that eager
+    # tensor raised AttributeError ("Tensor.graph is undefined when eager execution is
+    # enabled") while tracing. The result must match a tf.Variable made so on one device.
+    (layout,) = layouts
+    initial = tf.constant(_B * 3.0) if with_layout_argument else to_dtensor(_B * 3.0, layout)
+    holders = {"plain": [], "dtensor": []}
+
+    def make(key, value, **kwargs):
+        @tf.function
+        def accumulate(a):
+            if not holders[key]:
+                holders[key].append(dtensor.DVariable(value, **kwargs) if key == "dtensor"
+                                    else tf.Variable(value))
+            holders[key][0].assign_add(a)
+            return holders[key][0].read_value() * 2.0
+        return accumulate
+
+    plain = make("plain", tf.constant(_B * 3.0))
+    sharded = make("dtensor", initial, **({"layout": layout} if with_layout_argument else {}))
+    for step in range(2):
+        want = plain(tf.constant(_B + step))
+        got = run_without_fallback(sharded, to_dtensor(_B + step, layout))
+        assert_dtensor_equal(want.numpy(), layout, got)
+    assert holders["dtensor"][0].layout == layout
+    assert_dtensor_equal(holders["plain"][0].numpy(), layout,
+                         holders["dtensor"][0].read_value())
+
+
 def test_dvariable_from_a_traced_tensor_in_a_function_is_refused_clearly(mesh_1d):
     # A DVariable made while tracing is created eagerly, once; a value computed inside the
     # function does not exist then. A callable initial value works (tested above).

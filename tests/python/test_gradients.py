@@ -275,3 +275,103 @@ def test_gradients_through_every_family(mesh, spec, name):
         assert (want is None) == (got is None)
         if want is not None:
             assert_dtensor_equal(want, dtensor.fetch_layout(got), got)
+
+
+# ---------------------------------------------------------------------------------------
+# Autodiff beyond one gradient: jacobians, higher orders, forward mode, custom gradients,
+# recomputation and per-example gradients, eagerly and inside tf.function, each against
+# the same program on one device.
+# ---------------------------------------------------------------------------------------
+
+def _jacobian_pfor(x, w):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.tanh(tf.matmul(x, w))
+    return [tape.jacobian(y, x, experimental_use_pfor=True)]
+
+
+def _jacobian_loop_and_batch_jacobian(x, w):
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, w])
+        y = tf.tanh(tf.matmul(x, w))
+    return [tape.jacobian(y, w, experimental_use_pfor=False),
+            tape.batch_jacobian(y, x, experimental_use_pfor=False),
+            tape.batch_jacobian(y, x, experimental_use_pfor=True)]
+
+
+def _second_order(x, w):
+    # A second derivative of an elementwise function, and a Hessian-vector product.
+    with tf.GradientTape(persistent=True) as outer:
+        outer.watch([x, w])
+        with tf.GradientTape(persistent=True) as inner:
+            inner.watch([x, w])
+            cubic = tf.reduce_sum(x * x * x + tf.sin(x))
+            loss = tf.reduce_mean(tf.square(tf.tanh(tf.matmul(x, w))))
+        dx = inner.gradient(cubic, x)
+        dw = inner.gradient(loss, w)
+    return [dx, outer.gradient(dx, x), outer.gradient(dw, w, output_gradients=w * 0.5 + 1.0)]
+
+
+def _forward_mode(x, w):
+    with tf.autodiff.ForwardAccumulator(primals=[x, w], tangents=[tf.cos(x), w * 2.0]) as acc:
+        y = tf.nn.softplus(tf.matmul(x, w))
+        total = tf.reduce_sum(y * y)
+    return [acc.jvp(y), acc.jvp(total)]
+
+
+def _custom_and_recomputed(x, w):
+    @tf.custom_gradient
+    def clipped_sin(value):
+        def grad(upstream):
+            return tf.clip_by_value(upstream * tf.cos(value), -0.1, 0.1) * 10.0
+        return tf.sin(value), grad
+
+    block = tf.recompute_grad(lambda a, b: tf.tanh(tf.matmul(a, b)))
+    with tf.GradientTape() as tape:
+        tape.watch([x, w])
+        loss = tf.reduce_sum(clipped_sin(x) * x) + tf.reduce_sum(tf.square(block(x, w)))
+    return tape.gradient(loss, [x, w])
+
+
+def _per_example_gradients(x, w):
+    def one(row):
+        with tf.GradientTape() as tape:
+            tape.watch(w)
+            loss = tf.reduce_sum(tf.square(tf.linalg.matvec(w, row, transpose_a=True)))
+        return tape.gradient(loss, w)
+    mapped = tf.map_fn(lambda row: tf.sin(row) * tf.reduce_max(row), x)
+    return [tf.vectorized_map(one, x), mapped]
+
+
+AUTODIFF_CASES = {
+    "jacobian_pfor": _jacobian_pfor,
+    "jacobian_loop_and_batch_jacobian": _jacobian_loop_and_batch_jacobian,
+    "second_order": _second_order,
+    "forward_mode": _forward_mode,
+    "custom_and_recomputed": _custom_and_recomputed,
+    "per_example_gradients": _per_example_gradients,
+}
+
+# (mesh, x's layout, x's shape): batch-sharded, model-sharded, a 2-D mesh, uneven rows.
+AUTODIFF_LAYOUTS = [
+    pytest.param(MESH_1D, "[x,*]", (4, 6), id="[x,*]@mesh(x=2)"),
+    pytest.param(MESH_1D, "[*,x]", (4, 6), id="[*,x]@mesh(x=2)"),
+    pytest.param(MESH_2X2, "[x,y]", (4, 6), id="[x,y]"),
+    pytest.param(MESH_1D, "[x,*]", (5, 6), id="[x,*]@mesh(x=2)-uneven"),
+]
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("name", sorted(AUTODIFF_CASES))
+@pytest.mark.parametrize("mesh,spec,shape", AUTODIFF_LAYOUTS)
+def test_autodiff_features_match_one_device(mesh, spec, shape, name, in_function):
+    program = AUTODIFF_CASES[name]
+    x = random_array(shape, seed=1)
+    w = random_array((shape[1], 3), low=-1.0, high=1.0, seed=2)
+    run = tf.function(program) if in_function else program
+    expected = run(tf.constant(x), tf.constant(w))
+    with no_fallback():
+        actual = run(to_dtensor(x, layout_of(spec, mesh)), to_dtensor(w, _replicated(w, mesh)))
+    assert len(actual) == len(expected)
+    for want, got in zip(expected, actual):
+        assert_dtensor_equal(want, dtensor.fetch_layout(got), got)
