@@ -434,6 +434,61 @@ class BroadcastGradientArgsRule : public IntFunctionRule {
   }
 };
 
+// DynamicStitch(indices_0..N-1, data_0..N-1): merged[indices_i[j]] = data_i[j], later
+// inputs winning. TF's gradients of reductions over axes given as a tensor build the
+// reduced shape with it (math_ops.reduced_shape): small integer vectors, computed here
+// when their values are known, so that the Reshape reading the result plans with a known
+// shape. Otherwise (data of other dtypes or with element axes, values known only at run
+// time) the inputs are gathered and every device stitches the whole result.
+class DynamicStitchRule : public IntFunctionRule {
+ public:
+  StatusOr<Plan> Forward(const OpContext& ctx) const override {
+    TFD_ASSIGN_OR_RETURN(Plan plan, IntFunctionRule::Forward(ctx));
+    const int n = static_cast<int>(ctx.inputs.size()) / 2;
+    if (n < 1 || 2 * n != static_cast<int>(ctx.inputs.size())) {
+      return InvalidArgument("DynamicStitch takes N index tensors and N data tensors; got " +
+                             std::to_string(ctx.inputs.size()) + " inputs.");
+    }
+    // Each data tensor is its indices' shape followed by the element shape.
+    const int rank = 1 + ctx.rank(n) - ctx.rank(0);
+    plan.outputs = {Layout::Replicated(ctx.mesh, std::max(rank, 1))};
+    return plan;
+  }
+
+  StatusOr<std::vector<ValueId>> Expand(const OpContext& ctx, const Plan& plan,
+                                        Builder& builder) const override {
+    const int n = static_cast<int>(ctx.inputs.size()) / 2;
+    for (int i = 0; i < n; ++i) {
+      // Values computed here only for scalar elements (data shaped as its indices).
+      if (ctx.inputs[n + i].shape != ctx.inputs[i].shape) return ExpandDefault(ctx, plan, builder);
+    }
+    return IntFunctionRule::Expand(ctx, plan, builder);
+  }
+
+ protected:
+  int NumOutputs() const override { return 1; }
+  StatusOr<std::vector<std::vector<int64_t>>> Compute(
+      const OpContext& ctx, const std::vector<std::vector<int64_t>>& inputs) const override {
+    const size_t n = inputs.size() / 2;
+    int64_t size = 0;
+    for (size_t i = 0; i < n; ++i) {
+      for (int64_t index : inputs[i]) {
+        if (index < 0) {
+          return InvalidArgument("DynamicStitch got the negative index " +
+                                 std::to_string(index) + " in indices " + std::to_string(i) +
+                                 " (" + ShapeString(inputs[i]) + ").");
+        }
+        size = std::max(size, index + 1);
+      }
+    }
+    std::vector<int64_t> merged(size, 0);  // an index no input gives is 0, as TF's kernel
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = 0; j < inputs[i].size(); ++j) merged[inputs[i][j]] = inputs[n + i][j];
+    }
+    return std::vector<std::vector<int64_t>>{merged};
+  }
+};
+
 class InvertPermutationRule : public IntFunctionRule {
  protected:
   int NumOutputs() const override { return 1; }
@@ -556,10 +611,14 @@ const bool kRegistered = RegisterRules({
      Traits().AllHost(HostValue::kShape)},
     {"BroadcastTo", std::make_shared<BroadcastToRule>(),
      Traits().Host(1, HostValue::kShape).ReadsRequest()},
+    {"DynamicStitch", std::make_shared<DynamicStitchRule>(),
+     Traits().AllHost(HostValue::kValue)},
     {"ExpandDims", Factors(ExpandDimsFactors),
      Traits().Linear(Linearity::kStructural).Host(1, HostValue::kAxis)},
     {"InvertPermutation", std::make_shared<InvertPermutationRule>(),
      Traits().AllHost(HostValue::kPermutation)},
+    {"ParallelDynamicStitch", std::make_shared<DynamicStitchRule>(),
+     Traits().AllHost(HostValue::kValue)},
     {"Rank", std::make_shared<ShapeInfoRule>(ShapeInfoRule::Kind::kRank)},
     {"Reshape", std::make_shared<ReshapeRule>(),
      Traits().Linear(Linearity::kStructural).Host(1, HostValue::kShape)},

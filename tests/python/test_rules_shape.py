@@ -17,7 +17,7 @@ import tensorflow as tf
 import tf_dtensor
 from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal, check_op,
                              is_replicated, layout_of, layout_params, random_array,
-                             run_without_fallback, spec_params, to_dtensor)
+                             reassemble, run_without_fallback, spec_params, to_dtensor)
 from tf_dtensor import dtensor
 
 
@@ -322,3 +322,48 @@ def test_squeeze_of_a_bad_axis_names_it(axis, message, mesh_2x2):
     x = to_dtensor(np.ones((4, 4), np.float32), layout_of("[x,y]", mesh_2x2))
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         tf.squeeze(x, [axis])
+
+
+@pytest.mark.parametrize("reduce", ["max", "sum", "mean"])
+@pytest.mark.parametrize("spec", ["[x,*]", "[*,x]", "[x,y]"])
+def test_gradient_of_a_reduction_over_a_tensor_axis_needs_no_fallback(strict_mode, reduce,
+                                                                     spec):
+    # TF builds the gradient's reduced shape with DynamicStitch, which had no rule: in strict
+    # mode it was refused ("'DynamicStitch' has no rule"), otherwise it ran replicated.
+    value = (np.arange(48, dtype=np.float32).reshape(8, 6) - 20.0) / 7.0
+    mesh = MESH_2X2 if "y" in spec else MESH_8
+    fn = {"max": tf.reduce_max, "sum": tf.reduce_sum, "mean": tf.reduce_mean}[reduce]
+
+    @tf.function
+    def loss_and_grad(x, axis):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.square(fn(x, axis=axis)))
+        return loss, tape.gradient(loss, x)
+
+    for axis in (0, 1):
+        want_loss, want_grad = loss_and_grad(tf.constant(value), tf.constant(axis))
+        loss, grad = loss_and_grad(to_dtensor(value, layout_of(spec, mesh)), tf.constant(axis))
+        np.testing.assert_allclose(reassemble(loss), want_loss.numpy(), rtol=1e-5)
+        np.testing.assert_allclose(reassemble(grad), want_grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_dynamic_stitch_of_sharded_data_and_of_index_vectors(traced, mesh_2x2):
+    # Index vectors (the values computed while planning) and rows of sharded data (gathered,
+    # stitched on every device), against one device; an index no input gives is 0, as TF's.
+    rows = np.arange(24, dtype=np.float32).reshape(6, 4)
+
+    def stitch(data):
+        small = tf.dynamic_stitch([tf.constant([0, 3]), tf.constant([1])],
+                                  [tf.constant([5, 6]), tf.constant([7])])
+        merged = tf.dynamic_stitch([tf.constant([[2, 0], [1, 3]]), tf.constant([4, 5])],
+                                   [tf.reshape(data[:4], [2, 2, 4]), data[4:]])
+        return small, merged
+
+    fn = tf.function(stitch) if traced else stitch
+    want_small, want_merged = fn(tf.constant(rows))
+    with dtensor.run_on(mesh_2x2):
+        small, merged = fn(to_dtensor(rows, layout_of("[x,y]", mesh_2x2)))
+    np.testing.assert_array_equal(reassemble(small), want_small.numpy())
+    np.testing.assert_array_equal(reassemble(merged), want_merged.numpy())
