@@ -424,6 +424,7 @@ StatusOr<bool> FunctionExpansion::EmitLookupPerDevice(const NodeSpec& node,
       builder_.rank_unknown(fallback)) {
     return false;
   }
+  if (builder_.layout(keys)->type() != LayoutType::kStatic) return false;
   // Keys are looked up as they are: a pending sum of integer keys is reduced first.
   ValueId blocks = keys;
   if (builder_.layout(keys)->is_partial()) {
