@@ -411,6 +411,73 @@ Status FunctionExpansion::EmitOnceOnHost(const NodeSpec& node, std::vector<Value
   return EmitHostOp(node, inputs);
 }
 
+StatusOr<bool> FunctionExpansion::EmitLookupPerDevice(const NodeSpec& node,
+                                                      const std::vector<ValueId>& inputs) {
+  if ((node.op != "LookupTableFindV2" && node.op != "LookupTableFind") || inputs.size() != 3) {
+    return false;
+  }
+  const ValueId table = inputs[0];
+  const ValueId keys = inputs[1];
+  const ValueId fallback = inputs[2];
+  if (!builder_.is_host(table) || builder_.dtype(table) != TF_RESOURCE ||
+      builder_.is_host(keys) || builder_.resource(keys) || !builder_.is_host(fallback) ||
+      builder_.rank_unknown(fallback)) {
+    return false;
+  }
+  if (builder_.layout(keys)->type() != LayoutType::kStatic) return false;
+  // Keys are looked up as they are: a pending sum of integer keys is reduced first.
+  ValueId blocks = keys;
+  if (builder_.layout(keys)->is_partial()) {
+    TFD_ASSIGN_OR_RETURN(blocks, Relayout(builder_, keys, builder_.layout(keys)->WithoutPartial(),
+                                          "input 1 of '" + node.name + "' (" + node.op +
+                                              ", the keys of a lookup)"));
+  }
+  const Layout key_layout = *builder_.layout(blocks);
+  // [k0, k1] keys, a default value of shape [v] -> values [k0, k1, v]: the keys' specs,
+  // then the value's axes replicated.
+  std::vector<DimSpec> specs = key_layout.specs();
+  std::vector<int64_t> shape = builder_.shape(blocks);
+  const std::vector<int64_t> value_shape = builder_.shape(fallback);
+  for (int64_t s : value_shape) {
+    specs.push_back(DimSpec::Replicated());
+    shape.push_back(s);
+  }
+  TFD_ASSIGN_OR_RETURN(Layout out_layout,
+                       Layout::FromSpecs(specs, key_layout.mesh(), key_layout.type()));
+  bool known = true;
+  for (int64_t s : shape) known = known && s >= 0;
+  const Mesh& mesh = key_layout.mesh();
+  std::vector<TF_Output> components;
+  for (int d = 0; d < mesh.num_local_devices(); ++d) {
+    // The lookup runs where the table lives (the placer finds it); its result joins the
+    // device's block.
+    TFD_ASSIGN_OR_RETURN(
+        TF_Operation * lookup,
+        builder_.Emit(node.op,
+                      {builder_.host(table), builder_.component(blocks, d),
+                       builder_.host(fallback)},
+                      LocalOpOptions{}, std::string()));
+    // TF infers no shape for the lookup (the table's handle data is missing): the block's
+    // shape, where it is known, is set and checked by EnsureShape.
+    LocalOpOptions to_device;
+    to_device.copy_attrs = false;
+    if (known) {
+      to_device.overrides = {
+          AttrOverride::Shape("shape", out_layout.GeometryOfDevice(shape, d).shape),
+          AttrOverride::Type("T", TF_OperationOutputType(TF_Output{lookup, 0}))};
+    }
+    TFD_ASSIGN_OR_RETURN(TF_Operation * on_device,
+                         builder_.Emit(known ? "EnsureShape" : "Identity",
+                                       {TF_Output{lookup, 0}}, to_device,
+                                       mesh.local_devices()[d]));
+    components.push_back(TF_Output{on_device, 0});
+  }
+  outputs_[node.name].push_back(builder_.AddDTensor(out_layout, shape,
+                                                    TF_OperationOutputType(components[0]),
+                                                    std::nullopt, components));
+  return true;
+}
+
 Status FunctionExpansion::EmitHostOp(const NodeSpec& node, const std::vector<ValueId>& inputs) {
   std::vector<TF_Output> flat;
   bool uses_resource = false;
@@ -576,6 +643,10 @@ Status FunctionExpansion::ExpandNode(const NodeSpec& node) {
     for (ValueId v : inputs) {
       side_effect = side_effect && !builder_.resource(v);
       plain_resource = plain_resource || (builder_.is_host(v) && builder_.dtype(v) == TF_RESOURCE);
+    }
+    if (plain_resource) {
+      TFD_ASSIGN_OR_RETURN(bool per_device, EmitLookupPerDevice(node, inputs));
+      if (per_device) return Status::Ok();
     }
     if (side_effect || plain_resource) return EmitOnceOnHost(node, inputs);
     // Ops on host values alone stay on the host, unless a layout was requested of an op

@@ -181,6 +181,13 @@ class FunctionExpansion {
   // An op that runs once on the host (one on a plain tf.Variable the function captured, a
   // side effect without a rule): its DTensor inputs join it whole.
   Status EmitOnceOnHost(const NodeSpec& node, std::vector<ValueId> inputs);
+  // A lookup in a hash table the function captured (LookupTableFind(V2): Keras'
+  // StringLookup) whose keys are a DTensor: each device looks up its own block of keys in
+  // the table, where the table lives, and the result has the keys' layout (`[x,y]` keys ->
+  // `[x,y]` values, the value's own axes replicated). Gathering the keys first needs an
+  // all-gather of strings, which TF's collective ops cannot do. Returns false (nothing
+  // emitted) for other ops and inputs.
+  StatusOr<bool> EmitLookupPerDevice(const NodeSpec& node, const std::vector<ValueId>& inputs);
   StatusOr<ValueId> Resolve(const std::string& name);
   StatusOr<int> FlatIndex(const NodeSpec& node, const std::string& arg, int index);
   ValueMeta MetaOf(ValueId value) const;

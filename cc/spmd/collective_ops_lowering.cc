@@ -149,6 +149,209 @@ std::string ReusableKeySignature(CollectiveRunner& run, const std::string& op_ty
   return signature;
 }
 
+// LocalOpOptions of no copied attributes and `overrides`.
+LocalOpOptions Attrs(std::vector<AttrOverride> overrides) {
+  LocalOpOptions options;
+  options.copy_attrs = false;
+  options.overrides = std::move(overrides);
+  return options;
+}
+
+// Whether some device's piece has a size known only at run time (inside a tf.function).
+bool AnyRunTimeShape(CollectiveRunner& run, const Handles& values) {
+  for (LocalHandle h : values) {
+    std::optional<std::vector<int64_t>> shape = run.LocalShape(h);
+    if (!shape) return true;
+    for (int64_t s : *shape) {
+      if (s < 0) return true;
+    }
+  }
+  return false;
+}
+
+// Pieces of up to 2^(kSizeBuckets - 1) elements take RunBucketedStep.
+constexpr int32_t kSizeBuckets = 40;
+
+// A reduce or gather step of pieces whose size is known only at run time. TF's collective
+// runtime records an instance's shape per (step, instance key): in a tf.while_loop every
+// iteration runs in one step, so a key whose pieces change size between iterations (the
+// last, smaller batch of a loop over a tf.data iterator) aborted the collective ("Shape
+// mismatch in the collective instance ... expected shape [2,4] but another member in the
+// group expected shape [4,4]"), and every later one of the process with it. So each
+// device's piece is flattened and padded with zeros to the next power of two of its
+// element count (at least 1: TF's collective ops crash the process on an empty piece),
+// and the step takes the key of that size bucket from a block of kSizeBuckets keys: one
+// key, one shape. The members of a group hold pieces of one size, so they agree on the
+// bucket. The padding is cut off after, and the result has the piece's shape (a gather:
+// its first axis times the group size).
+StatusOr<Handles> RunBucketedStep(CollectiveRunner& run, const std::string& op_type,
+                                  const Handles& values, const CollectiveGroups& groups,
+                                  const LocalOpOptions& options) {
+  int dtype = -1;
+  for (const AttrOverride& a : options.overrides) {
+    if (a.name == "T") dtype = a.type;
+  }
+  const bool gather = op_type == "CollectiveGatherV2";
+  const int n = static_cast<int>(values.size());
+  const int64_t group_size = groups.group_size();
+  Handles made;  // everything made here but the results
+  auto each = [&](const std::string& op, const std::function<Handles(int)>& inputs,
+                  std::vector<AttrOverride> attrs) -> StatusOr<Handles> {
+    std::vector<Handles> all(n);
+    for (int d = 0; d < n; ++d) all[d] = inputs(d);
+    TFD_ASSIGN_OR_RETURN(Handles out, run.RunEach(op, all, Attrs(std::move(attrs))));
+    made.insert(made.end(), out.begin(), out.end());
+    return out;
+  };
+  const int32_t first_key = NextInstanceKeys(kSizeBuckets);
+  StatusOr<Handles> result = [&]() -> StatusOr<Handles> {
+    const AttrOverride int64_type = AttrOverride::Type("T", TF_INT64);
+    const AttrOverride int64_shape = AttrOverride::Type("Tshape", TF_INT64);
+    std::vector<int64_t> powers(kSizeBuckets);
+    for (int32_t i = 0; i < kSizeBuckets; ++i) powers[i] = int64_t{1} << i;
+    TFD_ASSIGN_OR_RETURN(LocalHandle bucket_sizes, run.Host(powers, {kSizeBuckets}, TF_INT64));
+    TFD_ASSIGN_OR_RETURN(LocalHandle zero, run.Host({0}, {1}, TF_INT64));
+    TFD_ASSIGN_OR_RETURN(LocalHandle one, run.Host({1}, {1}, TF_INT64));
+    TFD_ASSIGN_OR_RETURN(LocalHandle minus_one, run.Host({-1}, {1}, TF_INT64));
+    TFD_ASSIGN_OR_RETURN(LocalHandle scalar, run.Host({}, {0}, TF_INT64));
+    TFD_ASSIGN_OR_RETURN(LocalHandle pair, run.Host({1, 2}, {2}, TF_INT64));
+    TFD_ASSIGN_OR_RETURN(LocalHandle axis, run.Host({0}, {}, TF_INT32));
+    TFD_ASSIGN_OR_RETURN(LocalHandle first_key_value, run.Host({first_key}, {}, TF_INT32));
+    TFD_ASSIGN_OR_RETURN(LocalHandle size, run.Host({group_size}, {}, TF_INT32));
+    TFD_ASSIGN_OR_RETURN(LocalHandle groups_value, run.Host({group_size, -1}, {2}, TF_INT64));
+    TFD_ASSIGN_OR_RETURN(LocalHandle group_factor, run.Host({group_size}, {1}, TF_INT64));
+    made.insert(made.end(), {bucket_sizes, zero, one, minus_one, scalar, pair, axis,
+                             first_key_value, size, groups_value, group_factor});
+    // Each piece's shape and element count ([1]).
+    TFD_ASSIGN_OR_RETURN(Handles shape, each("Shape", [&](int d) { return Handles{values[d]}; },
+                                             {AttrOverride::Type("T", dtype),
+                                              AttrOverride::Type("out_type", TF_INT64)}));
+    TFD_ASSIGN_OR_RETURN(Handles count, each("Size", [&](int d) { return Handles{values[d]}; },
+                                             {AttrOverride::Type("T", dtype),
+                                              AttrOverride::Type("out_type", TF_INT64)}));
+    TFD_ASSIGN_OR_RETURN(Handles elements,
+                         each("Reshape", [&](int d) { return Handles{count[d], one}; },
+                              {int64_type, int64_shape}));
+    // The bucket: how many of 1, 2, 4, ... are below the count; its size, the padding.
+    TFD_ASSIGN_OR_RETURN(Handles below,
+                         each("Less", [&](int d) { return Handles{bucket_sizes, elements[d]}; },
+                              {int64_type}));
+    TFD_ASSIGN_OR_RETURN(Handles below_count,
+                         each("Cast", [&](int d) { return Handles{below[d]}; },
+                              {AttrOverride::Type("SrcT", TF_BOOL),
+                               AttrOverride::Type("DstT", TF_INT64),
+                               AttrOverride::Bool("Truncate", false)}));
+    TFD_ASSIGN_OR_RETURN(Handles bucket,
+                         each("Sum", [&](int d) { return Handles{below_count[d], axis}; },
+                              {int64_type, AttrOverride::Type("Tidx", TF_INT32),
+                               AttrOverride::Bool("keep_dims", true)}));
+    TFD_ASSIGN_OR_RETURN(Handles padded_size,
+                         each("GatherV2",
+                              [&](int d) { return Handles{bucket_sizes, bucket[d], axis}; },
+                              {AttrOverride::Type("Tparams", TF_INT64),
+                               AttrOverride::Type("Tindices", TF_INT64),
+                               AttrOverride::Type("Taxis", TF_INT32),
+                               AttrOverride::Int("batch_dims", 0)}));
+    TFD_ASSIGN_OR_RETURN(Handles after,
+                         each("Sub", [&](int d) { return Handles{padded_size[d], elements[d]}; },
+                              {int64_type}));
+    TFD_ASSIGN_OR_RETURN(Handles flat_paddings,
+                         each("ConcatV2", [&](int d) { return Handles{zero, after[d], axis}; },
+                              {int64_type, AttrOverride::Type("Tidx", TF_INT32),
+                               AttrOverride::Int("N", 2)}));
+    TFD_ASSIGN_OR_RETURN(Handles paddings,
+                         each("Reshape", [&](int d) { return Handles{flat_paddings[d], pair}; },
+                              {int64_type, int64_shape}));
+    TFD_ASSIGN_OR_RETURN(Handles flat,
+                         each("Reshape", [&](int d) { return Handles{values[d], minus_one}; },
+                              {AttrOverride::Type("T", dtype), int64_shape}));
+    TFD_ASSIGN_OR_RETURN(Handles padded,
+                         each("Pad", [&](int d) { return Handles{flat[d], paddings[d]}; },
+                              {AttrOverride::Type("T", dtype),
+                               AttrOverride::Type("Tpaddings", TF_INT64)}));
+    // The bucket's key: first_key + bucket.
+    TFD_ASSIGN_OR_RETURN(Handles bucket_scalar,
+                         each("Reshape", [&](int d) { return Handles{bucket[d], scalar}; },
+                              {int64_type, int64_shape}));
+    TFD_ASSIGN_OR_RETURN(Handles bucket32,
+                         each("Cast", [&](int d) { return Handles{bucket_scalar[d]}; },
+                              {AttrOverride::Type("SrcT", TF_INT64),
+                               AttrOverride::Type("DstT", TF_INT32),
+                               AttrOverride::Bool("Truncate", false)}));
+    TFD_ASSIGN_OR_RETURN(Handles key,
+                         each("AddV2", [&](int d) { return Handles{bucket32[d], first_key_value}; },
+                              {AttrOverride::Type("T", TF_INT32)}));
+    std::map<int, LocalHandle> group_keys;  // group -> its key, as a host constant
+    std::vector<Handles> inputs(n);
+    for (int d = 0; d < n; ++d) {
+      const int g = groups.group_of(d);
+      if (!group_keys.count(g)) {
+        TFD_ASSIGN_OR_RETURN(LocalHandle group_key, run.Host({groups.group_key(g)}, {}, TF_INT32));
+        made.push_back(group_key);
+        group_keys[g] = group_key;
+      }
+      inputs[d] = {padded[d], size, group_keys[g], key[d]};
+    }
+    TFD_ASSIGN_OR_RETURN(Handles out, run.RunCollective(op_type, inputs, options));
+    made.insert(made.end(), out.begin(), out.end());
+    if (!gather) {
+      // [bucket size] -> the piece's elements -> its shape.
+      TFD_ASSIGN_OR_RETURN(Handles real,
+                           each("Slice", [&](int d) { return Handles{out[d], zero, elements[d]}; },
+                                {AttrOverride::Type("T", dtype),
+                                 AttrOverride::Type("Index", TF_INT64)}));
+      std::vector<Handles> reshape(n);
+      for (int d = 0; d < n; ++d) reshape[d] = {real[d], shape[d]};
+      return run.RunEach("Reshape", reshape, Attrs({AttrOverride::Type("T", dtype), int64_shape}));
+    }
+    // [group size * bucket size] -> [group size, bucket size] -> each piece's elements
+    // -> [group size * rows, the piece's other axes...].
+    TFD_ASSIGN_OR_RETURN(Handles stacked,
+                         each("Reshape", [&](int d) { return Handles{out[d], groups_value}; },
+                              {AttrOverride::Type("T", dtype), int64_shape}));
+    TFD_ASSIGN_OR_RETURN(Handles begin, [&]() -> StatusOr<Handles> {
+      TFD_ASSIGN_OR_RETURN(LocalHandle b, run.Host({0, 0}, {2}, TF_INT64));
+      made.push_back(b);
+      return Handles(n, b);
+    }());
+    TFD_ASSIGN_OR_RETURN(Handles sizes,
+                         each("ConcatV2", [&](int d) { return Handles{minus_one, elements[d], axis}; },
+                              {int64_type, AttrOverride::Type("Tidx", TF_INT32),
+                               AttrOverride::Int("N", 2)}));
+    TFD_ASSIGN_OR_RETURN(Handles real,
+                         each("Slice", [&](int d) { return Handles{stacked[d], begin[d], sizes[d]}; },
+                              {AttrOverride::Type("T", dtype),
+                               AttrOverride::Type("Index", TF_INT64)}));
+    TFD_ASSIGN_OR_RETURN(Handles rows,
+                         each("Slice", [&](int d) { return Handles{shape[d], zero, one}; },
+                              {int64_type, AttrOverride::Type("Index", TF_INT64)}));
+    TFD_ASSIGN_OR_RETURN(Handles all_rows,
+                         each("Mul", [&](int d) { return Handles{rows[d], group_factor}; },
+                              {int64_type}));
+    TFD_ASSIGN_OR_RETURN(Handles other_axes,
+                         each("Slice", [&](int d) { return Handles{shape[d], one, minus_one}; },
+                              {int64_type, AttrOverride::Type("Index", TF_INT64)}));
+    TFD_ASSIGN_OR_RETURN(Handles gathered_shape,
+                         each("ConcatV2",
+                              [&](int d) { return Handles{all_rows[d], other_axes[d], axis}; },
+                              {int64_type, AttrOverride::Type("Tidx", TF_INT32),
+                               AttrOverride::Int("N", 2)}));
+    std::vector<Handles> reshape(n);
+    for (int d = 0; d < n; ++d) reshape[d] = {real[d], gathered_shape[d]};
+    return run.RunEach("Reshape", reshape, Attrs({AttrOverride::Type("T", dtype), int64_shape}));
+  }();
+  run.DiscardAll(made);
+  if (!result.ok()) return result.status();
+  // The piece's shape as far as it is known (a gather's first axis: the group's rows).
+  for (int d = 0; d < n; ++d) {
+    std::optional<std::vector<int64_t>> known = run.LocalShape(values[d]);
+    if (!known || known->empty()) continue;
+    if (gather && (*known)[0] >= 0) (*known)[0] *= group_size;
+    run.SetLocalShape((*result)[d], *known);
+  }
+  return result;
+}
+
 // One TF collective step: `op_type` on every device d with {values[d], group size,
 // group key(d's group), instance key}. The instance key is fresh, or, eagerly, one an
 // earlier successful step of the same signature has finished with (collectives.h:
@@ -156,6 +359,10 @@ std::string ReusableKeySignature(CollectiveRunner& run, const std::string& op_ty
 StatusOr<Handles> RunCollectiveStep(CollectiveRunner& run, const std::string& op_type,
                                     const Handles& values, const CollectiveGroups& groups,
                                     const LocalOpOptions& options) {
+  if ((op_type == "CollectiveReduceV2" || op_type == "CollectiveGatherV2") &&
+      AnyRunTimeShape(run, values)) {
+    return RunBucketedStep(run, op_type, values, groups, options);
+  }
   const std::string signature = ReusableKeySignature(run, op_type, values, groups, options);
   const int32_t key = signature.empty() ? NextInstanceKey() : TakeInstanceKey(signature);
   auto host = [&](int64_t value) { return run.Host({value}, {}, TF_INT32); };
@@ -320,14 +527,6 @@ StatusOr<Handles> TrimToBlocks(CollectiveRunner& run, const Handles& handles,
     inputs[d] = {handles[d], begin, size};
   }
   return run.RunEach("Slice", inputs, slice);
-}
-
-// LocalOpOptions of no copied attributes and `overrides`.
-LocalOpOptions Attrs(std::vector<AttrOverride> overrides) {
-  LocalOpOptions options;
-  options.copy_attrs = false;
-  options.overrides = std::move(overrides);
-  return options;
 }
 
 // The all-gather along axis 0 of pieces whose sizes are known only at run time (inside a

@@ -87,6 +87,8 @@ int64_t DistributedTaskOf(const Mesh& mesh, int64_t id) {
 
 int32_t NextInstanceKey() { return next_instance_key.fetch_add(1); }
 
+int32_t NextInstanceKeys(int32_t count) { return next_instance_key.fetch_add(count); }
+
 int64_t InstanceKeysIssued() { return next_instance_key.load() - kFirstInstanceKey; }
 
 namespace {

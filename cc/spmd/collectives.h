@@ -93,6 +93,8 @@ const CollectiveLowering& CachedLowering(const Mesh& mesh, uint64_t generation);
 // same key. Keys come from a process-wide counter, so processes that issue the same
 // collectives in the same order (SPMD programs do) derive the same keys.
 int32_t NextInstanceKey();
+// `count` consecutive fresh instance keys at once; returns the first.
+int32_t NextInstanceKeys(int32_t count);
 // The task (client) holding global device `id` of a distributed mesh: ids run task by task
 // with the same number of devices on each (create_distributed_mesh, as in TF's DTensor).
 int64_t DistributedTaskOf(const Mesh& mesh, int64_t id);

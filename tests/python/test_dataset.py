@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import dtensor_testing
 from dtensor_testing import assert_dtensor_equal, layout_of
-from tf_dtensor import dtensor
+from tf_dtensor import config, dtensor
 from tf_dtensor.dtensor import UNSHARDED, Layout
 
 MESH_2X2 = dtensor_testing.MESH_2X2
@@ -593,6 +593,39 @@ def test_keras_fit_on_a_dtensor_dataset_counts_its_batches():
         tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True), None)
     assert steps == want_steps == 2
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lowering", ["shared", "copies", "ops"])
+def test_collectives_in_a_loop_over_batches_of_changing_size(mesh_2x2, lowering):
+    # Batches of 4, 4 and 2 rows, of a size known only at run time: the all-gather's
+    # padded pieces and the all-reduce's partial sums change shape in the last iteration.
+    # Under the `ops` lowering each collective kept one instance key in every iteration,
+    # and TF's collective runtime holds one shape per key within a step: the last batch
+    # aborted the collective ("Shape mismatch in the collective instance ... expected shape
+    # [2,4] but another member in the group expected shape [4,4]").
+    values = np.arange(40, dtype=np.float32).reshape(10, 4) / 10
+    weight = np.linspace(-1.0, 1.0, 8, dtype=np.float32).reshape(4, 2)
+    data = tf.data.Dataset.from_tensor_slices(values).batch(4)
+
+    def run(w, to_mesh):
+        @tf.function
+        def loop(dataset, w):
+            total = tf.constant(0.0)
+            for batch in iter(dataset):
+                whole = to_mesh(to_mesh(batch, "[x,*]"), "[*,*]")  # all-gather
+                summed = tf.matmul(to_mesh(batch, "[*,x]"), to_mesh(w, "[x,*]"))  # all-reduce
+                total += tf.reduce_sum(whole * whole) + tf.reduce_sum(summed * summed)
+            return total
+        return loop(data, w)
+
+    want = run(tf.constant(weight), lambda x, spec: x).numpy()
+    config.set_collective_lowering(lowering)
+    try:
+        w = dtensor_testing.to_dtensor(weight, layout_of("[*,*]", mesh_2x2))
+        got = run(w, lambda x, spec: dtensor.relayout(x, layout_of(spec, mesh_2x2)))
+        np.testing.assert_allclose(dtensor_testing.reassemble(got), want, rtol=1e-5)
+    finally:
+        config.set_collective_lowering("")
 
 
 def test_a_loop_over_a_tf_data_iterator_trains_as_one_device(mesh_2x2):

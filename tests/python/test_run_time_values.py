@@ -157,6 +157,26 @@ def test_a_hash_table_lookup_of_sharded_keys_in_function():
     np.testing.assert_array_equal(reassemble(got), [1, 1])  # 1 + 2 - 1 - 1
 
 
+@pytest.mark.parametrize("lowering", ["shared", "copies", "ops"])
+def test_a_hash_table_lookup_of_sharded_string_keys_runs_per_device_under_every_lowering(
+        lowering):
+    # Each device looks up its own block of keys where the table lives; the values keep
+    # the keys' layout. Under the `ops` lowering (meshes across processes) the keys were
+    # all-gathered first, which TF's collective ops cannot do for strings
+    # ("cannot all-gather a tensor of dtype string").
+    words = np.array([[b"a", b"b", b"c", b"d"], [b"b", b"b", b"a", b"e"]])
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(["a", "b", "e"], [1, 2, 5]), -1)
+    config.set_collective_lowering(lowering)
+    try:
+        keys = to_dtensor(words, layout_of("[x,y]", MESH_2X2))
+        got = tf.function(lambda k: table.lookup(k) * 10)(keys)
+        assert_dtensor_equal(table.lookup(tf.constant(words)).numpy() * 10,
+                             layout_of("[x,y]", MESH_2X2), got)
+    finally:
+        config.set_collective_lowering("")
+
+
 def test_a_host_value_of_unknown_rank_is_refused_with_the_fix_not_taken_for_a_scalar():
     x = to_dtensor(np.ones([2, 4], np.float32), layout_of("[x,y]", MESH_2X2))
     v = tf.Variable(tf.ones([3]), shape=tf.TensorShape(None))
