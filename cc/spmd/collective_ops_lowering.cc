@@ -157,6 +157,18 @@ LocalOpOptions Attrs(std::vector<AttrOverride> overrides) {
   return options;
 }
 
+// `op` on each of the `n` local devices d with inputs(d) and only the attributes `attrs`;
+// the results are also kept in `made` (temporaries the caller discards).
+StatusOr<Handles> RunEachKept(CollectiveRunner& run, int n, const std::string& op,
+                              const std::function<Handles(int)>& inputs,
+                              std::vector<AttrOverride> attrs, Handles& made) {
+  std::vector<Handles> all(n);
+  for (int d = 0; d < n; ++d) all[d] = inputs(d);
+  TFD_ASSIGN_OR_RETURN(Handles out, run.RunEach(op, all, Attrs(std::move(attrs))));
+  made.insert(made.end(), out.begin(), out.end());
+  return out;
+}
+
 // Whether some device's piece has a size known only at run time (inside a tf.function).
 bool AnyRunTimeShape(CollectiveRunner& run, const Handles& values) {
   for (LocalHandle h : values) {
@@ -196,12 +208,8 @@ StatusOr<Handles> RunBucketedStep(CollectiveRunner& run, const std::string& op_t
   const int64_t group_size = groups.group_size();
   Handles made;  // everything made here but the results
   auto each = [&](const std::string& op, const std::function<Handles(int)>& inputs,
-                  std::vector<AttrOverride> attrs) -> StatusOr<Handles> {
-    std::vector<Handles> all(n);
-    for (int d = 0; d < n; ++d) all[d] = inputs(d);
-    TFD_ASSIGN_OR_RETURN(Handles out, run.RunEach(op, all, Attrs(std::move(attrs))));
-    made.insert(made.end(), out.begin(), out.end());
-    return out;
+                  std::vector<AttrOverride> attrs) {
+    return RunEachKept(run, n, op, inputs, std::move(attrs), made);
   };
   const int32_t first_key = NextInstanceKeys(kSizeBuckets);
   StatusOr<Handles> result = [&]() -> StatusOr<Handles> {
@@ -543,14 +551,9 @@ StatusOr<Handles> GatherRunTimeSizes(CollectiveRunner& run, const Handles& curre
                                      const std::vector<int64_t>& position_of, Handles& made) {
   const int n = static_cast<int>(current.size());
   const int64_t group_size = groups.group_size();
-  // `op` on every device d with inputs(d); the results are kept in `made` too.
   auto each = [&](const std::string& op, const std::function<Handles(int)>& inputs,
-                  std::vector<AttrOverride> attrs) -> StatusOr<Handles> {
-    std::vector<Handles> all(n);
-    for (int d = 0; d < n; ++d) all[d] = inputs(d);
-    TFD_ASSIGN_OR_RETURN(Handles out, run.RunEach(op, all, Attrs(std::move(attrs))));
-    made.insert(made.end(), out.begin(), out.end());
-    return out;
+                  std::vector<AttrOverride> attrs) {
+    return RunEachKept(run, n, op, inputs, std::move(attrs), made);
   };
   const AttrOverride int64_type = AttrOverride::Type("T", TF_INT64);
   TFD_ASSIGN_OR_RETURN(LocalHandle zero, run.Host({0}, {1}, TF_INT64));
