@@ -556,27 +556,33 @@ class DTensorDataset(dataset_ops.UnaryUnchangedStructureDataset):
         return self._anchor
 
     def repeat(self, count=None, name=None):
-        """Repeats the batches `count` times (forever with None), as `tf.data.Dataset.repeat`. Whole batches are kept, with their layouts."""
+        """Repeats the batches `count` times (forever with None), as `tf.data.Dataset.repeat`.
+        Whole batches are kept, with their layouts."""
         return self._on_batches(lambda p: p.repeat(count, name=name))
 
     def take(self, count, name=None):
-        """The first `count` batches, as `tf.data.Dataset.take`. Whole batches are kept, with their layouts."""
+        """The first `count` batches, as `tf.data.Dataset.take`.
+        Whole batches are kept, with their layouts."""
         return self._on_batches(lambda p: p.take(count, name=name))
 
     def skip(self, count, name=None):
-        """The batches after the first `count`, as `tf.data.Dataset.skip`. Whole batches are kept, with their layouts."""
+        """The batches after the first `count`, as `tf.data.Dataset.skip`.
+        Whole batches are kept, with their layouts."""
         return self._on_batches(lambda p: p.skip(count, name=name))
 
     def prefetch(self, buffer_size, name=None):
-        """Prefetches `buffer_size` batches on the host, as `tf.data.Dataset.prefetch`. Whole batches are kept, with their layouts."""
+        """Prefetches `buffer_size` batches on the host, as `tf.data.Dataset.prefetch`.
+        Whole batches are kept, with their layouts."""
         return self._on_batches(lambda p: p.prefetch(buffer_size, name=name))
 
     def cache(self, filename="", name=None):
-        """Caches the batches (in memory, or in `filename`), as `tf.data.Dataset.cache`. Whole batches are kept, with their layouts."""
+        """Caches the batches (in memory, or in `filename`), as `tf.data.Dataset.cache`.
+        Whole batches are kept, with their layouts."""
         return self._on_batches(lambda p: p.cache(filename, name=name))
 
     def with_options(self, options, name=None):
-        """The batches with tf.data `options`, as `tf.data.Dataset.with_options`. Whole batches are kept, with their layouts."""
+        """The batches with tf.data `options`, as `tf.data.Dataset.with_options`.
+        Whole batches are kept, with their layouts."""
         return self._on_batches(lambda p: p.with_options(options, name=name))
 
     @property

@@ -212,11 +212,13 @@ StatusOr<Handles> RunBucketedStep(CollectiveRunner& run, const std::string& op_t
       return Handles(n, b);
     }());
     TFD_ASSIGN_OR_RETURN(Handles sizes,
-                         each("ConcatV2", [&](int d) { return Handles{minus_one, elements[d], axis}; },
+                         each("ConcatV2",
+                              [&](int d) { return Handles{minus_one, elements[d], axis}; },
                               {int64_type, AttrOverride::Type("Tidx", TF_INT32),
                                AttrOverride::Int("N", 2)}));
     TFD_ASSIGN_OR_RETURN(Handles real,
-                         each("Slice", [&](int d) { return Handles{stacked[d], begin[d], sizes[d]}; },
+                         each("Slice",
+                              [&](int d) { return Handles{stacked[d], begin[d], sizes[d]}; },
                               {AttrOverride::Type("T", dtype),
                                AttrOverride::Type("Index", TF_INT64)}));
     TFD_ASSIGN_OR_RETURN(Handles rows,

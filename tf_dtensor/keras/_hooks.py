@@ -568,10 +568,11 @@ def _on_mesh(model, function, which: str, make_original):
     Before each call, variables of the model still off the mesh are adopted onto it
     (`_adopt`): a model built before `set_distribution` is laid out by the distribution
     at its first step. A model not built yet runs its first step on the mesh its variables
-    will be made on (`_step_mesh`), its batch laid out as at every later step. A variable adopted after the step was traced (a metric object made
-    before the distribution, whose variables the step only reaches once its first trace
-    has built the compiled metrics; a model trained before the distribution was set) gets
-    a new backing DVariable, but the traced step still captures the old variable: its
+    will be made on (`_step_mesh`), its batch laid out as at every later step. A variable
+    adopted after the step was traced (a metric object made before the distribution, whose
+    variables the step only reaches once its first trace has built the compiled metrics; a
+    model trained before the distribution was set) gets a new backing DVariable, but the
+    traced step still captures the old variable: its
     updates would land there while `reset_state` and `result()` use the new one. The step
     is then made (and traced) again.
     """
