@@ -24,6 +24,7 @@ class LocalMath {
 
   int type() const { return type_; }
   Builder& builder() const { return builder_; }
+  const Mesh& mesh() const { return mesh_; }
 
   // `op` on the shards with only the given attributes; one output with layout `out`, and
   // global shape `global` where given (a view whose global shape no input tells: the

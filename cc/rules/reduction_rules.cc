@@ -18,6 +18,7 @@
 // (sparse labels become a local one-hot against each shard's class indices; a label out of
 // range gives the loss log(sum(exp)) rather than TF's error).
 // Cumsum and Cumprod scan along an axis, which they gather if sharded.
+#include <limits>
 #include <set>
 
 #include "cc/core/strings.h"
@@ -191,8 +192,8 @@ void ListRowCollectives(const OpContext& ctx, Plan& plan) {
 
 // TF's CPU Softmax kernel of float32 and bfloat16 gives a row that holds NaN or +inf NaN
 // where those are and 0 elsewhere (one device: softmax([1, nan, 2, -inf]) = [0, nan, 0,
-// 0]), where the sharded exp / sum makes the whole row NaN, as the kernel of float16 and
-// float64 does (CpuKernelKeepsNonFiniteRowsFinite). Such a row's max is NaN or +inf (the row max
+// 0]), where the sharded exp / sum makes the whole row NaN, as the kernel of float64 and
+// of float16 on some CPUs does (CpuKernelKeepsNonFiniteRowsFinite). Such a row's max is NaN or +inf (the row max
 // all-reduce propagates both), and max(v, 0) * 0 is NaN exactly for NaN and +inf (and 0
 // for -inf): the rows whose max says so take max(x, 0) * 0. A row of -inf alone is NaN
 // through both. Log-softmax and the cross entropies make such rows NaN on one device too.
@@ -211,9 +212,32 @@ StatusOr<ValueId> AsCpuKernelOnNonFiniteRows(const Layout& x_layout, ValueId x, 
 }
 
 // Whether TF's CPU Softmax kernel of `dtype` keeps a NaN or +inf row finite elsewhere
-// (AsCpuKernelOnNonFiniteRows); float16 and float64 rows are NaN throughout.
+// (AsCpuKernelOnNonFiniteRows) on every CPU: float32's and bfloat16's do.
 bool CpuKernelKeepsNonFiniteRowsFinite(int dtype) {
   return dtype == TF_FLOAT || dtype == TF_BFLOAT16;
+}
+
+// For the other dtypes the kernel's answer depends on the CPU it runs on (float16 rows
+// came back NaN throughout on one machine and [0, nan, 0, 0] on another, TF 2.21 both), so
+// each device asks its own kernel when it runs: whether softmax([nan, 0]) keeps its 0 (a
+// replicated bool scalar).
+StatusOr<ValueId> KernelKeepsNonFiniteRowsFinite(LocalMath& math) {
+  Builder& b = math.builder();
+  const Layout vector = Layout::Replicated(math.mesh(), 1);
+  const AttrOverride type = AttrOverride::Type("T", math.type());
+  TFD_ASSIGN_OR_RETURN(ValueId nan, math.Float(std::numeric_limits<float>::quiet_NaN()));
+  TFD_ASSIGN_OR_RETURN(ValueId zero, math.Float(0.0f));
+  TFD_ASSIGN_OR_RETURN(ValueId row, math.Op("Pack", {nan, zero},
+                                            {type, AttrOverride::Int("N", 2),
+                                             AttrOverride::Int("axis", 0)},
+                                            vector));
+  TFD_ASSIGN_OR_RETURN(ValueId softmax, math.Op("Softmax", {row}, {type}, vector));
+  TFD_ASSIGN_OR_RETURN(ValueId finite, math.Op("IsFinite", {softmax}, {type}, vector));
+  // Entry 0 is NaN whatever the kernel: any finite entry is the kept 0.
+  TFD_ASSIGN_OR_RETURN(ValueId axis, b.HostConstant({0}, {}, TF_INT32));
+  return math.Op("Any", {finite, axis},
+                 {AttrOverride::Type("Tidx", TF_INT32), AttrOverride::Bool("keep_dims", false)},
+                 Layout::Replicated(math.mesh(), 0));
 }
 
 class SoftmaxRule : public FactorRule {
@@ -236,9 +260,15 @@ class SoftmaxRule : public FactorRule {
     TFD_ASSIGN_OR_RETURN(RowSoftmax r, ShardedRowSoftmax(in[0], x_layout, dim, math, builder));
     if (!log_) {
       TFD_ASSIGN_OR_RETURN(ValueId y, math.Apply("RealDiv", {r.exp, r.sum}, x_layout));
-      if (ctx.mesh.device_type() == "CPU" &&
-          CpuKernelKeepsNonFiniteRowsFinite(ctx.inputs[0].dtype)) {
-        TFD_ASSIGN_OR_RETURN(y, AsCpuKernelOnNonFiniteRows(x_layout, in[0], r.max, y, math));
+      if (ctx.mesh.device_type() == "CPU") {
+        TFD_ASSIGN_OR_RETURN(ValueId kept,
+                             AsCpuKernelOnNonFiniteRows(x_layout, in[0], r.max, y, math));
+        if (CpuKernelKeepsNonFiniteRowsFinite(ctx.inputs[0].dtype)) {
+          y = kept;
+        } else {
+          TFD_ASSIGN_OR_RETURN(ValueId keeps, KernelKeepsNonFiniteRowsFinite(math));
+          TFD_ASSIGN_OR_RETURN(y, math.Apply("SelectV2", {keeps, kept, y}, x_layout));
+        }
       }
       return std::vector<ValueId>{y};
     }

@@ -553,6 +553,22 @@ def _(d):
     return Call([T(np.asarray(a, np.int32)), T(np.asarray(b, np.int32))])
 
 
+def _stitch(d):
+    # A permutation of 0..n-1 in two index vectors; each data block its indices' shape
+    # followed by one element shape. The output's size depends on the index values.
+    n = d.int(2, 6)
+    perm = np.asarray(d.permutation(n), np.int32)
+    k = d.int(1, n - 1)
+    element = d.shape(0, 2)
+    parts = [perm[:k], perm[k:]]
+    return Call({"indices": [T(p) for p in parts],
+                 "data": [T(d.array((len(p),) + element)) for p in parts]})
+
+
+op("DynamicStitch", grad=False, function_shape_known=False)(_stitch)
+op("ParallelDynamicStitch", grad=False, function_shape_known=False)(_stitch)
+
+
 @op("Fill", creation=True)
 def _(d):
     return Call([H(list(d.shape(0, 3)), tf.int32), H(np.asarray(2.5, np.float32))])
