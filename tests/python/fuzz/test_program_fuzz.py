@@ -1,0 +1,94 @@
+"""Programs of many ops against one plain device (program_fuzz.py draws and runs them).
+
+Default run (part of `pytest`): the programs of seeds 0..TF_DTENSOR_PROGRAMS-1 (default 40).
+Long run, a fresh range of seeds each time unless TF_DTENSOR_PROGRAM_SEED is set:
+
+    TF_DTENSOR_PROGRAMS=2000 pytest -q -s -p no:cacheprovider tests/python/fuzz/test_program_fuzz.py
+
+Each program runs eagerly and inside `tf.function`, both with the gradient of a loss of
+its outputs with respect to every input (some inputs are variables, updated with their
+gradients after, and read back), in strict mode (an op that falls back fails),
+under the collective lowering the seed picks; a failure prints the program.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import program_fuzz
+from dtensor_testing import LOWERINGS, collective_lowering, reassemble, to_dtensor
+from fuzz_engine import assert_close, run_strict
+from tf_dtensor import dtensor
+
+PROGRAMS = int(os.environ.get("TF_DTENSOR_PROGRAMS", "40"))
+_LONG = "TF_DTENSOR_PROGRAMS" in os.environ
+FIRST = int(os.environ.get("TF_DTENSOR_PROGRAM_SEED",
+                           random.randrange(1, 10**6) * 10**4 if _LONG else 0))
+
+
+def _run(program, inputs, on_mesh):
+    """Outputs, then the gradients (one per input) and the updated variables' values."""
+    with tf.GradientTape() as tape:
+        tape.watch([x for x in inputs if not isinstance(x, tf.Variable)])
+        outputs = program_fuzz.run(program, inputs, on_mesh=on_mesh)
+        loss = program_fuzz.loss_of(outputs)
+    gradients = tape.gradient(loss, inputs, unconnected_gradients="zero")
+    gradients = [tf.convert_to_tensor(g) for g in gradients]   # gathers give IndexedSlices
+    return outputs, gradients + program_fuzz.update_variables(inputs, gradients)
+
+
+def _plain(program, values):
+    with tf.device("CPU:0"):
+        inputs = [tf.Variable(v) if variable else tf.constant(v)
+                  for v, variable in zip(values, program.variables)]
+        outputs, gradients = _run(program, inputs, on_mesh=False)
+    return [o.numpy() for o in outputs], [g.numpy() for g in gradients]
+
+
+def _on_mesh(program, values):
+    return [dtensor.DVariable(to_dtensor(v, layout)) if variable else to_dtensor(v, layout)
+            for v, layout, variable in zip(values, program.layouts, program.variables)]
+
+
+def _tolerance(program, expected: np.ndarray) -> float:
+    # Sums in another order (partial sums, all-reduces) round differently.
+    base = 1e-9 if program.dtype == tf.float64 else 2e-5
+    return base * max(1.0, float(np.max(np.abs(expected), initial=0.0)))
+
+
+def _compare(program, how, expected_outputs, expected_gradients, outputs, gradients):
+    for kind, expected, actual in (("output", expected_outputs, outputs),
+                                   ("gradient/updated variable", expected_gradients, gradients)):
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            what = f"{how}: {kind} {i}"
+            assert a is not None, f"{what}: no gradient"
+            assert dtensor.is_dtensor(a), f"{what}: not a DTensor (on {a.device})"
+            layout = dtensor.fetch_layout(a)
+            assert layout.mesh == program.mesh, f"{what}: on {layout.mesh}"
+            assert a.dtype == program.dtype, f"{what}: dtype {a.dtype.name}"
+            assert tuple(a.shape) == e.shape, f"{what}: shape {tuple(a.shape)}, expected {e.shape}"
+            assert_close(e, reassemble(a), _tolerance(program, e), f"{what} ({layout.short()})")
+
+
+@pytest.mark.parametrize("seed", range(FIRST, FIRST + PROGRAMS))
+def test_program_matches_one_device(seed):
+    program = program_fuzz.draw(seed)
+    values = program_fuzz.input_values(program)
+    expected_outputs, expected_gradients = _plain(program, values)
+    lowering = LOWERINGS[seed % len(LOWERINGS)]
+    text = program_fuzz.describe(program) + f"\n  lowering {lowering or 'default'}"
+    try:
+        with collective_lowering(lowering):
+            outputs, gradients = run_strict(_run, program, _on_mesh(program, values), True)
+            _compare(program, "eager", expected_outputs, expected_gradients, outputs, gradients)
+            function = tf.function(lambda *xs: _run(program, list(xs), True))
+            outputs, gradients = run_strict(function, *_on_mesh(program, values))
+            _compare(program, "tf.function", expected_outputs, expected_gradients, outputs,
+                     gradients)
+    except Exception as error:   # the program is the reproducer
+        raise AssertionError(f"{type(error).__name__}: {error}\n\nprogram:\n{text}") from error
