@@ -381,7 +381,7 @@ class IntFunctionRule : public Rule {
                                           ctx.mesh, static_cast<int>(in.shape.size())))
                                     : std::nullopt);
     }
-    plan.outputs.assign(NumOutputs(), Layout::Replicated(ctx.mesh, 1));
+    plan.outputs.assign(NumOutputs(ctx), Layout::Replicated(ctx.mesh, 1));
     return plan;
   }
 
@@ -393,7 +393,7 @@ class IntFunctionRule : public Rule {
       values.push_back(*in.int_value);
     }
     TFD_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> results, Compute(ctx, values));
-    int dtype = ctx.attrs->GetType("T").value_or(ctx.inputs[0].dtype);
+    const int dtype = OutputDtype(ctx);
     std::vector<ValueId> outputs;
     for (const std::vector<int64_t>& r : results) {
       TFD_ASSIGN_OR_RETURN(ValueId host,
@@ -405,7 +405,11 @@ class IntFunctionRule : public Rule {
   }
 
  protected:
-  virtual int NumOutputs() const = 0;
+  virtual int NumOutputs(const OpContext& ctx) const = 0;
+  // The outputs' dtype: T, or the first input's.
+  virtual int OutputDtype(const OpContext& ctx) const {
+    return ctx.attrs->GetType("T").value_or(ctx.inputs[0].dtype);
+  }
   virtual StatusOr<std::vector<std::vector<int64_t>>> Compute(
       const OpContext& ctx, const std::vector<std::vector<int64_t>>& inputs) const = 0;
 };
@@ -416,7 +420,7 @@ class IntFunctionRule : public Rule {
 // has size 1.
 class BroadcastGradientArgsRule : public IntFunctionRule {
  protected:
-  int NumOutputs() const override { return 2; }
+  int NumOutputs(const OpContext&) const override { return 2; }
   StatusOr<std::vector<std::vector<int64_t>>> Compute(
       const OpContext& ctx, const std::vector<std::vector<int64_t>>& shapes) const override {
     if (shapes.size() != 2) return InvalidArgument("BroadcastGradientArgs takes two shapes.");
@@ -431,6 +435,53 @@ class BroadcastGradientArgsRule : public IntFunctionRule {
       }
     }
     return axes;
+  }
+};
+
+// ConcatOffset(axis, shape_0..shape_N-1): where each input of a concat starts in its
+// output, which the gradient of a concat slices with. TF folds it where the shapes are
+// known when tracing; a function traced with sizes known only at run time keeps it:
+// axis 1, shapes [2, 3] [2, 5] -> offsets [0, 0] [0, 3]. The shapes are global, so the
+// offsets are too.
+class ConcatOffsetRule : public IntFunctionRule {
+ protected:
+  int NumOutputs(const OpContext& ctx) const override {
+    return std::max(0, static_cast<int>(ctx.inputs.size()) - 1);
+  }
+  int OutputDtype(const OpContext& ctx) const override {
+    return ctx.attrs->GetType("shape_type")
+        .value_or(ctx.inputs.size() > 1 ? ctx.inputs[1].dtype : ctx.inputs[0].dtype);
+  }
+  StatusOr<std::vector<std::vector<int64_t>>> Compute(
+      const OpContext& ctx, const std::vector<std::vector<int64_t>>& inputs) const override {
+    if (inputs.size() < 2 || inputs[0].size() != 1) {
+      return InvalidArgument("ConcatOffset takes a scalar axis and one shape per input; got " +
+                             std::to_string(inputs.size()) + " inputs.");
+    }
+    const std::vector<int64_t>& first = inputs[1];
+    const int64_t rank = static_cast<int64_t>(first.size());
+    const int64_t axis = inputs[0][0] < 0 ? inputs[0][0] + rank : inputs[0][0];
+    if (axis < 0 || axis >= rank) {
+      return InvalidArgument("ConcatOffset axis " + std::to_string(inputs[0][0]) +
+                             " is out of range for shapes of rank " + std::to_string(rank) + ".");
+    }
+    std::vector<std::vector<int64_t>> offsets;
+    int64_t offset = 0;
+    for (size_t i = 1; i < inputs.size(); ++i) {
+      const std::vector<int64_t>& shape = inputs[i];
+      bool agree = shape.size() == first.size();
+      for (int64_t d = 0; agree && d < rank; ++d) agree = d == axis || shape[d] == first[d];
+      if (!agree) {
+        return InvalidArgument("ConcatOffset: shape " + std::to_string(i - 1) + " " +
+                               ShapeString(shape) + " does not match shape 0 " +
+                               ShapeString(first) + " off axis " + std::to_string(axis) + ".");
+      }
+      std::vector<int64_t> start(rank, 0);
+      start[axis] = offset;
+      offsets.push_back(start);
+      offset += shape[axis];
+    }
+    return offsets;
   }
 };
 
@@ -466,7 +517,7 @@ class DynamicStitchRule : public IntFunctionRule {
   }
 
  protected:
-  int NumOutputs() const override { return 1; }
+  int NumOutputs(const OpContext&) const override { return 1; }
   StatusOr<std::vector<std::vector<int64_t>>> Compute(
       const OpContext& ctx, const std::vector<std::vector<int64_t>>& inputs) const override {
     const size_t n = inputs.size() / 2;
@@ -491,7 +542,7 @@ class DynamicStitchRule : public IntFunctionRule {
 
 class InvertPermutationRule : public IntFunctionRule {
  protected:
-  int NumOutputs() const override { return 1; }
+  int NumOutputs(const OpContext&) const override { return 1; }
   StatusOr<std::vector<std::vector<int64_t>>> Compute(
       const OpContext& ctx, const std::vector<std::vector<int64_t>>& inputs) const override {
     const std::vector<int64_t>& perm = inputs[0];
@@ -611,6 +662,8 @@ const bool kRegistered = RegisterRules({
      Traits().AllHost(HostValue::kShape)},
     {"BroadcastTo", std::make_shared<BroadcastToRule>(),
      Traits().Host(1, HostValue::kShape).ReadsRequest()},
+    {"ConcatOffset", std::make_shared<ConcatOffsetRule>(),
+     Traits().Host(0, HostValue::kAxis).Host(1, -1, HostValue::kShape)},
     {"DynamicStitch", std::make_shared<DynamicStitchRule>(),
      Traits().AllHost(HostValue::kValue)},
     {"ExpandDims", Factors(ExpandDimsFactors),

@@ -389,3 +389,25 @@ def test_a_reduction_over_run_time_axes_without_keepdims_says_to_keep_them():
     with pytest.raises(tf.errors.FailedPreconditionError,
                        match=r"output 0 of 'Sum' is unknown, even its rank.*keepdims=True"):
         _steps_match_one_device(step, layout_of("[x,*]", MESH_8), "copies", steps=1)
+
+
+@pytest.mark.parametrize("lowering", ["copies", "ops"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_gradient_of_a_concat_of_batches_of_run_time_size_in_strict_mode(axis, lowering):
+    # TF keeps the gradient's ConcatOffset (where each input starts in the output) when
+    # the sizes are known only at run time; it had no rule, so strict mode refused the
+    # step ("'ConcatOffset' has no tf_dtensor rule"; found by the program fuzzer). The
+    # offsets come from the global shapes, computed on every device.
+    def step(iterator, to_mesh):
+        x = to_mesh(next(iterator))
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.concat([tf.tanh(x), x * x], axis=axis)
+            loss = tf.reduce_sum(tf.sin(y))
+        return y, tape.gradient(loss, x)
+
+    dtensor.set_strict_mode(True)
+    try:
+        _steps_match_one_device(step, layout_of("[x,*]", MESH_8), lowering)
+    finally:
+        dtensor.set_strict_mode(False)

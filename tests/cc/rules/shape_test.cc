@@ -110,6 +110,9 @@ TEST(ShapeRules, ReshapeBroadcastToAndTile) {
        "host host -> [*] [*]",
        {"host constant [] int32", "broadcast host [0] -> [*] @ mesh(x=2,y=2)",
         "host constant [] int32", "broadcast host [0] -> [*] @ mesh(x=2,y=2)"}},
+      {"ConcatOffset", {H({1}), H({2, 3}), H({2, 5})}, "host host host -> [*] [*]",
+       {"host constant [0, 0] int32", "broadcast host [2] -> [*] @ mesh(x=2,y=2)",
+        "host constant [0, 3] int32", "broadcast host [2] -> [*] @ mesh(x=2,y=2)"}},
       {"InvertPermutation", {H({1, 0})}, "host -> [*]",
        {"host constant [1, 0] int32", "broadcast host [2] -> [*] @ mesh(x=2,y=2)"}},
   };

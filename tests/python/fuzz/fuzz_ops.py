@@ -553,6 +553,22 @@ def _(d):
     return Call([T(np.asarray(a, np.int32)), T(np.asarray(b, np.int32))])
 
 
+@op("ConcatOffset", grad=False)
+def _(d):
+    # The shapes of a concat's inputs (they agree but on the axis); the axis may be negative.
+    shape = d.shape(1, 4)
+    axis = d.int(0, len(shape) - 1)
+    dtype = d.choice([np.int32, np.int64])
+    shapes = []
+    for _ in range(d.int(2, 4)):   # TF's op takes two shapes or more
+        shape = list(shape)
+        shape[axis] = d.int(0, 5)
+        shapes.append(T(np.asarray(shape, dtype)))
+    if d.bool():
+        axis -= len(shape)
+    return Call({"concat_dim": H(axis, tf.int32), "shape": shapes})
+
+
 def _stitch(d):
     # A permutation of 0..n-1 in two index vectors; each data block its indices' shape
     # followed by one element shape. The output's size depends on the index values.

@@ -5,7 +5,9 @@ Long run, a fresh range of seeds each time unless TF_DTENSOR_PROGRAM_SEED is set
 
     TF_DTENSOR_PROGRAMS=2000 pytest -q -s -p no:cacheprovider tests/python/fuzz/test_program_fuzz.py
 
-Each program runs eagerly and inside `tf.function`, both with the gradient of a loss of
+Each program runs eagerly and inside `tf.function` (every other seed traced with the first
+axis of its tensor inputs unknown, as for a dataset's batches, where one device can trace
+it so), both with the gradient of a loss of
 its outputs with respect to every input (some inputs are variables, updated with their
 gradients after, and read back), in strict mode (an op that falls back fails),
 under the collective lowering the seed picks; a failure prints the program.
@@ -40,6 +42,35 @@ def _run(program, inputs, on_mesh):
     gradients = tape.gradient(loss, inputs, unconnected_gradients="zero")
     gradients = [tf.convert_to_tensor(g) for g in gradients]   # gathers give IndexedSlices
     return outputs, gradients + program_fuzz.update_variables(inputs, gradients)
+
+
+def _function(program, inputs, on_mesh, run_time_sizes):
+    """`_run` as a tf.function. With `run_time_sizes` it is traced with the first axis of
+    every tensor input unknown (as for the batches of a dataset, the last one smaller) and
+    the variables captured."""
+    if not run_time_sizes:
+        return tf.function(lambda *xs: _run(program, list(xs), on_mesh))(*inputs)
+    positions = [i for i, x in enumerate(inputs) if not isinstance(x, tf.Variable)]
+    specs = [tf.TensorSpec([None] * min(1, inputs[i].shape.rank) + inputs[i].shape[1:],
+                           inputs[i].dtype) for i in positions]
+
+    def body(*tensors):
+        xs = list(inputs)
+        for i, t in zip(positions, tensors):
+            xs[i] = t
+        return _run(program, xs, on_mesh)
+    return tf.function(body, input_signature=specs)(*[inputs[i] for i in positions])
+
+
+def _traces_with_run_time_sizes(program, values) -> bool:
+    """Whether one plain device can trace the program with run-time sizes (ops such as
+    `tf.unstack` or `tf.one_hot` of a dimension need that dimension's size)."""
+    try:
+        with tf.device("CPU:0"):
+            _function(program, [tf.constant(v) for v in values], False, True)
+        return True
+    except (ValueError, TypeError, tf.errors.InvalidArgumentError):
+        return False
 
 
 def _plain(program, values):
@@ -86,9 +117,12 @@ def test_program_matches_one_device(seed):
         with collective_lowering(lowering):
             outputs, gradients = run_strict(_run, program, _on_mesh(program, values), True)
             _compare(program, "eager", expected_outputs, expected_gradients, outputs, gradients)
-            function = tf.function(lambda *xs: _run(program, list(xs), True))
-            outputs, gradients = run_strict(function, *_on_mesh(program, values))
-            _compare(program, "tf.function", expected_outputs, expected_gradients, outputs,
-                     gradients)
+            how = "tf.function"
+            run_time_sizes = seed % 2 == 1 and _traces_with_run_time_sizes(program, values)
+            if run_time_sizes:
+                how += " traced with run-time sizes"
+            outputs, gradients = run_strict(_function, program, _on_mesh(program, values), True,
+                                            run_time_sizes)
+            _compare(program, how, expected_outputs, expected_gradients, outputs, gradients)
     except Exception as error:   # the program is the reproducer
         raise AssertionError(f"{type(error).__name__}: {error}\n\nprogram:\n{text}") from error
