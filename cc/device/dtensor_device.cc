@@ -104,6 +104,18 @@ std::optional<Mesh> DTensorDevice::mesh_for_unplaced() const {
   return std::nullopt;
 }
 
+bool DTensorDevice::has_seen_mesh() const {
+  if (default_mesh()) return true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !registered_meshes_.empty();
+}
+
+std::vector<Mesh> DTensorDevice::ambiguous_meshes() const {
+  if (default_mesh()) return {};
+  std::lock_guard<std::mutex> lock(mutex_);
+  return registered_meshes_.size() >= 2 ? registered_meshes_ : std::vector<Mesh>();
+}
+
 void DTensorDevice::PopDefaultMesh() {
   std::lock_guard<std::mutex> lock(mutex_);
   auto stack = mesh_stacks_.find(std::this_thread::get_id());
@@ -262,13 +274,15 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   if (!any_dtensor && IsHostDataOp(op_name)) {
     return RunOnHost(op, context, op_name, handles, num_outputs, outputs);
   }
-  // A constant made from a Python value under a mesh scope (`tf.constant(...)` inside
-  // `run_on`, `default_mesh` or `call_with_layout`) stays the regular tensor it is, as in
-  // TensorFlow's DTensor: an op that takes it puts it on that op's mesh, and
-  // call_with_layout relayouts a constant it returns. With no mesh set, ChooseMesh refuses
-  // it below, as TensorFlow's DTensor does ("No default mesh has been registered").
+  // A constant made from a Python value on the device (`tf.constant(...)` inside `run_on`,
+  // `default_mesh` or `call_with_layout`, or converted under `colocate_with(dtensor)`, as
+  // `tf.nn.embedding_lookup` converts its ids) stays the regular tensor it is, as in
+  // TensorFlow's DTensor, once the device has seen a mesh (several too): an op that takes
+  // it puts it on that op's mesh, and call_with_layout relayouts a constant it returns.
+  // Before any mesh, ChooseMesh refuses it below, as TensorFlow's DTensor does ("No
+  // default mesh has been registered").
   if (routed.rule && routed.rule->traits.python_constant && num_inputs == 1 && !dtensors[0] &&
-      (default_layout() || mesh_for_unplaced())) {
+      (default_layout() || has_seen_mesh())) {
     TF_Status* status = EagerBuilder::ThreadStatus();
     outputs[0] = TFE_TensorHandleCopySharingTensor(handles[0], status);
     TFD_RETURN_IF_TF_ERROR(status, "passing a constant through the DTensor device");
@@ -297,6 +311,7 @@ Status DTensorDevice::ExecuteOp(const TFE_Op* op, int* num_outputs, TFE_TensorHa
   // The single-registered-mesh fallback matters only to ops without DTensor inputs (and
   // costs a second lock): others keep the default mesh alone, as before.
   choice_op.default_mesh = any_dtensor ? default_mesh() : mesh_for_unplaced();
+  if (!any_dtensor && !choice_op.default_mesh) choice_op.ambiguous = ambiguous_meshes();
   std::optional<Layout> target;  // a relayout's
   if (op_name == kRelayoutOp) {
     if (std::optional<std::string> text = attrs.GetString("layout")) {

@@ -48,6 +48,10 @@ class DTensorDevice {
   // default), as TensorFlow's DTensor picks its single registered mesh; none when it has
   // seen several or none.
   std::optional<Mesh> mesh_for_unplaced() const;
+  // Whether the device has a default mesh or has seen any mesh (one or several).
+  bool has_seen_mesh() const;
+  // The meshes seen, when there are several and no default mesh (else none).
+  std::vector<Mesh> ambiguous_meshes() const;
   // Notes a mesh the user put values on (see mesh_for_unplaced).
   void RegisterMesh(const Mesh& mesh);
   void PushDefaultLayout(std::optional<Layout> layout);

@@ -61,6 +61,16 @@ StatusOr<MeshChoice> ChooseMesh(const MeshChoiceOp& op,
     if (inputs[i].layout) mesh = inputs[i].layout->mesh();
   }
   if (!mesh && op.enclosing) mesh = RuntimeMesh(*op.enclosing);
+  if (!mesh && op.ambiguous.size() >= 2) {
+    return InvalidArgument(
+        "'" + op.name + "'" + op.where +
+        " was placed on the DTensor device but none of its inputs is a DTensor, no mesh is "
+        "set, and the device has seen several meshes (" +
+        Distinct(op.ambiguous[0], op.ambiguous[1]) + " and " +
+        Distinct(op.ambiguous[1], op.ambiguous[0]) +
+        "), so it cannot tell which one the op runs on. Run it under "
+        "`dtensor.run_on(mesh)` or use `dtensor.call_with_layout(fn, layout, ...)`.");
+  }
   if (!mesh) {
     return InvalidArgument("'" + op.name + "'" + op.where +
                            " was placed on the DTensor device but none of its inputs is a "

@@ -55,6 +55,9 @@ struct MeshChoiceOp {
   std::optional<Mesh> default_mesh;
   // The enclosing function's mesh: the last resort.
   std::optional<Mesh> enclosing;
+  // With no mesh above, the meshes the device has seen, when there are several (for the
+  // message: which one an op without DTensor inputs runs on is then ambiguous).
+  std::vector<Mesh> ambiguous;
 };
 
 struct MeshChoice {

@@ -81,11 +81,21 @@ def test_constant_under_run_on_stays_regular_and_joins_the_mesh_when_used(mesh_1
     np.testing.assert_array_equal(dtensor_testing.reassemble(sharded), [1.0, 2.0])
 
 
-def test_constant_on_the_device_without_mesh_is_refused():
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match="No default mesh has been registered to DTensor"):
+def test_constants_converted_beside_dtensors_of_several_meshes_stay_regular(mesh_1d, mesh_2x2):
+    # `tf.nn.embedding_lookup(table, ids)` converts numpy ids under `colocate_with(table)`,
+    # on the DTensor device. With several meshes seen that constant was refused ("no mesh
+    # is set"; found by the program fuzzer); TensorFlow's DTensor keeps it a regular tensor
+    # once it has seen any mesh, and the gather puts it on the table's mesh.
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    for mesh in (mesh_1d, mesh_2x2):
+        sharded = dtensor_testing.to_dtensor(table, Layout([mesh.dim_names[0], "unsharded"], mesh))
         with tf.device(dtensor.device_name()):
-            tf.constant(3.0)
+            c = tf.constant([1.0, 2.0])
+        assert not dtensor.is_dtensor(c) and "CPU:0" in c.device, c.device
+        ids = np.array([[3, 0], [1, 1]], np.int32)
+        looked_up = tf.nn.embedding_lookup(sharded, ids)
+        assert dtensor.fetch_layout(looked_up).mesh == mesh
+        np.testing.assert_array_equal(dtensor_testing.reassemble(looked_up), table[ids])
 
 
 # --- the function cache -------------------------------------------------------------------
@@ -249,6 +259,12 @@ try:
     raise SystemExit("no mesh seen yet, but the op ran")
 except tf.errors.InvalidArgumentError as e:
     assert "No default mesh has been registered to DTensor" in str(e)
+try:   # a constant too, as in TensorFlow's DTensor
+    with tf.device(dtensor.device_name()):
+        tf.constant(3.0)
+    raise SystemExit("no mesh seen yet, but the constant was taken")
+except tf.errors.InvalidArgumentError as e:
+    assert "No default mesh has been registered to DTensor" in str(e)
 dtensor.pack([tf.ones([1])] * 2, dtensor.Layout(["x"], a))
 with tf.device(dtensor.device_name()):
     ones = tf.ones([2]) * tf.constant(3.0)
@@ -259,8 +275,8 @@ try:
     with tf.device(dtensor.device_name()):
         tf.ones([2])
     raise SystemExit("two meshes seen, but the op picked one")
-except tf.errors.InvalidArgumentError:
-    pass
+except tf.errors.InvalidArgumentError as e:
+    assert "has seen several meshes (mesh(x=2) and mesh(y=2))" in str(e), str(e)
 print("ok")
 """)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]

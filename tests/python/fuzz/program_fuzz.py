@@ -146,6 +146,13 @@ def _apply(step: Step, a: List[tf.Tensor], relayout: Optional[Callable]):
         return tf.while_loop(lambda i, v: i < p["times"],
                              lambda i, v: (i + 1, tf.tanh(v) * 0.9 + 0.1),
                              (tf.constant(0), a[0]))[1]
+    if op == "conv2d":
+        return tf.nn.conv2d(a[0], a[1], strides=p["strides"], padding=p["padding"])
+    if op == "pool":
+        pool = tf.nn.max_pool2d if p["kind"] == "max" else tf.nn.avg_pool2d
+        return pool(a[0], p["window"], strides=p["strides"], padding=p["padding"])
+    if op == "embedding":
+        return tf.nn.embedding_lookup(a[1], p["ids"])
     if op == "nested_function":
         return _NESTED(a[0], a[1])
     raise ValueError(f"unknown program op {op!r}")
@@ -442,6 +449,40 @@ def _candidates(d: _Drawer, x: int) -> List[Tuple[str, Callable[[], Optional[int
         def nested():
             return d.add(Step("nested_function", (x, d.operand(shape)), shape=shape))
         out.append(("nested_function", nested))
+
+        def embedding():   # x's last axis is the table's width; ids of another value's shape
+            if not shape or rank != 2 or not shape[0]:
+                return None
+            ids_shape = tuple(d.size() for _ in range(d.rng.randint(1, 3)))
+            ids = np.asarray(d.rng.randint(shape[0], size=ids_shape), np.int32)
+            return d.add(Step("embedding", (x, x), {"ids": ids}, shape=ids_shape + shape[1:]))
+        out.append(("embedding", embedding))
+
+    if rank == 4 and all(shape):
+        def conv2d():
+            kh, kw = d.rng.randint(1, 4), d.rng.randint(1, 4)
+            strides, padding = int(d.pick([1, 1, 2])), d.pick(["SAME", "VALID"])
+            if padding == "VALID" and (kh > shape[1] or kw > shape[2]):
+                return None
+            out_channels = d.size()
+            w = d.operand((kh, kw, shape[3], out_channels))
+            size = [(s + strides - 1) // strides if padding == "SAME" else
+                    (s - k) // strides + 1 for s, k in ((shape[1], kh), (shape[2], kw))]
+            return d.add(Step("conv2d", (x, w), {"strides": strides, "padding": padding},
+                              shape=(shape[0], size[0], size[1], out_channels)))
+        out.append(("conv2d", conv2d))
+
+        def pool():
+            window = int(d.rng.randint(1, 3))
+            strides, padding = int(d.pick([1, 2])), d.pick(["SAME", "VALID"])
+            if padding == "VALID" and window > min(shape[1], shape[2]):
+                return None
+            size = [(s + strides - 1) // strides if padding == "SAME" else
+                    (s - window) // strides + 1 for s in shape[1:3]]
+            return d.add(Step("pool", (x,), {"kind": d.pick(["max", "avg"]), "window": window,
+                                             "strides": strides, "padding": padding},
+                              shape=(shape[0], size[0], size[1], shape[3])))
+        out.append(("pool", pool))
 
     if rank >= 2:
         def transpose():

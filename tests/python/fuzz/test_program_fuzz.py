@@ -46,13 +46,17 @@ def _run(program, inputs, on_mesh):
 
 def _function(program, inputs, on_mesh, run_time_sizes):
     """`_run` as a tf.function. With `run_time_sizes` it is traced with the first axis of
-    every tensor input unknown (as for the batches of a dataset, the last one smaller) and
-    the variables captured."""
+    every tensor input unknown (as for the batches of a dataset, the last one smaller), a
+    quarter of the other axes too, and the variables captured."""
     if not run_time_sizes:
         return tf.function(lambda *xs: _run(program, list(xs), on_mesh))(*inputs)
     positions = [i for i, x in enumerate(inputs) if not isinstance(x, tf.Variable)]
-    specs = [tf.TensorSpec([None] * min(1, inputs[i].shape.rank) + inputs[i].shape[1:],
-                           inputs[i].dtype) for i in positions]
+    rng = np.random.RandomState(program.seed + 2)
+    specs = []
+    for i in positions:   # the first axis unknown, now and then others too
+        shape = [None if a == 0 or rng.rand() < 0.25 else size
+                 for a, size in enumerate(inputs[i].shape.as_list())]
+        specs.append(tf.TensorSpec(shape, inputs[i].dtype))
 
     def body(*tensors):
         xs = list(inputs)
@@ -67,17 +71,20 @@ def _traces_with_run_time_sizes(program, values) -> bool:
     `tf.unstack` or `tf.one_hot` of a dimension need that dimension's size)."""
     try:
         with tf.device("CPU:0"):
-            _function(program, [tf.constant(v) for v in values], False, True)
+            _function(program, _plain_inputs(program, values), False, True)
         return True
     except (ValueError, TypeError, tf.errors.InvalidArgumentError):
         return False
 
 
+def _plain_inputs(program, values):
+    return [tf.Variable(v) if variable else tf.constant(v)
+            for v, variable in zip(values, program.variables)]
+
+
 def _plain(program, values):
     with tf.device("CPU:0"):
-        inputs = [tf.Variable(v) if variable else tf.constant(v)
-                  for v, variable in zip(values, program.variables)]
-        outputs, gradients = _run(program, inputs, on_mesh=False)
+        outputs, gradients = _run(program, _plain_inputs(program, values), on_mesh=False)
     return [o.numpy() for o in outputs], [g.numpy() for g in gradients]
 
 
