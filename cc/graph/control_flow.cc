@@ -85,7 +85,7 @@ Status FunctionExpansion::EmitFunctional(const NodeSpec& node, const std::string
   LocalOpOptions options;
   options.copy_attrs = copy_attrs;
   TFD_ASSIGN_OR_RETURN(TF_Operation * op,
-                       builder_.Emit(op_type, all, options, builder_.host_device(), attrs));
+                       builder_.EmitOnHost(op_type, all, options, attrs));
   FunctionalCost& cost = functional_[op];
   cost.alternatives = IsBranching(op_type);
   cost.loop = IsWhile(op_type);

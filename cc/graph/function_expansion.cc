@@ -488,8 +488,8 @@ Status FunctionExpansion::EmitHostOp(const NodeSpec& node, const std::vector<Val
   LocalOpOptions options;
   // Ops on a plain resource run where the resource lives; the placer finds it.
   TFD_ASSIGN_OR_RETURN(TF_Operation * op,
-                       builder_.Emit(node.op, flat, options,
-                                     uses_resource ? std::string() : builder_.host_device()));
+                       uses_resource ? builder_.Emit(node.op, flat, options, std::string())
+                                     : builder_.EmitOnHost(node.op, flat, options));
   std::vector<ValueId>& outs = outputs_[node.name];
   for (int i = 0; i < TF_OperationNumOutputs(op); ++i) {
     outs.push_back(builder_.AddHost(TF_Output{op, i}));

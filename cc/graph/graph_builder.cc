@@ -33,6 +33,8 @@ GraphBuilder::GraphBuilder(TF_Graph* graph, Mesh mesh)
       graph_(graph),
       host_device_(lowering().shares_buffers() ? mesh_.local_devices()[0]
                                                : HostDeviceOf(mesh_.local_devices()[0])),
+      host_on_mesh_(std::find(mesh_.local_devices().begin(), mesh_.local_devices().end(),
+                              host_device_) != mesh_.local_devices().end()),
       status_(TF_NewStatus()),
       combine_limit_bytes_([] {
         const char* env = std::getenv("TF_DTENSOR_COMBINE_ALL_REDUCE_MIB");
@@ -91,7 +93,7 @@ StatusOr<ValueId> GraphBuilder::EnsureHostShape(ValueId value,
   options.overrides = {AttrOverride::Shape("shape", shape),
                        AttrOverride::Type("T", values_[value].dtype)};
   TFD_ASSIGN_OR_RETURN(TF_Operation * op,
-                       Emit("EnsureShape", {values_[value].host}, options, host_device_));
+                       EmitOnHost("EnsureShape", {values_[value].host}, options));
   return AddHost(TF_Output{op, 0});
 }
 
@@ -216,7 +218,15 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
                                            const LocalOpOptions& options,
                                            const std::string& device,
                                            const RawAttrs& extra_attrs) {
-  const std::vector<TF_Output>& inputs = given_inputs;
+  std::vector<TF_Output> from_device;
+  if (xla_compile_ && !host_on_mesh_ && mesh_.shares_host_memory() && !emitting_on_host_ &&
+      device != host_device_) {
+    from_device = given_inputs;
+    for (TF_Output& in : from_device) {
+      TFD_ASSIGN_OR_RETURN(in, HostValueOnDevice(in, device));
+    }
+  }
+  const std::vector<TF_Output>& inputs = from_device.empty() ? given_inputs : from_device;
   const OpSpec* spec = FindOp(op_type);
   TF_OperationDescription* desc =
       TF_NewOperation(graph_, op_type.c_str(), UniqueName(op_type).c_str());
@@ -229,7 +239,11 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
     TF_SetAttrValueProto(desc, name.c_str(), value.data(), value.size(), status_);
   };
   for (const auto& [name, value] : extra_attrs) set_raw(name, value);
-  if (xla_compile_ && device != host_device_ && !set_names.count("_XlaCompile")) {
+  // The host's ops (EmitOnHost) are never marked. Where the host is one of the mesh's
+  // devices (virtual CPUs that include the host's, and every mesh of the shared-buffer
+  // lowering) nothing is (set_xla_compile).
+  if (xla_compile_ && !host_on_mesh_ && !emitting_on_host_ && device != host_device_ &&
+      !set_names.count("_XlaCompile")) {
     TF_SetAttrBool(desc, "_XlaCompile", 1);
     set_names.insert("_XlaCompile");
   }
@@ -347,6 +361,32 @@ StatusOr<TF_Output> GraphBuilder::ConstOn(TF_Output c, const std::string& device
   TF_Operation* op = TF_FinishOperation(desc, status_);
   TFD_RETURN_IF_ERROR(FromTF(status_, "copying a constant"));
   const_copies_[key] = op;
+  return TF_Output{op, 0};
+}
+
+StatusOr<TF_Operation*> GraphBuilder::EmitOnHost(const std::string& op_type,
+                                                 const std::vector<TF_Output>& inputs,
+                                                 const LocalOpOptions& options,
+                                                 const RawAttrs& extra_attrs) {
+  emitting_on_host_ = true;
+  StatusOr<TF_Operation*> op = Emit(op_type, inputs, options, host_device_, extra_attrs);
+  emitting_on_host_ = false;
+  return op;
+}
+
+StatusOr<TF_Output> GraphBuilder::HostValueOnDevice(TF_Output value, const std::string& device) {
+  if (host_device_ != TF_OperationDevice(value.oper)) return value;
+  const auto key = std::make_tuple(value.oper, value.index, device);
+  if (auto it = host_values_on_device_.find(key); it != host_values_on_device_.end()) {
+    return it->second;
+  }
+  TF_OperationDescription* desc =
+      TF_NewOperation(graph_, "Identity", UniqueName("Identity").c_str());
+  TF_SetDevice(desc, device.c_str());
+  TF_AddInput(desc, value);
+  TF_Operation* op = TF_FinishOperation(desc, status_);
+  TFD_RETURN_IF_ERROR(FromTF(status_, "reading a host value on " + device));
+  host_values_on_device_[key] = TF_Output{op, 0};
   return TF_Output{op, 0};
 }
 

@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cc/graph/function_def.h"
@@ -40,6 +41,11 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   // function asked for jit_compile=True, and TF's clustering pass compiles each device's
   // ops that XLA can compile into clusters of that device (collectives, Send/Recv and ops
   // without an XLA kernel stay outside). One XLA computation cannot span the devices.
+  // Not where the host device is one of the mesh's (virtual CPUs with the host's among
+  // them): there a device's ops and the host's share one device, and a cluster of both
+  // could hold a host op that other devices' collectives wait for while it waits for
+  // this device's (a deadlock no edge shows); such a function runs as without
+  // jit_compile, as TensorFlow's DTensor runs every function on a mesh.
   void set_xla_compile(bool compile) { xla_compile_ = compile; }
 
   // Program values.
@@ -76,6 +82,14 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   StatusOr<TF_Operation*> Emit(const std::string& op_type, const std::vector<TF_Output>& inputs,
                                const LocalOpOptions& options, const std::string& device,
                                const RawAttrs& extra_attrs = {});
+  // Adds one node on the host (shapes, functional control flow, ops on plain values). It
+  // is never marked for XLA, even where the host is one of the mesh's devices (virtual
+  // CPUs), whose own ops are: clustered with a device's ops, a host op that feeds other
+  // devices' collectives could wait on that device's, which no edge shows (a deadlock).
+  StatusOr<TF_Operation*> EmitOnHost(const std::string& op_type,
+                                     const std::vector<TF_Output>& inputs,
+                                     const LocalOpOptions& options,
+                                     const RawAttrs& extra_attrs = {});
   // The shape of a graph tensor as inferred (-1 for unknown dims), or nullopt when even
   // the rank is unknown.
   std::optional<std::vector<int64_t>> InferredShape(TF_Output output) const;
@@ -151,9 +165,19 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   // receive them on every call), others where the op reads them from device memory (else
   // a host-to-device copy on every call); an int64 read from host memory stays.
   Status PlaceConstants(TF_Operation* op, const std::string& device);
+  // Under jit_compile on a mesh of CPUs apart from the host's, an op of a device reads a
+  // host value through an Identity of its own device, left out of XLA: else a cluster of
+  // that device takes a compile-time constant (a Slice's begin, from the gradient of a
+  // Pad) from the host, and TF's XLA launch refuses a cluster whose inputs span two CPUs
+  // ("Multiple CPU devices"; a GPU's cluster may read its constants from the host's CPU).
+  // One Identity per value and device.
+  StatusOr<TF_Output> HostValueOnDevice(TF_Output value, const std::string& device);
+  std::map<std::tuple<TF_Operation*, int, std::string>, TF_Output> host_values_on_device_;
 
   TF_Graph* graph_;
   std::string host_device_;
+  bool host_on_mesh_;  // the host device is one of the mesh's (virtual CPUs)
+  bool emitting_on_host_ = false;  // within EmitOnHost
   std::set<ValueId> unknown_rank_;  // host values whose rank TF's shape inference leaves open
   bool xla_compile_ = false;
   TF_Status* status_;

@@ -26,12 +26,14 @@ import json
 import numpy as np
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 5)
 if JIT == "set_jit":
     tf.config.optimizer.set_jit("autoclustering")
 from tf_dtensor import config, dtensor
 config.set_collective_lowering(LOWERING)
-mesh = dtensor.create_mesh([("x", 4)], devices=[f"CPU:{i}" for i in range(4)])
+# CPU:1-4, apart from the host's CPU:0 as GPUs are (the default lowering of virtual CPUs
+# makes the mesh's first device the host all the same).
+mesh = dtensor.create_mesh([("x", 4)], devices=[f"CPU:{i}" for i in range(1, 5)])
 rng = np.random.RandomState(0)
 x_value = rng.rand(8, 16).astype(np.float32)
 w_value = rng.rand(16, 4).astype(np.float32) - 0.5
@@ -97,8 +99,53 @@ def test_xla_compiles_every_device_of_the_spmd_function(tmp_path, lowering):
     assert _clusters(str(tmp_path / "off")) == 0
     # At least one cluster per device (the step's forward and backward ops on each of the
     # 4 devices; collectives and variable updates stay outside).
-    for jit in ("set_jit", "jit_compile"):
-        assert _clusters(str(tmp_path / jit)) >= 4, jit
+    assert _clusters(str(tmp_path / "set_jit")) >= 4
+    if lowering:
+        assert _clusters(str(tmp_path / "jit_compile")) >= 4
+    else:
+        # Where the host is one of the mesh's devices, jit_compile is ignored (as
+        # TensorFlow's DTensor ignores it on every mesh): a cluster of a device's and the
+        # host's ops could deadlock with other devices' collectives.
+        assert _clusters(str(tmp_path / "jit_compile")) == 0
+
+
+_HOST_VALUES_PROGRAM = """
+import json
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
+from tf_dtensor import config, dtensor
+config.set_collective_lowering(LOWERING)
+mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:1", "CPU:2"])
+value = np.random.RandomState(2).rand(8, 8)
+
+def step(v):
+    with tf.GradientTape() as tape:
+        tape.watch(v)
+        y = tf.pad(tf.split(v, 8, axis=0)[4], [[0, 0], [1, 2]])
+        loss = tf.reduce_sum(tf.sin(y))
+    return y, tape.gradient(loss, v)
+
+want = [t.numpy() for t in tf.function(step)(tf.constant(value))]
+v = dtensor.copy_to_mesh(tf.constant(value), dtensor.Layout.replicated(mesh, 2))
+got = [dtensor.unpack(t)[1].numpy() for t in tf.function(step, jit_compile=True)(v)]
+print(json.dumps([[w.tolist(), g.tolist()] for w, g in zip(want, got)]))
+"""
+
+
+@pytest.mark.parametrize("lowering", ["copies", "ops"])
+def test_jit_compile_of_a_pad_gradient_on_cpus_apart_from_the_host(lowering):
+    # The gradient of a Pad slices by a begin computed on the host; the device's XLA
+    # cluster took it from the host's CPU and TF refused to launch it ("Multiple CPU
+    # devices [CPU:2, CPU:0]"; found by the program fuzzer). Each device now reads such
+    # host values through an Identity of its own.
+    import numpy as np
+    program = textwrap.dedent(_HOST_VALUES_PROGRAM).replace("LOWERING", repr(lowering))
+    result = run_python(program, env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=150)
+    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stderr[-5000:]}"
+    for want, got in json.loads(result.stdout.strip().splitlines()[-1]):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
 _CONTROL_FLOW_PROGRAM = """
