@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from dtensor_testing import TEST_DEVICE
-from fuzz_engine import H, T, Call, Drawer
+from fuzz_engine import FLOATS, H, T, Call, Drawer
 from fuzz_ops import INTS, NUMBERS, OPS, op
 
 # ---------------------------------------------------------------------------------------
@@ -156,6 +156,22 @@ for _name in ("TensorScatterAdd", "TensorScatterSub", "TensorScatterMax", "Tenso
         # Empty blocks included: a slice axis that would leave a device an empty block is
         # read whole (FactorsWithoutEmptyBlocks).
         return Call([T(tensor), T(indices), T(_updates(d, indices, tensor.shape, tensor.dtype))])
+
+
+@op("SparseTensorDenseMatMul")
+def _(d):
+    # a (a_shape, stored transposed with adjoint_a) times b ([n,k] with adjoint_b); the
+    # nonzeros are distinct positions in any order, possibly none.
+    a_shape = [d.size(1, 6), d.size(1, 6)]
+    count = d.int(0, a_shape[0] * a_shape[1])
+    flat = np.asarray(d.permutation(a_shape[0] * a_shape[1])[:count], np.int64)
+    indices = np.stack(np.unravel_index(flat, a_shape), axis=-1).reshape(count, 2)
+    dtype, index_type = d.dtype(FLOATS + (tf.int32, tf.complex64)), d.dtype((tf.int32, tf.int64))
+    adjoint_a, adjoint_b = d.bool(), d.bool()
+    k, n = a_shape[0] if adjoint_a else a_shape[1], d.size(1, 6)
+    b = d.array((n, k) if adjoint_b else (k, n), dtype)
+    return Call([T(indices.astype(index_type.as_numpy_dtype)), T(d.array((count,), dtype)),
+                 H(a_shape, tf.int64), T(b)], {"adjoint_a": adjoint_a, "adjoint_b": adjoint_b})
 
 
 @op("SparseToDense")
