@@ -174,6 +174,44 @@ def _(d):
                  H(a_shape, tf.int64), T(b)], {"adjoint_a": adjoint_a, "adjoint_b": adjoint_b})
 
 
+def _sparse_operand(d: Drawer, dtype: tf.DType):
+    """(indices [nnz, R] int64, values [nnz], dense shape) of a SparseTensor of rank 1 to 3:
+    distinct positions in canonical order, possibly none."""
+    shape = list(d.shape(1, 3, high=5))
+    count = d.int(0, int(np.prod(shape)))
+    flat = np.sort(np.asarray(d.permutation(int(np.prod(shape)))[:count], np.int64))
+    indices = np.stack(np.unravel_index(flat, shape), axis=-1).reshape(count, len(shape))
+    return indices.astype(np.int64), d.array((count,), dtype), shape
+
+
+for _name in ("SparseDenseCwiseAdd", "SparseDenseCwiseDiv", "SparseDenseCwiseMul"):
+    # TensorFlow has no gradient for SparseDenseCwiseAdd.
+    @op(_name, grad=_name != "SparseDenseCwiseAdd")
+    def _(d, _div=_name == "SparseDenseCwiseDiv"):
+        dtype = d.dtype()
+        indices, values, shape = _sparse_operand(d, dtype)
+        # The dense operand broadcasts to the sparse shape: a suffix of it, axes of 1 too.
+        dense_shape = [s if d.bool() else 1 for s in shape[len(shape) - d.int(0, len(shape)):]]
+        dense = d.array(dense_shape, dtype, 1, 2) if _div else d.array(dense_shape, dtype)
+        return Call([T(indices), T(values), H(shape, tf.int64), T(dense)])
+
+
+@op("SparseReduceSum")
+def _(d):
+    indices, values, shape = _sparse_operand(d, d.dtype(FLOATS + (tf.int32,)))
+    axes = [a - len(shape) if d.bool() else a
+            for a in d.permutation(len(shape))[:d.int(0, len(shape))]]
+    return Call([T(indices), T(values), H(shape, tf.int64), H(axes, tf.int32)],
+                {"keep_dims": d.bool()})
+
+
+@op("SparseTensorDenseAdd")
+def _(d):
+    dtype = d.dtype(FLOATS + (tf.int32, tf.complex64))
+    indices, values, shape = _sparse_operand(d, dtype)
+    return Call([T(indices), T(values), H(shape, tf.int64), T(d.array(shape, dtype))])
+
+
 @op("SparseToDense")
 def _(d):
     shape = d.shape(1, 3, high=5)
