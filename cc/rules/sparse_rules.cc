@@ -68,7 +68,8 @@ StatusOr<FactorSpec> SparseTensorDenseAddFactors(const OpContext& ctx) {
 }
 
 // SparseReduceSum(input_indices, input_values, input_shape, reduction_axes) -> dense sums
-// over the axes (all of them when none is given; kept as 1 with keep_dims). Each device
+// over the axes (none given: none reduced, whatever TF's op doc says; tf.sparse.reduce_sum
+// passes every axis for axis=None), kept as 1 with keep_dims. Each device
 // sums its own nonzeros: a partial sum over the nonzeros' mesh dimension.
 StatusOr<FactorSpec> SparseReduceSumFactors(const OpContext& ctx) {
   FactorSpec spec;
@@ -90,10 +91,9 @@ StatusOr<FactorSpec> SparseReduceSumFactors(const OpContext& ctx) {
     }
     reduced.insert(axis < 0 ? axis + rank : axis);
   }
-  const bool all = axes.empty();
   const int64_t out_rank = ctx.attrs->GetBool("keep_dims", false)
                                ? rank
-                               : (all ? 0 : rank - static_cast<int64_t>(reduced.size()));
+                               : rank - static_cast<int64_t>(reduced.size());
   spec.outputs = {std::vector<int>(out_rank, FactorSpec::kNew)};
   return spec;
 }

@@ -114,27 +114,28 @@ def test_sparse_reduce_sum_of_dense_dtensor(axis, keepdims, in_function, mesh_2x
                          actual)
 
 
+@pytest.mark.parametrize("axes", [[0], []], ids=["axis0", "no-axes"])
 @pytest.mark.parametrize("nonzeros", [6, 5, 1], ids=["even", "uneven", "one"])
 @pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
-def test_sparse_reduce_sum_of_sharded_nonzeros_is_a_partial_sum(nonzeros, in_function,
+def test_sparse_reduce_sum_of_sharded_nonzeros_is_a_partial_sum(nonzeros, in_function, axes,
                                                                  mesh_2x2):
     """Components sharded over their nonzeros: each device sums its own, then an all-reduce
-    (one nonzero leaves a device none)."""
+    (one nonzero leaves a device none). No axes reduce none (the dense value)."""
     indices, values = _INDICES[:nonzeros], random_array((nonzeros,), seed=6)
 
     def fn(i, v):
         return tf.raw_ops.SparseReduceSum(input_indices=i, input_values=v, input_shape=_SHAPE,
-                                          reduction_axes=[0])
+                                          reduction_axes=tf.constant(axes, tf.int32))
 
     expected = fn(tf.constant(indices), tf.constant(values))
     layouts = [layout_of("[x,*]", mesh_2x2), layout_of("[x]", mesh_2x2)]
     plan = tf_dtensor.debug.explain("SparseReduceSum", layouts + [None, None],
-                                    [[nonzeros, 2], [nonzeros], [2], [1]],
-                                    int_values={2: list(_SHAPE), 3: [0]})
+                                    [[nonzeros, 2], [nonzeros], [2], [len(axes)]],
+                                    int_values={2: list(_SHAPE), 3: axes})
     assert plan["inputs"][:2] == layouts
     assert any("all-reduce(sum)" in c and "over x" in c for c in plan["collectives"]), plan
     inputs = [to_dtensor(indices, layouts[0]), to_dtensor(values, layouts[1])]
-    replicated = dtensor.Layout.replicated(mesh_2x2, 1)
+    replicated = dtensor.Layout.replicated(mesh_2x2, expected.shape.rank)
     for lowering in LOWERINGS:
         with collective_lowering(lowering):
             actual = _run(fn, in_function, *inputs)

@@ -50,13 +50,13 @@ TEST(SparseRules, SparseReduceSumOfShardedNonzerosIsAPartialSum) {
        {"local SparseReduceSum [x,*] [x] host [3] host [2] -> [*,*,*]",
         "all-reduce(sum) [*,*,*] over x"},
        {{"keep_dims", true}}},
-      // No axes: every axis is reduced, to a scalar.
+      // No axes: the op reduces none (the dense value, duplicates summed).
       {"SparseReduceSum",
        {T("[*,*]", {6, 3}, TF_INT64), T("[y]", {6}), H({5, 4, 3}), H({})},
-       "[y,*] [y] host host -> []",
+       "[y,*] [y] host host -> [*,*,*]",
        {"slice axis 0 over y [*,*] -> [y,*]",
-        "local SparseReduceSum [y,*] [y] host [3] host [0] -> []",
-        "all-reduce(sum) [] over y"}},
+        "local SparseReduceSum [y,*] [y] host [3] host [0] -> [*,*,*]",
+        "all-reduce(sum) [*,*,*] over y"}},
       {"SparseReduceSum",
        {T("[*,*]", {6, 3}, TF_INT64), T("[*]", {6}), H({5, 4, 3}), H({3})},
        "error", {"'SparseReduceSum'", "reduction axis 3", "rank 3"}},
