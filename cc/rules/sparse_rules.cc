@@ -1,5 +1,6 @@
 // Ops on a SparseTensor's components (indices [nnz, R], values [nnz], dense shape [R]) with
-// a dense DTensor: `sp * x`, `sp / x`, `tf.sparse.add(sp, x)`, `tf.sparse.reduce_sum`.
+// a dense DTensor: `sp * x`, `sp / x`, `tf.sparse.add(sp, x)`, `tf.sparse.reduce_sum` and
+// `reduce_max`, and `tf.sparse.add` of two SparseTensors whose components are DTensors.
 // (SparseTensorDenseMatMul is a matrix product: matmul_rules.cc.)
 //
 // The nonzeros are one factor, shared by the indices' axis 0 and the values. The
@@ -67,15 +68,12 @@ StatusOr<FactorSpec> SparseTensorDenseAddFactors(const OpContext& ctx) {
   return spec;
 }
 
-// SparseReduceSum(input_indices, input_values, input_shape, reduction_axes) -> dense sums
-// over the axes (none given: none reduced, whatever TF's op doc says; tf.sparse.reduce_sum
-// passes every axis for axis=None), kept as 1 with keep_dims. Each device
-// sums its own nonzeros: a partial sum over the nonzeros' mesh dimension.
-StatusOr<FactorSpec> SparseReduceSumFactors(const OpContext& ctx) {
+// SparseReduceSum/Max(input_indices, input_values, input_shape, reduction_axes) -> dense
+// reductions over the axes (none given: none reduced, whatever TF's op doc says;
+// tf.sparse.reduce_sum passes every axis for axis=None), kept as 1 with keep_dims.
+StatusOr<FactorSpec> SparseReduceFactors(const OpContext& ctx, FactorKind nonzeros) {
   FactorSpec spec;
-  TFD_ASSIGN_OR_RETURN(SparseOperand sparse,
-                       AddSparseOperand(ctx, FactorKind::kContracted, spec));
-  (void)sparse;
+  TFD_RETURN_IF_ERROR(AddSparseOperand(ctx, nonzeros, spec).status());
   const int64_t rank = ctx.inputs[0].shape[1];
   if (rank < 0) {
     return InvalidArgument("'" + ctx.op_name + "' needs the rank of its SparseTensor (the "
@@ -98,12 +96,63 @@ StatusOr<FactorSpec> SparseReduceSumFactors(const OpContext& ctx) {
   return spec;
 }
 
+// SparseReduceSum: each device sums its own nonzeros, a partial sum over their mesh
+// dimension.
+StatusOr<FactorSpec> SparseReduceSumFactors(const OpContext& ctx) {
+  return SparseReduceFactors(ctx, FactorKind::kContracted);
+}
+
+// SparseReduceMax: each device's nonzeros cannot be reduced alone: a position with no
+// nonzero gives 0, not the lowest value, so a device without one for a position would give
+// 0 where the others' maximum is negative. The nonzeros are read whole and every device
+// reduces all of them.
+StatusOr<FactorSpec> SparseReduceMaxFactors(const OpContext& ctx) {
+  return SparseReduceFactors(ctx, FactorKind::kNeedReplication);
+}
+
+// SparseAdd(a_indices, a_values, a_shape, b_indices, b_values, b_shape, thresh) -> sum's
+// indices [n, R], values [n], shape [R]: n depends on the values (entries whose sum is
+// below thresh are dropped, shared positions merge), as Where's count does
+// (data_dependent_rules.cc): both operands are read whole and every device computes the
+// whole sum. SparseAddGrad(backprop_val_grad, a_indices, b_indices, sum_indices) -> the
+// gradients of a's and b's values, likewise.
+StatusOr<FactorSpec> SparseAddFactors(const OpContext& ctx) {
+  if (ctx.inputs.size() != 7 || ctx.rank(0) != 2 || ctx.rank(1) != 1 || ctx.rank(3) != 2 ||
+      ctx.rank(4) != 1) {
+    return InvalidArgument("'" + ctx.op_name + "' needs two SparseTensors' indices [nnz, rank] "
+                           "and values [nnz], their shapes and a threshold; got " +
+                           ctx.DescribeInputs() + ".");
+  }
+  FactorSpec spec;
+  spec.inputs.assign(ctx.inputs.size(), std::nullopt);
+  for (int i : {0, 1, 3, 4, 6}) spec.inputs[i] = Whole(ctx, i, spec);
+  spec.outputs = {{FactorSpec::kNew, FactorSpec::kNew}, {FactorSpec::kNew}, {FactorSpec::kNew}};
+  return spec;
+}
+
+StatusOr<FactorSpec> SparseAddGradFactors(const OpContext& ctx) {
+  if (ctx.inputs.size() != 4 || ctx.rank(0) != 1) {
+    return InvalidArgument("'" + ctx.op_name + "' needs the sum's value gradient [n] and the "
+                           "indices of a, b and the sum; got " + ctx.DescribeInputs() + ".");
+  }
+  FactorSpec spec;
+  spec.inputs.assign(ctx.inputs.size(), std::nullopt);
+  for (int i = 0; i < 4; ++i) spec.inputs[i] = Whole(ctx, i, spec);
+  spec.outputs = {{FactorSpec::kNew}, {FactorSpec::kNew}};
+  return spec;
+}
+
 const RuleTraits kDenseShape = Traits().Host(2, HostValue::kShape);
 
 const bool kRegistered = RegisterRules({
     {"SparseDenseCwiseAdd", Factors(SparseDenseCwiseFactors), kDenseShape},
     {"SparseDenseCwiseDiv", Factors(SparseDenseCwiseFactors), kDenseShape},
     {"SparseDenseCwiseMul", Factors(SparseDenseCwiseFactors), kDenseShape},
+    {"SparseAdd", Factors(SparseAddFactors),
+     Traits().Host(2, HostValue::kShape).Host(5, HostValue::kShape)},
+    {"SparseAddGrad", Factors(SparseAddGradFactors)},
+    {"SparseReduceMax", Factors(SparseReduceMaxFactors),
+     Traits().Host(2, HostValue::kShape).Host(3, HostValue::kAxis)},
     {"SparseReduceSum", Factors(SparseReduceSumFactors),
      Traits().Host(2, HostValue::kShape).Host(3, HostValue::kAxis)},
     {"SparseTensorDenseAdd", Factors(SparseTensorDenseAddFactors), kDenseShape},

@@ -1,5 +1,6 @@
 """Numerical checks of cc/rules/sparse_rules.cc: a SparseTensor with a dense DTensor
-(`sp * x`, `sp / x`, `tf.sparse.add(sp, x)`, `tf.sparse.reduce_sum`), and the sparse
+(`sp * x`, `sp / x`, `tf.sparse.add(sp, x)`, `tf.sparse.reduce_sum`/`reduce_max`, and
+`tf.sparse.add` of two SparseTensors with DTensor values), and the sparse
 lookups recommendation models run on sharded tables (`tf.nn.embedding_lookup_sparse`,
 `tf.nn.safe_embedding_lookup_sparse`: SparseSegment* and gathers, gather_rules.cc).
 
@@ -142,6 +143,53 @@ def test_sparse_reduce_sum_of_sharded_nonzeros_is_a_partial_sum(nonzeros, in_fun
             if in_function:   # the sum may stay pending inside the function
                 actual = dtensor.relayout(actual, replicated)
             assert_dtensor_equal(expected, replicated, actual)
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("values_spec", ["[x]", "[*]"])
+def test_sparse_reduce_max_of_sharded_nonzeros(values_spec, in_function, mesh_2x2):
+    """tf.sparse.reduce_max (SparseReduceMax) had no rule. Its values are negative: a
+    position without a nonzero gives 0, so a per-device maximum would give 0 where a
+    device holds none of a row's nonzeros; the nonzeros are read whole."""
+    values = -np.abs(random_array((len(_INDICES),), seed=10)) - 0.5
+
+    def fn(v):
+        return tf.sparse.reduce_max(tf.SparseTensor(_INDICES, v, _SHAPE), axis=1)
+
+    expected = fn(tf.constant(values))
+    assert (expected.numpy() < 0).all()
+    actual = _run(fn, in_function, to_dtensor(values, layout_of(values_spec, mesh_2x2)))
+    assert_dtensor_equal(expected, dtensor.Layout.replicated(mesh_2x2, 1), actual)
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("values_spec", ["[x]", "[*]"])
+def test_sparse_add_of_two_sparse_dtensors(values_spec, in_function, mesh_2x2):
+    """tf.sparse.add of two SparseTensors with DTensor values (SparseAdd; its gradient
+    SparseAddGrad) had no rule. The sum's count of nonzeros depends on the values."""
+    a_values = random_array((len(_INDICES),), seed=11)
+    b_indices = np.array([[0, 1], [0, 2], [4, 1]], np.int64)
+    b_values = np.array([-a_values[0], 1.0, 2.0], np.float32)   # cancels a's first nonzero
+
+    def fn(a, b):
+        with tf.GradientTape() as tape:
+            tape.watch([a, b])
+            total = tf.sparse.add(tf.SparseTensor(_INDICES, a, _SHAPE),
+                                  tf.SparseTensor(b_indices, b, _SHAPE), threshold=1e-6)
+            loss = tf.reduce_sum(total.values * total.values)
+        return [total.indices, total.values] + tape.gradient(loss, [a, b])
+
+    expected = fn(tf.constant(a_values), tf.constant(b_values))
+    layout = layout_of(values_spec, mesh_2x2)
+    actual = _run(fn, in_function, to_dtensor(a_values, layout),
+                  to_dtensor(b_values, layout_of("[*]", mesh_2x2)))
+    # 6 + 3 nonzeros at 7 positions ([0, 1] and [4, 1] shared); [0, 1] cancels and is dropped.
+    assert expected[0].shape[0] == 6
+    for want, got in zip(expected, actual):
+        assert tuple(got.shape) == tuple(want.shape)
+        assert got.dtype == want.dtype
+        assert_values_equal(want.numpy(),
+                            reassemble(got) if dtensor.is_dtensor(got) else got.numpy())
 
 
 # ---------------------------------------------------------------------------------------

@@ -63,5 +63,32 @@ TEST(SparseRules, SparseReduceSumOfShardedNonzerosIsAPartialSum) {
   });
 }
 
+// A position without a nonzero gives 0 (not the lowest value) in SparseReduceMax: each
+// device's maximum alone would be wrong where the others' are negative, so the nonzeros
+// are gathered.
+TEST(SparseRules, SparseReduceMaxGathersTheNonzeros) {
+  CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}), {
+      {"SparseReduceMax",
+       {T("[x,*]", {6, 3}, TF_INT64), T("[x]", {6}), H({5, 4, 3}), H({1})},
+       "[*,*] [*] host host -> [*,*]",
+       {"all-gather axis 0 [x,*] -> [*,*]", "all-gather axis 0 [x] -> [*]",
+        "local SparseReduceMax [*,*] [*] host [3] host [1] -> [*,*]"}},
+  });
+}
+
+// The sum of two SparseTensors has a count of nonzeros known only at run time: its
+// operands are read whole, the result is whole on every device.
+TEST(SparseRules, SparseAddIsMadeWhole) {
+  CheckRuleTable(MakeMesh({{"x", 2}}), {
+      {"SparseAdd",
+       {T("[x,*]", {6, 2}, TF_INT64), T("[x]", {6}), H({5, 4}), T("[*,*]", {3, 2}, TF_INT64),
+        T("[x]", {3}), H({5, 4}), T("[]", {})},
+       "[*,*] [*] host [*,*] [*] host [] -> [*,*] [*] [*]",
+       {"all-gather axis 0 [x,*] -> [*,*]", "all-gather axis 0 [x] -> [*]",
+        "all-gather axis 0 [x] -> [*]",
+        "local SparseAdd [*,*] [*] host [2] [*,*] [*] host [2] [] -> [*,*] [*] [*]"}},
+  });
+}
+
 }  // namespace
 }  // namespace tf_dtensor

@@ -174,10 +174,10 @@ def _(d):
                  H(a_shape, tf.int64), T(b)], {"adjoint_a": adjoint_a, "adjoint_b": adjoint_b})
 
 
-def _sparse_operand(d: Drawer, dtype: tf.DType):
-    """(indices [nnz, R] int64, values [nnz], dense shape) of a SparseTensor of rank 1 to 3:
-    distinct positions in canonical order, possibly none."""
-    shape = list(d.shape(1, 3, high=5))
+def _sparse_operand(d: Drawer, dtype: tf.DType, shape=None):
+    """(indices [nnz, R] int64, values [nnz], dense shape) of a SparseTensor of rank 1 to 3
+    (or of `shape`): distinct positions in canonical order, possibly none."""
+    shape = list(d.shape(1, 3, high=5)) if shape is None else shape
     count = d.int(0, int(np.prod(shape)))
     flat = np.sort(np.asarray(d.permutation(int(np.prod(shape)))[:count], np.int64))
     indices = np.stack(np.unravel_index(flat, shape), axis=-1).reshape(count, len(shape))
@@ -196,13 +196,37 @@ for _name in ("SparseDenseCwiseAdd", "SparseDenseCwiseDiv", "SparseDenseCwiseMul
         return Call([T(indices), T(values), H(shape, tf.int64), T(dense)])
 
 
-@op("SparseReduceSum")
+for _name in ("SparseReduceMax", "SparseReduceSum"):
+    # TensorFlow has no gradient for SparseReduceMax.
+    @op(_name, grad=_name == "SparseReduceSum")
+    def _(d):
+        indices, values, shape = _sparse_operand(d, d.dtype(FLOATS + (tf.int32,)))
+        axes = [a - len(shape) if d.bool() else a
+                for a in d.permutation(len(shape))[:d.int(0, len(shape))]]
+        return Call([T(indices), T(values), H(shape, tf.int64), H(axes, tf.int32)],
+                    {"keep_dims": d.bool()})
+
+
+@op("SparseAdd")
 def _(d):
-    indices, values, shape = _sparse_operand(d, d.dtype(FLOATS + (tf.int32,)))
-    axes = [a - len(shape) if d.bool() else a
-            for a in d.permutation(len(shape))[:d.int(0, len(shape))]]
-    return Call([T(indices), T(values), H(shape, tf.int64), H(axes, tf.int32)],
-                {"keep_dims": d.bool()})
+    dtype = d.dtype()
+    a_indices, a_values, shape = _sparse_operand(d, dtype)
+    b_indices, b_values, _ = _sparse_operand(d, dtype, shape)
+    # Sums below thresh in magnitude are dropped (0: none).
+    thresh = np.asarray(d.choice([0.0, 0.5]), dtype.as_numpy_dtype)
+    return Call([T(a_indices), T(a_values), H(shape, tf.int64), T(b_indices), T(b_values),
+                 H(shape, tf.int64), T(thresh)])
+
+
+@op("SparseAddGrad", grad=False)
+def _(d):
+    dtype = d.dtype()
+    a_indices, a_values, shape = _sparse_operand(d, dtype)
+    b_indices, b_values, _ = _sparse_operand(d, dtype, shape)
+    total = tf.sparse.add(tf.SparseTensor(a_indices, a_values, shape),
+                          tf.SparseTensor(b_indices, b_values, shape))
+    grad = d.array((int(total.indices.shape[0]),), dtype)
+    return Call([T(grad), T(a_indices), T(b_indices), T(total.indices.numpy())])
 
 
 @op("SparseTensorDenseAdd")
