@@ -304,3 +304,24 @@ def test_extract_volume_patches_gradient(spec, mesh_2x2):
     layout = layout_of(spec, mesh_2x2)
     actual = run_without_fallback(grad, to_dtensor(x, layout))
     assert_dtensor_equal(grad(tf.constant(x)), layout, actual)
+
+
+@pytest.mark.parametrize("operand", ["b", "values"])
+def test_sparse_dense_matmul_of_a_pending_sum(operand, mesh_2x2):
+    """Inside tf.function a contraction's sum stays pending; the product is linear in b
+    and in a's values (one at a time), so the sum passes through it or is made first."""
+    sp, p, q = _sparse(), random_array((6, 8), seed=14), random_array((8, 4), seed=15)
+    v = random_array((6, 8), seed=16)
+
+    def fn(p, q, v):
+        if operand == "b":
+            return tf.sparse.sparse_dense_matmul(sp, tf.matmul(p, q)) * 2.0
+        values = tf.reduce_sum(v, axis=1)
+        return tf.sparse.sparse_dense_matmul(tf.SparseTensor(sp.indices, values, sp.dense_shape),
+                                             q[:6]) * 2.0
+
+    expected = fn(tf.constant(p), tf.constant(q), tf.constant(v))
+    actual = run_without_fallback(tf.function(fn), to_dtensor(p, layout_of("[y,x]", mesh_2x2)),
+                                  to_dtensor(q, layout_of("[x,*]", mesh_2x2)),
+                                  to_dtensor(v, layout_of("[*,x]", mesh_2x2)))
+    assert_values_equal(expected.numpy(), reassemble(actual))
