@@ -192,6 +192,29 @@ def test_sparse_add_of_two_sparse_dtensors(values_spec, in_function, mesh_2x2):
                             reassemble(got) if dtensor.is_dtensor(got) else got.numpy())
 
 
+@pytest.mark.parametrize("values_spec", ["[x]", "[*]"])
+def test_sparse_tensor_arguments_of_a_function(values_spec, mesh_2x2):
+    """A tf.function taking a SparseTensor (host components, or DTensor values) beside a
+    sharded DTensor: its ops run under rules, as on one device."""
+    b = random_array((4, 3), seed=12)
+    values = random_array((len(_INDICES),), seed=13)
+
+    @tf.function
+    def fn(sp, x):
+        product = tf.sparse.sparse_dense_matmul(sp, x)
+        return product + tf.reduce_sum(tf.sparse.reduce_sum(sp, axis=0)), (sp * 2.0).values
+
+    expected = fn(tf.SparseTensor(_INDICES, values, _SHAPE), tf.constant(b))
+    x = to_dtensor(b, layout_of("[*,y]", mesh_2x2))
+    for sp in (tf.SparseTensor(_INDICES, values, _SHAPE),
+               tf.SparseTensor(_INDICES, to_dtensor(values, layout_of(values_spec, mesh_2x2)),
+                               _SHAPE)):
+        product, doubled = run_without_fallback(fn, sp, x)
+        assert_dtensor_equal(expected[0], layout_of("[*,y]", mesh_2x2), product)
+        assert_values_equal(expected[1].numpy(), reassemble(doubled) if dtensor.is_dtensor(
+            doubled) else doubled.numpy())
+
+
 # ---------------------------------------------------------------------------------------
 # Sparse embedding lookups on sharded tables (coverage: these already ran under rules)
 # ---------------------------------------------------------------------------------------
