@@ -85,7 +85,8 @@ StatusOr<FactorSpec> SparseReduceFactors(const OpContext& ctx, FactorKind nonzer
     if (axis < -rank || axis >= rank) {
       return InvalidArgument("'" + ctx.op_name + "' got reduction axis " +
                              std::to_string(axis) + " for a SparseTensor of rank " +
-                             std::to_string(rank) + ".");
+                             std::to_string(rank) + " (" + ctx.Describe(0) + "). Use axes in [" +
+                             std::to_string(-rank) + ", " + std::to_string(rank) + ").");
     }
     reduced.insert(axis < 0 ? axis + rank : axis);
   }

@@ -59,7 +59,8 @@ TEST(SparseRules, SparseReduceSumOfShardedNonzerosIsAPartialSum) {
         "all-reduce(sum) [*,*,*] over y"}},
       {"SparseReduceSum",
        {T("[*,*]", {6, 3}, TF_INT64), T("[*]", {6}), H({5, 4, 3}), H({3})},
-       "error", {"'SparseReduceSum'", "reduction axis 3", "rank 3"}},
+       "error",
+       {"'SparseReduceSum'", "reduction axis 3", "rank 3", "layout [*,*]", "[-3, 3)"}},
   });
 }
 
