@@ -9,10 +9,19 @@
 // batch, m, n, k, claimed in that order (on a clash the later axis is relaid out to
 // unsharded); when only one side of k is sharded the other is sliced to match (free),
 // rather than gathering. Batch axes merge like broadcasting elementwise ops.
+//
+// A sparse matrix times a dense one (SparseTensorDenseMatMul, tf.sparse.sparse_dense_matmul
+// and the gradient of ExtractVolumePatches): a = (indices [nnz,2], values [nnz], shape)
+// times b = [k,n] keeps b's columns sharded, with no collective; a's nonzeros may be split
+// over devices, each multiplying its own ones (a partial sum):
+//   sp @ [*,x] -> [*,x]              (columns carried to the output)
+//   sp([x,*] [x]) @ [*,*] -> partial(x) -> all-reduce -> [*,*]
+//   sp @ [x,*] -> gather k -> [*,*]  (a's column indices are global)
 #include "cc/rules/merge.h"
 #include "cc/rules/factor.h"
 #include "cc/rules/registry.h"
 #include "cc/spmd/lowering.h"
+#include "cc/tf/dtypes.h"
 
 namespace tf_dtensor {
 namespace {
@@ -81,6 +90,59 @@ class MatmulRule : public FactorRule {
   }
 };
 
+// SparseTensorDenseMatMul(a_indices [nnz,2], a_values [nnz], a_shape [2], b): a's rows m
+// and columns k are coordinates inside a_indices, not axes, so the output's rows are new
+// (unsharded) and b's contracted axis k is read whole (a device holding part of k would
+// need a's entries in that part, renumbered). b's other axis n passes through. The
+// nonzeros (a_indices' axis 0, a_values) are a contracted factor: split over a mesh
+// dimension, each device multiplies its own and the outputs are partial sums. adjoint_a
+// swaps m and k inside a_indices only; adjoint_b makes b [n,k]. a_shape is a host value.
+StatusOr<FactorSpec> SparseDenseMatmulFactors(const OpContext& ctx) {
+  if (ctx.rank(0) != 2 || ctx.rank(1) != 1 || ctx.rank(3) != 2 ||
+      (ctx.inputs[0].shape[1] >= 0 && ctx.inputs[0].shape[1] != 2)) {
+    return InvalidArgument("'" + ctx.op_name + "' needs a_indices of shape [nnz, 2], 1-D "
+                           "a_values and a matrix b; got " + ctx.Describe(0) + ", " +
+                           ctx.Describe(1) + " and " + ctx.Describe(3) + ".");
+  }
+  FactorSpec spec;
+  const int n = spec.Add(FactorKind::kPassThrough);
+  const int nonzeros = spec.Add(FactorKind::kContracted);
+  const int coordinates = spec.Add(FactorKind::kNeedReplication);
+  const int k = spec.Add(FactorKind::kNeedReplication);
+  const bool adjoint_b = ctx.attrs->GetBool("adjoint_b", false);
+  spec.inputs = {std::vector<int>{nonzeros, coordinates}, std::vector<int>{nonzeros}, std::nullopt,
+                 adjoint_b ? std::vector<int>{n, k} : std::vector<int>{k, n}};
+  spec.outputs = {{FactorSpec::kNew, n}};
+  return spec;
+}
+
+class SparseDenseMatmulRule : public FactorRule {
+ public:
+  SparseDenseMatmulRule() : FactorRule(SparseDenseMatmulFactors) {}
+
+  // Linear in a_values and in b, one at a time: a sum (or a mean of real numbers) pending
+  // on one of them passes to the output; pending indices, or both pending, are reduced
+  // first.
+  std::optional<std::vector<PartialSpec>> PartialThrough(const OpContext& ctx) const override {
+    const std::optional<Layout>& indices = ctx.inputs[0].layout;
+    if (indices && indices->is_partial()) return std::nullopt;
+    std::optional<std::vector<PartialSpec>> through;
+    for (int i : {1, 3}) {
+      const std::optional<Layout>& in = ctx.inputs[i].layout;
+      if (!in || !in->is_partial()) continue;
+      if (through) return std::nullopt;
+      for (const PartialSpec& p : in->partial()) {
+        if (p.op != ReduceOp::kSum &&
+            (p.op != ReduceOp::kMean || IsIntegerDType(ctx.inputs[i].dtype))) {
+          return std::nullopt;
+        }
+      }
+      through = in->partial();
+    }
+    return through;
+  }
+};
+
 const bool kRegistered = RegisterRules({
     {"BatchMatMul", std::make_shared<MatmulRule>("adj_x", "adj_y", true),
      Traits().Linear(Linearity::kOneInput)},
@@ -90,6 +152,8 @@ const bool kRegistered = RegisterRules({
      Traits().Linear(Linearity::kOneInput)},
     {"MatMul", std::make_shared<MatmulRule>("transpose_a", "transpose_b", false),
      Traits().Linear(Linearity::kOneInput)},
+    {"SparseTensorDenseMatMul", std::make_shared<SparseDenseMatmulRule>(),
+     Traits().Host(2, HostValue::kShape)},
 });
 
 }  // namespace

@@ -245,7 +245,8 @@ GRAD_OPS = ["Cholesky", "MatrixInverse", "MatrixDeterminant", "LogMatrixDetermin
             "MatrixDiagPart", "MatrixSetDiag", "MatrixSolve", "MatrixTriangularSolve", "Cross",
             "ResizeBilinear",
             "ResizeNearestNeighbor", "ResizeBicubic", "RGBToHSV",
-            "ExtractImagePatches", "MatrixDiag.band", "LRN", "MaxPoolWithArgmax.output"]
+            "ExtractImagePatches", "ExtractVolumePatches", "MatrixDiag.band", "LRN",
+            "MaxPoolWithArgmax.output"]
 
 
 def _grads(fn):

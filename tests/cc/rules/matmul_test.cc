@@ -150,6 +150,52 @@ TEST(MatmulRules, SquareOperands) {
   });
 }
 
+// A sparse matrix (indices, values, host shape) times a dense b: b's columns keep their
+// sharding, b's contracted axis is gathered, nonzeros split over a mesh dimension are
+// partial sums; adjoint_b makes b [n,k].
+TEST(MatmulRules, SparseTensorDenseMatMul) {
+  const testing::Arg indices = T("[*,*]", {6, 2}, TF_INT64);
+  const testing::Arg values = T("[*]", {6});
+  CheckRuleTable(MakeMesh({{"x", 2}, {"y", 2}}), {
+      {"SparseTensorDenseMatMul", {indices, values, testing::H({5, 6}), T("[*,y]", {6, 4})},
+       "[*,*] [*] host [*,y] -> [*,y]",
+       {"local SparseTensorDenseMatMul [*,*] [*] host [2] [*,y] -> [*,y]"}},
+      // b's contracted axis is gathered: a's column indices are global.
+      {"SparseTensorDenseMatMul", {indices, values, testing::H({5, 6}), T("[x,y]", {6, 4})},
+       "[*,*] [*] host [*,y] -> [*,y]",
+       {"all-gather axis 0 [x,y] -> [*,y]",
+        "local SparseTensorDenseMatMul [*,*] [*] host [2] [*,y] -> [*,y]"}},
+      {"SparseTensorDenseMatMul", {indices, values, testing::H({5, 6}), T("[x,y]", {4, 6})},
+       "[*,*] [*] host [x,*] -> [*,x]",
+       {"all-gather axis 1 [x,y] -> [x,*]",
+        "local SparseTensorDenseMatMul [*,*] [*] host [2] [x,*] -> [*,x]"},
+       {{"adjoint_b", true}}},
+      {"SparseTensorDenseMatMul", {indices, values, testing::H({6, 5}), T("[*,x]", {5, 4})},
+       "[*,*] [*] host [*,x] -> [*,x]",
+       {"local SparseTensorDenseMatMul [*,*] [*] host [2] [*,x] -> [*,x]"},
+       {{"adjoint_a", true}}},
+      // Nonzeros split over x: each device multiplies its own, partial sums over x.
+      {"SparseTensorDenseMatMul",
+       {T("[x,*]", {6, 2}, TF_INT64), T("[x]", {6}), testing::H({5, 6}), T("[*,y]", {6, 4})},
+       "[x,*] [x] host [*,y] -> [*,y]",
+       {"local SparseTensorDenseMatMul [x,*] [x] host [2] [*,y] -> [*,y]",
+        "all-reduce(sum) [*,y] over x"}},
+      // y shards b's columns first, so the nonzeros give it up.
+      {"SparseTensorDenseMatMul",
+       {T("[y,*]", {6, 2}, TF_INT64), T("[*]", {6}), testing::H({5, 6}), T("[*,y]", {6, 4})},
+       "[*,*] [*] host [*,y] -> [*,y]",
+       {"all-gather axis 0 [y,*] -> [*,*]",
+        "local SparseTensorDenseMatMul [*,*] [*] host [2] [*,y] -> [*,y]"}},
+      {"SparseTensorDenseMatMul", {T("[*]", {6}, TF_INT64), values, testing::H({5, 6}),
+                                   T("[*,*]", {6, 4})}, "error",
+       {"'SparseTensorDenseMatMul'", "a_indices of shape [nnz, 2]", "input 0 (shape [6]"}},
+  });
+  CheckBackwardTable(MakeMesh({{"x", 2}, {"y", 2}}), {
+      {"SparseTensorDenseMatMul", {indices, values, testing::H({5, 6}), T("[*,*]", {6, 4})},
+       {"[x,y]"}, "[*,*] [*] - [*,y]"},
+  });
+}
+
 // Backward: each output factor's mesh dimension goes to the inputs holding it; a factor
 // the mesh dimension does not divide is not asked for; no request, no preference.
 TEST(MatmulRules, Backward) {

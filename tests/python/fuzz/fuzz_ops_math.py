@@ -619,9 +619,8 @@ def _(d):
     return Call([T(x)], attrs)
 
 
-# TODO(#10): the gradient of ExtractVolumePatches runs SparseTensorDenseMatMul, which has
-# no rule yet (strict mode: "'SparseTensorDenseMatMul' has no tf_dtensor rule").
-@op("ExtractVolumePatches", grad=False)
+# Its gradient runs SparseTensorDenseMatMul (a sparse patch matrix times the gradient).
+@op("ExtractVolumePatches")
 def _(d):
     batch = (d.size(1, 3),)
     x = d.array(batch + (d.size(1, 4), d.size(1, 4), d.size(1, 4), d.size(1, 3)), d.dtype())

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from dtensor_testing import TEST_DEVICE
-from fuzz_engine import H, T, Call, Drawer
+from fuzz_engine import FLOATS, H, T, Call, Drawer
 from fuzz_ops import INTS, NUMBERS, OPS, op
 
 # ---------------------------------------------------------------------------------------
@@ -156,6 +156,84 @@ for _name in ("TensorScatterAdd", "TensorScatterSub", "TensorScatterMax", "Tenso
         # Empty blocks included: a slice axis that would leave a device an empty block is
         # read whole (FactorsWithoutEmptyBlocks).
         return Call([T(tensor), T(indices), T(_updates(d, indices, tensor.shape, tensor.dtype))])
+
+
+@op("SparseTensorDenseMatMul")
+def _(d):
+    # a (a_shape, stored transposed with adjoint_a) times b ([n,k] with adjoint_b); the
+    # nonzeros are distinct positions in any order, possibly none.
+    a_shape = [d.size(1, 6), d.size(1, 6)]
+    count = d.int(0, a_shape[0] * a_shape[1])
+    flat = np.asarray(d.permutation(a_shape[0] * a_shape[1])[:count], np.int64)
+    indices = np.stack(np.unravel_index(flat, a_shape), axis=-1).reshape(count, 2)
+    dtype, index_type = d.dtype(FLOATS + (tf.int32, tf.complex64)), d.dtype((tf.int32, tf.int64))
+    adjoint_a, adjoint_b = d.bool(), d.bool()
+    k, n = a_shape[0] if adjoint_a else a_shape[1], d.size(1, 6)
+    b = d.array((n, k) if adjoint_b else (k, n), dtype)
+    return Call([T(indices.astype(index_type.as_numpy_dtype)), T(d.array((count,), dtype)),
+                 H(a_shape, tf.int64), T(b)], {"adjoint_a": adjoint_a, "adjoint_b": adjoint_b})
+
+
+def _sparse_operand(d: Drawer, dtype: tf.DType, shape=None):
+    """(indices [nnz, R] int64, values [nnz], dense shape) of a SparseTensor of rank 1 to 3
+    (or of `shape`): distinct positions in canonical order, possibly none."""
+    shape = list(d.shape(1, 3, high=5)) if shape is None else shape
+    count = d.int(0, int(np.prod(shape)))
+    flat = np.sort(np.asarray(d.permutation(int(np.prod(shape)))[:count], np.int64))
+    indices = np.stack(np.unravel_index(flat, shape), axis=-1).reshape(count, len(shape))
+    return indices.astype(np.int64), d.array((count,), dtype), shape
+
+
+for _name in ("SparseDenseCwiseAdd", "SparseDenseCwiseDiv", "SparseDenseCwiseMul"):
+    # TensorFlow has no gradient for SparseDenseCwiseAdd.
+    @op(_name, grad=_name != "SparseDenseCwiseAdd")
+    def _(d, _div=_name == "SparseDenseCwiseDiv"):
+        dtype = d.dtype()
+        indices, values, shape = _sparse_operand(d, dtype)
+        # The dense operand broadcasts to the sparse shape: a suffix of it, axes of 1 too.
+        dense_shape = [s if d.bool() else 1 for s in shape[len(shape) - d.int(0, len(shape)):]]
+        dense = d.array(dense_shape, dtype, 1, 2) if _div else d.array(dense_shape, dtype)
+        return Call([T(indices), T(values), H(shape, tf.int64), T(dense)])
+
+
+for _name in ("SparseReduceMax", "SparseReduceSum"):
+    # TensorFlow has no gradient for SparseReduceMax.
+    @op(_name, grad=_name == "SparseReduceSum")
+    def _(d):
+        indices, values, shape = _sparse_operand(d, d.dtype(FLOATS + (tf.int32,)))
+        axes = [a - len(shape) if d.bool() else a
+                for a in d.permutation(len(shape))[:d.int(0, len(shape))]]
+        return Call([T(indices), T(values), H(shape, tf.int64), H(axes, tf.int32)],
+                    {"keep_dims": d.bool()})
+
+
+@op("SparseAdd")
+def _(d):
+    dtype = d.dtype()
+    a_indices, a_values, shape = _sparse_operand(d, dtype)
+    b_indices, b_values, _ = _sparse_operand(d, dtype, shape)
+    # Sums below thresh in magnitude are dropped (0: none).
+    thresh = np.asarray(d.choice([0.0, 0.5]), dtype.as_numpy_dtype)
+    return Call([T(a_indices), T(a_values), H(shape, tf.int64), T(b_indices), T(b_values),
+                 H(shape, tf.int64), T(thresh)])
+
+
+@op("SparseAddGrad", grad=False)
+def _(d):
+    dtype = d.dtype()
+    a_indices, a_values, shape = _sparse_operand(d, dtype)
+    b_indices, b_values, _ = _sparse_operand(d, dtype, shape)
+    total = tf.sparse.add(tf.SparseTensor(a_indices, a_values, shape),
+                          tf.SparseTensor(b_indices, b_values, shape))
+    grad = d.array((int(total.indices.shape[0]),), dtype)
+    return Call([T(grad), T(a_indices), T(b_indices), T(total.indices.numpy())])
+
+
+@op("SparseTensorDenseAdd")
+def _(d):
+    dtype = d.dtype(FLOATS + (tf.int32, tf.complex64))
+    indices, values, shape = _sparse_operand(d, dtype)
+    return Call([T(indices), T(values), H(shape, tf.int64), T(d.array(shape, dtype))])
 
 
 @op("SparseToDense")
