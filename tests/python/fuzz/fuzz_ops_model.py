@@ -238,12 +238,10 @@ def list_length(t):
     return [_L.TensorListLength(input_handle=_from_tensor(t))]
 
 
-# TODO(#10): the rule answers the element shape the list's elements have, TF the shape
-# the list was declared with: TensorListElementShape(TensorListFromTensor(t [3,2],
-# element_shape=-1)) is -1 (unknown rank) on one device, [2] on DTensors. The entry
-# declares the full element shape, where the two agree.
-def list_element_shape(t):
-    handle = _L.TensorListFromTensor(tensor=t, element_shape=tf.shape(t)[1:])
+def list_element_shape(t, element_shape):
+    """The element shape the list was declared with: -1 (an unknown rank), or sizes with
+    -1 where unknown, whatever its elements' shape."""
+    handle = _L.TensorListFromTensor(tensor=t, element_shape=element_shape)
     return [_L.TensorListElementShape(input_handle=handle, shape_type=tf.int32)]
 
 
@@ -330,11 +328,18 @@ def _(d):
     return Call([T(t), H(indices, tf.int32)], composite=list_gather)
 
 
-for _name, _composite in (("TensorListLength", list_length),
-                          ("TensorListElementShape", list_element_shape)):
-    @op(_name, grad=False)
-    def _(d, _composite=_composite):
-        return Call([T(_list_tensor(d))], composite=_composite)
+@op("TensorListLength", grad=False)
+def _(d):
+    return Call([T(_list_tensor(d))], composite=list_length)
+
+
+@op("TensorListElementShape", grad=False)
+def _(d):
+    t = _list_tensor(d)
+    # Declared: an unknown rank, or the elements' rank with each size known or not.
+    element_shape = (_ANY if d.int(0, 2) == 0 else
+                     [s if d.bool() else -1 for s in t.shape[1:]])
+    return Call([T(t), H(element_shape, tf.int32)], composite=list_element_shape)
 
 
 for _name in ("TensorListReserve",):
