@@ -143,8 +143,8 @@ class ResourceScatterRule : public Rule {
   static StatusOr<ValueId> KeptRows(const OpContext& ctx, Builder& builder, const BlockIds& ids,
                                     const InBlockIds& kept, ValueId updates) {
     using A = AttrOverride;
-    const Layout& layout = *builder.layout(updates);
-    const Mesh& mesh = layout.mesh();
+    const Layout layout = *builder.layout(updates);  // copies: the builder grows below
+    const Mesh mesh = layout.mesh();
     std::vector<int> distinct = kept.distinct;
     for (int d : layout.DistinctMeshDims()) distinct.push_back(d);
     auto one = [&](const std::string& op, const std::vector<ValueId>& in,
@@ -157,8 +157,8 @@ class ResourceScatterRule : public Rule {
     };
     const int id_axes = std::max(ctx.rank(1), 1);
     const int dtype = builder.dtype(updates);
-    int64_t count = 1;
-    for (int a = 0; a < id_axes; ++a) count *= builder.shape(updates)[a];
+    int64_t count = 1;  // the ids (replicated: every device holds them all)
+    for (int64_t size : ctx.inputs[1].shape) count *= size;
     std::vector<DimSpec> specs(1, DimSpec::Replicated());
     specs.insert(specs.end(), layout.specs().begin() + id_axes, layout.specs().end());
     const Layout rows = layout.WithSpecs(specs);
@@ -185,15 +185,18 @@ class ResourceScatterRule : public Rule {
                            one("Reshape", {updates, flat_shape},
                                {A::Type("T", dtype), A::Type("Tshape", TF_INT32)}, rows));
     }
-    // The kept ids' positions among all ids, in order (those of `kept`).
+    // The kept ids' positions among all ids, in order (those of `kept`): its own for ids
+    // of rank 0 or 1, else those of the flattened ids.
     TFD_ASSIGN_OR_RETURN(ValueId vector_shape, builder.HostConstant({-1}, {1}, TF_INT32));
-    TFD_ASSIGN_OR_RETURN(ValueId flat_in_block,
-                         one("Reshape", {ids.in_block, vector_shape},
-                             {A::Type("T", TF_BOOL), A::Type("Tshape", TF_INT32)},
-                             Layout::Replicated(mesh, 1)));
-    TFD_ASSIGN_OR_RETURN(ValueId where,
-                         one("Where", {flat_in_block}, {A::Type("T", TF_BOOL)},
-                             Layout::Replicated(mesh, 2)));
+    ValueId where = kept.where;
+    if (id_axes > 1) {
+      TFD_ASSIGN_OR_RETURN(ValueId flat_in_block,
+                           one("Reshape", {ids.in_block, vector_shape},
+                               {A::Type("T", TF_BOOL), A::Type("Tshape", TF_INT32)},
+                               Layout::Replicated(mesh, 1)));
+      TFD_ASSIGN_OR_RETURN(where, one("Where", {flat_in_block}, {A::Type("T", TF_BOOL)},
+                                      Layout::Replicated(mesh, 2)));
+    }
     TFD_ASSIGN_OR_RETURN(ValueId positions,
                          one("Reshape", {where, vector_shape},
                              {A::Type("T", TF_INT64), A::Type("Tshape", TF_INT32)},
