@@ -298,8 +298,8 @@ Status FunctionExpansion::ExpandBranches(const NodeSpec& node, const std::vector
           "), or run it on a plain tensor.");
     }
   }
-  // A list's element value (ResourceInfo::element_value) holds after the op only where
-  // every branch leaves it.
+  // A list's element value and declared element shape (ResourceInfo) hold after the op
+  // only where every branch leaves them.
   std::vector<ValueMeta> results = branches[0]->outputs;
   for (size_t i = 0; i < results.size() && i < varying.size(); ++i) {
     if (varying[i]) results[i].shape = *varying[i];
@@ -319,12 +319,17 @@ Status FunctionExpansion::ExpandBranches(const NodeSpec& node, const std::vector
       }
       continue;
     }
-    if (!results[i].resource || !results[i].resource->element_value) continue;
+    if (!results[i].resource) continue;
     for (size_t b = 1; b < branches.size(); ++b) {
-      const bool same_value = i < branches[b]->outputs.size() && branches[b]->outputs[i].resource &&
-                              branches[b]->outputs[i].resource->element_value ==
-                                  results[i].resource->element_value;
-      if (!same_value) results[i].resource->element_value.reset();
+      const std::optional<ResourceInfo>* other =
+          i < branches[b]->outputs.size() ? &branches[b]->outputs[i].resource : nullptr;
+      ResourceInfo& info = *results[i].resource;
+      if (!other || !*other || (*other)->element_value != info.element_value) {
+        info.element_value.reset();
+      }
+      if (!other || !*other || (*other)->declared_element_shape != info.declared_element_shape) {
+        info.declared_element_shape.reset();
+      }
     }
   }
   RawAttrs attrs;

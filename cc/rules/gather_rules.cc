@@ -215,16 +215,22 @@ class GatherRule : public FactorRule {
  private:
   // ResourceGather (axis 0, no batch dims) where some device's block has no row, which
   // the masked lookup would clamp its ids to: each device looks up only the ids in its
-  // block (KeepInBlock) and scatters the rows into zeros of the result's local shape
-  // (ids.shape + the block's trailing shape); `out` is the partial result's layout.
+  // block (KeepInBlock) and places the rows at their ids, zeros elsewhere (a gather of the
+  // rows by position); `out` is the partial result's layout.
   static StatusOr<ValueId> LookUpInBlock(const OpContext& ctx, const Plan& plan,
                                          Builder& builder, const std::vector<ValueId>& inputs,
                                          const BlockIds& ids, const Layout& out) {
     const int k = ids.mesh_dim;
     const Mesh& mesh = ctx.mesh;
+    // The shapes computed below are replicated in layout but differ wherever the blocks
+    // do: along k, and along the mesh dimensions sharding the ids or the rows' trailing
+    // axes unevenly ([1,5,5] in [y,x,*] @ mesh(x=2,y=4): rows of 3 columns where x=0, of
+    // 2 where x=1), so each device computes its own.
     auto one = [&](const std::string& op, const std::vector<ValueId>& in,
                    std::vector<AttrOverride> attrs, const Layout& layout) {
-      return builder.LocalOpValue(op, in, DistinctOver(k, std::move(attrs)), layout);
+      LocalOpOptions options = DistinctOver(k, std::move(attrs));
+      options.distinct_over = out.DistinctMeshDims();
+      return builder.LocalOpValue(op, in, options, layout);
     };
     using A = AttrOverride;
     TFD_ASSIGN_OR_RETURN(InBlockIds kept, KeepInBlock(builder, ids));
@@ -233,43 +239,55 @@ class GatherRule : public FactorRule {
     std::vector<DimSpec> specs(1, DimSpec::Replicated());
     specs.insert(specs.end(), out.specs().begin() + id_axes, out.specs().end());
     const Layout rows_layout = out.WithoutPartial().WithSpecs(specs);
+    LocalOpOptions look_up = DistinctOver(k, plan.overrides, /*copy_attrs=*/true);
+    look_up.distinct_over = out.DistinctMeshDims();
     TFD_ASSIGN_OR_RETURN(std::vector<ValueId> rows,
-                         builder.LocalOp(ctx.op_name, {inputs[0], kept.local},
-                                         DistinctOver(k, plan.overrides, /*copy_attrs=*/true),
+                         builder.LocalOp(ctx.op_name, {inputs[0], kept.local}, look_up,
                                          {rows_layout}));
-    // The result's local shape: the ids' (a list of one for a single id), then the rows'
-    // less their first axis.
+    // Each id's entry of the result: the kept rows with a row of zeros in front, picked
+    // by position (0 for an id outside the block, else 1 + its rank among the kept ids):
+    //   in_block [F,T,F,T] -> positions [0,1,0,2]; result = gather([0; rows], positions)
+    // A gather of rows works where the block's trailing axes are empty too (a ScatterNd
+    // into an empty shape refuses the kept ids: [1,1,1] in [x,y,*] over y=4).
     const int dtype = builder.dtype(rows[0]);
-    ValueId in_block = ids.in_block;
-    if (kept.listed) {
-      TFD_ASSIGN_OR_RETURN(in_block, ListOfOne(builder, in_block, k));
-    }
+    const int64_t row_rank = rows_layout.rank();
+    std::vector<int64_t> paddings(2 * row_rank, 0);
+    paddings[0] = 1;
+    TFD_ASSIGN_OR_RETURN(ValueId pads, builder.HostConstant(paddings, {row_rank, 2}, TF_INT32));
+    TFD_ASSIGN_OR_RETURN(ValueId padded,
+                         one("Pad", {rows[0], pads},
+                             {A::Type("T", dtype), A::Type("Tpaddings", TF_INT32)},
+                             rows_layout));
+    const ValueId in_block = ids.in_block;
+    const Layout ids_layout = builder.layout(in_block)->WithoutPartial();
+    const Layout vector = Layout::Replicated(mesh, 1);
     TFD_ASSIGN_OR_RETURN(ValueId ids_shape,
                          one("Shape", {in_block},
-                             {A::Type("T", TF_BOOL), A::Type("out_type", TF_INT64)},
-                             Layout::Replicated(mesh, 1)));
-    TFD_ASSIGN_OR_RETURN(ValueId rows_shape,
-                         one("Shape", {rows[0]},
-                             {A::Type("T", dtype), A::Type("out_type", TF_INT64)},
-                             Layout::Replicated(mesh, 1)));
-    TFD_ASSIGN_OR_RETURN(ValueId begin, builder.HostConstant({1}, {1}, TF_INT32));
-    TFD_ASSIGN_OR_RETURN(ValueId size, builder.HostConstant({-1}, {1}, TF_INT32));
-    TFD_ASSIGN_OR_RETURN(ValueId trailing,
-                         one("Slice", {rows_shape, begin, size},
-                             {A::Type("T", TF_INT64), A::Type("Index", TF_INT32)},
-                             Layout::Replicated(mesh, 1)));
-    TFD_ASSIGN_OR_RETURN(ValueId front, builder.HostConstant({0}, {}, TF_INT32));
-    TFD_ASSIGN_OR_RETURN(ValueId shape,
-                         one("ConcatV2", {ids_shape, trailing, front},
-                             {A::Int("N", 2), A::Type("T", TF_INT64), A::Type("Tidx", TF_INT32)},
-                             Layout::Replicated(mesh, 1)));
-    const std::vector<AttrOverride> scatter = {A::Type("T", dtype),
-                                               A::Type("Tindices", TF_INT64)};
-    if (!kept.listed) return one("ScatterNd", {kept.where, rows[0], shape}, scatter, out);
-    TFD_ASSIGN_OR_RETURN(Layout listed_layout, rows_layout.WithPartial({{k, ReduceOp::kSum}}));
-    TFD_ASSIGN_OR_RETURN(ValueId listed,
-                         one("ScatterNd", {kept.where, rows[0], shape}, scatter, listed_layout));
-    return one("Squeeze", {listed}, {A::Type("T", dtype), A::IntList("squeeze_dims", {0})},
+                             {A::Type("T", TF_BOOL), A::Type("out_type", TF_INT32)}, vector));
+    TFD_ASSIGN_OR_RETURN(ValueId flat_shape, builder.HostConstant({-1}, {1}, TF_INT32));
+    TFD_ASSIGN_OR_RETURN(ValueId flat,
+                         one("Reshape", {in_block, flat_shape},
+                             {A::Type("T", TF_BOOL), A::Type("Tshape", TF_INT32)}, vector));
+    TFD_ASSIGN_OR_RETURN(ValueId counts,
+                         one("Cast", {flat},
+                             {A::Type("SrcT", TF_BOOL), A::Type("DstT", TF_INT32),
+                              A::Bool("Truncate", false)},
+                             vector));
+    TFD_ASSIGN_OR_RETURN(ValueId zero, builder.HostConstant({0}, {}, TF_INT32));
+    TFD_ASSIGN_OR_RETURN(ValueId ranks,
+                         one("Cumsum", {counts, zero},
+                             {A::Type("T", TF_INT32), A::Type("Tidx", TF_INT32),
+                              A::Bool("exclusive", false), A::Bool("reverse", false)},
+                             vector));
+    TFD_ASSIGN_OR_RETURN(ValueId picked,
+                         one("Mul", {counts, ranks}, {A::Type("T", TF_INT32)}, vector));
+    TFD_ASSIGN_OR_RETURN(ValueId positions,
+                         one("Reshape", {picked, ids_shape},
+                             {A::Type("T", TF_INT32), A::Type("Tshape", TF_INT32)},
+                             ids_layout));
+    return one("GatherV2", {padded, positions, zero},
+               {A::Type("Tparams", dtype), A::Type("Tindices", TF_INT32),
+                A::Type("Taxis", TF_INT32), A::Int("batch_dims", 0)},
                out);
   }
 

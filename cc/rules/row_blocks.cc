@@ -173,15 +173,16 @@ StatusOr<ValueId> ListOfOne(Builder& builder, ValueId value, int mesh_dim) {
 }
 
 StatusOr<ValueId> GatherInBlock(Builder& builder, ValueId value, ValueId where, int id_axes,
-                                int mesh_dim) {
+                                const std::vector<int>& distinct) {
   const std::vector<DimSpec>& specs = builder.layout(value)->specs();
   std::vector<DimSpec> kept(1, DimSpec::Replicated());
   kept.insert(kept.end(), specs.begin() + id_axes, specs.end());
   const Layout out = builder.layout(value)->WithSpecs(kept);
-  return builder.LocalOpValue("GatherNd", {value, where},
-             DistinctOver(mesh_dim, {AttrOverride::Type("Tparams", builder.dtype(value)),
-                                     AttrOverride::Type("Tindices", TF_INT64)}),
-             out);
+  LocalOpOptions options;
+  options.overrides = {AttrOverride::Type("Tparams", builder.dtype(value)),
+                       AttrOverride::Type("Tindices", TF_INT64)};
+  options.distinct_over = distinct;
+  return builder.LocalOpValue("GatherNd", {value, where}, options, out);
 }
 
 StatusOr<InBlockIds> KeepInBlock(Builder& builder, const BlockIds& ids) {
@@ -193,12 +194,16 @@ StatusOr<InBlockIds> KeepInBlock(Builder& builder, const BlockIds& ids) {
     TFD_ASSIGN_OR_RETURN(local, ListOfOne(builder, local, ids.mesh_dim));
   }
   const Mesh& mesh = builder.layout(in_block)->mesh();
-  TFD_ASSIGN_OR_RETURN(out.where, builder.LocalOpValue("Where", {in_block},
-                                      DistinctOver(ids.mesh_dim,
-                                                   {AttrOverride::Type("T", TF_BOOL)}),
-                                      Layout::Replicated(mesh, 2)));
+  // Ids sharded over another mesh dimension differ along it too: the positions and ids
+  // kept, replicated in layout, are computed on every device that holds other ids.
+  out.distinct = builder.layout(in_block)->DistinctMeshDims();
+  out.distinct.push_back(ids.mesh_dim);
+  LocalOpOptions where = DistinctOver(ids.mesh_dim, {AttrOverride::Type("T", TF_BOOL)});
+  where.distinct_over = out.distinct;
+  TFD_ASSIGN_OR_RETURN(out.where, builder.LocalOpValue("Where", {in_block}, where,
+                                                       Layout::Replicated(mesh, 2)));
   const int rank = builder.layout(in_block)->rank();
-  TFD_ASSIGN_OR_RETURN(out.local, GatherInBlock(builder, local, out.where, rank, ids.mesh_dim));
+  TFD_ASSIGN_OR_RETURN(out.local, GatherInBlock(builder, local, out.where, rank, out.distinct));
   return out;
 }
 

@@ -72,14 +72,18 @@ struct InBlockIds {
   ValueId where = -1;
   ValueId local = -1;
   bool listed = false;
+  // The mesh dimensions along which `where` and `local` differ: the block's, and those
+  // that shard the ids (their layouts, replicated, do not say so).
+  std::vector<int> distinct;
 };
 StatusOr<InBlockIds> KeepInBlock(Builder& builder, const BlockIds& ids);
 // `value` with an axis of 1 in front, distinct along `mesh_dim` as it is.
 StatusOr<ValueId> ListOfOne(Builder& builder, ValueId value, int mesh_dim);
 // GatherNd(value, where) of an InBlockIds: the entries of the kept ids, its first
-// `id_axes` axes (those of the ids) become one; the rest keep their layout.
+// `id_axes` axes (those of the ids) become one; the rest keep their layout. The result
+// differs along `distinct` (InBlockIds::distinct) and `value`'s sharded dimensions.
 StatusOr<ValueId> GatherInBlock(Builder& builder, ValueId value, ValueId where, int id_axes,
-                                int mesh_dim);
+                                const std::vector<int>& distinct);
 
 // `mask` (bool, one entry per id) broadcast against a result whose axes are the mask's
 // with `inner` axes inserted after its first `at` axes and `trailing` axes appended:

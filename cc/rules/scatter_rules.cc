@@ -128,11 +128,84 @@ class ResourceScatterRule : public Rule {
       if (kept.listed) {
         TFD_ASSIGN_OR_RETURN(updates, ListOfOne(builder, updates, k));
       }
-      TFD_ASSIGN_OR_RETURN(updates, GatherInBlock(builder, updates, kept.where,
-                                                  std::max(ctx.rank(1), 1), k));
+      TFD_ASSIGN_OR_RETURN(updates, KeptRows(ctx, builder, ids, kept, updates));
     }
-    return builder.LocalOp(ctx.op_name, {inputs[0], local_ids, updates},
-                           DistinctOver(k, plan.overrides, /*copy_attrs=*/true), {});
+    LocalOpOptions options = DistinctOver(k, plan.overrides, /*copy_attrs=*/true);
+    options.distinct_over = kept.distinct;
+    return builder.LocalOp(ctx.op_name, {inputs[0], local_ids, updates}, options, {});
+  }
+
+  // The rows of `updates` (the ids' axes, then the table's trailing axes) of the kept ids,
+  // in order: a gather of rows by their position among the ids, which works where a
+  // device's block of the trailing axes is empty too (GatherNd refuses an empty tensor:
+  // [4,1,5] in [z,x,y] over x=2 leaves a device rows of no column). Ids of rank 2 or more
+  // are flattened first: updates [a,b,D] -> [a*b,D].
+  static StatusOr<ValueId> KeptRows(const OpContext& ctx, Builder& builder, const BlockIds& ids,
+                                    const InBlockIds& kept, ValueId updates) {
+    using A = AttrOverride;
+    const Layout layout = *builder.layout(updates);  // copies: the builder grows below
+    const Mesh mesh = layout.mesh();
+    std::vector<int> distinct = kept.distinct;
+    for (int d : layout.DistinctMeshDims()) distinct.push_back(d);
+    auto one = [&](const std::string& op, const std::vector<ValueId>& in,
+                   std::vector<AttrOverride> attrs, const Layout& out) {
+      LocalOpOptions options;
+      options.copy_attrs = false;
+      options.overrides = std::move(attrs);
+      options.distinct_over = distinct;
+      return builder.LocalOpValue(op, in, options, out);
+    };
+    const int id_axes = std::max(ctx.rank(1), 1);
+    const int dtype = builder.dtype(updates);
+    int64_t count = 1;  // the ids (replicated: every device holds them all)
+    for (int64_t size : ctx.inputs[1].shape) count *= size;
+    std::vector<DimSpec> specs(1, DimSpec::Replicated());
+    specs.insert(specs.end(), layout.specs().begin() + id_axes, layout.specs().end());
+    const Layout rows = layout.WithSpecs(specs);
+    ValueId flat_updates = updates;
+    if (id_axes > 1) {  // [a,b,D...] -> [a*b,D...], each device with its own D sizes
+      TFD_ASSIGN_OR_RETURN(ValueId shape,
+                           one("Shape", {updates},
+                               {A::Type("T", dtype), A::Type("out_type", TF_INT32)},
+                               Layout::Replicated(mesh, 1)));
+      TFD_ASSIGN_OR_RETURN(ValueId begin, builder.HostConstant({id_axes}, {1}, TF_INT32));
+      TFD_ASSIGN_OR_RETURN(ValueId size, builder.HostConstant({-1}, {1}, TF_INT32));
+      TFD_ASSIGN_OR_RETURN(ValueId trailing,
+                           one("Slice", {shape, begin, size},
+                               {A::Type("T", TF_INT32), A::Type("Index", TF_INT32)},
+                               Layout::Replicated(mesh, 1)));
+      TFD_ASSIGN_OR_RETURN(ValueId front, builder.HostConstant({count}, {1}, TF_INT32));
+      TFD_ASSIGN_OR_RETURN(ValueId axis, builder.HostConstant({0}, {}, TF_INT32));
+      TFD_ASSIGN_OR_RETURN(ValueId flat_shape,
+                           one("ConcatV2", {front, trailing, axis},
+                               {A::Int("N", 2), A::Type("T", TF_INT32),
+                                A::Type("Tidx", TF_INT32)},
+                               Layout::Replicated(mesh, 1)));
+      TFD_ASSIGN_OR_RETURN(flat_updates,
+                           one("Reshape", {updates, flat_shape},
+                               {A::Type("T", dtype), A::Type("Tshape", TF_INT32)}, rows));
+    }
+    // The kept ids' positions among all ids, in order (those of `kept`): its own for ids
+    // of rank 0 or 1, else those of the flattened ids.
+    TFD_ASSIGN_OR_RETURN(ValueId vector_shape, builder.HostConstant({-1}, {1}, TF_INT32));
+    ValueId where = kept.where;
+    if (id_axes > 1) {
+      TFD_ASSIGN_OR_RETURN(ValueId flat_in_block,
+                           one("Reshape", {ids.in_block, vector_shape},
+                               {A::Type("T", TF_BOOL), A::Type("Tshape", TF_INT32)},
+                               Layout::Replicated(mesh, 1)));
+      TFD_ASSIGN_OR_RETURN(where, one("Where", {flat_in_block}, {A::Type("T", TF_BOOL)},
+                                      Layout::Replicated(mesh, 2)));
+    }
+    TFD_ASSIGN_OR_RETURN(ValueId positions,
+                         one("Reshape", {where, vector_shape},
+                             {A::Type("T", TF_INT64), A::Type("Tshape", TF_INT32)},
+                             Layout::Replicated(mesh, 1)));
+    TFD_ASSIGN_OR_RETURN(ValueId axis, builder.HostConstant({0}, {}, TF_INT32));
+    return one("GatherV2", {flat_updates, positions, axis},
+               {A::Type("Tparams", dtype), A::Type("Tindices", TF_INT64),
+                A::Type("Taxis", TF_INT32), A::Int("batch_dims", 0)},
+               rows);
   }
 
   Combine combine_;

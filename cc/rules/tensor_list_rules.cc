@@ -34,6 +34,7 @@ struct ListOp {
   Plan plan;
   std::vector<std::optional<ElementInfo>> lists;  // per output
   std::optional<std::vector<int64_t>> constant;
+  bool constant_is_scalar = false;  // TensorListElementShape of an unknown rank: -1
   // Per output: its global shape, where known (elements read from a list).
   std::vector<std::optional<std::vector<int64_t>>> shapes;
   // The layout the elements of the list input 0 take before the local op, if another.
@@ -90,8 +91,10 @@ class ListRule : public Rule {
     TFD_ASSIGN_OR_RETURN(ListOp op, fn_(ctx));
     if (op.constant) {
       const int dtype = ctx.attrs->GetType("shape_type").value_or(TF_INT32);
-      const int64_t rank = static_cast<int64_t>(op.constant->size());
-      TFD_ASSIGN_OR_RETURN(ValueId host, builder.HostConstant(*op.constant, {rank}, dtype));
+      const std::vector<int64_t> shape =
+          op.constant_is_scalar ? std::vector<int64_t>{}
+                                : std::vector<int64_t>{static_cast<int64_t>(op.constant->size())};
+      TFD_ASSIGN_OR_RETURN(ValueId host, builder.HostConstant(*op.constant, shape, dtype));
       TFD_ASSIGN_OR_RETURN(ValueId out, builder.Broadcast(host, ctx.mesh));
       return std::vector<ValueId>{out};
     }
@@ -261,6 +264,15 @@ StatusOr<ListOp> FromRows(const OpContext& ctx, int shape_input, bool split) {
   if (ctx.op_name == "TensorListScatter" || ctx.op_name == "TensorListScatterV2") {
     op.plan.inputs[1] = Layout::Replicated(ctx.mesh, static_cast<int>(ctx.inputs[1].shape.size()));
   }
+  // The element_shape argument as given (a scalar -1: an unknown rank), for
+  // TensorListElementShape; the local op gets the local element shape.
+  const InputInfo& declared = ctx.inputs[shape_input];
+  if (declared.int_value && declared.shape.empty() && declared.int_value->size() == 1 &&
+      (*declared.int_value)[0] == -1) {
+    info.declared_element_shape = std::optional<std::vector<int64_t>>();
+  } else if (declared.int_value && declared.shape.size() == 1) {
+    info.declared_element_shape = declared.int_value;
+  }
   LocalizeElementShape(ctx, shape_input, info, op.plan);
   op.plan.outputs = {ListLayout(ctx)};
   op.lists = {info};
@@ -326,14 +338,26 @@ StatusOr<ListOp> PassList(const OpContext& ctx, bool list_out) {
   return op;
 }
 
-// TensorListElementShape(list): the global element shape when the elements' metadata
-// knows it; else the local op's (a list not written yet reports unknown dims).
+// TensorListElementShape(list): the element shape the list was declared with, as one
+// device answers it (-1 for an unknown rank, -1 sizes where unknown), where the list's
+// metadata records it; else the global element shape when the elements' metadata knows
+// it; else the local op's (a list not written yet reports unknown dims).
+//   element_shape(from_tensor(t [3,2], element_shape=-1)) -> -1
+//   element_shape(from_tensor(t [3,2] [*,x], element_shape=[-1,2])) -> [-1,2]
+// TODO(#10): a list made empty (TensorListReserve, EmptyTensorList) records no element
+// metadata until its first write, which records the elements' shape alone: such a list
+// answers its elements' global shape where one device answers the declared one.
 StatusOr<ListOp> ElementShape(const OpContext& ctx) {
   ListOp op;
   op.plan.inputs = Unchanged(ctx);
   op.plan.outputs = {Layout::Replicated(ctx.mesh, 1)};
   std::optional<ElementInfo> info = Elements(ctx, 0);
-  if (info && std::all_of(info->value_shape.begin(), info->value_shape.end(),
+  if (info && info->declared_element_shape) {
+    const std::optional<std::vector<int64_t>>& declared = *info->declared_element_shape;
+    op.constant_is_scalar = !declared;
+    op.constant = declared ? *declared : std::vector<int64_t>{-1};
+    if (!declared) op.plan.outputs = {Layout::Replicated(ctx.mesh, 0)};
+  } else if (info && std::all_of(info->value_shape.begin(), info->value_shape.end(),
                           [](int64_t d) { return d >= 0; })) {
     op.constant = info->value_shape;
   }

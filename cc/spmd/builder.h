@@ -111,14 +111,22 @@ struct ResourceInfo {
   // loop's gradient accumulates per iteration for its BroadcastGradientArgs, when the
   // traced shapes have unknown sizes). TensorListPopBack reads it as that constant.
   std::optional<std::vector<int64_t>> element_value;
+  // A TensorList's element_shape as the op that made it declared it, which
+  // TensorListElementShape answers (global sizes, -1 where unknown; nullopt inside: an
+  // unknown rank): TensorListFromTensor(t [3,2], element_shape=-1) declares an unknown
+  // rank, though its elements are [2]. Unset where it is not known while planning (a list
+  // made before its element layout was set: the first write records the elements alone).
+  std::optional<std::optional<std::vector<int64_t>>> declared_element_shape;
 
   // Whether `other` describes the same value to plan for: its layout, shape and dtype, and
-  // a list's element value. Expansions and plans are keyed on these. `shared_storage` is
+  // a list's element value and declared element shape. Expansions and plans are keyed on
+  // these. `shared_storage` is
   // not among them: dispatch checks it against the lowering in force before any plan is
   // looked up, and a read (the only op it allows across lowerings) plans alike.
   bool SameValue(const ResourceInfo& other) const {
     return value_layout == other.value_layout && value_shape == other.value_shape &&
-           value_dtype == other.value_dtype && element_value == other.element_value;
+           value_dtype == other.value_dtype && element_value == other.element_value &&
+           declared_element_shape == other.declared_element_shape;
   }
 };
 

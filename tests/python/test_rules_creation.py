@@ -97,34 +97,108 @@ def test_fill_plan_gives_the_requested_layout(layouts):
     assert plan["collectives"] == []
 
 
-@pytest.mark.parametrize("fn,kwargs,op_name", [
-    # Fill makes its blocks in the requested layout only where the shape divides; here
-    # it fills replicated and the final relayout names the problem, as for random ops
-    # (drawn replicated: their key and counter must stay whole).
-    pytest.param(tf.ones, {"shape": (6, 4)}, "TfDTensorRelayout", id="ones"),
-    pytest.param(tf.ones, {"shape": (12, 100)}, "TfDTensorRelayout", id="ones_big"),
+@pytest.mark.parametrize("fn,kwargs", [
+    pytest.param(tf.ones, {"shape": (6, 4)}, id="ones"),
+    pytest.param(tf.ones, {"shape": (12, 100)}, id="ones_big"),
     pytest.param(tf.random.stateless_normal, {"shape": (12, 4), "seed": (1, 2)},
-                 "TfDTensorRelayout", id="stateless_normal"),
+                 id="stateless_normal"),
 ])
-def test_uneven_shape_is_made_replicated_then_split(fn, kwargs, op_name, mesh_8):
-    # An uneven request: the op runs replicated (one shape for every device) and the
-    # final relayout (`op_name`) cuts the uneven blocks; values as on one device.
-    del op_name
+def test_uneven_shape_in_requested_layout(fn, kwargs, mesh_8):
+    # An uneven request: blocks of 2, 2, 2, 2, 2, 2, 0, 0 rows; values as on one device.
     layout = dtensor.Layout(["x", dtensor.UNSHARDED], mesh_8)
     got = dtensor.call_with_layout(fn, layout, **kwargs)
     assert_dtensor_equal(fn(**kwargs).numpy(), layout, got)
 
 
+# Creation ops asked for an uneven layout make their value in it, as debug.explain says:
+# Fill and Empty each device its own block, random ops and LinSpace drawn whole and
+# sliced. They used to come out replicated (explain: replicated for Fill, nothing for
+# the others), left for call_with_layout's final relayout to cut.
+UNEVEN_CREATIONS = {
+    "Fill": (lambda shape: tf.raw_ops.Fill(dims=shape, value=2.5), {}),
+    "Empty": (lambda shape: tf.raw_ops.Empty(shape=shape, dtype=tf.int32, init=True),
+              {"dtype": tf.int32, "init": True}),
+    "StatelessRandomNormal": (
+        lambda shape: tf.raw_ops.StatelessRandomNormal(shape=shape, seed=[1, 2]), {}),
+    "StatelessRandomUniformIntV2": (
+        lambda shape: tf.raw_ops.StatelessRandomUniformIntV2(
+            shape=shape, key=np.array([7], np.uint64), counter=np.array([3, 0], np.uint64),
+            alg=1, minval=0, maxval=100), {}),
+    "StatelessTruncatedNormalV2": (
+        lambda shape: tf.raw_ops.StatelessTruncatedNormalV2(
+            shape=shape, key=np.array([5], np.uint64), counter=np.array([9, 0], np.uint64),
+            alg=1), {}),
+}
+# The global shapes of each op's inputs, its shape first.
+_SHAPES_OF = {"Fill": [[2], []], "Empty": [[2]], "StatelessRandomNormal": [[2], [2]],
+              "StatelessRandomUniformIntV2": [[2], [1], [2], [], [], []],
+              "StatelessTruncatedNormalV2": [[2], [1], [2], []]}
+UNEVEN_LAYOUTS = (spec_params(MESH_2X2, ("[x,y]",), ("[*,y]",)) +
+                  spec_params(MESH_8, ("[x,*]",), ("[*,x]",)))
+
+
+@pytest.mark.parametrize("how", ["default_layout", "call_with_layout", "function"])
+@pytest.mark.parametrize("op_name", sorted(UNEVEN_CREATIONS))
+@pytest.mark.parametrize("layouts", UNEVEN_LAYOUTS)
+def test_uneven_request_is_made_in_that_layout(layouts, op_name, how):
+    (layout,) = layouts
+    shape = [5, 3]   # over 2: 3 and 2 rows, 2 and 1 columns; over 8: 1,1,1,1,1,0,0,0 rows
+    make, attrs = UNEVEN_CREATIONS[op_name]
+    expected = make(shape).numpy()
+    if how == "default_layout":   # TensorFlow's device scope: the op's own output
+        from tf_dtensor import api
+        with api._dtensor_device()._default_layout(layout):
+            actual = run_without_fallback(lambda: make(shape))
+    elif how == "call_with_layout":
+        actual = run_without_fallback(lambda: dtensor.call_with_layout(make, layout, shape))
+    else:
+        actual = run_without_fallback(
+            lambda: dtensor.call_with_layout(tf.function(make), layout, shape))
+    assert_dtensor_equal(expected, layout, actual)
+    assert actual.dtype == tf.as_dtype(expected.dtype)
+    shapes = _SHAPES_OF[op_name]
+    plan = tf_dtensor.debug.explain(op_name, [None] * len(shapes), shapes,
+                                    int_values={0: shape}, attrs=attrs, requested=layout)
+    assert plan["outputs"] == [layout]
+    assert plan["collectives"] == []
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("layouts", spec_params(MESH_8, ("[x]",)) + spec_params(MESH_2X2, ("[y]",)))
+def test_linspace_in_an_uneven_requested_layout(layouts, in_function):
+    (layout,) = layouts
+    make = lambda: tf.raw_ops.LinSpace(start=-1.0, stop=2.0, num=7)  # noqa: E731
+    fn = tf.function(make) if in_function else make
+    expected = make().numpy()
+    actual = run_without_fallback(lambda: dtensor.call_with_layout(fn, layout))
+    assert_dtensor_equal(expected, layout, actual)
+    from tf_dtensor import api
+    with api._dtensor_device()._default_layout(layout):
+        actual = run_without_fallback(fn)
+    assert_dtensor_equal(expected, layout, actual)
+    plan = tf_dtensor.debug.explain("LinSpace", [None, None, None], [[], [], []],
+                                    int_values={2: [7]}, requested=layout)
+    assert plan["outputs"] == [layout]
+
+
 def test_fill_keeps_replicated_when_the_requested_layout_cannot_divide_it(mesh_2x2):
     # call_with_layout asks every creation op for its layout; a [1,4] operand that
-    # broadcasts later cannot be split over x, so it is made replicated and only the
-    # final result takes the layout.
+    # broadcasts later is not split over x (an axis of size 1 over several devices), so
+    # it is made replicated, as debug.explain says, and only the final result takes the
+    # layout.
     layout = dtensor.Layout(["x", "y"], mesh_2x2)
     got = dtensor.call_with_layout(lambda: tf.ones([1, 4]) * 3.0 + tf.zeros([8, 4]), layout)
     assert dtensor.fetch_layout(got) == layout
     np.testing.assert_array_equal(np.concatenate(
         [np.concatenate([c.numpy() for c in dtensor.unpack(got)[r * 2:r * 2 + 2]], axis=1)
          for r in range(2)]), np.full((8, 4), 3.0, np.float32))
+    plan = tf_dtensor.debug.explain("Fill", [None, None], [[2], []], int_values={0: [1, 4]},
+                                    requested=layout)
+    assert plan["outputs"] == [dtensor.Layout.replicated(mesh_2x2, 2)]
+    from tf_dtensor import api
+    with api._dtensor_device()._default_layout(layout):
+        ones = tf.raw_ops.Fill(dims=[1, 4], value=1.0)
+    assert dtensor.fetch_layout(ones) == dtensor.Layout.replicated(mesh_2x2, 2)
 
 
 # Range in a requested layout: each device runs Range over its own block (uneven blocks
@@ -207,7 +281,7 @@ def test_empty_without_init_has_the_shape_dtype_and_layout(layouts):
         SHAPE[1] // (2 if layout.sharding_specs[1] != "unsharded" else 1))
 
 
-def test_empty_with_an_uneven_request_is_made_replicated_then_split(mesh_8):
+def test_empty_with_an_uneven_request(mesh_8):
     layout = dtensor.Layout(["x", dtensor.UNSHARDED], mesh_8)
     make = lambda: tf.raw_ops.Empty(shape=(6, 4), dtype=tf.float32, init=True)  # noqa: E731
     assert_dtensor_equal(np.zeros((6, 4), np.float32), layout,

@@ -177,6 +177,34 @@ def test_gather_of_one_id_from_row_blocks(row, spec, in_function, mesh_2x2):
                    np.int32(row), in_function)
 
 
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("which", ["first", "two", "last"])
+@pytest.mark.parametrize("spec,shape", [("[y,x,*]", (1, 5, 5)), ("[y,x]", (3, 5)),
+                                        ("[y,*,x]", (3, 2, 5))])
+def test_row_blocks_with_an_empty_block_and_uneven_trailing_axes(spec, shape, which,
+                                                                 in_function):
+    # Rows over y=4 leave some devices without a row, and a trailing axis over x=2 is
+    # uneven (5 columns: 3 and 2): each device's lookups have its own trailing sizes. The
+    # devices with x=1 took those of x=0 ("Dimensions [1,3) of input[shape=[1,3,5]] must
+    # match dimensions [1,3) of updates[shape=[1,2,5]]").
+    from dtensor_testing import cpus
+    mesh = dtensor.create_mesh([("x", 2), ("y", 4)], devices=cpus(8))
+    last = shape[0] - 1
+    ids = {"first": np.int32(0), "two": np.array([last, 0], np.int32),
+           "last": np.int32(last)}[which]
+    table = random_array(shape, seed=16)
+    layout = layout_of(spec, mesh)
+    _check_lookups(table, layout, ids, in_function)
+    v = dtensor.DVariable(to_dtensor(table, layout))
+    fn = lambda i: tf.raw_ops.ResourceGather(resource=v.handle, indices=i,  # noqa: E731
+                                             dtype=tf.float32)
+    ids_d = to_dtensor(ids, layout_of("[" + ",".join("*" * np.ndim(ids)) + "]", mesh))
+    got = run_without_fallback(tf.function(fn) if in_function else fn, ids_d)
+    assert got.dtype == tf.float32 and tuple(got.shape) == table[ids].shape
+    assert_values_equal(table[ids], reassemble(got))
+    assert dtensor.fetch_layout(v.read_value()) == layout
+
+
 SCATTERS = {
     "add": (lambda v, s: v.scatter_add(s), np.add),
     "sub": (lambda v, s: v.scatter_sub(s), np.subtract),
@@ -209,6 +237,79 @@ def test_resource_scatter(table_layout, kind, in_function):
     run_without_fallback(fn, to_dtensor(ids, layout_of("[x]", mesh)),
                          to_dtensor(updates, layout_of("[x,*]", mesh)))
     assert_dtensor_equal(expected, table_layout, v.read_value())
+
+
+def _mesh_2x4():
+    from dtensor_testing import cpus
+    return dtensor.create_mesh([("x", 2), ("y", 4)], devices=cpus(8))
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("shape,table_spec,ids,ids_spec", [
+    # Rows over y (some devices hold none), ids sharded over x (and y): each device keeps
+    # the ids of its own block among its own ids; the kept positions were made once per y
+    # and shared over x ("Dimensions [0,1) of indices[shape=[1,2]] must match dimensions
+    # [0,1) of updates[shape=[3,1]]").
+    ((2, 1), "[y,*]", [[1, 0], [0, 0], [1, 1]], "[y,x]"),
+    ((2, 3), "[y,*]", [[1, 0], [0, 0], [1, 1]], "[*,x]"),
+    ((3, 2), "[y,*]", [2, 0, 1, 2, 0], "[x]"),
+    # A trailing axis whose block is empty on some devices (1 column over y=4): the rows
+    # were scattered into an empty shape ("Indices and updates specified for empty output
+    # shape").
+    ((1, 1, 1), "[x,y,*]", [0], "[x]"),
+    ((3, 1, 5), "[x,*,y]", [2, 0, 1], "[*]"),
+], ids=lambda v: str(v).replace(" ", ""))
+def test_resource_gather_of_row_blocks_with_ids_and_trailing_axes_sharded(
+        shape, table_spec, ids, ids_spec, in_function):
+    mesh = _mesh_2x4()
+    table = random_array(shape, seed=17)
+    ids = np.array(ids, np.int64)
+    layout = layout_of(table_spec, mesh)
+    v = dtensor.DVariable(to_dtensor(table, layout))
+    fn = lambda i: tf.raw_ops.ResourceGather(resource=v.handle, indices=i,  # noqa: E731
+                                             dtype=tf.float32)
+    got = run_without_fallback(tf.function(fn) if in_function else fn,
+                               to_dtensor(ids, layout_of(ids_spec, mesh)))
+    expected = table[ids]
+    assert got.dtype == tf.float32 and tuple(got.shape) == expected.shape
+    assert_values_equal(expected, reassemble(got))
+    # The ids' sharding, then the table's trailing axes', as a tensor's gather gives it.
+    tensor = run_without_fallback(
+        lambda i: tf.gather(to_dtensor(table, layout), i), to_dtensor(ids, layout_of(ids_spec, mesh)))
+    assert dtensor.fetch_layout(got) == dtensor.fetch_layout(tensor)
+    assert dtensor.fetch_layout(v.read_value()) == layout
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("kind", ["update", "add", "max"])
+@pytest.mark.parametrize("shape,table_spec,ids", [
+    ((4, 1, 5), "[y,x,*]", [3, 1]),        # 1 column over x=2: blocks of 1 and 0
+    ((4, 3, 5), "[x,*,y]", [[0, 3], [2, 1]]),   # 5 over y=4: 2, 2, 1, 0; ids of rank 2
+    ((3, 1, 5), "[y,x,*]", [2, 0]),        # and rows over y=4 (one device holds none)
+], ids=lambda v: str(v).replace(" ", ""))
+def test_resource_scatter_into_row_blocks_with_an_empty_trailing_block(
+        shape, table_spec, ids, kind, in_function):
+    # A device whose block of a trailing axis is empty gathered its kept updates with
+    # GatherNd, which refuses an empty tensor ("Requested more than 0 entries, but params
+    # is empty").
+    mesh = _mesh_2x4()
+    table = random_array(shape, seed=18)
+    ids = np.array(ids, np.int32)
+    updates = random_array(ids.shape + shape[1:], seed=19)
+    op = {"update": tf.raw_ops.ResourceScatterUpdate, "add": tf.raw_ops.ResourceScatterAdd,
+          "max": tf.raw_ops.ResourceScatterMax}[kind]
+    plain = tf.Variable(table)
+    op(resource=plain.handle, indices=ids, updates=updates)
+    layout = layout_of(table_spec, mesh)
+    v = dtensor.DVariable(to_dtensor(table, layout))
+
+    def fn(i, u):
+        op(resource=v.handle, indices=i, updates=u)
+
+    replicated = lambda a: to_dtensor(a, dtensor.Layout.replicated(mesh, a.ndim))  # noqa: E731
+    run_without_fallback(tf.function(fn) if in_function else fn, replicated(ids),
+                         replicated(updates))
+    assert_dtensor_equal(plain.numpy(), layout, v.read_value())
 
 
 def _add_at(table, ids, rows):

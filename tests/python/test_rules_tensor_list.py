@@ -223,3 +223,24 @@ def test_add_n_of_lists_gives_their_elements_one_layout(rows, item, summed, in_f
     actual = run_without_fallback(fn, to_dtensor(_XS, layout_of(rows, MESH_2X2)),
                                   to_dtensor(_XS[0], layout_of(item, MESH_2X2)))
     assert_dtensor_equal(expected, layout_of(summed, MESH_2X2), actual)
+
+
+# TensorListElementShape answers the element_shape the list was declared with, as one
+# device does: -1 (a scalar) for an unknown rank, -1 sizes where unknown; it used to
+# answer the elements' shape ([3] where one device says -1).
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("declared", [-1, [-1, -1], [-1, _D], [_B, -1], [_B, _D]],
+                         ids=lambda d: "declared" + str(d).replace(" ", ""))
+@pytest.mark.parametrize("spec", ["[*,x,y]", "[*,*,*]", "[*,*,x]"])
+def test_element_shape_is_the_declared_one(spec, declared, in_function):
+    def fn(xs):
+        handle = tf.raw_ops.TensorListFromTensor(tensor=xs, element_shape=declared)
+        return tf.raw_ops.TensorListElementShape(input_handle=handle, shape_type=tf.int32)
+
+    # _XS is [5,4,3]: over x=2, y=2 its feature axis (3) is cut unevenly.
+    expected = fn(tf.constant(_XS)).numpy()
+    run = tf.function(fn) if in_function else fn
+    actual = run_without_fallback(run, to_dtensor(_XS, layout_of(spec, MESH_2X2)))
+    assert_dtensor_equal(expected, layout_of("[*]" if expected.ndim else "[]", MESH_2X2),
+                         actual)
+    assert actual.dtype == tf.int32

@@ -132,8 +132,9 @@ TEST(ScatterRules, ResourceScatterAppliesRowBlocks) {
   SCOPED_TRACE(steps.back());
   EXPECT_NE(steps.back().find("local ResourceScatterAdd"), std::string::npos);
 
-  // An update of row blocks: each device keeps the ids in its block and their updates'
-  // rows (Where, GatherNd) and updates its own rows; the table is never gathered.
+  // An update of row blocks: each device keeps the ids in its block (Where, GatherNd) and
+  // their updates' rows (a gather by position among the ids, which works on an empty
+  // block of the trailing axes too) and updates its own rows; the table is never gathered.
   OpCase update("ResourceScatterUpdate", mesh);
   update.Resource("[x,y]", {7, 4}).In("[*]", {6}, TF_INT32).In("[*,*]", {6, 4});
   EXPECT_EQ(update.PlanString(), "= [*] [*,y] -> replicated");
@@ -141,12 +142,16 @@ TEST(ScatterRules, ResourceScatterAppliesRowBlocks) {
   ExpectNoTableGather(update_steps);
   EXPECT_EQ(update.Collectives(),  // a slice: no communication
             std::vector<std::string>{"input 2: slice axis 1 over y [*,*] -> [*,y]"});
-  ASSERT_TRUE(update_steps.size() >= 4u);
-  EXPECT_EQ(std::vector<std::string>(update_steps.end() - 4, update_steps.end()),
+  ASSERT_TRUE(update_steps.size() >= 7u);
+  EXPECT_EQ(std::vector<std::string>(update_steps.end() - 7, update_steps.end()),
             (std::vector<std::string>{
                 "local Where [*] -> [*,*] T=bool",
                 "local GatherNd [*] [*,*] -> [*] Tparams=int32 Tindices=int64",
-                "local GatherNd [*,y] [*,*] -> [*,y] Tparams=float32 Tindices=int64",
+                "host constant [-1] int32",
+                "local Reshape [*,*] host [1] -> [*] T=int64 Tshape=int32",
+                "host constant [0] int32",
+                "local GatherV2 [*,y] [*] host [] -> [*,y] Tparams=float32 Tindices=int64 "
+                "Taxis=int32 batch_dims=0",
                 "local ResourceScatterUpdate [] [*] [*,y] -> replicated"}));
 
   // So does a scalar update (every combine), and a table with an empty block (5 rows

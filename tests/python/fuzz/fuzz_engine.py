@@ -6,8 +6,9 @@ table entry: shapes, dtypes, host arguments, attributes) and a layout per tensor
 on DTensors eagerly, inside `tf.function` and through `tf.GradientTape`; each output must
 match the reference in value (dtype-appropriate tolerance), dtype and global shape, and
 have the layout the op's rule claims (`debug.explain` on the same layouts, shapes, host
-values and attributes). Everything runs in strict mode: an op that falls back is a
-mismatch too.
+values and attributes). A resource op's variable (`V`) is a tf.Variable for reference and
+a DVariable in the drawn layout; its value after the op is compared too (`_check_variable`).
+Everything runs in strict mode: an op that falls back is a mismatch too.
 
 The engine records what it ran and every mismatch in `LOG`, so a long run reports all of
 them instead of stopping at the first.
@@ -67,6 +68,15 @@ class T:
     partial: bool = True     # may it be given a partial layout
     sharded: bool = True     # may it be sharded at all
     nonempty: bool = False   # only layouts whose every block holds elements
+
+
+@dataclasses.dataclass
+class V(T):
+    """A variable argument (a resource op's `resource` or `ref`): the case makes a
+    tf.Variable of `value` for reference and a DVariable in a drawn layout (sharded,
+    uneven, replicated; never partial), passes their handles, and compares the variable's
+    value (and layout) after the op as well as the op's outputs."""
+    partial: bool = False
 
 
 @dataclasses.dataclass
@@ -362,7 +372,8 @@ def invoke(name: str, call: Call, tensors: Sequence[tf.Tensor]) -> List[tf.Tenso
         for r in result:
             flat.extend(r if isinstance(r, (list, tuple)) else [r])
         return flat
-    return [result] if result is not None else []
+    # An op without outputs gives None eagerly, its Operation while tracing.
+    return [result] if result is not None and not isinstance(result, tf.Operation) else []
 
 
 def _raise_assertion(message: str) -> None:
@@ -510,6 +521,9 @@ def check_case(spec: OpSpec, call: Call, layouts: Sequence[Layout], d: Drawer,
     gradients (and a creation op's requested layout)."""
     name = spec.name
     inputs = flat_inputs(name, call)
+    if any(isinstance(x, V) for x in inputs):
+        _check_variable(spec, call, inputs, layouts, lowering)
+        return
     arrays = [x.value for x in inputs if isinstance(x, T)]
     grad = spec.grad and call.grad and any(_differentiable(a.dtype) for a in arrays)
     plain = [tf.constant(a) for a in arrays]
@@ -644,9 +658,9 @@ def _check(spec, call, inputs, arrays, layouts, upstream, expected_outputs, expe
 def _check_creation(d: Drawer, spec: OpSpec, call: Call, mesh, expected_outputs) -> None:
     """Creation ops: the output layout is requested; the rule must produce it."""
     expected = expected_outputs[0]
-    # TODO(#10): uneven requests: the op comes out replicated while explain claims the
-    # requested sharding (README, "Fuzzing"); until then creation requests are even.
-    layout = draw_layout(d, mesh, expected, partial_ok=False, even=True)
+    # Uneven requests too: the op makes its value in the requested layout, or, where a
+    # size-1 axis would be split over several devices, replicated; explain says which.
+    layout = draw_layout(d, mesh, expected, partial_ok=False)
     inputs = flat_inputs(spec.name, call)
     shapes = [list(host_array(x).shape) for x in inputs]
     int_values = {i: [int(v) for v in host_array(x).reshape(-1)]
@@ -668,6 +682,68 @@ def _check_creation(d: Drawer, spec: OpSpec, call: Call, mesh, expected_outputs)
         in_function = run_strict(tf.function(create_with_layout))
     assert_output(expected, layout, in_function, tolerance(expected.dtype, call.tol),
                   "tf.function output 0")
+
+
+def _check_variable(spec: OpSpec, call: Call, inputs, layouts: Sequence[Layout],
+                    lowering: str) -> None:
+    """Resource ops: the op runs on a tf.Variable's handle for reference, then on a
+    DVariable's (in the drawn layout) eagerly and, on a fresh DVariable, inside
+    tf.function. Outputs must match in value, dtype and global shape; the variable must
+    hold the reference's value afterwards, in the layout it was made with. Runs under
+    the case's collective lowering, which the DVariables are made under too."""
+    name = spec.name
+    tensor_args = [x for x in inputs if isinstance(x, T)]
+    variables = [tf.Variable(x.value) if isinstance(x, V) else None for x in tensor_args]
+    feed = [v.handle if v is not None else tf.constant(x.value)
+            for v, x in zip(variables, tensor_args)]
+    try:
+        expected_outputs = [o.numpy() for o in invoke(name, call, feed)]
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
+            tf.errors.NotFoundError, ValueError, TypeError) as error:
+        raise _Invalid() from error   # the table drew something TensorFlow refuses
+    expected_values = [v.numpy() for v in variables if v is not None]
+    tols = [tolerance(o.dtype, call.tol) for o in expected_outputs]
+
+    def made():
+        """Fresh DVariables (None for data arguments) and the op's tensor arguments."""
+        dvariables = [dtensor.DVariable(to_dtensor(x.value, layout)) if isinstance(x, V)
+                      else None for x, layout in zip(tensor_args, layouts)]
+        data = [to_dtensor(x.value, layout) if dv is None else None
+                for x, layout, dv in zip(tensor_args, layouts, dvariables)]
+        return dvariables, data
+
+    def check(outputs, dvariables, where):
+        assert len(outputs) == len(expected_outputs), (
+            f"{where}: {len(outputs)} outputs, expected {len(expected_outputs)}")
+        for i, (e, a) in enumerate(zip(expected_outputs, outputs)):
+            assert_output(e, None, a, tols[i], f"{where} output {i}")
+        made_as = [l for l, dv in zip(layouts, dvariables) if dv is not None]
+        for e, dv, layout in zip(expected_values, [v for v in dvariables if v is not None],
+                                 made_as):
+            assert dv.layout == layout, (
+                f"{where}: the variable's layout is {dv.layout.short()}, made {layout.short()}")
+            assert_output(e, layout, dv.read_value(), tolerance(e.dtype, call.tol),
+                          f"{where} variable after the op")
+
+    def handles(dvariables, data):
+        return [dv.handle if dv is not None else t for dv, t in zip(dvariables, data)]
+
+    dvariables, data = run_strict(made)
+    outputs = run_strict(lambda: invoke(name, call, handles(dvariables, data)))
+    check(outputs, dvariables, "eager")
+
+    dvariables, data = run_strict(made)
+    positions = [i for i, t in enumerate(data) if t is not None]
+
+    @tf.function
+    def in_function(*given):
+        feed = handles(dvariables, data)
+        for i, t in zip(positions, given):
+            feed[i] = t
+        return invoke(name, call, feed)
+
+    outputs = run_strict(in_function, *[data[i] for i in positions])
+    check(outputs, dvariables, "tf.function")
 
 
 def examples_per_op(num_ops: int) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from dtensor_testing import TEST_DEVICE
-from fuzz_engine import FLOATS, H, T, Call, Drawer
+from fuzz_engine import FLOATS, H, T, V, Call, Drawer
 from fuzz_ops import INTS, NUMBERS, OPS, op
 
 # ---------------------------------------------------------------------------------------
@@ -253,6 +253,78 @@ def _(d):
 
 
 # ---------------------------------------------------------------------------------------
+# Resource ops on a variable (`V`): the engine makes a tf.Variable and a DVariable in a
+# drawn layout (uneven ones too), runs the op on each eagerly and inside tf.function, and
+# compares the outputs and the variable's value (and layout) afterwards.
+# ---------------------------------------------------------------------------------------
+
+def _variable(d: Drawer, dtypes=NUMBERS, min_rank: int = 1, low: float = -2.0,
+              high: float = 2.0) -> np.ndarray:
+    return d.array(d.shape(min_rank, 3, high=5), d.dtype(dtypes), low, high)
+
+
+def _row_indices(d: Drawer, rows: int, unique: bool = False) -> np.ndarray:
+    """Indices into axis 0 of `rows` rows, of rank 0 to 2; distinct with `unique`."""
+    dtype = d.dtype(INTS[:2])
+    if unique:
+        count = d.int(0, rows)
+        return np.asarray(d.permutation(rows)[:count]).astype(dtype.as_numpy_dtype)
+    return d.array(d.shape(0, 2, high=4), dtype, 0, rows - 1)
+
+
+@op("ResourceGather", grad=False)
+def _(d):
+    value = _variable(d)
+    return Call([V(value), T(_row_indices(d, value.shape[0]))], {"dtype": tf.as_dtype(value.dtype)})
+
+
+@op("ResourceGatherNd", grad=False)
+def _(d):
+    value = _variable(d)
+    return Call([V(value), T(_nd_indices(d, value.shape, min_batch_rank=0))],
+                {"dtype": tf.as_dtype(value.dtype)})
+
+
+# Update with a repeated index keeps one of the updates, which one is undefined: its
+# indices are distinct. Mul and Div multiply and divide by updates away from zero.
+for _name in ("ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterMul",
+              "ResourceScatterDiv", "ResourceScatterMin", "ResourceScatterMax",
+              "ResourceScatterUpdate"):
+    @op(_name, grad=False)
+    def _(d, _name=_name):
+        scales = _name in ("ResourceScatterMul", "ResourceScatterDiv")
+        value = _variable(d, FLOATS if scales else NUMBERS)
+        indices = _row_indices(d, value.shape[0], unique=_name == "ResourceScatterUpdate")
+        shape = indices.shape + value.shape[1:]
+        updates = (d.array(shape, value.dtype, 0.5, 2.0) * np.where(
+            d.array(shape, tf.bool), 1, -1).astype(value.dtype)) if scales else d.array(
+                shape, value.dtype)
+        return Call([V(value), T(indices), T(updates)])
+
+
+for _name in ("ResourceScatterNdAdd", "ResourceScatterNdSub", "ResourceScatterNdMin",
+              "ResourceScatterNdMax", "ResourceScatterNdUpdate"):
+    @op(_name, grad=False)
+    def _(d, _unique=_name == "ResourceScatterNdUpdate"):
+        value = _variable(d)
+        indices = _nd_indices(d, value.shape, unique=_unique)
+        return Call([V(value), T(indices), T(_updates(d, indices, value.shape, value.dtype))])
+
+
+@op("ResourceStridedSliceAssign", grad=False)
+def _(d):
+    value = _variable(d)
+    # Bounds anywhere in [-size, size] (negative ones count from the end), strides either
+    # way; the slice may be empty. The assigned value has the slice's shape.
+    begin = [d.int(-s, s) for s in value.shape]
+    end = [d.int(-s, s) for s in value.shape]
+    strides = [d.choice([1, 2, -1, -2]) for _ in value.shape]
+    shape = tf.raw_ops.StridedSlice(input=value, begin=begin, end=end, strides=strides).shape
+    return Call([V(value), H(begin, tf.int32), H(end, tf.int32), H(strides, tf.int32),
+                 T(d.array(shape, value.dtype))])
+
+
+# ---------------------------------------------------------------------------------------
 # Data-dependent output shapes
 # ---------------------------------------------------------------------------------------
 
@@ -316,12 +388,10 @@ def list_length(t):
     return [_L.TensorListLength(input_handle=_from_tensor(t))]
 
 
-# TODO(#10): the rule answers the element shape the list's elements have, TF the shape
-# the list was declared with: TensorListElementShape(TensorListFromTensor(t [3,2],
-# element_shape=-1)) is -1 (unknown rank) on one device, [2] on DTensors. The entry
-# declares the full element shape, where the two agree.
-def list_element_shape(t):
-    handle = _L.TensorListFromTensor(tensor=t, element_shape=tf.shape(t)[1:])
+def list_element_shape(t, element_shape):
+    """The element shape the list was declared with: -1 (an unknown rank), or sizes with
+    -1 where unknown, whatever its elements' shape."""
+    handle = _L.TensorListFromTensor(tensor=t, element_shape=element_shape)
     return [_L.TensorListElementShape(input_handle=handle, shape_type=tf.int32)]
 
 
@@ -408,11 +478,18 @@ def _(d):
     return Call([T(t), H(indices, tf.int32)], composite=list_gather)
 
 
-for _name, _composite in (("TensorListLength", list_length),
-                          ("TensorListElementShape", list_element_shape)):
-    @op(_name, grad=False)
-    def _(d, _composite=_composite):
-        return Call([T(_list_tensor(d))], composite=_composite)
+@op("TensorListLength", grad=False)
+def _(d):
+    return Call([T(_list_tensor(d))], composite=list_length)
+
+
+@op("TensorListElementShape", grad=False)
+def _(d):
+    t = _list_tensor(d)
+    # Declared: an unknown rank, or the elements' rank with each size known or not.
+    element_shape = (_ANY if d.int(0, 2) == 0 else
+                     [s if d.bool() else -1 for s in t.shape[1:]])
+    return Call([T(t), H(element_shape, tf.int32)], composite=list_element_shape)
 
 
 for _name in ("TensorListReserve",):
@@ -499,24 +576,7 @@ for _name in ("OptionalFromValue", "OptionalGetValue", "OptionalHasValue", "Opti
 # Not fuzzed (merged into fuzz_ops.EXCLUDED)
 # ---------------------------------------------------------------------------------------
 
-# TODO(#10): an engine path that makes a DVariable with a drawn layout and compares its
-# value with a plain tf.Variable's after the op would fuzz these too.
-_RESOURCE_SCATTER = ("a resource op on a variable's handle: no tensor value to compare; "
-                     "DVariables laid out row/column-wise (uneven too) against tf.Variable "
-                     "in tests/python/test_rules_embedding.py")
-_THROUGH_VALUE = ("a resource op on a variable's handle: no tensor value to compare; it runs "
-                  "as its functional op (fuzzed: GatherNd, TensorScatter*, "
-                  "TensorStridedSliceUpdate) on the variable's value, and DVariables of 1-D, "
-                  "2-D and uneven layouts against tf.Variable are in "
-                  "tests/python/test_variable_updates.py")
 EXCLUDED = {
     "DisableCopyOnRead": "a resource op on a variable's handle with no output; "
                          "tests/python/test_variable.py",
-    "ResourceGatherNd": _THROUGH_VALUE,
-    "ResourceStridedSliceAssign": _THROUGH_VALUE,
-    **{f"ResourceScatterNd{kind}": _THROUGH_VALUE
-       for kind in ("Add", "Sub", "Min", "Max", "Update")},
-    "ResourceGather": _RESOURCE_SCATTER,
-    **{f"ResourceScatter{kind}": _RESOURCE_SCATTER
-       for kind in ("Add", "Sub", "Mul", "Div", "Min", "Max", "Update")},
 }
