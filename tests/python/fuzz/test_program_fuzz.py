@@ -68,23 +68,14 @@ def _function(program, inputs, on_mesh, run_time_sizes, jit=True):
     return tf.function(body, input_signature=specs)(*[inputs[i] for i in positions])
 
 
-def _traces_with_run_time_sizes(program, values) -> bool:
-    """Whether one plain device can trace the program with run-time sizes (ops such as
-    `tf.unstack` or `tf.one_hot` of a dimension need that dimension's size)."""
+def _one_device_runs(program, values, run_time_sizes: bool) -> bool:
+    """Whether one plain device runs the program's function traced with run-time sizes
+    (ops such as `tf.unstack` or `tf.one_hot` of a dimension need that dimension's size),
+    or else compiled with XLA where the seed asks for it (XLA refuses some programs: a
+    TensorList of no fixed size, a Pad gradient of an empty tensor)."""
     try:
         with tf.device("CPU:0"):
-            _function(program, _plain_inputs(program, values), False, True)
-        return True
-    except (ValueError, TypeError, tf.errors.InvalidArgumentError):
-        return False
-
-
-def _compiles_with_xla(program, values) -> bool:
-    """Whether one plain device can run the program's function with jit_compile=True (XLA
-    refuses some: a TensorList of no fixed size, a Pad gradient of an empty tensor)."""
-    try:
-        with tf.device("CPU:0"):
-            _function(program, _plain_inputs(program, values), False, False)
+            _function(program, _plain_inputs(program, values), False, run_time_sizes)
         return True
     except (ValueError, TypeError, tf.errors.InvalidArgumentError):
         return False
@@ -141,10 +132,10 @@ def test_program_matches_one_device(seed):
             outputs, gradients = run_strict(_run, program, _on_mesh(program, values), True)
             _compare(program, "eager", expected_outputs, expected_gradients, outputs, gradients)
             how = "tf.function"
-            run_time_sizes = seed % 2 == 1 and _traces_with_run_time_sizes(program, values)
+            run_time_sizes = seed % 2 == 1 and _one_device_runs(program, values, True)
             if run_time_sizes:
                 how += " traced with run-time sizes"
-            jit = program_fuzz.compiled(seed) and _compiles_with_xla(program, values)
+            jit = program_fuzz.compiled(seed) and _one_device_runs(program, values, False)
             if jit:
                 how += " with jit_compile=True"
             outputs, gradients = run_strict(_function, program, _on_mesh(program, values), True,
