@@ -68,17 +68,24 @@ def _function(program, inputs, on_mesh, run_time_sizes, jit=True):
     return tf.function(body, input_signature=specs)(*[inputs[i] for i in positions])
 
 
-def _one_device_runs(program, values, run_time_sizes: bool) -> bool:
+def _one_device_runs(program, values, run_time_sizes: bool, expected=None) -> bool:
     """Whether one plain device runs the program's function traced with run-time sizes
     (ops such as `tf.unstack` or `tf.one_hot` of a dimension need that dimension's size),
-    or else compiled with XLA where the seed asks for it (XLA refuses some programs: a
-    TensorList of no fixed size, a Pad gradient of an empty tensor)."""
+    or else compiled with XLA where the seed asks for it, with `expected`'s shapes and
+    values (XLA refuses some programs: a TensorList of no fixed size, a Pad gradient of an
+    empty tensor; and gets some wrong: the gradient of an empty strided slice of a [1, 3]
+    value has shape [1, 4])."""
     try:
         with tf.device("CPU:0"):
-            _function(program, _plain_inputs(program, values), False, run_time_sizes)
-        return True
+            outputs, gradients = _function(program, _plain_inputs(program, values), False,
+                                           run_time_sizes)
     except (ValueError, TypeError, tf.errors.InvalidArgumentError):
         return False
+    for want, got in zip(expected or (), list(outputs) + list(gradients)):
+        if want.shape != tuple(got.shape) or not np.allclose(
+                got.numpy(), want, rtol=1e-4, atol=1e-4, equal_nan=True):
+            return False
+    return True
 
 
 def _plain_inputs(program, values):
@@ -135,7 +142,8 @@ def test_program_matches_one_device(seed):
             run_time_sizes = seed % 2 == 1 and _one_device_runs(program, values, True)
             if run_time_sizes:
                 how += " traced with run-time sizes"
-            jit = program_fuzz.compiled(seed) and _one_device_runs(program, values, False)
+            jit = program_fuzz.compiled(seed) and _one_device_runs(
+                program, values, False, expected_outputs + expected_gradients)
             if jit:
                 how += " with jit_compile=True"
             outputs, gradients = run_strict(_function, program, _on_mesh(program, values), True,
