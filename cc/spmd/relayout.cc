@@ -1,6 +1,10 @@
 #include "cc/spmd/relayout.h"
 
 #include <algorithm>
+#include <map>
+#include <optional>
+#include <queue>
+#include <set>
 #include <utility>
 
 #include "cc/core/strings.h"
@@ -184,6 +188,166 @@ StatusOr<RelayoutStep> MoveToMeshStep(const Layout& from, const Mesh& mesh, int 
   return RelayoutStep{RelayoutStep::Kind::kMoveToMesh, from, Layout::Replicated(mesh, rank)};
 }
 
+namespace {
+
+// What a plan costs each device, in the ledger's ring model (elements of the mean block,
+// so that uneven pieces do not reorder otherwise equal steps; an axis of unknown size
+// counts 1024): all-gather (g-1)·B, all-reduce 2(g-1)/g·B,
+// reduce-scatter and all-to-all (g-1)/g·B, a slice nothing. Then the number of collectives.
+struct PlanCost {
+  double bytes = 0;
+  int collectives = 0;
+  bool operator<(const PlanCost& o) const {
+    return bytes != o.bytes ? bytes < o.bytes : collectives < o.collectives;
+  }
+};
+
+double BlockElements(const Layout& layout, const std::vector<int64_t>& shape) {
+  double n = 1;
+  for (int i = 0; i < layout.rank() && i < static_cast<int>(shape.size()); ++i) {
+    const int64_t shards = std::max<int64_t>(1, layout.NumShards(i));
+    const double size = shape[i] < 0 ? 1024.0 : static_cast<double>(shape[i]);
+    n *= size / static_cast<double>(shards);
+  }
+  return n;
+}
+
+PlanCost StepCost(const RelayoutStep& step, const std::vector<int64_t>& shape) {
+  using Kind = RelayoutStep::Kind;
+  const double block = BlockElements(step.from, shape);
+  double g = 1;
+  switch (step.kind) {
+    case Kind::kAllReduce:
+    case Kind::kReduceScatter:
+      for (int d : step.mesh_dims) g *= step.from.mesh().DimSize(d);
+      return {(step.kind == Kind::kAllReduce ? 2 : 1) * (g - 1) / g * block, 1};
+    case Kind::kAllToAll:
+      g = static_cast<double>(step.from.NumShards(step.axis));
+      return {(g - 1) / g * block, 1};
+    case Kind::kAllGather:
+      g = static_cast<double>(step.from.NumShards(step.axis));
+      return {(g - 1) * block, 1};
+    default:
+      return {0, 0};
+  }
+}
+
+PlanCost StepsCost(const std::vector<RelayoutStep>& steps, const std::vector<int64_t>& shape) {
+  PlanCost total;
+  for (const RelayoutStep& step : steps) {
+    const PlanCost one = StepCost(step, shape);
+    total.bytes += one.bytes;
+    total.collectives += one.collectives;
+  }
+  return total;
+}
+
+// The cheapest steps from `source` to `goal` (same mesh, kind and rank; `goal` keeps a
+// subset of `source`'s pending reductions, of one kind), by a shortest-path search over
+// the layouts on the way. Each step moves toward the goal: a reduction the goal does not
+// keep done (all-reduce over one or all such mesh dimensions, or a reduce-scatter onto an
+// axis the goal shards over it), an axis the goal shards otherwise gathered, a mesh
+// dimension moved onto the axis the goal shards over it (all-to-all), an axis sliced as
+// the goal shards it. It finds orders the fixed order misses:
+//   [*,x] -> [y,*]: slice axis 0 over y, then all-gather axis 1 (a quarter of the block)
+//   [x,y] -> [y,x]: all-gather axis 0, all-to-all y onto axis 0, slice axis 1 over x
+//   [*,x] +partial(y:sum) -> [x,y]: all-to-all x onto axis 0, then reduce-scatter over y
+// None where the search gives up (more than 4096 layouts on the way).
+std::optional<std::vector<RelayoutStep>> SearchSteps(const Layout& source, const Layout& goal,
+                                                     const std::vector<int64_t>& shape) {
+  if (source == goal || source.mesh() != goal.mesh() || source.rank() != goal.rank() ||
+      source.type() != goal.type()) {
+    return std::nullopt;
+  }
+  struct Node {
+    Layout layout;
+    PlanCost cost;
+    int parent;
+    std::optional<RelayoutStep> step;
+  };
+  std::vector<Node> nodes{{source, {}, -1, std::nullopt}};
+  std::map<std::string, int> seen{{source.ToString(), 0}};
+  // Entries (cost when queued, node); an entry whose node has since become cheaper or been
+  // finished is skipped.
+  using Entry = std::pair<PlanCost, int>;
+  auto later = [](const Entry& a, const Entry& b) {
+    return b.first < a.first || (!(a.first < b.first) && b.second < a.second);
+  };
+  std::priority_queue<Entry, std::vector<Entry>, decltype(later)> open(later);
+  open.push({PlanCost{}, 0});
+  std::set<int> done;
+  const int rank = goal.rank();
+  while (!open.empty()) {
+    const auto [queued, at] = open.top();
+    open.pop();
+    if (nodes[at].cost < queued || !done.insert(at).second) continue;
+    const Layout here = nodes[at].layout;
+    if (here == goal) {
+      std::vector<RelayoutStep> steps;
+      for (int n = at; nodes[n].parent >= 0; n = nodes[n].parent) steps.push_back(*nodes[n].step);
+      std::reverse(steps.begin(), steps.end());
+      return steps;
+    }
+    std::vector<StatusOr<RelayoutStep>> moves;
+    std::vector<int> reduce;
+    ReduceOp reduce_op = ReduceOp::kSum;
+    for (const PartialSpec& p : here.partial()) {
+      if (Contains(goal.partial(), p)) continue;
+      reduce.push_back(p.mesh_dim);
+      reduce_op = p.op;
+      moves.push_back(AllReduceStep(here, {p.mesh_dim}, p.op));
+      for (int i = 0; i < rank; ++i) {
+        if (goal.spec(i) == DimSpec::Sharded(p.mesh_dim) && !here.spec(i).sharded()) {
+          moves.push_back(ReduceScatterStep(here, i, p.mesh_dim, p.op));
+        }
+      }
+    }
+    if (reduce.size() > 1) {
+      std::sort(reduce.begin(), reduce.end());
+      moves.push_back(AllReduceStep(here, reduce, reduce_op));
+    }
+    for (int i = 0; i < rank; ++i) {
+      const DimSpec& spec = here.spec(i);
+      if (spec.sharded() && spec != goal.spec(i)) {
+        moves.push_back(AllGatherStep(here, i));
+        for (int j = 0; j < rank && !spec.multi(); ++j) {
+          if (j != i && goal.spec(j) == spec && !here.spec(j).sharded()) {
+            moves.push_back(AllToAllStep(here, i, j));
+          }
+        }
+      }
+      if (!spec.sharded() && goal.spec(i).sharded()) {
+        moves.push_back(SliceStep(here, i, goal.spec(i)));
+      }
+    }
+    for (StatusOr<RelayoutStep>& move : moves) {
+      if (!move.ok()) continue;  // a step into an invalid layout (a mesh dimension in use)
+      const PlanCost one = StepCost(*move, shape);
+      PlanCost cost{nodes[at].cost.bytes + one.bytes,
+                    nodes[at].cost.collectives + one.collectives};
+      const std::string key = move->to.ToString();
+      auto found = seen.find(key);
+      if (found != seen.end()) {
+        Node& old = nodes[found->second];
+        if (done.count(found->second) || !(cost < old.cost)) continue;
+        old.cost = cost;
+        old.parent = at;
+        old.step = *std::move(move);
+        open.push({cost, found->second});
+        continue;
+      }
+      if (nodes.size() >= 4096) return std::nullopt;
+      seen.emplace(key, static_cast<int>(nodes.size()));
+      Layout to = move->to;
+      nodes.push_back({std::move(to), cost, at, *std::move(move)});
+      open.push({cost, static_cast<int>(nodes.size()) - 1});
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 StatusOr<std::vector<RelayoutStep>> PlanRelayout(const Layout& source, const Layout& target,
                                                  const std::vector<int64_t>& shape,
                                                  const std::string& what,
@@ -286,6 +450,15 @@ StatusOr<std::vector<RelayoutStep>> PlanRelayout(const Layout& source, const Lay
   for (int i = 0; i < target.rank(); ++i) {
     if (target.spec(i).sharded() && !current.spec(i).sharded()) {
       TFD_RETURN_IF_ERROR(add(SliceStep(current, i, target.spec(i))));
+    }
+  }
+  // The steps above are made in a fixed order; some pairs are cheaper in another
+  // (SearchSteps): where a search over the same kinds of steps finds fewer bytes to move,
+  // its steps are taken instead.
+  if (!mixed) {
+    std::optional<std::vector<RelayoutStep>> cheaper = SearchSteps(source, current, shape);
+    if (cheaper && StepsCost(*cheaper, shape).bytes < StepsCost(steps, shape).bytes) {
+      steps = *std::move(cheaper);
     }
   }
   // Pending reductions the target adds: [*] -> [*] +partial(x:sum) keeps the value on the

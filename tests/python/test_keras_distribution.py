@@ -286,6 +286,39 @@ def test_every_keras_optimizer_takes_an_embeddings_sparse_gradient(name):
                          rtol=2e-5, atol=2e-6)
 
 
+def test_adam_on_a_row_sharded_embedding_reduces_only_each_device_s_rows():
+    """Adam makes an Embedding's sparse gradient dense ([*,*] +partial(batch:sum) from a
+    batch-sharded step); the table is sharded [model,*] on mesh(batch=2, model=4). Each
+    dense gradient is sliced to the device's rows before its all-reduce over batch, which
+    then moves a quarter of the table (it moved all of it before 2026-11-30)."""
+    rules = {".*e/embeddings": ("model", None)}
+    ids = ((np.arange(64).reshape(16, 4) * 7) % 40).astype("int32")
+    targets = np.linspace(-1, 1, 16, dtype="float32").reshape(16, 1)
+
+    def build():
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((4,), dtype="int32"),
+                                  keras.layers.Embedding(40, 8, name="e"),
+                                  keras.layers.Flatten(), keras.layers.Dense(1, name="d")])
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+        return model
+
+    steps = kt.batches(ids, targets, 8)
+    kt.assert_same_steps(kt.train_steps(build, kt.model_parallel(rules), steps),
+                         kt.train_steps(build, None, steps), rtol=2e-5, atol=2e-6)
+    with kt.model_parallel(rules).scope():
+        model = build()
+        model.train_on_batch(ids[:8], targets[:8])
+        with tf_dtensor.debug.collectives() as ledger:
+            model.train_on_batch(ids[8:], targets[8:])
+    table = [r for r in ledger if r.shape == (40, 8)]
+    assert table and all(r.kind == "all-reduce" and r.mesh_dims == ("batch",) and
+                         r.layout_in == "[model,*] +partial(batch:sum)" for r in table), \
+        ledger.table()
+    # A [10,8] float32 block per device, all-reduced over 2: 2*(2-1)/2 of 320 bytes.
+    assert all(r.bytes_per_device == 10 * 8 * 4 for r in table), ledger.table()
+
+
 @pytest.mark.parametrize("layer", ["LSTM", "GRU", "SimpleRNN"])
 def test_recurrent_layers_train_as_on_one_device(layer):
     # Their while loop's gradient sizes its zeros with VariableShape of the weights' handles

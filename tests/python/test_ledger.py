@@ -382,6 +382,55 @@ def test_a_sum_pending_over_two_mesh_dimensions_is_one_all_reduce():
 
 
 @pytest.mark.parametrize("policy", ["shared", "ops"])
+@pytest.mark.parametrize("rows", [8, 7, 1])  # even, uneven, and an empty block
+def test_a_pending_sum_is_sliced_over_another_dimension_before_it_is_reduced(policy, rows):
+    """[*,*] +partial(x:sum) -> [y,*]: each device's term is sliced to its rows over y
+    first (no communication), so the all-reduce over x moves half the value. Before, the
+    whole [*,*] was all-reduced and then sliced."""
+    terms = RNG.rand(2, rows, 4).astype(np.float32)  # one per x, the same over y
+    t = dtensor.pack([tf.constant(terms[x]) for x in (0, 0, 1, 1)],
+                     Layout([U, U], MESH_2X2, partial={"x": "sum"}))
+    target = layout_of("[y,*]", MESH_2X2)
+    with collective_lowering(policy), debug.collectives() as ledger:
+        out = dtensor.relayout(t, target)
+    assert_dtensor_equal(terms[0] + terms[1], target, out)
+    assert len(ledger) == 1, ledger.table()
+    (r,) = ledger
+    assert (r.kind, r.mesh_dims, r.layout_in, r.layout_out) == (
+        "all-reduce", ("x",), "[y,*] +partial(x:sum)", "[y,*]"), ledger.table()
+    assert r.block_bytes == -(-rows // 2) * 4 * 4, ledger.table()
+
+
+def test_a_dense_embedding_gradient_is_reduced_only_over_each_device_s_rows():
+    """The gradient of a gather from a table sharded [m,*], made dense (UnsortedSegmentSum
+    of the batch-sharded rows: [*,*] +partial(b:sum)), and subtracted from the table: the
+    all-reduce over b moves each device's rows of the table, not the whole table."""
+    mesh = dtensor.create_mesh([("b", 2), ("m", 2)], devices=cpus(4))
+    table_np = RNG.rand(40, 8).astype(np.float32)
+    ids_np = np.array([[1, 5], [9, 13], [2, 2], [39, 0]], np.int32)
+    table = dtensor.DVariable(to_dtensor(table_np, layout_of("[m,*]", mesh)))
+    ids = to_dtensor(ids_np, layout_of("[b,*]", mesh))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(table, ids) ** 2)
+        table.assign_sub(0.1 * tf.convert_to_tensor(tape.gradient(loss, table)))
+        return loss
+
+    with debug.collectives() as ledger:
+        loss = step()
+    grad = np.zeros_like(table_np)
+    np.add.at(grad, ids_np.ravel(), 2 * table_np[ids_np.ravel()])
+    np.testing.assert_allclose(reassemble(loss), (table_np[ids_np] ** 2).sum(), rtol=1e-5)
+    assert_dtensor_equal(table_np - 0.1 * grad, layout_of("[m,*]", mesh), table.read_value())
+    (update,) = [r for r in ledger if r.op == "AssignSubVariableOp"]
+    assert (update.kind, update.mesh_dims, update.layout_in) == (
+        "all-reduce", ("b",), "[m,*] +partial(b:sum)"), ledger.table()
+    assert update.block_bytes == 20 * 8 * 4, ledger.table()
+
+
+@pytest.mark.parametrize("policy", ["shared", "ops"])
 def test_an_eager_reduction_shows_its_input_as_partial(policy):
     # A rule's eager all-reduce reduces partial results that still carry the result's
     # layout: the record said "[*,*] -> [*,*]", an all-reduce of a replicated value.

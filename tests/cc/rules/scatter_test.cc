@@ -38,7 +38,7 @@ TEST(ScatterRules, Plans) {
               "all-reduce(sum) [*,y] over x"}},
             {"ScatterNd", {T("[x,*]", {4, 1}), T("[*,y]", {4, 5}), H({5, 5})},
              "[x,*] [x,*] host[5, 5] -> [*,*]",
-             {"all-gather axis 1 [*,y] -> [*,*]", "slice axis 0 over x [*,*] -> [x,*]",
+             {"slice axis 0 over x [*,y] -> [x,y]", "all-gather axis 1 [x,y] -> [x,*]",
               "host constant [5, 5] int32", "local ScatterNd [x,*] [x,*] host [2] -> [*,*]",
               "all-reduce(sum) [*,*] over x"}},
             {"GatherNd", {T("[*]", {5}), T("[*,*]", {4, 2})}, "error", {"at most"}},

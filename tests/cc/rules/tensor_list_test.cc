@@ -30,8 +30,8 @@ TEST(TensorListRules, SetItemTakesTheListsElementLayout) {
   List(op, "[x,*]", {4, 3});
   op.HostScalar(1).In("[*,y]", {4, 3});
   EXPECT_EQ(op.PlanString(), "= host [x,*] -> []");
-  EXPECT_LINES(op.Collectives(), {"input 2: all-gather axis 1 [*,y] -> [*,*]",
-                                  "input 2: slice axis 0 over x [*,*] -> [x,*]"});
+  EXPECT_LINES(op.Collectives(), {"input 2: slice axis 0 over x [*,y] -> [x,y]",
+                                  "input 2: all-gather axis 1 [x,y] -> [x,*]"});
 }
 
 TEST(TensorListRules, StackPutsTheElementsOnANewAxis) {

@@ -58,11 +58,11 @@ TEST(Relayout, OnATwoDimensionalMesh) {
                  {"[x,*]", "[x,y]", {"slice axis 1 over y [x,*] -> [x,y]"}},
                  {"[x,*]", "[*,x]", {"all-to-all axis 0 -> 1 [x,*] -> [*,x]"}},
                  {"[x,y]", "[y,x]",
-                  {"all-gather axis 0 [x,y] -> [*,y]", "all-gather axis 1 [*,y] -> [*,*]",
-                   "slice axis 0 over y [*,*] -> [y,*]", "slice axis 1 over x [y,*] -> [y,x]"}},
+                  {"all-gather axis 0 [x,y] -> [*,y]", "all-to-all axis 1 -> 0 [*,y] -> [y,*]",
+                   "slice axis 1 over x [y,*] -> [y,x]"}},
                  {"[x,*,*]", "[*,y,x]",
-                  {"all-to-all axis 0 -> 2 [x,*,*] -> [*,*,x]",
-                   "slice axis 1 over y [*,*,x] -> [*,y,x]"}},
+                  {"slice axis 1 over y [x,*,*] -> [x,y,*]",
+                   "all-to-all axis 0 -> 2 [x,y,*] -> [*,y,x]"}},
              });
 }
 
@@ -223,7 +223,7 @@ TEST(PlanRelayout, TwoDimensionalMesh) {
       {L("[x,*]"), L("[y,*]"), {8, 8},
        {"all-gather axis 0 [x,*] -> [*,*]", "slice axis 0 over y [*,*] -> [y,*]"}},
       {L("[x,*,*]"), L("[*,y,x]"), {8, 8, 8},
-       {"all-to-all axis 0 -> 2 [x,*,*] -> [*,*,x]", "slice axis 1 over y [*,*,x] -> [*,y,x]"}},
+       {"slice axis 1 over y [x,*,*] -> [x,y,*]", "all-to-all axis 0 -> 2 [x,y,*] -> [*,y,x]"}},
       // One axis over two mesh dimensions: gathered or sliced as one step.
       {L("[x+y,*]"), L("[*,*]"), {8, 8}, {"all-gather axis 0 [x+y,*] -> [*,*]"}},
       {L("[*,*]"), L("[*,y+x]"), {8, 8}, {"slice axis 1 over y+x [*,*] -> [*,y+x]"}},
