@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <queue>
 #include <set>
 #include <utility>
 
+#include "cc/core/lru_cache.h"
 #include "cc/core/strings.h"
 #include "cc/tf/dtypes.h"
 #include "tensorflow/c/tf_datatype.h"
@@ -346,6 +348,45 @@ std::optional<std::vector<RelayoutStep>> SearchSteps(const Layout& source, const
   return std::nullopt;
 }
 
+// The search's answers by (source, goal, shape): eager relayouts plan at every call, and the
+// same few pairs recur. A bounded cache, locked: eager ops plan from several threads.
+struct SearchKey {
+  Layout source;
+  Layout goal;
+  std::vector<int64_t> shape;
+  bool operator==(const SearchKey& o) const {
+    return shape == o.shape && source == o.source && goal == o.goal;
+  }
+};
+
+struct SearchKeyHash {
+  size_t operator()(const SearchKey& k) const {
+    size_t h = k.source.Hash() * 31 + k.goal.Hash();
+    for (int64_t d : k.shape) h = h * 1000003 + std::hash<int64_t>()(d);
+    return h;
+  }
+};
+
+// The search's steps where they move fewer bytes than `fixed` (the fixed order's), else none.
+std::optional<std::vector<RelayoutStep>> CheaperSteps(const Layout& source, const Layout& goal,
+                                                      const std::vector<int64_t>& shape,
+                                                      const std::vector<RelayoutStep>& fixed) {
+  static std::mutex mu;
+  static LruCache<SearchKey, std::optional<std::vector<RelayoutStep>>, SearchKeyHash> cache(1024);
+  SearchKey key{source, goal, shape};
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (const auto* found = cache.Find(key)) return *found;
+  }
+  std::optional<std::vector<RelayoutStep>> cheaper = SearchSteps(source, goal, shape);
+  if (cheaper && !(StepsCost(*cheaper, shape).bytes < StepsCost(fixed, shape).bytes)) {
+    cheaper.reset();
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  cache.Insert(std::move(key), cheaper);
+  return cheaper;
+}
+
 }  // namespace
 
 StatusOr<std::vector<RelayoutStep>> PlanRelayout(const Layout& source, const Layout& target,
@@ -455,11 +496,11 @@ StatusOr<std::vector<RelayoutStep>> PlanRelayout(const Layout& source, const Lay
   // The steps above are made in a fixed order; some pairs are cheaper in another
   // (SearchSteps): where a search over the same kinds of steps finds fewer bytes to move,
   // its steps are taken instead.
-  if (!mixed) {
-    std::optional<std::vector<RelayoutStep>> cheaper = SearchSteps(source, current, shape);
-    if (cheaper && StepsCost(*cheaper, shape).bytes < StepsCost(steps, shape).bytes) {
-      steps = *std::move(cheaper);
-    }
+  // One step is as cheap as it gets (each step moves toward the target); the search runs
+  // for plans of two or more, once per pair of layouts and shape (SearchCache).
+  if (!mixed && steps.size() >= 2) {
+    std::optional<std::vector<RelayoutStep>> cheaper = CheaperSteps(source, current, shape, steps);
+    if (cheaper) steps = *std::move(cheaper);
   }
   // Pending reductions the target adds: [*] -> [*] +partial(x:sum) keeps the value on the
   // first device along x and zeros elsewhere.

@@ -130,6 +130,25 @@ def test_relayouts_of_rank_3_on_a_2x2x2_mesh_take_their_cheapest_steps():
         _check_pair(MESH_2X2X2, value, source, target, "shared")
 
 
+@pytest.mark.parametrize("policy", ["shared", "ops", "copies"])
+@pytest.mark.parametrize("mesh,shape", [(MESH_2X4, (7, 5)), (MESH_2X4, (3, 1)),
+                                        (MESH_2X2X2, (3, 5, 1))])
+def test_relayouts_of_uneven_and_empty_blocks_keep_their_values(policy, mesh, shape):
+    """Orders the fixed one never took (a slice before a gather, an all-to-all after one,
+    either before a pending sum is reduced) on blocks of unequal and zero size."""
+    value = np.random.RandomState(7).rand(*shape).astype(np.float32)
+    states = list(_states(mesh, len(shape)))
+    pairs = [(s, t) for s in states for t in states if not t[1] and s != t]
+    for source, target in random.Random(8).sample(pairs, min(len(pairs), 60)):
+        start = dtensor.relayout(dtensor.copy_to_mesh(tf.constant(value),
+                                                      Layout.replicated(mesh, len(shape))),
+                                 _layout(mesh, (source[0], frozenset())))
+        start = dtensor.relayout(start, _layout(mesh, source))
+        with collective_lowering(policy):
+            out = dtensor.relayout(start, _layout(mesh, target))
+        assert_dtensor_equal(value, _layout(mesh, target), out)
+
+
 @pytest.mark.parametrize("source,target,steps", [
     # Sliced over y first: the all-gather over x moves a quarter of the value.
     ("[*,x]", "[y,*]", [("all-gather", ("x",), "[y,x]")]),
