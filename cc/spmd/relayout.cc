@@ -291,12 +291,16 @@ std::optional<std::vector<RelayoutStep>> SearchSteps(const Layout& source, const
       return steps;
     }
     std::vector<StatusOr<RelayoutStep>> moves;
-    std::vector<int> reduce;
-    ReduceOp reduce_op = ReduceOp::kSum;
+    std::vector<std::pair<ReduceOp, std::vector<int>>> by_op;  // one all-reduce per kind
     for (const PartialSpec& p : here.partial()) {
       if (Contains(goal.partial(), p)) continue;
-      reduce.push_back(p.mesh_dim);
-      reduce_op = p.op;
+      auto same = std::find_if(by_op.begin(), by_op.end(),
+                               [&](const auto& group) { return group.first == p.op; });
+      if (same == by_op.end()) {
+        by_op.push_back({p.op, {p.mesh_dim}});
+      } else {
+        same->second.push_back(p.mesh_dim);
+      }
       moves.push_back(AllReduceStep(here, {p.mesh_dim}, p.op));
       for (int i = 0; i < rank; ++i) {
         if (goal.spec(i) == DimSpec::Sharded(p.mesh_dim) && !here.spec(i).sharded()) {
@@ -304,9 +308,10 @@ std::optional<std::vector<RelayoutStep>> SearchSteps(const Layout& source, const
         }
       }
     }
-    if (reduce.size() > 1) {
-      std::sort(reduce.begin(), reduce.end());
-      moves.push_back(AllReduceStep(here, reduce, reduce_op));
+    for (auto& [op, dims] : by_op) {
+      if (dims.size() < 2) continue;
+      std::sort(dims.begin(), dims.end());
+      moves.push_back(AllReduceStep(here, dims, op));
     }
     for (int i = 0; i < rank; ++i) {
       const DimSpec& spec = here.spec(i);

@@ -92,10 +92,11 @@ def _cheapest(mesh, shape, source, target):
     raise AssertionError(f"no steps from {source} to {target}")
 
 
-def _layout(mesh, state):
+def _layout(mesh, state, reductions=None):
     specs, partial = state
-    return Layout(list(specs), mesh, partial={d: "sum" for d in partial}) if partial \
-        else Layout(list(specs), mesh)
+    reductions = reductions or {}
+    return Layout(list(specs), mesh, partial={d: reductions.get(d, "sum") for d in partial}) \
+        if partial else Layout(list(specs), mesh)
 
 
 def _check_pair(mesh, value, source, target, policy):
@@ -128,6 +129,48 @@ def test_relayouts_of_rank_3_on_a_2x2x2_mesh_take_their_cheapest_steps():
     pairs = [(s, t) for s in states for t in states if not t[1] and s != t]
     for source, target in random.Random(5).sample(pairs, 120):
         _check_pair(MESH_2X2X2, value, source, target, "shared")
+
+
+@pytest.mark.parametrize("policy", ["shared", "ops"])
+def test_every_relayout_on_a_2x4_mesh_inside_a_function_keeps_its_value_and_steps(policy):
+    """The same pairs inside one tf.function each (graph collectives), against the eager
+    ledger: a function issues what the eager relayout issued."""
+    value = np.random.RandomState(9).rand(8, 16).astype(np.float32)
+    states = list(_states(MESH_2X4, 2))
+    pairs = [(s, t) for s in states for t in states if not t[1] and s != t]
+    for source, target in random.Random(10).sample(pairs, 30):
+        start = dtensor.relayout(dtensor.copy_to_mesh(tf.constant(value),
+                                                      Layout.replicated(MESH_2X4, 2)),
+                                 _layout(MESH_2X4, (source[0], frozenset())))
+        start = dtensor.relayout(start, _layout(MESH_2X4, source))
+        to = _layout(MESH_2X4, target)
+        with collective_lowering(policy), debug.collectives() as eager:
+            dtensor.relayout(start, to)
+        with collective_lowering(policy), debug.collectives() as traced:
+            out = tf.function(lambda t: dtensor.relayout(t, to))(start)
+        assert_dtensor_equal(value, to, out)
+        assert [(r.kind, r.mesh_dims, r.layout_in) for r in traced] == \
+            [(r.kind, r.mesh_dims, r.layout_in) for r in eager], traced.table()
+
+
+@pytest.mark.parametrize("policy", ["shared", "ops"])
+@pytest.mark.parametrize("reductions", [{"x": "sum", "y": "mean"}, {"x": "mean", "y": "sum"},
+                                        {"x": "max", "y": "max"}, {"x": "sum", "y": "max"}])
+def test_pending_reductions_of_several_kinds_are_each_done_as_their_own(policy, reductions):
+    """A sum over x and a mean over y are two all-reduces (one over x+y would apply one
+    kind to both): every pair from a value pending over both, or over one of them."""
+    value = np.random.RandomState(11).rand(8, 16).astype(np.float32)
+    states = [s for s in _states(MESH_2X4, 2) if s[1]]
+    targets = [t for t in _states(MESH_2X4, 2) if not t[1]]
+    for source in states:
+        for target in targets:
+            start = dtensor.relayout(dtensor.copy_to_mesh(tf.constant(value),
+                                                          Layout.replicated(MESH_2X4, 2)),
+                                     _layout(MESH_2X4, (source[0], frozenset())))
+            start = dtensor.relayout(start, _layout(MESH_2X4, source, reductions))
+            with collective_lowering(policy):
+                out = dtensor.relayout(start, _layout(MESH_2X4, target))
+            assert_dtensor_equal(value, _layout(MESH_2X4, target), out)
 
 
 @pytest.mark.parametrize("policy", ["shared", "ops", "copies"])
