@@ -13,6 +13,12 @@
 namespace tf_dtensor {
 namespace {
 
+// Ops whose output shape depends on their input's values, which tf_dtensor's rules emit.
+bool SizedByValues(const std::string& op) {
+  return op == "Where" || op == "Unique" || op == "UniqueV2" || op == "UniqueWithCounts" ||
+         op == "UniqueWithCountsV2" || op == "ListDiff";
+}
+
 // The host CPU of the task that owns `device`: ".../device:GPU:1" -> ".../device:CPU:0".
 std::string HostDeviceOf(const std::string& device) {
   size_t pos = device.rfind("/device:");
@@ -242,8 +248,12 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
   // The host's ops (EmitOnHost) are never marked. Where the host is one of the mesh's
   // devices (virtual CPUs that include the host's, and every mesh of the shared-buffer
   // lowering) nothing is (set_xla_compile).
+  // Nor are ops whose output size depends on their input's values (Where): XLA gives them
+  // a bounded dynamic size, which the ops a rule builds on them (a Pad of the rows a
+  // Where picked) lose inside the cluster; left outside, the cluster takes their results
+  // at the sizes they have.
   if (xla_compile_ && !host_on_mesh_ && !emitting_on_host_ && device != host_device_ &&
-      !set_names.count("_XlaCompile")) {
+      !set_names.count("_XlaCompile") && !SizedByValues(op_type)) {
     TF_SetAttrBool(desc, "_XlaCompile", 1);
     set_names.insert("_XlaCompile");
   }

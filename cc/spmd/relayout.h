@@ -68,6 +68,9 @@ StatusOr<RelayoutStep> MoveToMeshStep(const Layout& from, const Mesh& mesh, int 
 //   [*] +partial(x:sum) -> [x]  reduce-scatter;  -> [*]  all-reduce
 //   [*] -> [*] +partial(x:sum)  to-partial
 //   [x] @ A -> [y] @ B  all-gather on A, move the whole value to B, slice there
+// Where a plan has two steps or more, the cheapest order of such steps (bytes per device
+// in the ledger's ring model, a shortest-path search) replaces the fixed one when it moves
+// fewer bytes: [*,x] -> [y,*] slices over y, then gathers x (a quarter of the value).
 // Fails with a message naming `what` across ranks, for a shape the target cannot hold, or
 // for a variable handle (`variable_handle`) asked to change mesh. Runs without TensorFlow.
 StatusOr<std::vector<RelayoutStep>> PlanRelayout(const Layout& source, const Layout& target,

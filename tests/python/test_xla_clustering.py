@@ -148,6 +148,51 @@ def test_jit_compile_of_a_pad_gradient_on_cpus_apart_from_the_host(lowering):
         np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
+_ROWS_PICKED_BY_VALUE_PROGRAM = """
+import json
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 5)
+from tf_dtensor import config, dtensor
+config.set_collective_lowering(LOWERING)
+mesh = dtensor.create_mesh([("x", 4)], devices=["CPU:1", "CPU:2", "CPU:3", "CPU:4"])
+table = np.random.RandomState(3).rand(ROWS, 8).astype(np.float32)
+ids = np.array(IDS, np.int32)
+
+def step(v):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.sin(tf.nn.embedding_lookup(v, ids)))
+    v.assign_sub(0.1 * tf.convert_to_tensor(tape.gradient(loss, v)))
+    return loss
+
+plain = tf.Variable(table)
+want = [float(tf.function(step)(plain)), plain.numpy().tolist()]
+v = dtensor.DVariable(dtensor.copy_to_mesh(tf.constant(table), dtensor.Layout(["x", "unsharded"], mesh)))
+loss = tf.function(step, jit_compile=True)(v)
+got = [float(dtensor.unpack(loss)[0]), dtensor.unpack(dtensor.relayout(v.read_value(), dtensor.Layout.replicated(mesh, 2)))[0].numpy().tolist()]
+print(json.dumps([want, got]))
+"""
+
+
+@pytest.mark.parametrize("lowering", ["copies", "ops"])
+@pytest.mark.parametrize("rows,ids", [(1, [[0] * 4] * 6), (6, [[0, 5, 2], [5, 5, 1]])])
+def test_jit_compile_of_a_gather_from_row_blocks_picked_by_value(lowering, rows, ids):
+    # A gather from a table sharded by rows keeps the ids in each device's block with a
+    # Where, then pads the rows it looked up. Compiled with the Where, XLA gave the rows a
+    # bounded dynamic size and the Pad a rank-1 input ("The first dimension of paddings
+    # must be the rank of inputs[2,2] [8]"; found by the program fuzzer, a table of one
+    # row over 4 devices). Ops sized by their input's values now stay outside XLA.
+    import numpy as np
+    program = textwrap.dedent(_ROWS_PICKED_BY_VALUE_PROGRAM).replace(
+        "LOWERING", repr(lowering)).replace("ROWS", str(rows)).replace("IDS", repr(ids))
+    result = run_python(program, env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=150)
+    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stderr[-5000:]}"
+    want, got = json.loads(result.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
 _CONTROL_FLOW_PROGRAM = """
 import json
 import numpy as np
