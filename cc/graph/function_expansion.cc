@@ -715,6 +715,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
       must_run[TF_OperationDevice(op)].push_back(op);
     }
   }
+  for (TF_Operation* op : builder_.must_run()) must_run[TF_OperationDevice(op)].push_back(op);
   std::vector<TF_Operation*> control_outputs;
   std::vector<std::string> control_names;
   for (const auto& [device, ops] : must_run) {

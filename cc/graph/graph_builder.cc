@@ -341,7 +341,30 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
   TFD_RETURN_IF_ERROR(FromTF(status_, "adding '" + op_type + "' to the SPMD graph"));
   created_.push_back(op);
   TFD_RETURN_IF_ERROR(PlaceConstants(op, device));
+  TFD_RETURN_IF_ERROR(HoldForwardedInput(op, op_type, device));
   return op;
+}
+
+// TensorFlow's MaxPoolGradGrad and MaxPool3DGradGrad kernels take `grad` (input 2) as
+// their output's buffer where nothing else holds it, and then read it while they write
+// the output: in a graph where `grad` is made by the op before (a gather here; in plain
+// TensorFlow, `grad * 2.0` or a concat), their result is wrong, on one device as well.
+// An Identity of `grad` that waits for the op, and that the function must run, holds it.
+Status GraphBuilder::HoldForwardedInput(TF_Operation* op, const std::string& op_type,
+                                        const std::string& device) {
+  if ((op_type != "MaxPoolGradGrad" && op_type != "MaxPool3DGradGrad") ||
+      TF_OperationNumInputs(op) < 3) {
+    return Status::Ok();
+  }
+  const std::string name = UniqueName(op_type + "_hold");
+  TF_OperationDescription* desc = TF_NewOperation(graph_, "Identity", name.c_str());
+  TF_SetDevice(desc, device.c_str());
+  TF_AddInput(desc, TF_OperationInput(TF_Input{op, 2}));
+  TF_AddControlInput(desc, op);
+  TF_Operation* hold = TF_FinishOperation(desc, status_);
+  TFD_RETURN_IF_ERROR(FromTF(status_, "adding a hold of the gradient of '" + op_type + "'"));
+  must_run_.push_back(hold);
+  return Status::Ok();
 }
 
 StatusOr<TF_Output> GraphBuilder::ConstOn(TF_Output c, const std::string& device) {

@@ -77,6 +77,8 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   bool orders_per_device() const { return !lowering().shares_buffers(); }
   // The ops created since BeginNode.
   const std::vector<TF_Operation*>& created() const { return created_; }
+  // Ops the function must run although nothing reads them (HoldForwardedInput).
+  const std::vector<TF_Operation*>& must_run() const { return must_run_; }
 
   // Adds one node; inputs are flat and grouped into the op's list arguments here.
   StatusOr<TF_Operation*> Emit(const std::string& op_type, const std::vector<TF_Output>& inputs,
@@ -192,6 +194,9 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   std::vector<TF_Operation*> ControlsFor(const std::string& device,
                                          const std::string& op_type) const;
   std::vector<TF_Operation*> created_;
+  std::vector<TF_Operation*> must_run_;
+  Status HoldForwardedInput(TF_Operation* op, const std::string& op_type,
+                            const std::string& device);
   int counter_ = 0;
   std::map<std::pair<TF_Operation*, std::string>, TF_Operation*> const_copies_;
   // A deferred all-reduce: its partial value's components and the stand-ins.

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import tf_dtensor
-from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal,
+from dtensor_testing import (MESH_1D, MESH_2X2, MESH_8, assert_dtensor_equal, collective_lowering,
                              assert_values_equal, check_op, is_replicated, layout_of, layout_params, random_array,
                              reassemble, run_without_fallback, spec_params, to_dtensor)
 from tf_dtensor import dtensor
@@ -464,3 +464,32 @@ def test_empty_blocks_of_a_partial_input(op):
     for run in (fn, tf.function(fn)):
         np.testing.assert_allclose(reassemble(run_without_fallback(run, xs, ws)), expected,
                                    rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("lowering", ["", "ops"])
+@pytest.mark.parametrize("spatial", [2, 3])
+def test_max_pool_grad_grad_of_a_gradient_gathered_inside_a_function(spatial, lowering):
+    """TensorFlow's MaxPoolGradGrad and MaxPool3DGradGrad kernels write their output into
+    `grad`'s buffer where nothing else holds it, and read `grad` as they write: inside a
+    tf.function, where `grad` was gathered just before, the result was wrong (on one
+    device too, for `grad * 2.0`). The expanded function now holds `grad` until the op is
+    done (found by the op fuzzer)."""
+    rng = np.random.RandomState(5)
+    shape = [4, 2, 6, 3] if spatial == 2 else [4, 2, 1, 6, 3]
+    ksize = [1, 2, 2, 1] if spatial == 2 else [1, 2, 1, 2, 1]
+    pool = tf.raw_ops.MaxPool if spatial == 2 else tf.raw_ops.MaxPool3D
+    grad_grad = tf.raw_ops.MaxPoolGradGrad if spatial == 2 else tf.raw_ops.MaxPool3DGradGrad
+    attrs = dict(ksize=ksize, strides=[1] * (spatial + 2), padding="SAME")
+    x, g = rng.randn(*shape).astype(np.float32), rng.randn(*shape).astype(np.float32)
+    y = pool(input=x, **attrs).numpy()
+    want = grad_grad(orig_input=x, orig_output=y, grad=g, **attrs).numpy()
+    over_rows = Layout([dtensor.UNSHARDED, "x"] + [dtensor.UNSHARDED] * spatial, MESH_1D)
+    whole = Layout.replicated(MESH_1D, spatial + 2)
+
+    @tf.function
+    def run(x, y, g):
+        return grad_grad(orig_input=x, orig_output=y, grad=g, **attrs)
+
+    with collective_lowering(lowering):
+        got = run(to_dtensor(x, over_rows), to_dtensor(y, whole), to_dtensor(g, over_rows))
+    np.testing.assert_allclose(reassemble(got), want, rtol=1e-6)

@@ -59,27 +59,6 @@ class KnownMismatch:
 # convolves each device's rows and is right, so the reference is what differs. Long runs
 # set TF_ENABLE_ONEDNN_OPTS=0 (README, "Fuzzing").
 _ONEDNN_CONV2D = "TensorFlow's oneDNN Conv2D gives a wrong one-device reference for this shape"
-# TODO(#10): a TensorFlow bug, also without tf_dtensor: the CPU kernels forward the grad
-# buffer to their output (same shape: SAME, stride 1) and read it while writing, so inside
-# a tf.function, where grad is a fresh buffer, the values are wrong:
-#   f = lambda a, b, c: tf.raw_ops.MaxPoolGradGrad(orig_input=a, orig_output=b,
-#       grad=c * 1.5, ksize=[1,3,2,1], strides=[1,1,1,1], padding="SAME")
-#   tf.function(f)(x, y, g) differs from f(x, y, g) by up to ~2.9 for x of [1,8,6,2]
-# (eager inputs are held by their handles and never forwarded). tf_dtensor hits it when
-# an input is gathered in a tf.function. A fix: keep the kernel from forwarding (e.g.
-# another live reader of grad), or restrict the draws to orig_output shapes other than
-# orig_input's.
-_FORWARDED_GRAD = ("TensorFlow's MaxPool(3D)GradGrad kernel reads its forwarded grad buffer "
-                   "while writing it: wrong values inside tf.function")
-_S1 = [1, 1, 1, 1]
-
-
-def _pooled(forward):
-    """orig_output = the max pool of orig_input, as the pools' draw makes it."""
-    return lambda arrays, attrs: {
-        "orig_output": forward(input=arrays["orig_input"], **attrs).numpy()}
-
-
 # oneDNN's kernels are TensorFlow's default on x86 CPUs; TF_ENABLE_ONEDNN_OPTS=0 (as long
 # runs set it) turns them off, and with them the cause of the Conv2D entry, whose case then
 # passes and is checked as any other.
@@ -91,28 +70,4 @@ KNOWN_MISMATCHES = [
         ("filter", "float32", (2, 3, 1, 2), "[x,*,*,*]")),
         (("strides", [1, 1, 2, 1]), ("padding", "VALID")), _ONEDNN_CONV2D)]
       if _ONEDNN_ON else []),
-    KnownMismatch("MaxPoolGradGrad", "mesh(x=2,y=4)", (
-        ("orig_input", "float32", (2, 7, 5, 2), "[y,*,*,x]"),
-        ("orig_output", "float32", (2, 7, 5, 2), "[*,x,*,y]"),
-        ("grad", "float32", (2, 7, 5, 2), "[y,x,*,*]")),
-        (("ksize", [1, 2, 2, 1]), ("strides", _S1), ("padding", "SAME")), _FORWARDED_GRAD,
-        derive=_pooled(tf.raw_ops.MaxPool)),
-    KnownMismatch("MaxPool3DGradGrad", "mesh(x=2)", (
-        ("orig_input", "float32", (1, 8, 2, 6, 2), "[*,x,*,*,*]"),
-        ("orig_output", "float32", (1, 8, 2, 6, 2), "[x,*,*,*,*]"),
-        ("grad", "float32", (1, 8, 2, 6, 2), "[*,x,*,*,*]")),
-        (("ksize", [1, 3, 1, 2, 1]), ("strides", _S1 + [1]), ("padding", "SAME")),
-        _FORWARDED_GRAD, derive=_pooled(tf.raw_ops.MaxPool3D)),
-    KnownMismatch("MaxPool3DGradGrad", "mesh(x=2,y=2)", (
-        ("orig_input", "float32", (3, 7, 5, 3, 4), "[x,*,y,*,*]"),
-        ("orig_output", "float32", (3, 7, 5, 3, 4), "[x,*,*,y,*]"),
-        ("grad", "float32", (3, 7, 5, 3, 4), "[x,*,*,y,*]")),
-        (("ksize", [1, 2, 1, 1, 1]), ("strides", _S1 + [1]), ("padding", "SAME")),
-        _FORWARDED_GRAD, derive=_pooled(tf.raw_ops.MaxPool3D)),
-    KnownMismatch("MaxPool3DGradGrad", "mesh(x=2,y=4)", (
-        ("orig_input", "float32", (1, 6, 1, 4, 4), "[x,y,*,*,*]"),
-        ("orig_output", "float32", (1, 6, 1, 4, 4), "[x,*,*,*,y]"),
-        ("grad", "float32", (1, 6, 1, 4, 4), "[*,x,*,*,*]")),
-        (("ksize", [1, 1, 1, 1, 1]), ("strides", _S1 + [1]), ("padding", "VALID")),
-        _FORWARDED_GRAD, derive=_pooled(tf.raw_ops.MaxPool3D)),
 ]
