@@ -245,12 +245,13 @@ PlanCost StepsCost(const std::vector<RelayoutStep>& steps, const std::vector<int
 }
 
 // The cheapest steps from `source` to `goal` (same mesh, kind and rank; `goal` keeps a
-// subset of `source`'s pending reductions, of one kind), by a shortest-path search over
-// the layouts on the way. Each step moves toward the goal: a reduction the goal does not
-// keep done (all-reduce over one or all such mesh dimensions, or a reduce-scatter onto an
-// axis the goal shards over it), an axis the goal shards otherwise gathered, a mesh
-// dimension moved onto the axis the goal shards over it (all-to-all), an axis sliced as
-// the goal shards it. It finds orders the fixed order misses:
+// subset of `source`'s pending reductions, whose kinds commute), by a shortest-path search
+// over the layouts on the way. Each step moves toward the goal: a reduction the goal does
+// not keep done (an all-reduce over one such mesh dimension or over all those of one kind,
+// or a reduce-scatter onto an axis the goal shards over it), an axis the goal shards
+// otherwise gathered, a mesh dimension moved onto the axis the goal shards over it
+// (all-to-all), an axis sliced as the goal shards it. It finds orders the fixed order
+// misses:
 //   [*,x] -> [y,*]: slice axis 0 over y, then all-gather axis 1 (a quarter of the block)
 //   [x,y] -> [y,x]: all-gather axis 0, all-to-all y onto axis 0, slice axis 1 over x
 //   [*,x] +partial(y:sum) -> [x,y]: all-to-all x onto axis 0, then reduce-scatter over y
@@ -500,9 +501,9 @@ StatusOr<std::vector<RelayoutStep>> PlanRelayout(const Layout& source, const Lay
   }
   // The steps above are made in a fixed order; some pairs are cheaper in another
   // (SearchSteps): where a search over the same kinds of steps finds fewer bytes to move,
-  // its steps are taken instead.
-  // One step is as cheap as it gets (each step moves toward the target); the search runs
-  // for plans of two or more, once per pair of layouts and shape (SearchCache).
+  // its steps are taken instead. One step is as cheap as it gets (each step moves toward
+  // the target); the search runs for plans of two or more, once per pair of layouts and
+  // shape (CheaperSteps caches it).
   if (!mixed && steps.size() >= 2) {
     std::optional<std::vector<RelayoutStep>> cheaper = CheaperSteps(source, current, shape, steps);
     if (cheaper) steps = *std::move(cheaper);
