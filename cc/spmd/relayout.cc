@@ -64,6 +64,18 @@ bool Contains(const std::vector<PartialSpec>& partial, const PartialSpec& p) {
   return false;
 }
 
+// Pending reductions grouped by kind, in order of first appearance: one all-reduce each.
+using ReductionGroups = std::vector<std::pair<ReduceOp, std::vector<int>>>;
+void AddToGroup(ReductionGroups& groups, const PartialSpec& p) {
+  auto same = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& group) { return group.first == p.op; });
+  if (same == groups.end()) {
+    groups.push_back({p.op, {p.mesh_dim}});
+  } else {
+    same->second.push_back(p.mesh_dim);
+  }
+}
+
 }  // namespace
 
 std::string RelayoutStep::ToString() const {
@@ -292,16 +304,10 @@ std::optional<std::vector<RelayoutStep>> SearchSteps(const Layout& source, const
       return steps;
     }
     std::vector<StatusOr<RelayoutStep>> moves;
-    std::vector<std::pair<ReduceOp, std::vector<int>>> by_op;  // one all-reduce per kind
+    ReductionGroups by_op;
     for (const PartialSpec& p : here.partial()) {
       if (Contains(goal.partial(), p)) continue;
-      auto same = std::find_if(by_op.begin(), by_op.end(),
-                               [&](const auto& group) { return group.first == p.op; });
-      if (same == by_op.end()) {
-        by_op.push_back({p.op, {p.mesh_dim}});
-      } else {
-        same->second.push_back(p.mesh_dim);
-      }
+      AddToGroup(by_op, p);
       moves.push_back(AllReduceStep(here, {p.mesh_dim}, p.op));
       for (int i = 0; i < rank; ++i) {
         if (goal.spec(i) == DimSpec::Sharded(p.mesh_dim) && !here.spec(i).sharded()) {
@@ -451,7 +457,7 @@ StatusOr<std::vector<RelayoutStep>> PlanRelayout(const Layout& source, const Lay
   for (const PartialSpec& p : mixed ? source.partial() : std::vector<PartialSpec>{}) {
     TFD_RETURN_IF_ERROR(add(AllReduceStep(current, {p.mesh_dim}, p.op)));
   }
-  std::vector<std::pair<ReduceOp, std::vector<int>>> all_reduces;
+  ReductionGroups all_reduces;
   for (const PartialSpec& p : mixed ? std::vector<PartialSpec>{} : source.partial()) {
     if (Contains(target.partial(), p)) continue;
     int scatter_axis = -1;
@@ -464,13 +470,7 @@ StatusOr<std::vector<RelayoutStep>> PlanRelayout(const Layout& source, const Lay
       TFD_RETURN_IF_ERROR(add(ReduceScatterStep(current, scatter_axis, p.mesh_dim, p.op)));
       continue;
     }
-    auto same = std::find_if(all_reduces.begin(), all_reduces.end(),
-                             [&](const auto& group) { return group.first == p.op; });
-    if (same == all_reduces.end()) {
-      all_reduces.push_back({p.op, {p.mesh_dim}});
-    } else {
-      same->second.push_back(p.mesh_dim);
-    }
+    AddToGroup(all_reduces, p);
   }
   for (auto& [op, mesh_dims] : all_reduces) {
     std::sort(mesh_dims.begin(), mesh_dims.end());
