@@ -36,7 +36,8 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Callee(
       metas.back().int_value = builder_.IntValue(v);
     }
   }
-  return owner_->Expand(context_, name, mesh_, metas, request, policy_, depth_ + 1);
+  return owner_->Expand(context_, name, mesh_, metas, request, policy_, depth_ + 1,
+                        xla_compile_);
 }
 
 Status FunctionExpansion::EmitFunctional(const NodeSpec& node, const std::string& op_type,

@@ -46,13 +46,14 @@ bool OutputRequest::operator==(const OutputRequest& other) const {
 
 bool FunctionKey::operator==(const FunctionKey& other) const {
   return function == other.function && mesh == other.mesh && strict == other.strict &&
-         lowering_generation == other.lowering_generation && inputs == other.inputs &&
+         lowering_generation == other.lowering_generation &&
+         xla_compile == other.xla_compile && inputs == other.inputs &&
          request == other.request;
 }
 
 size_t FunctionKey::Hash::operator()(const FunctionKey& key) const {
   size_t h = Mix(std::hash<std::string>()(key.function), key.mesh.Hash());
-  h = Mix(Mix(h, key.strict), key.lowering_generation);
+  h = Mix(Mix(Mix(h, key.strict), key.lowering_generation), key.xla_compile);
   for (const ValueMeta& m : key.inputs) {
     h = Mix(Mix(Mix(h, HashOf(m.layout)), HashOf(m.shape)), static_cast<size_t>(m.dtype));
     if (m.int_value) h = Mix(h, HashOf(*m.int_value));
@@ -70,11 +71,11 @@ size_t FunctionKey::Hash::operator()(const FunctionKey& key) const {
 StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::Expand(
     TFE_Context* context, const std::string& function, const Mesh& mesh,
     const std::vector<ValueMeta>& inputs, const OutputRequest& request,
-    const FallbackPolicy& policy, int depth) {
+    const FallbackPolicy& policy, int depth, bool xla_compile) {
   // An expansion holds the collective lowering it was made under.
   return ExpandKey(context,
                    FunctionKey{function, mesh, inputs, request, policy.strict,
-                               CollectiveLoweringGeneration()},
+                               CollectiveLoweringGeneration(), xla_compile},
                    policy, depth);
 }
 
@@ -97,7 +98,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandKey(
   const int64_t keys_before = InstanceKeysIssued();
   TFD_ASSIGN_OR_RETURN(std::shared_ptr<const ExpandedFunction> expanded,
                        ExpandUncached(context, key.function, key.mesh, key.inputs, key.request,
-                                      policy, name, depth));
+                                      policy, name, depth, key.xla_compile));
   // A nested function with TF collective ops is expanded anew at each call site: two
   // calls in one step must not share instance keys.
   if (InstanceKeysIssued() != keys_before) expanded->uses_instance_keys.store(true);
@@ -175,7 +176,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandEagerC
 StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncached(
     TFE_Context* context, const std::string& function, const Mesh& mesh,
     const std::vector<ValueMeta>& inputs, const OutputRequest& request,
-    const FallbackPolicy& policy, const std::string& name, int depth) {
+    const FallbackPolicy& policy, const std::string& name, int depth, bool xla_compile) {
   if (depth > kMaxDepth) {
     return InvalidArgument("tf.function '" + function + "' nests calls deeper than " +
                            std::to_string(kMaxDepth) + " levels (recursion?).");
@@ -190,6 +191,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpander::ExpandUncach
   for (int round = 0;; ++round) {
     expansion = std::make_unique<FunctionExpansion>(this, context, mesh, policy, depth);
     expansion->ReduceAtSource(reduce_at_source);
+    expansion->InheritXlaCompile(xla_compile);
     TFD_RETURN_IF_ERROR(
         expansion->Build(function, inputs, request, requests ? &*requests : nullptr));
     RequestMap solved = expansion->Solve();

@@ -129,6 +129,9 @@ struct FunctionKey {
   bool strict = false;
   // CollectiveLoweringGeneration() when expanded: a policy change starts the cache over.
   uint64_t lowering_generation = 0;
+  // The caller was traced with jit_compile=True (a loop body, branch or nested call of
+  // such a function): this function's ops are marked for XLA as its caller's are.
+  bool xla_compile = false;
   bool operator==(const FunctionKey& other) const;
   struct Hash {
     size_t operator()(const FunctionKey& key) const;
@@ -149,14 +152,16 @@ class FunctionExpander {
 
   // The SPMD function of `function` called with `inputs` on `mesh`: the cached one for
   // the same key (FunctionKey), else expanded now and cached. `depth`: how many calls deep
-  // `function` is (FunctionExpansion expands callees, branches and loop bodies here).
+  // `function` is (FunctionExpansion expands callees, branches and loop bodies here);
+  // `xla_compile`: its caller's ops are marked for XLA (FunctionKey::xla_compile).
   StatusOr<std::shared_ptr<const ExpandedFunction>> Expand(TFE_Context* context,
                                                            const std::string& function,
                                                            const Mesh& mesh,
                                                            const std::vector<ValueMeta>& inputs,
                                                            const OutputRequest& request,
                                                            const FallbackPolicy& policy,
-                                                           int depth = 0);
+                                                           int depth = 0,
+                                                           bool xla_compile = false);
   // The SPMD function of a call from eager code: `Expand`, with the values of the call's
   // small integer inputs, host tensors or replicated DTensors (`value_handles[i]` holds
   // input i's whole value, or is null), read only where the function cannot be expanded
@@ -201,7 +206,7 @@ class FunctionExpander {
   StatusOr<std::shared_ptr<const ExpandedFunction>> ExpandUncached(
       TFE_Context* context, const std::string& function, const Mesh& mesh,
       const std::vector<ValueMeta>& inputs, const OutputRequest& request,
-      const FallbackPolicy& policy, const std::string& name, int depth);
+      const FallbackPolicy& policy, const std::string& name, int depth, bool xla_compile);
 
   // The cached expansion of `key`, from the cache its mesh goes to; null when none.
   const std::shared_ptr<const ExpandedFunction>* FindLocked(const FunctionKey& key);

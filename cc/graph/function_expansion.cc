@@ -601,8 +601,11 @@ Status FunctionExpansion::Build(const std::string& function, const std::vector<V
   TF_DeleteBuffer(buffer);
   TFD_RETURN_IF_ERROR(spec.status());
   spec_ = std::move(spec).value();
-  // tf.function(jit_compile=True): each device's part is compiled with XLA.
-  builder_.set_xla_compile(DecodeAttrs(spec_.attrs).GetBool("_XlaMustCompile", false));
+  // tf.function(jit_compile=True), or a body, branch or call inside one: each device's
+  // part is compiled with XLA.
+  xla_compile_ =
+      inherited_xla_compile_ || DecodeAttrs(spec_.attrs).GetBool("_XlaMustCompile", false);
+  builder_.set_xla_compile(xla_compile_);
 
   TFD_RETURN_IF_ERROR(AddInputs(inputs));
   TFD_RETURN_IF_ERROR(Order());

@@ -126,6 +126,11 @@ class FunctionExpansion {
   void ReduceAtSource(std::set<std::pair<std::string, int>> outputs) {
     reduce_at_source_ = std::move(outputs);
   }
+  // The caller was traced with jit_compile=True: this body, branch or nested function is
+  // compiled as its caller is, whatever its own attributes say (TensorFlow compiles a
+  // jit_compile function's loops and calls whole).
+  void InheritXlaCompile(bool compile) { inherited_xla_compile_ = compile; }
+  bool xla_compile() const { return xla_compile_; }
   // Whether `solved` differs from this round's requests at a node where a request
   // changes the expansion (a node without DTensor inputs, or whose rule reads it).
   bool Changes(const RequestMap& solved) const;
@@ -204,6 +209,8 @@ class FunctionExpansion {
   Mesh mesh_;
   FallbackPolicy policy_;
   int depth_;
+  bool inherited_xla_compile_ = false;
+  bool xla_compile_ = false;  // inherited, or the function's own `_XlaMustCompile`
   // Whether the user brought partial values in (a partial argument, or a relayout to a
   // partial layout). If not, pending reductions the expansion deferred are done before a
   // result leaves the function or enters a call, so results have TF DTensor's layouts.

@@ -248,3 +248,62 @@ def test_jit_compile_control_flow_with_collectives_inside_runs(lowering):
     assert sorted(runs) == ["case", "cond", "cond_in_loop", "loop"]
     for name, (want, got) in runs.items():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+_BODIES_PROGRAM = """
+import json
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 5)
+from tf_dtensor import config, dtensor
+config.set_collective_lowering(LOWERING)
+mesh = dtensor.create_mesh([("x", 4)], devices=[f"CPU:{i}" for i in range(1, 5)])
+rng = np.random.RandomState(3)
+value = rng.rand(8, 16).astype(np.float32) - 0.25
+w_value = rng.rand(16, 16).astype(np.float32) - 0.5
+
+@tf.function
+def layer(h, w):  # a nested function of its own, without jit_compile
+    return tf.tanh(tf.matmul(h, w) * 0.5 + 1.0)
+
+def PROGRAM(x, w):
+    if "PROGRAM" == "loop":
+        # The body's mean over the sharded rows is an all-reduce between the clusters.
+        body = lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w) * 0.5 + tf.reduce_mean(h)))
+        return tf.while_loop(lambda i, h: i < 3, body, [0, x])[1]
+    if "PROGRAM" == "cond":
+        return tf.cond(tf.reduce_sum(x) > 0, lambda: tf.tanh(tf.matmul(x, w) * 0.5),
+                       lambda: x - 1.0)
+    return layer(x, w) * 2.0
+
+want = tf.function(PROGRAM)(tf.constant(value), tf.constant(w_value)).numpy()
+x = dtensor.pack(np.split(value, 4), dtensor.Layout(["x", "unsharded"], mesh))
+w = dtensor.copy_to_mesh(tf.constant(w_value), dtensor.Layout.replicated(mesh, 2))
+got = dtensor.unpack(tf.function(PROGRAM, jit_compile=True)(x, w))
+print(json.dumps([want.tolist(), np.concatenate([t.numpy() for t in got]).tolist()]))
+"""
+
+
+@pytest.mark.parametrize("program", ["loop", "cond", "nested"])
+@pytest.mark.parametrize("lowering", ["copies", "ops"])
+def test_jit_compile_reaches_loop_bodies_branches_and_nested_functions(tmp_path, lowering,
+                                                                         program):
+    # TensorFlow compiles a jit_compile function whole, loops, branches and the functions
+    # it calls included. The expansions of a loop's body, a branch and a nested function
+    # are functions of their own, and their ops were not marked for XLA: a loop's matmuls
+    # and tanhs ran unfused on every device. They now inherit the caller's jit_compile,
+    # so each device compiles a cluster holding them (a body's all-reduce stays outside).
+    import numpy as np
+    dump = tmp_path / "dump"
+    source = (textwrap.dedent(_BODIES_PROGRAM).replace("LOWERING", repr(lowering))
+              .replace("PROGRAM", program))
+    result = run_python(source, env={
+        "TF_CPP_MIN_LOG_LEVEL": "2", "TF_XLA_FLAGS": "--tf_xla_cpu_global_jit",
+        "XLA_FLAGS": f"--xla_dump_to={dump}"}, timeout=200)
+    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stderr[-5000:]}"
+    want, got = json.loads(result.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    compiled_tanh = [f for f in os.listdir(dump) if f.endswith("before_optimizations.txt")
+                     and "tanh(" in (dump / f).read_text()]
+    assert len(compiled_tanh) >= 4, sorted(os.listdir(dump))
