@@ -117,8 +117,6 @@ class OpSpec:
     draw: Callable[["Drawer"], Call]
     grad: bool = True
     creation: bool = False
-    # TODO(#10): data-dependent output shapes come back unknown from a tf.function.
-    function_shape_known: bool = True
     # Inside tf.function the op reads its inputs whole and its outputs are replicated (an
     # output counted from data, whose consumers' gradients only a replicated value can
     # plan: ReadWhole in cc/rules/gather_rules.cc); debug.explain gives the eager plan.
@@ -411,15 +409,13 @@ def assert_close(expected: np.ndarray, actual: np.ndarray, tol: float, what: str
 
 
 def assert_output(expected: np.ndarray, claim: Optional[Layout], actual, tol: float,
-                  what: str, shape_known: bool = True) -> None:
+                  what: str) -> None:
     assert dtensor.is_dtensor(actual), f"{what}: not a DTensor (on {actual.device})"
     layout = dtensor.fetch_layout(actual)
     if claim is not None:
         assert layout == claim, f"{what}: layout {layout.short()}, the rule claims {claim.short()}"
     assert actual.dtype == tf.as_dtype(expected.dtype), (
         f"{what}: dtype {actual.dtype.name}, expected {tf.as_dtype(expected.dtype).name}")
-    if not shape_known and None in tuple(actual.shape):
-        return   # no global shape to reassemble the value with
     assert tuple(actual.shape) == expected.shape, (
         f"{what}: global shape {tuple(actual.shape)}, expected {expected.shape}")
     assert_close(expected, reassemble(actual), tol, f"{what} ({layout.short()})")
@@ -640,8 +636,7 @@ def _check(spec, call, inputs, arrays, layouts, upstream, expected_outputs, expe
                 claim = None   # a function's partial result is settled when returned
             if settle and spec.function_reads_whole:
                 claim = Layout.replicated(layouts[0].mesh, e.ndim)
-            assert_output(e, claim, a, tols[i], f"{where} output {i}",
-                          shape_known=not settle or spec.function_shape_known)
+            assert_output(e, claim, a, tols[i], f"{where} output {i}")
         for i, (e, a) in enumerate(zip(expected_grads, gradients)):
             assert_close(e, reassemble(a), grad_tol, f"{where} gradient of input {i}")
 

@@ -36,12 +36,11 @@ NUMBERS = FLOATS + INTS + (tf.bfloat16, tf.complex64)
 
 
 def op(name: str, grad: bool = True, creation: bool = False,
-       function_shape_known: bool = True, function_reads_whole: bool = False):
+       function_reads_whole: bool = False):
     """Registers the decorated draw function as the entry for `name`."""
     def register(draw: Callable[[Drawer], Call]):
         assert name not in OPS, f"{name} is in the table twice"
         OPS[name] = OpSpec(name, draw, grad=grad, creation=creation,
-                           function_shape_known=function_shape_known,
                            function_reads_whole=function_reads_whole)
         return draw
     return register
@@ -241,8 +240,8 @@ def _(d):
 
 
 # tf.debugging.enable_check_numerics' summary (mode 8) and tfdbg's (2-5). TF infers no
-# shape for it: a tf.function's result has none.
-@op("DebugNumericSummaryV2", grad=False, function_shape_known=False)
+# shape for it in a graph; a tf.function's result has the one it ran with.
+@op("DebugNumericSummaryV2", grad=False)
 def _(d):
     x = d.array(d.shape(0, 4), d.dtype())
     if x.size and d.bool():
@@ -545,8 +544,8 @@ def _(d):
     return Call({"input": [T(d.array(d.shape(0, 3), d.dtype())) for _ in range(d.int(1, 3))]})
 
 
-# TODO(#10): its output shape depends on the values; a tf.function returns [None].
-@op("BroadcastGradientArgs", grad=False, function_shape_known=False)
+# Its output shape depends on the values (a tf.function's result has the one it ran with).
+@op("BroadcastGradientArgs", grad=False)
 def _(d):
     a = d.shape(0, 4)
     b = d.broadcastable(a)
@@ -581,8 +580,8 @@ def _stitch(d):
                  "data": [T(d.array((len(p),) + element)) for p in parts]})
 
 
-op("DynamicStitch", grad=False, function_shape_known=False)(_stitch)
-op("ParallelDynamicStitch", grad=False, function_shape_known=False)(_stitch)
+op("DynamicStitch", grad=False)(_stitch)
+op("ParallelDynamicStitch", grad=False)(_stitch)
 
 
 @op("Fill", creation=True)
@@ -678,7 +677,7 @@ for _name in ("UnsortedSegmentSum", "UnsortedSegmentMax", "UnsortedSegmentMin",
 # The sorted segment ops: ids sorted, as many segments as the largest id says (data-dependent
 # inside tf.function).
 for _name in ("SegmentSum", "SegmentMean", "SegmentMax", "SegmentMin", "SegmentProd"):
-    @op(_name, function_shape_known=False, function_reads_whole=True)
+    @op(_name, function_reads_whole=True)
     def _(d):
         data = d.array(d.shape(1, 3), d.dtype(), 0.5, 1.5)
         ids = np.sort(d.array(data.shape[:1], d.dtype((tf.int32, tf.int64)), 0, 4))
@@ -694,7 +693,7 @@ def _sparse_segments(d, rows):
 
 
 for _name in ("SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN"):
-    @op(_name, function_shape_known=False, function_reads_whole=True)
+    @op(_name, function_reads_whole=True)
     def _(d):
         data = d.array(d.shape(1, 3), d.dtype())
         indices, ids = _sparse_segments(d, data.shape[0])
@@ -713,7 +712,7 @@ for _name in ("SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN"):
         grad = d.array((int(ids.max()) + 1,) + d.shape(0, 2), d.dtype())
         return Call([T(grad), T(indices), T(ids), H(rows, tf.int32)])
 
-    @op(_name + "GradV2", grad=False, function_shape_known=False, function_reads_whole=True)
+    @op(_name + "GradV2", grad=False, function_reads_whole=True)
     def _(d):
         rows = d.size(1, 6)
         indices, ids = _sparse_segments(d, rows)
