@@ -37,6 +37,7 @@ from tensorflow.python.ops import resource_variable_ops
 
 from tf_dtensor import _core, _ledger
 from tf_dtensor import api
+from tf_dtensor import _tensors
 from tf_dtensor import checkpoint
 from tf_dtensor._device import UnsupportedOpWarning
 from tf_dtensor._estimate import Spec
@@ -124,13 +125,13 @@ def _global(value) -> Optional[np.ndarray]:
     variants, which are not compared."""
     if not isinstance(value, tf.Tensor) or value.dtype in (tf.resource, tf.variant):
         return None
-    if api._is_dtensor(value):
+    if _tensors.is_dtensor_value(value):
         value = checkpoint.global_value(value)
     return value.numpy()
 
 
 def _layout_text(value) -> Optional[str]:
-    if isinstance(value, tf.Tensor) and api._is_dtensor(value):
+    if isinstance(value, tf.Tensor) and _tensors.is_dtensor_value(value):
         return api.fetch_layout(value).short()
     return None
 
@@ -187,7 +188,7 @@ def _compare(sharded, plain, rtol: float, atol: float) -> tuple:
     if a is None or b is None:
         return 0.0, ""
     error, problem = _difference(a, b, rtol, atol)
-    if problem or not api._is_dtensor(sharded):
+    if problem or not _tensors.is_dtensor_value(sharded):
         return error, problem
     block_error, problem = _device_blocks_difference(sharded, b, rtol, atol)
     return max(error, block_error), problem
@@ -291,7 +292,7 @@ def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6, **kwargs) -> CheckR
                 # pending reduction the op makes itself).
                 target = pairs[op.inputs[0].ref()][0]
                 value = sharded_in[1]
-                if isinstance(target, DVariable) and api._is_dtensor(value) and \
+                if isinstance(target, DVariable) and _tensors.is_dtensor_value(value) and \
                         api.fetch_layout(value).without_partial() != target.layout:
                     sharded_in[1] = api.relayout(value, target.layout)
             sharded_out = execute.execute(op_type, len(op.outputs), sharded_in, attrs, ctx)

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from tf_dtensor import api, checkpoint
 from tf_dtensor import _placement_api
+from tf_dtensor import _tensors
 from tf_dtensor._placement_types import Replicate
 from tf_dtensor._save_restore import _require_eager, name_based_restore, name_based_save
 from tf_dtensor.layout import Layout
@@ -457,16 +458,16 @@ def save_state_dict(state, file_prefix) -> None:
     if _is_module(state):
         state = state_dict(state)
     values = collections.OrderedDict(
-        (name, value if api._is_dtensor(value) else tf.convert_to_tensor(value))
+        (name, value if _tensors.is_dtensor_value(value) else tf.convert_to_tensor(value))
         for name, value in state.items())
-    mesh = next((api.fetch_layout(v).mesh for v in values.values() if api._is_dtensor(v)), None)
+    mesh = next((api.fetch_layout(v).mesh for v in values.values() if _tensors.is_dtensor_value(v)), None)
     name_based_save(mesh, os.fspath(file_prefix), values)
 
 
 def _as_layout_of(value, backing, name: str):
     """`value` as the target variable holds it: the DTensor in its layout, or a regular
     tensor for a variable off the mesh; any dtype cast to the variable's."""
-    if api._is_dtensor(value):
+    if _tensors.is_dtensor_value(value):
         layout = api.fetch_layout(value)
         value = tf.cast(value, backing.dtype)
         if isinstance(backing, DVariable) and layout.mesh == backing.layout.mesh:

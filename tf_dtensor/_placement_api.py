@@ -14,6 +14,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.ops import resource_variable_ops
 
 from tf_dtensor import api, config
+from tf_dtensor import _tensors
 from tf_dtensor._errors import LayoutError, MeshError, PackError, RelayoutError
 from tf_dtensor._placement_types import Placement, Placements, Replicate
 from tf_dtensor.layout import (MULTI_DIM_SEPARATOR, UNSHARDED, Layout, _layout_for,
@@ -167,7 +168,7 @@ def distribute_tensor(tensor, mesh: Optional[Mesh] = None, placements: Placement
     """
     mesh = _mesh_arg(mesh, device_mesh, "distribute_tensor")
     placements = _placements_arg(placements, mesh)
-    source_is_dtensor = api._is_dtensor(tensor)
+    source_is_dtensor = _tensors.is_dtensor_value(tensor)
     if not source_is_dtensor:
         tensor = tf.convert_to_tensor(tensor)
     layout = _layout_for(mesh, placements, _rank_of(tensor, "distribute_tensor"),
@@ -181,7 +182,7 @@ def distribute_tensor(tensor, mesh: Optional[Mesh] = None, placements: Placement
         @tf.custom_gradient
         def _distribute(x):
             def grad(dy):
-                return _to_plain(dy) if api._is_dtensor(dy) else dy
+                return _to_plain(dy) if _tensors.is_dtensor_value(dy) else dy
             return api.copy_to_mesh(x, layout), grad
 
         return _distribute(tensor)
@@ -374,7 +375,7 @@ def to_local(tensor) -> List[tf.Tensor]:
       [2, 2, 1, 0]
     """
     _eager_only("to_local", "reads the blocks, which exist only when it runs")
-    if not api._is_dtensor(tensor):
+    if not _tensors.is_dtensor_value(tensor):
         raise LayoutError(f"`to_local` takes a DTensor; got a `{type(tensor).__name__}`. "
                           f"Make one with `distribute_tensor` or `from_local`.")
     if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
@@ -411,7 +412,7 @@ def full_tensor(tensor, mesh: Optional[Mesh] = None):
         mesh = _traced_mesh(mesh, "full_tensor")
         layout = Layout.replicated(mesh, _rank_of(tensor, "full_tensor"))
         return api.relayout(tensor, layout)
-    if not api._is_dtensor(tensor):
+    if not _tensors.is_dtensor_value(tensor):
         return tf.convert_to_tensor(tensor)
     if isinstance(tensor, tf.Variable):
         tensor = tensor.read_value()  # a DVariable: its value (a tape still sees the read)
@@ -476,7 +477,7 @@ def redistribute(tensor, placements: Placements = None, mesh: Optional[Mesh] = N
         mesh = _mesh_arg(mesh, device_mesh, "redistribute")
     if context.executing_eagerly():
         if mesh is None:
-            if not api._is_dtensor(tensor):
+            if not _tensors.is_dtensor_value(tensor):
                 raise LayoutError("`redistribute` takes a DTensor; got a regular tensor. Use "
                                   "`distribute_tensor(tensor, mesh, placements)`.")
             mesh = api.fetch_layout(tensor).mesh
@@ -514,7 +515,7 @@ def placements_of(tensor) -> Tuple[Placement, ...]:
       (Shard(dim=1), Replicate())
     """
     _eager_only("placements_of", "reads a layout, which is known only when it runs")
-    if not api._is_dtensor(tensor):
+    if not _tensors.is_dtensor_value(tensor):
         raise LayoutError(f"`placements_of` takes a DTensor; got a `{type(tensor).__name__}`. "
                           f"Make one with `distribute_tensor` or `from_local`.")
     return _placements_of_layout(api.fetch_layout(tensor))

@@ -23,6 +23,7 @@ from tensorflow.python.ops import gen_io_ops
 from tensorflow.python.ops import io_ops
 
 from tf_dtensor import api
+from tf_dtensor import _tensors
 from tf_dtensor import checkpoint
 from tf_dtensor import config
 from tf_dtensor.layout import Layout
@@ -35,7 +36,7 @@ __all__ = ["enable_save_as_bf16", "name_based_restore", "name_based_save", "shar
 def _host_strings(value, what: str) -> List[str]:
     """Python strings from a str, bytes, list of them, a string tensor or a replicated
     string DTensor (TensorFlow's `name_based_save` passes packed DTensors)."""
-    if api._is_dtensor(value):
+    if _tensors.is_dtensor_value(value):
         value = api.unpack(value)[0]
     if isinstance(value, (tf.Tensor, tf.Variable)):
         value = value.numpy()
@@ -52,7 +53,7 @@ def _host_strings(value, what: str) -> List[str]:
 def _layout_of(tensor, what: str) -> Layout:
     if isinstance(tensor, DVariable):
         return tensor.layout
-    if not api._is_dtensor(tensor):
+    if not _tensors.is_dtensor_value(tensor):
         raise ValueError(
             f"Saving/Restoring tensor must be a DTensor: {what} is a regular "
             f"{type(tensor).__name__}. Lay it out with `copy_to_mesh(value, layout)` first.")
@@ -115,7 +116,7 @@ def sharded_save(mesh: Mesh, file_prefix, tensor_names, shape_and_slices, tensor
     save_specs: List[str] = []
     save_tensors: List[tf.Tensor] = []
     for name, spec, tensor in zip(names, specs, tensors):
-        if not (isinstance(tensor, DVariable) or api._is_dtensor(tensor)):
+        if not (isinstance(tensor, DVariable) or _tensors.is_dtensor_value(tensor)):
             if client == 0:
                 save_names.append(name)
                 save_specs.append(spec)

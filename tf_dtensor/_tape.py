@@ -25,6 +25,7 @@ from tensorflow.python.eager import backprop
 from tensorflow.python.ops import resource_variable_ops
 
 from tf_dtensor import api
+from tf_dtensor import _tensors
 from tf_dtensor.layout import Layout
 
 _original_gradient = backprop.GradientTape.gradient
@@ -32,7 +33,7 @@ _original_gradient = backprop.GradientTape.gradient
 
 def _is_dtensor(value) -> bool:
     try:
-        return api._is_dtensor(value)
+        return _tensors.is_dtensor_value(value)
     except (TypeError, ValueError, AttributeError):
         return False
 

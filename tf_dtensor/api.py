@@ -6,22 +6,21 @@ Python only normalises arguments and forwards them: every check is made in C++.
 from __future__ import annotations
 
 import contextlib
-import functools
-import weakref
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Optional
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.eager import execute
 from tensorflow.python.framework import op_def_library
 from tensorflow.python.framework import ops
-from tensorflow.python.ops import resource_variable_ops
 
 from tf_dtensor import _core
 from tf_dtensor import _device
-from tf_dtensor._errors import LayoutError, PackError, RelayoutError
+from tf_dtensor import _tensors
+from tf_dtensor._errors import LayoutError, RelayoutError
+from tf_dtensor._packing import pack, unpack  # noqa: F401 (the API)
+from tf_dtensor._tensors import check_layout, fetch_layout, is_dtensor  # noqa: F401 (the API)
 from tf_dtensor.layout import Layout, LayoutType
 from tf_dtensor.mesh import Mesh
 
@@ -42,115 +41,6 @@ def set_strict_mode(strict: bool) -> None:
     _device.get().strict = bool(strict)
 
 
-def is_dtensor(tensor) -> bool:
-    """Whether `tensor` is a DTensor (or a DVariable). Eagerly only, as in TensorFlow.
-
-    Raises:
-      RuntimeError: called while tracing a `tf.function` (a traced tensor's layout is
-        decided when the function runs).
-    """
-    if not context.executing_eagerly():
-        raise RuntimeError(
-            "`is_dtensor` must be called eagerly: while tracing a tf.function, tensors are "
-            "symbolic and whether one is a DTensor is decided when the function runs. Call "
-            "it outside the function.")
-    return _is_dtensor(tensor)
-
-
-def _is_dtensor(tensor) -> bool:
-    """`is_dtensor` for tf_dtensor's own code: False (no error) for a traced tensor."""
-    if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
-        tensor = tensor.handle
-    if not isinstance(tensor, ops.EagerTensor):
-        return False
-    return tensor.device == _device.DEVICE_NAME
-
-
-def _refuse_while_tracing(name: str) -> None:
-    if not context.executing_eagerly():
-        raise RuntimeError(
-            f"`{name}` must be called eagerly: it reads the components of a DTensor, which "
-            f"exist only when it runs, and it was called while tracing a tf.function. Call "
-            f"`{name}` outside the function on its result (inside, use `relayout` to change "
-            f"a layout).")
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_layout(text: str) -> Layout:
-    return Layout.from_string(text)
-
-
-def fetch_layout(tensor) -> Optional[Layout]:
-    """The layout of a DTensor or DVariable; `None` for what is not a tensor.
-
-    As in `tf.experimental.dtensor`, a Python value, a NumPy array or `None` has no layout
-    (`None` is returned), while a regular `tf.Tensor` or `tf.Variable` is an error.
-
-    Example:
-      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
-      >>> t = call_with_layout(tf.ones, Layout(["x"], mesh), shape=(4,))
-      >>> fetch_layout(t) == Layout(["x"], mesh), fetch_layout([1.0, 2.0])
-      (True, None)
-
-    Raises:
-      LayoutError: `tensor` is a regular tensor (also a `tf.errors.InvalidArgumentError`).
-      RuntimeError: called while tracing a `tf.function`.
-    """
-    layout = getattr(tensor, "layout", None)
-    if isinstance(layout, Layout):
-        return layout
-    _refuse_while_tracing("fetch_layout")
-    if not tf.is_tensor(tensor) and not isinstance(tensor, tf.Variable):
-        return None
-    if not _is_dtensor(tensor):
-        raise LayoutError(f"fetch_layout expects a DTensor (FetchLayout expects a tensor placed "
-                          f"on the layout device.); got a regular tensor on "
-                          f"`{getattr(tensor, 'device', '?')}`. Create one with `pack`, "
-                          f"`copy_to_mesh` or `call_with_layout`.")
-    if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
-        # A plain tf.Variable made on the DTensor device: its handle carries the value's
-        # layout.
-        tensor = tensor.handle
-    (text,) = _device.run(_core.FETCH_LAYOUT_OP, [tensor], ("T", tensor.dtype.as_datatype_enum))
-    return _parse_layout(text.numpy().decode())
-
-
-def check_layout(tensor, layout: Layout) -> None:
-    """Raises ValueError if `tensor`'s layout is not `layout`.
-
-    Example:
-      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
-      >>> check_layout(call_with_layout(tf.ones, Layout(["x"], mesh), shape=(4,)),
-      ...              Layout(["x"], mesh))
-
-    Raises:
-      ValueError: the layouts differ.
-      TypeError: `tensor` is not a tensor (TensorFlow's DTensor raises TypeError too).
-      LayoutError: `tensor` is a regular tensor.
-    """
-    _layout_arg(layout, "check_layout")
-    actual = fetch_layout(tensor)
-    if actual is None:
-        raise TypeError(f"check_layout expects a DTensor; got a `{type(tensor).__name__}`. "
-                        f"Create one with `copy_to_mesh` or `call_with_layout`.")
-    if actual != layout:
-        raise ValueError(f"Layout of tensor: {actual.short()}, did not match expected layout: "
-                         f"{layout.short()}.")
-
-
-def _layout_arg(layout: Any, function: str, allow_match: bool = False) -> Layout:
-    """`layout`, checked as the `layout` argument of `function` (named in the errors)."""
-    if not isinstance(layout, Layout):
-        raise TypeError(f"`{function}` takes a `Layout` as `layout`; got {layout!r} "
-                        f"({type(layout).__name__}). Build one with `Layout(specs, mesh)`.")
-    if layout.has_match and not allow_match:
-        raise LayoutError(f"`{function}` got {layout.short()}: MATCH (keep the input's "
-                          f"sharding of an axis) is for `relayout` targets only. Name a mesh "
-                          f"dimension or UNSHARDED for every axis.")
-    _device.check_mesh(layout.mesh)
-    return layout
-
-
 def _matched(tensor, layout: Layout) -> Layout:
     """`layout` with each MATCH axis given `tensor`'s sharding of it (eagerly)."""
     current = fetch_layout(tensor)
@@ -169,214 +59,11 @@ def _matched(tensor, layout: Layout) -> Layout:
     return Layout(specs, layout.mesh)
 
 
-def pack(tensors: Sequence[Any], layout: Layout, *, run_check: bool = False) -> Any:
-    """Packs one component per local device into a DTensor with `layout`.
-
-    Components are copied to their devices (on virtual CPUs the buffer is shared, not
-    copied). They must share rank, dtype and shape.
-
-    The layout says which devices hold the same block: those that agree on every mesh
-    dimension it shards or leaves partial (a replicated layout: all of them). Like
-    TensorFlow's DTensor, `pack` takes the components as given and does not compare such
-    replicas; if they differ, later results depend on which device computes them.
-    `run_check=True` (as PyTorch's `DTensor.from_local(run_check=True)`) compares them
-    first, at the cost of reading every component, and raises if replicas differ.
-
-    Args:
-      tensors: a list with one component per local device of `layout.mesh`, in mesh order
-        (first dimension outermost): tensors, arrays or Python values (`SparseTensor`s
-        make a sparse DTensor).
-      layout: the DTensor's layout; the components' shape is its block shape.
-      run_check: compare the components that `layout` makes replicas first.
-
-    Returns:
-      The DTensor.
-
-    Raises:
-      TypeError: `layout` is not a `Layout`.
-      RuntimeError: called while tracing a `tf.function`.
-      PackError: wrong component count, rank, shape or dtype; with `run_check`, replicas
-        that differ (a `tf.errors.InvalidArgumentError`, and the classes TensorFlow's
-        DTensor raises).
-      LayoutError: no components.
-
-    Example:
-      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
-      >>> t = pack([[0, 1]] * mesh.num_local_devices(), Layout.replicated(mesh, 1))
-      >>> [c.numpy().tolist() for c in unpack(t)]
-      [[0, 1], [0, 1]]
-    """
-    _layout_arg(layout, "pack")
-    _refuse_while_tracing("pack")
-    if tf.is_tensor(tensors) or isinstance(tensors, np.ndarray):
-        # Iterated, one tensor would be its rows, each taken for a device's component.
-        raise PackError(f"pack takes a list of tensors, one per local device of "
-                        f"{layout.mesh.short()}; got one tensor of shape "
-                        f"{list(tensors.shape)}. Pass `[component_0, component_1, ...]`, or "
-                        f"`copy_to_mesh(tensor, layout)` to lay out one whole value.")
-    if not isinstance(tensors, (list, tuple)):
-        tensors = list(tensors)  # a generator is read once, here
-    if any(isinstance(t, tf.SparseTensor) for t in tensors):
-        return _pack_sparse(tensors, layout, run_check)
-    if any(isinstance(t, tf.Variable) for t in tensors):
-        raise PackError("pack takes tensors, one per device, not variables (Variable input is "
-                        "not supported.). Pack their values (`v.read_value()`), or make a "
-                        "DVariable from a packed DTensor: `DVariable(pack(values, layout))`.")
-    components = [tf.convert_to_tensor(t) for t in tensors]
-    if not components:
-        raise LayoutError(f"pack needs one component per local device of {layout.mesh.short()}; "
-                          f"got none.")
-    if run_check:
-        _check_replicas(components, layout)
-    if _spans_clients(layout.mesh) and components[0].shape.rank == layout.rank:
-        # Even blocks across clients: every local block has one shape.
-        for i, component in enumerate(components[1:], 1):
-            if component.shape != components[0].shape:
-                raise PackError(
-                    f"pack component {i} has shape {component.shape.as_list()} but component "
-                    f"0 has {components[0].shape.as_list()}; on {layout.mesh.short()}, which "
-                    f"spans several clients, every block of {layout.short()} has one shape "
-                    f"(uneven blocks work on meshes within one client only).")
-    dtype = components[0].dtype
-    attrs = ("T", dtype.as_datatype_enum, "N", len(components), "layout", layout.to_string())
-    try:
-        (out,) = _device.run(_core.PACK_OP, components, attrs)
-    except tf.errors.InvalidArgumentError as error:
-        raise PackError(error.message) from error
-    return out
-
-
-# id of a DTensor packed from SparseTensors -> (a weak reference to it, its components);
-# unpack returns them. Tensors are unhashable, so keys are ids checked through the reference.
-_SPARSE_COMPONENTS: dict = {}
-
-
-def _pack_sparse(tensors: Sequence[Any], layout: Layout, run_check: bool) -> Any:
-    """pack for `tf.SparseTensor` components, as TensorFlow's DTensor takes them.
-
-    Every op sees the DTensor's dense value (TensorFlow's DTensor also turns sparse inputs
-    dense before its op rules run): each component is made dense and packed, and `unpack`
-    of this DTensor gives back the SparseTensors given here.
-    """
-    if not all(isinstance(t, tf.SparseTensor) for t in tensors):
-        raise TypeError("Cannot Pack SparseTensors with Tensors: pack takes SparseTensor "
-                        "components or dense ones, not a mix. Make them all sparse "
-                        "(`tf.sparse.from_dense`) or all dense (`tf.sparse.to_dense`).")
-    shapes = [tuple(t.shape) for t in tensors]
-    if any(shape != shapes[0] for shape in shapes):
-        raise TypeError(f"All input SparseTensors to Pack must be same shape; got "
-                        f"{sorted(set(shapes))}. Each component is one device's block, so "
-                        f"the blocks' dense shapes must agree.")
-    devices = layout.mesh.local_devices()
-    if len(devices) != len(tensors):
-        raise PackError(f"pack needs one component per local device of {layout.mesh.short()} "
-                        f"({len(devices)}); got {len(tensors)} SparseTensors.")
-    sparse, dense = [], []
-    for device, t in zip(devices, tensors):
-        # Each component on its device, as TensorFlow's DTensor keeps them (also under a
-        # device scope that would place these ops on the DTensor device).
-        with tf.device(device):
-            local = tf.SparseTensor(tf.identity(t.indices), tf.identity(t.values),
-                                    tf.identity(t.dense_shape))
-            sparse.append(local)
-            dense.append(tf.sparse.to_dense(local))
-    out = pack(dense, layout, run_check=run_check)
-    key = id(out)
-    _SPARSE_COMPONENTS[key] = (weakref.ref(out, lambda _: _SPARSE_COMPONENTS.pop(key, None)),
-                               sparse)
-    return out
-
-
-def _check_replicas(components: Sequence[tf.Tensor], layout: Layout) -> None:
-    """Raises PackError when two components the layout calls replicas differ."""
-    mesh = layout.mesh
-    locations = mesh.local_device_locations()
-    if len(components) != len(locations):
-        return  # pack itself reports the count
-    used = set(layout.partial)
-    for spec in layout.sharding_specs:
-        used.update(name for name in mesh.dim_names if name in spec.split("+"))
-    dims = [name for name in mesh.dim_names if name in used]
-    first: dict = {}
-    for i, location in enumerate(locations):
-        key = tuple(location[d] for d in dims)
-        if key not in first:
-            first[key] = i
-            continue
-        j = first[key]
-        a, b = components[j].numpy(), components[i].numpy()
-        same = a.shape == b.shape and (
-            np.array_equal(a, b, equal_nan=True) if a.dtype.kind in "fc" else np.array_equal(a, b))
-        if not same:
-            devices = mesh.local_devices()
-            replicated = [d for d in mesh.dim_names if d not in used]
-            raise PackError(
-                f"pack(run_check=True): components {j} ({devices[j]}) and {i} ({devices[i]}) "
-                f"differ, but layout {layout.short()} makes them replicas (they agree on "
-                f"{', '.join(dims) or 'every sharded dimension'}; replicated over "
-                f"{', '.join(replicated)}). Give replicas equal values, or shard the axis "
-                f"they differ along over {' or '.join(replicated)} (or mark it partial).")
-
-
-def unpack(tensor: Any) -> Sequence[Any]:
-    """The components of a DTensor, one per local device in mesh order (first dim outermost).
-
-    Example:
-      >>> mesh = dtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:1"])
-      >>> [c.shape for c in unpack(call_with_layout(tf.ones, Layout(["x"], mesh), shape=(4,)))]
-      [TensorShape([2]), TensorShape([2])]
-
-    Raises:
-      TypeError: `tensor` is not a tensor, or is a variable (as in TensorFlow's DTensor:
-        unpack its `read_value()`).
-      LayoutError: `tensor` is a regular tensor.
-      RuntimeError: called while tracing a `tf.function`.
-    """
-    _refuse_while_tracing("unpack")
-    if isinstance(tensor, resource_variable_ops.BaseResourceVariable):
-        raise TypeError(f"unpack takes a DTensor, not a variable (Expecting a Tensor); got a "
-                        f"`{type(tensor).__name__}`. Unpack its value: "
-                        f"`unpack(variable.read_value())`.")
-    if not tf.is_tensor(tensor):
-        raise TypeError(f"unpack expects a DTensor (Expecting a Tensor); got a "
-                        f"`{type(tensor).__name__}`.")
-    if context.executing_eagerly() and not _is_dtensor(tensor):
-        raise LayoutError(f"unpack expects a DTensor (DTensorUnpack expects a tensor placed on "
-                          f"the DTensor device); got a regular tensor on `{tensor.device}`. "
-                          f"Make one with `pack`, `copy_to_mesh` or `call_with_layout`.")
-    sparse = _SPARSE_COMPONENTS.get(id(tensor)) if _SPARSE_COMPONENTS else None
-    if sparse is not None and sparse[0]() is tensor:
-        return list(sparse[1])
-    global _unpack_capacity
-    dtype = tensor.dtype.as_datatype_enum
-    if _is_dtensor(tensor):
-        # Room for as many components as any DTensor had so far: the device returns the
-        # ones there are, so most calls skip reading the layout (half of unpack's time).
-        try:
-            return _device.run(_core.UNPACK_OP, [tensor], ("T", dtype, "N", _unpack_capacity),
-                               _unpack_capacity)
-        except tf.errors.InvalidArgumentError:
-            pass  # more components than that: the layout says how many
-    layout = fetch_layout(tensor)
-    # A single-device mesh reports no local devices, but its tensor has one component.
-    n = 1 if layout.mesh.is_single_device() else layout.mesh.num_local_devices()
-    _unpack_capacity = max(_unpack_capacity, n)
-    return _device.run(_core.UNPACK_OP, [tensor], ("T", dtype, "N", n), n)
-
-
-# How many components unpack makes room for before reading a DTensor's layout.
-_unpack_capacity = 8
-
-
-def _spans_clients(mesh: Mesh) -> bool:
-    return mesh._mesh.spans_processes()  # pylint: disable=protected-access
-
-
 def _refuse_uneven_across_clients(op: str, shape, layout: Layout) -> None:
     """Uneven blocks on a mesh spanning clients are refused: a client sees only its own
     blocks, so the sizes of the others' (and the global shape of what ops make from them)
     would be guesses."""
-    if not _spans_clients(layout.mesh):  # the common case, checked first: no shape built
+    if not _tensors.spans_clients(layout.mesh):  # the common case, checked first: no shape built
         return
     shape = tf.TensorShape(shape)
     dims = shape.as_list() if shape.rank is not None else None
@@ -394,11 +81,11 @@ def _refuse_uneven_across_clients(op: str, shape, layout: Layout) -> None:
 
 
 def _relayout(tensor, layout: Layout, function: str = "relayout"):
-    _layout_arg(layout, function, allow_match=True)
+    _tensors.layout_arg(layout, function, allow_match=True)
     if isinstance(layout, Layout) and not layout.has_match:
         _refuse_uneven_across_clients("relayout", tensor.shape, layout)
     if layout.has_match and context.executing_eagerly():
-        if not _is_dtensor(tensor):
+        if not _tensors.is_dtensor_value(tensor):
             raise LayoutError(f"{function} to {layout.short()}: MATCH keeps the input's "
                               f"sharding of an axis, and a regular tensor has none; name the "
                               f"axis's mesh dimension or UNSHARDED.")
@@ -428,7 +115,7 @@ def _relayout_grad(op, grad):
     """The gradient returns to the layout (and mesh) of the relayout's input, as in TF."""
     source = op.inputs[0]
     if context.executing_eagerly():
-        if not _is_dtensor(source) or not _is_dtensor(grad):
+        if not _tensors.is_dtensor_value(source) or not _tensors.is_dtensor_value(grad):
             return grad
         return relayout(grad, fetch_layout(source))
     return _relayout_like_op(grad, source)
@@ -481,8 +168,8 @@ def copy_to_mesh(tensor: Any, layout: Layout, source_layout: Optional[Layout] = 
     """
     del source_layout  # The source of a regular tensor is its own device.
     # Checked here, so that a wrong argument names copy_to_mesh, not relayout.
-    _layout_arg(layout, "copy_to_mesh", allow_match=True)
-    if _is_dtensor(tensor):
+    _tensors.layout_arg(layout, "copy_to_mesh", allow_match=True)
+    if _tensors.is_dtensor_value(tensor):
         return relayout(tensor, layout)
     tensor = _host_tensor(tensor)
     rank = tensor.shape.rank
@@ -536,7 +223,7 @@ def relayout(tensor: tf.Tensor, layout: Layout, name: Optional[str] = None) -> t
     del name
     if isinstance(tensor, tf.Variable):
         tensor = tensor.read_value()  # TensorFlow's relayout reads a variable, too
-    elif not _is_dtensor(tensor):
+    elif not _tensors.is_dtensor_value(tensor):
         tensor = _host_tensor(tensor)
     return _relayout(tensor, layout)
 
@@ -574,7 +261,7 @@ def relayout_like(tensor: tf.Tensor, layout_tensor: tf.Tensor,
                         f"tf.function being traced, and it is out of scope and cannot be used "
                         f"here (eagerly, e.g. under `init_scope`). Pass a DTensor made eagerly, "
                         f"or call relayout_like in the function's body.")
-    if not _is_dtensor(layout_tensor):
+    if not _tensors.is_dtensor_value(layout_tensor):
         raise LayoutError(f"relayout_like: `layout_tensor` must be a DTensor, whose layout "
                           f"`tensor` takes; got a regular {type(layout_tensor).__name__} "
                           f"(FetchLayout expects a tensor placed on the layout device.), which "
@@ -610,14 +297,14 @@ def call_with_layout(fn: Callable[..., Any], layout: Optional[Layout], *args, **
     """
     if layout is None:
         return fn(*args, **kwargs)
-    _layout_arg(layout, "call_with_layout")
+    _tensors.layout_arg(layout, "call_with_layout")
     with _device.mesh_scope(layout.mesh), _device.layout_scope(layout):
         result = fn(*args, **kwargs)
         if not context.executing_eagerly():
             # While tracing, ops are graph nodes that the default layout does not reach: the
             # relayout node asks the op that made the result for `layout` instead.
             return relayout(result, layout) if tf.is_tensor(result) else result
-    if isinstance(result, (ops.EagerTensor,)) and (not _is_dtensor(result) or
+    if isinstance(result, (ops.EagerTensor,)) and (not _tensors.is_dtensor_value(result) or
                                                    fetch_layout(result) != layout):
         result = relayout(result, layout)
     return result
@@ -724,7 +411,7 @@ class _DeviceView:
 
     @contextlib.contextmanager
     def _default_layout(self, layout: Layout):
-        _layout_arg(layout, "_default_layout")
+        _tensors.layout_arg(layout, "_default_layout")
         if not context.executing_eagerly():
             # While tracing, as TensorFlow's: the ops traced in the scope carry the layout
             # in their `_layout` attribute, and the expansion gives their first output

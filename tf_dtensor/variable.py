@@ -13,6 +13,7 @@ from tensorflow.python.trackable import base as trackable
 
 from tf_dtensor import _device
 from tf_dtensor import api
+from tf_dtensor import _tensors
 from tf_dtensor import checkpoint
 from tf_dtensor._errors import LayoutError
 
@@ -68,7 +69,7 @@ class DVariable(resource_variable_ops.ResourceVariable):
         if callable(initial_value):
             initial_value = api.call_with_layout(initial_value, layout) if layout else initial_value()
         initial_value = ops.convert_to_tensor(initial_value, dtype=dtype)
-        if api._is_dtensor(initial_value):
+        if _tensors.is_dtensor_value(initial_value):
             value_layout = api.fetch_layout(initial_value)
             if layout is not None and layout != value_layout.without_partial():
                 raise LayoutError(f"Conflicting layout are provided: DVariable got "

@@ -36,8 +36,8 @@ PY_LAYERS = [
     ("_errors", "_args", "_core", "_placement_types"),   # values and the C++ module
     ("mesh", "layout", "_tpu", "_block_picture",
      "_cluster", "_ledger"),                           # Mesh, Layout; the cluster; ledger
-    ("_device",),                                      # the device, per context
-    ("api", "config"),                                 # ops on DTensors; meshes, clients
+    ("_device", "_tensors"),                           # the device, per context; its values
+    ("api", "_packing", "config"),                     # ops on DTensors; meshes, clients
     ("variable", "checkpoint", "_dataset", "debug", "_tape",
      "_tf_layout_args", "_check", "_estimate"),        # built on api
     ("_save_restore", "_placement_api", "_module", "keras"),  # higher-level APIs

@@ -117,14 +117,14 @@ def test_unpack_regular_tensor():
 def test_unpack_more_components_than_it_made_room_for(monkeypatch, mesh_8):
     # unpack first asks for at most `_unpack_capacity` components without reading the
     # layout; a DTensor with more takes the layout's count, and the room grows to it.
-    from tf_dtensor import api
-    monkeypatch.setattr(api, "_unpack_capacity", 2)
+    from tf_dtensor import _packing
+    monkeypatch.setattr(_packing, "_unpack_capacity", 2)
     blocks = [np.full([1, 3], i, np.float32) for i in range(8)]
     components = dtensor.unpack(dtensor.pack(blocks, Layout(["x", UNSHARDED], mesh_8)))
     assert [c.device for c in components] == [_device(i) for i in range(8)]
     for component, block in zip(components, blocks):
         np.testing.assert_array_equal(component.numpy(), block)
-    assert api._unpack_capacity == 8
+    assert _packing._unpack_capacity == 8
     # Fewer components than the room: exactly the ones there are.
     one = dtensor.copy_to_mesh(tf.ones([2]), Layout.replicated(MESH_2X2, 1))
     assert len(dtensor.unpack(one)) == 4

@@ -19,6 +19,7 @@ from tensorflow.python.eager import context
 
 from tf_dtensor import api, config
 from tf_dtensor import _placement_api
+from tf_dtensor import _tensors
 from tf_dtensor._errors import LayoutError
 from tf_dtensor.layout import UNSHARDED, Layout
 from tf_dtensor.mesh import Mesh
@@ -194,13 +195,13 @@ def distribute_tensor(tensor, layout):
             lambda value: value if value is None else distribute_tensor(value, layout), tensor)
     if _is_keras_tensor(tensor):
         return tensor  # symbolic (functional model construction): nothing to place
-    if isinstance(tensor, tf.Variable) and not api._is_dtensor(tensor):
+    if isinstance(tensor, tf.Variable) and not _tensors.is_dtensor_value(tensor):
         tensor = tensor.value()
     rank = len(tensor.shape)
     layout = to_layout(layout, rank)
     if not context.executing_eagerly():
         return api.relayout(tensor, layout)
-    if api._is_dtensor(tensor):
+    if _tensors.is_dtensor_value(tensor):
         if isinstance(tensor, tf.Variable):
             tensor = tensor.read_value()
         return tensor if api.fetch_layout(tensor) == layout else api.relayout(tensor, layout)
@@ -264,7 +265,7 @@ def lay_out_batch(batch, mesh: Mesh):
         distribution = None
 
     def place(value):
-        if value is None or api._is_dtensor(value):
+        if value is None or _tensors.is_dtensor_value(value):
             return value
         value = tf.convert_to_tensor(value)
         rank = len(value.shape)
@@ -278,7 +279,7 @@ def lay_out_batch(batch, mesh: Mesh):
 
 
 def _plain(value):
-    if not api._is_dtensor(value):
+    if not _tensors.is_dtensor_value(value):
         return value
     if isinstance(value, tf.Variable):
         value = value.read_value()

@@ -36,6 +36,7 @@ from tensorflow.python.framework import ops
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 from tf_dtensor import api
+from tf_dtensor import _tensors
 from tf_dtensor._errors import LayoutError
 from tf_dtensor.keras import _backend
 from tf_dtensor.layout import Layout
@@ -245,13 +246,13 @@ def _variable_hooks(variable_class) -> None:
                 # The initializer runs sharded: no device holds the whole weight. Stateless
                 # random ops give the same values as on one device.
                 initial = api.call_with_layout(value, layout)
-                if not api._is_dtensor(initial) or api.fetch_layout(initial) != layout:
+                if not _tensors.is_dtensor_value(initial) or api.fetch_layout(initial) != layout:
                     initial = _backend.distribute_tensor(initial, layout)
             else:
                 if tf.is_symbolic_tensor(value):
                     value = _traced_constant(value, self.path)
                 initial = _backend.distribute_tensor(tf.cast(value, self._dtype)
-                                                     if not api._is_dtensor(value) else value,
+                                                     if not _tensors.is_dtensor_value(value) else value,
                                                      layout)
             self._value = DVariable(
                 initial, trainable=self.trainable, name=self.name,
@@ -265,7 +266,7 @@ def _variable_hooks(variable_class) -> None:
             self.__class__ = distributed_classes[cls]
 
     def _direct_assign(self, value):
-        if is_distributed(self) and not api._is_dtensor(value):
+        if is_distributed(self) and not _tensors.is_dtensor_value(value):
             value = tf.cast(value, self._value.dtype)
             value = _backend.distribute_tensor(value, self._value.layout)
         return original_direct_assign(self, value)
@@ -301,7 +302,7 @@ def _variable_hooks(variable_class) -> None:
 
 def is_distributed(variable) -> bool:
     """Whether a Keras variable is backed by a DVariable."""
-    return getattr(variable, "_value", None) is not None and api._is_dtensor(variable._value)
+    return getattr(variable, "_value", None) is not None and _tensors.is_dtensor_value(variable._value)
 
 
 def layout_map_of(distribution) -> Optional[Any]:
