@@ -248,7 +248,9 @@ def explain(op_name: str, layouts: Sequence[Optional[Layout]], shapes: Sequence[
       layouts: per input, its layout, or None for a host tensor (a shape, the axes).
       shapes: per input, its global shape.
       int_values: input index -> the values of a host integer input (a Sum's axes).
-      attrs: the op's attributes, e.g. `{"transpose_a": True}`.
+      attrs: the op's attributes, e.g. `{"transpose_a": True}`; its type attribute gives
+        the inputs' dtype (`{"T": tf.int32}`: an integer `Div` of a partial sum reduces
+        it first), and without one the plan is a float's.
       requested: the layout asked of the output, as `call_with_layout` asks it.
       output_layouts: per output, the layout wanted of it (None: no wish).
 

@@ -138,9 +138,13 @@ py::dict Explain(const std::string& op_name, const std::vector<std::optional<Lay
     }
   }
   OpContext ctx(op_name, &attr_map, *mesh);
+  // Each input's dtype where the op's definition and `attrs` tell it (Div's "T"): rules
+  // plan by dtype (integer division keeps no partial sum pending).
+  const std::vector<int> dtypes = InputDTypes(op_name, attr_map);
   for (size_t i = 0; i < shapes.size(); ++i) {
     InputInfo info;
     info.shape = shapes[i];
+    if (i < dtypes.size()) info.dtype = dtypes[i];
     if (i < layouts.size() && layouts[i]) info.layout = layouts[i];
     ctx.inputs.push_back(std::move(info));
   }

@@ -57,4 +57,27 @@ std::optional<OpArgCounts> ArgCountsOf(const std::string& op_name) {
   return OpArgCounts{count(def->input_arg()), count(def->output_arg())};
 }
 
+std::vector<int> InputDTypes(const std::string& op_name, const AttrMap& attrs) {
+  std::vector<int> dtypes;
+  const tf::OpDef* def = RegisteredOpDef(op_name);
+  if (def == nullptr) return dtypes;
+  for (const auto& arg : def->input_arg()) {
+    if (!arg.type_list_attr().empty()) {
+      const AttrValue* types = attrs.Find(arg.type_list_attr());
+      if (types == nullptr) return dtypes;
+      dtypes.insert(dtypes.end(), types->list_type.begin(), types->list_type.end());
+      continue;
+    }
+    int64_t count = 1;
+    if (!arg.number_attr().empty()) {
+      count = attrs.GetInt(arg.number_attr(), -1);
+      if (count < 0) return dtypes;
+    }
+    int dtype = static_cast<int>(arg.type());
+    if (!arg.type_attr().empty()) dtype = attrs.GetType(arg.type_attr()).value_or(0);
+    dtypes.insert(dtypes.end(), count, dtype);
+  }
+  return dtypes;
+}
+
 }  // namespace tf_dtensor

@@ -6,6 +6,9 @@
 
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "cc/tf/attrs.h"
 
 namespace tf_dtensor {
 
@@ -32,6 +35,13 @@ struct OpArgCounts {
   ArgCount outputs;
 };
 std::optional<OpArgCounts> ArgCountsOf(const std::string& op_name);
+
+// The dtype (TF_DataType) of each input tensor of `op_name`, lists expanded by their
+// length attribute: the one TF's definition fixes, or the one its type attribute has in
+// `attrs` ("T" of Div), else 0 (unknown). Stops at a list whose length `attrs` does not
+// give; empty for an op TF does not know. What a plan made without tensors (debug.explain)
+// knows of its inputs' dtypes: integer division is not linear, float division is.
+std::vector<int> InputDTypes(const std::string& op_name, const AttrMap& attrs);
 
 }  // namespace tf_dtensor
 

@@ -2,8 +2,9 @@
 
 The op fuzzer (fuzz_engine.py) checks each rule alone. A program chains 3 to 10 ops
 (elementwise with broadcasting, matmuls and einsums, reductions, transposes, reshapes,
-concats, slices, gathers, softmax, cumulative sums, pads, tiles, normalisations and
-relayouts in the middle of the program) over inputs laid out at random (sharded, uneven,
+concats, slices, gathers, scatters, softmax, cumulative sums, pads, tiles, normalisations,
+convolutions, poolings, fused batch norm, resizes, stateless dropout and relayouts in the
+middle of the program) over inputs laid out at random (sharded, uneven,
 replicated, now and then partial), so the layout one op hands on is whatever the rule
 before it produced, and inside `tf.function` the whole program's layouts are chosen
 together (requests run back from the ops that read a value). Every output and the
@@ -164,8 +165,22 @@ def _apply(step: Step, a: List[tf.Tensor], relayout: Optional[Callable]):
     if op == "pool":
         pool = tf.nn.max_pool2d if p["kind"] == "max" else tf.nn.avg_pool2d
         return pool(a[0], p["window"], strides=p["strides"], padding=p["padding"])
+    if op == "depthwise_conv2d":
+        return tf.nn.depthwise_conv2d(a[0], a[1], [1, p["strides"], p["strides"], 1],
+                                      p["padding"])
+    if op == "batch_norm":   # fused, training (float32 kernels only: through float32)
+        f32 = [tf.cast(t, tf.float32) for t in a]
+        y = tf.compat.v1.nn.fused_batch_norm(*f32, epsilon=0.5, is_training=True)[0]
+        return tf.cast(y, a[0].dtype)
+    if op == "resize":
+        return tf.cast(tf.image.resize(a[0], p["size"], method=p["method"]), a[0].dtype)
     if op == "embedding":
         return tf.nn.embedding_lookup(a[1], p["ids"])
+    if op == "scatter_add":
+        return tf.tensor_scatter_nd_add(a[0], [[r] for r in p["rows"]], a[1])
+    if op == "dropout":   # a stateless mask of the value's global shape
+        keep = tf.random.stateless_uniform(tf.shape(a[0]), [p["seed"], 7], dtype=a[0].dtype)
+        return tf.where(keep > 0.3, a[0] / 0.7, tf.zeros_like(a[0]))
     if op == "nested_function":
         return _NESTED(a[0], a[1])
     raise ValueError(f"unknown program op {op!r}")
@@ -472,6 +487,18 @@ def _candidates(d: _Drawer, x: int) -> List[Tuple[str, Callable[[], Optional[int
             return d.add(Step("embedding", (x, x), {"ids": ids}, shape=ids_shape + shape[1:]))
         out.append(("embedding", embedding))
 
+        def scatter_add():   # rows added at drawn indices (repeated ones add up)
+            if not all(shape):   # TF refuses a scatter into an empty tensor
+                return None
+            rows = [int(i) for i in d.rng.randint(shape[0], size=d.rng.randint(1, 5))]
+            y = d.operand((len(rows),) + shape[1:])
+            return d.add(Step("scatter_add", (x, y), {"rows": rows}, shape=shape))
+        out.append(("scatter_add", scatter_add))
+
+        def dropout():
+            return d.add(Step("dropout", (x,), {"seed": int(d.rng.randint(1000))}, shape=shape))
+        out.append(("dropout", dropout))
+
     if rank == 4 and all(shape):
         def conv2d():
             kh, kw = d.rng.randint(1, 4), d.rng.randint(1, 4)
@@ -497,6 +524,31 @@ def _candidates(d: _Drawer, x: int) -> List[Tuple[str, Callable[[], Optional[int
                                              "strides": strides, "padding": padding},
                               shape=(shape[0], size[0], size[1], shape[3])))
         out.append(("pool", pool))
+
+        def depthwise():
+            kh, kw, mult = d.rng.randint(1, 4), d.rng.randint(1, 4), int(d.pick([1, 2]))
+            strides, padding = int(d.pick([1, 1, 2])), d.pick(["SAME", "VALID"])
+            if padding == "VALID" and (kh > shape[1] or kw > shape[2]):
+                return None
+            w = d.operand((kh, kw, shape[3], mult))
+            size = [(s + strides - 1) // strides if padding == "SAME" else
+                    (s - k) // strides + 1 for s, k in ((shape[1], kh), (shape[2], kw))]
+            return d.add(Step("depthwise_conv2d", (x, w), {"strides": strides,
+                                                           "padding": padding},
+                              shape=(shape[0], size[0], size[1], shape[3] * mult)))
+        out.append(("depthwise_conv2d", depthwise))
+
+        def batch_norm():
+            scale, offset = d.operand(shape[3:]), d.operand(shape[3:])
+            return d.add(Step("batch_norm", (x, scale, offset), shape=shape))
+        out.append(("batch_norm", batch_norm))
+
+        def resize():
+            size = [d.size(), d.size()]
+            return d.add(Step("resize", (x,), {"size": size,
+                                               "method": d.pick(["bilinear", "nearest"])},
+                              shape=(shape[0], size[0], size[1], shape[3])))
+        out.append(("resize", resize))
 
     if rank >= 2:
         def transpose():
@@ -549,7 +601,7 @@ def draw(seed: int) -> Program:
     d = _Drawer(seed)
     dtype = d.pick([tf.float32, tf.float64])
     for _ in range(d.rng.randint(1, 4)):
-        rank = d.rng.randint(1, 4)
+        rank = int(d.pick([1, 2, 3, 1, 2, 3, 4]))   # rank 4: images, for the conv ops
         d.input(tuple(d.size() for _ in range(rank)))
     ops = d.rng.randint(3, 11)
     made = 0
