@@ -14,7 +14,7 @@ import tensorflow as tf
 import tf_dtensor
 import tf_dtensor.keras
 from tf_dtensor import dtensor
-from tf_dtensor.keras import _backend, _hooks
+from tf_dtensor.keras import _backend, _hooks, _trainer
 
 import keras_testing as kt
 
@@ -471,7 +471,7 @@ def test_model_built_before_set_distribution_is_laid_out_at_its_first_fit(kind):
                                                    "[*] @ mesh(batch=8)"}
     slots = _slot_layouts(model)
     assert len(slots) == 8 and all(slot == weight for slot, weight in slots.values())
-    for variable in _hooks._state_variables(model):
+    for variable in _trainer._state_variables(model):
         assert _hooks.is_distributed(variable), variable.path
 
 
@@ -535,7 +535,7 @@ def test_model_laid_out_by_one_distribution_moves_to_another_at_its_first_fit(mo
     _assert_same_training(got, want, model, plain)
     assert kt.layouts(model)["d1/kernel"] == d1_kernel, kt.layouts(model)
     mesh = distribution.device_mesh.backend_mesh
-    for variable in _hooks._state_variables(model):
+    for variable in _trainer._state_variables(model):
         assert variable._value.layout.mesh == mesh, variable.path
     slots = _slot_layouts(model)
     assert len(slots) == 8 and all(slot == weight for slot, weight in slots.values())
@@ -620,15 +620,15 @@ def test_an_adopted_model_is_not_searched_for_plain_variables_at_every_step(monk
     with kt.data_parallel().scope():
         model.fit(X[:32], Y_REG[:32], batch_size=16, epochs=1, verbose=0)
         searched = []
-        search = _hooks._adopt_unchecked
-        monkeypatch.setattr(_hooks, "_adopt_unchecked",
+        search = _trainer._adopt_unchecked
+        monkeypatch.setattr(_trainer, "_adopt_unchecked",
                             lambda *args: searched.append(1) or search(*args))
         model.fit(X[:48], Y_REG[:48], batch_size=16, epochs=1, verbose=0)
         assert searched == []
         keras.Variable(np.zeros(3, np.float32))
         model.fit(X[:48], Y_REG[:48], batch_size=16, epochs=1, verbose=0)
         assert searched == [1]
-    for variable in _hooks._state_variables(model):
+    for variable in _trainer._state_variables(model):
         assert _hooks.is_distributed(variable), variable.path
 
 

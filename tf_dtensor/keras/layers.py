@@ -29,7 +29,7 @@ from typing import Any, Dict, Optional
 import keras
 
 from tf_dtensor._errors import LayoutError
-from tf_dtensor.keras import _backend, _hooks
+from tf_dtensor.keras import _backend, _scopes
 from tf_dtensor.layout import Layout, _layout_for
 from tf_dtensor.mesh import Mesh
 
@@ -86,8 +86,8 @@ class _LayoutArguments:
         layouts = {self.LAYOUT_ARGUMENTS[k]: _resolver(v, self._layout_mesh, k)
                    for k, v in self._layout_values.items() if v is not None}
         mesh = self._tf_dtensor_mesh()
-        with _hooks.weight_layouts(layouts), \
-                (_hooks.default_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
+        with _scopes.weight_layouts(layouts), \
+                (_scopes.default_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
             yield
 
     def _tf_dtensor_mesh(self) -> Optional[Mesh]:
@@ -112,7 +112,7 @@ class _LayoutArguments:
 
     def _built_weight(self, relative_path: str):
         for weight in self.weights:
-            if weight.path.endswith("/" + relative_path) and _hooks.is_distributed(weight):
+            if weight.path.endswith("/" + relative_path) and _scopes.is_distributed(weight):
                 return weight
         return None
 

@@ -168,10 +168,8 @@ def _apply(step: Step, a: List[tf.Tensor], relayout: Optional[Callable]):
     if op == "depthwise_conv2d":
         return tf.nn.depthwise_conv2d(a[0], a[1], [1, p["strides"], p["strides"], 1],
                                       p["padding"])
-    if op == "batch_norm":   # fused, training (float32 kernels only: through float32)
-        f32 = [tf.cast(t, tf.float32) for t in a]
-        y = tf.compat.v1.nn.fused_batch_norm(*f32, epsilon=0.5, is_training=True)[0]
-        return tf.cast(y, a[0].dtype)
+    if op == "batch_norm":   # fused, training
+        return tf.compat.v1.nn.fused_batch_norm(*a, epsilon=0.5, is_training=True)[0]
     if op == "resize":
         return tf.cast(tf.image.resize(a[0], p["size"], method=p["method"]), a[0].dtype)
     if op == "embedding":
@@ -247,6 +245,7 @@ class _Drawer:
         self.layouts: List[Layout] = []
         self.variables: List[bool] = []
         self.relayouts: dict = {}
+        self.dtype = self.pick([tf.float32, tf.float64])
 
     def pick(self, options):
         return options[self.rng.randint(len(options))]
@@ -538,15 +537,18 @@ def _candidates(d: _Drawer, x: int) -> List[Tuple[str, Callable[[], Optional[int
                               shape=(shape[0], size[0], size[1], shape[3] * mult)))
         out.append(("depthwise_conv2d", depthwise))
 
-        def batch_norm():
+        def batch_norm():   # float32 kernels only: rounds as float32
+            if d.dtype != tf.float32:
+                return None
             scale, offset = d.operand(shape[3:]), d.operand(shape[3:])
             return d.add(Step("batch_norm", (x, scale, offset), shape=shape))
         out.append(("batch_norm", batch_norm))
 
         def resize():
             size = [d.size(), d.size()]
-            return d.add(Step("resize", (x,), {"size": size,
-                                               "method": d.pick(["bilinear", "nearest"])},
+            # bilinear computes in float32
+            methods = ["bilinear", "nearest"] if d.dtype == tf.float32 else ["nearest"]
+            return d.add(Step("resize", (x,), {"size": size, "method": d.pick(methods)},
                               shape=(shape[0], size[0], size[1], shape[3])))
         out.append(("resize", resize))
 
@@ -599,7 +601,7 @@ def _candidates(d: _Drawer, x: int) -> List[Tuple[str, Callable[[], Optional[int
 def draw(seed: int) -> Program:
     """A program of 3 to 10 ops over 1 to 3 inputs (more join as operands)."""
     d = _Drawer(seed)
-    dtype = d.pick([tf.float32, tf.float64])
+    dtype = d.dtype
     for _ in range(d.rng.randint(1, 4)):
         rank = int(d.pick([1, 2, 3, 1, 2, 3, 4]))   # rank 4: images, for the conv ops
         d.input(tuple(d.size() for _ in range(rank)))
