@@ -285,8 +285,8 @@ print(json.dumps([want.tolist(), np.concatenate([t.numpy() for t in got]).tolist
 """
 
 
-@pytest.mark.parametrize("program", ["loop", "cond", "nested"])
-@pytest.mark.parametrize("lowering", ["copies", "ops"])
+@pytest.mark.parametrize("lowering, program", [("copies", "loop"), ("ops", "loop"),
+                                               ("copies", "cond"), ("ops", "nested")])
 def test_jit_compile_reaches_loop_bodies_branches_and_nested_functions(tmp_path, lowering,
                                                                          program):
     # TensorFlow compiles a jit_compile function whole, loops, branches and the functions
