@@ -130,7 +130,6 @@ class FunctionExpansion {
   // compiled as its caller is, whatever its own attributes say (TensorFlow compiles a
   // jit_compile function's loops and calls whole).
   void InheritXlaCompile(bool compile) { inherited_xla_compile_ = compile; }
-  bool xla_compile() const { return xla_compile_; }
   // Whether `solved` differs from this round's requests at a node where a request
   // changes the expansion (a node without DTensor inputs, or whose rule reads it).
   bool Changes(const RequestMap& solved) const;
