@@ -38,7 +38,7 @@ PY_LAYERS = [
      "_cluster", "_ledger"),                           # Mesh, Layout; the cluster; ledger
     ("_device", "_tensors"),                           # the device, per context; its values
     ("api", "_packing", "config"),                     # ops on DTensors; meshes, clients
-    ("variable", "checkpoint", "_dataset", "debug", "_tape",
+    ("variable", "checkpoint", "_dataset_iterator", "_dataset", "debug", "_tape",
      "_tf_layout_args", "_check", "_estimate"),        # built on api
     ("_save_restore", "_placement_api", "_module", "keras"),  # higher-level APIs
     ("dtensor", "placements", "__init__",
