@@ -257,6 +257,16 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
     TF_SetAttrBool(desc, "_XlaCompile", 1);
     set_names.insert("_XlaCompile");
   }
+  // TF's collective ops link devices with no graph edge: ops after a collective are kept
+  // out of the XLA clusters of ops before it (cluster_phases.h).
+  const bool collective_ops = lowering().name() == "ops";
+  if (collective_ops && !set_names.count("_XlaScope")) {
+    const std::string scope = phases_.Scope(phases_.Of(inputs, ControlsFor(device, op_type)));
+    for (const char* attr : {"_XlaScope", "_XlaInternalScope"}) {
+      TF_SetAttrString(desc, attr, scope.data(), scope.size());
+      set_names.insert(attr);
+    }
+  }
   if (options.copy_attrs && node_attrs_) {
     const bool same_op = op_type == node_op_;
     for (const auto& [name, value] : *node_attrs_) {
@@ -340,6 +350,11 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
   TF_Operation* op = TF_FinishOperation(desc, status_);
   TFD_RETURN_IF_ERROR(FromTF(status_, "adding '" + op_type + "' to the SPMD graph"));
   created_.push_back(op);
+  // The members of one collective share their instance key's host value.
+  if (collective_ops && op_type.rfind("Collective", 0) == 0 && TF_OperationNumInputs(op) > 3) {
+    const TF_Output key = TF_OperationInput(TF_Input{op, 3});
+    phases_.AddMember(op, reinterpret_cast<intptr_t>(key.oper) * 8 + key.index);
+  }
   TFD_RETURN_IF_ERROR(PlaceConstants(op, device));
   TFD_RETURN_IF_ERROR(HoldForwardedInput(op, op_type, device));
   return op;
@@ -565,6 +580,8 @@ StatusOr<ValueId> GraphBuilder::AllReduce(ValueId value, const std::vector<int>&
                          Emit("Identity", {pending.inputs[d]}, options, mesh_.local_devices()[d]));
     pending.stand_ins.push_back(stand_in);
     out.handles.push_back(TF_Output{stand_in, 0});
+    // Its readers come after the all-reduce (cluster_phases.h).
+    phases_.AddMember(stand_in, -1 - static_cast<int64_t>(pending_.size()));
   }
   pending_.push_back(std::move(pending));
   return Add(std::move(out));
@@ -661,7 +678,17 @@ StatusOr<std::map<TF_Operation*, TF_Output>> GraphBuilder::CombineAllReduces() {
       if (deps[q / 64] >> (q % 64) & 1) level[p] = std::max(level[p], level[q] + 1);
     }
   }
-  // Groups: same level, mesh, reduction, dtype and partial layout; up to the size limit.
+  // Under TF's collective ops, all-reduces whose readers sit in different XLA cluster
+  // phases stay apart: joined, a reader would wait for a later phase than its scope says.
+  std::vector<int> phase(n, 0);
+  for (size_t p = 0; p < n; ++p) {
+    mesh_ = pending_[p].layout.mesh();
+    if (lowering().name() == "ops" && !pending_[p].stand_ins.empty()) {
+      phase[p] = phases_.Of({TF_Output{pending_[p].stand_ins[0], 0}}, {});
+    }
+  }
+  // Groups: same level, phase, mesh, reduction, dtype and partial layout; up to the size
+  // limit.
   std::vector<std::vector<size_t>> groups;
   std::vector<int64_t> group_bytes;
   for (size_t p = 0; p < n; ++p) {
@@ -671,7 +698,8 @@ StatusOr<std::map<TF_Operation*, TF_Output>> GraphBuilder::CombineAllReduces() {
     bool placed = false;
     for (size_t g = 0; g < groups.size() && !placed; ++g) {
       const PendingAllReduce& b = pending_[groups[g][0]];
-      if (level[groups[g][0]] == level[p] && b.op == a.op && b.dtype == a.dtype &&
+      if (level[groups[g][0]] == level[p] && phase[groups[g][0]] == phase[p] &&
+          b.op == a.op && b.dtype == a.dtype &&
           b.mesh_dims == a.mesh_dims && b.layout.mesh() == a.layout.mesh() &&
           b.layout.partial() == a.layout.partial() &&
           group_bytes[g] + bytes <= combine_limit_bytes_) {

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cc/graph/cluster_phases.h"
 #include "cc/graph/function_def.h"
 #include "cc/spmd/component_builder.h"
 #include "tensorflow/c/c_api.h"
@@ -182,6 +183,8 @@ class GraphBuilder : public ComponentBuilder<TF_Output> {
   bool emitting_on_host_ = false;  // within EmitOnHost
   std::set<ValueId> unknown_rank_;  // host values whose rank TF's shape inference leaves open
   bool xla_compile_ = false;
+  // Where collectives are TF collective ops, the XLA cluster scope of every op.
+  ClusterPhases phases_;
   TF_Status* status_;
   std::map<std::string, std::unique_ptr<OpSpec>> op_specs_;
   // The node being expanded.
