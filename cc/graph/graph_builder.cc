@@ -682,8 +682,8 @@ StatusOr<std::map<TF_Operation*, TF_Output>> GraphBuilder::CombineAllReduces() {
   // phases stay apart: joined, a reader would wait for a later phase than its scope says.
   std::vector<int> phase(n, 0);
   for (size_t p = 0; p < n; ++p) {
-    mesh_ = pending_[p].layout.mesh();
-    if (lowering().name() == "ops" && !pending_[p].stand_ins.empty()) {
+    if (CollectiveLowering::For(pending_[p].layout.mesh()).name() == "ops" &&
+        !pending_[p].stand_ins.empty()) {
       phase[p] = phases_.Of({TF_Output{pending_[p].stand_ins[0], 0}}, {});
     }
   }
