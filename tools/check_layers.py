@@ -35,7 +35,7 @@ CC_LAYERS = [
 PY_LAYERS = [
     ("_errors", "_args", "_core", "_placement_types"),   # values and the C++ module
     ("mesh", "layout", "_tpu", "_block_picture",
-     "_cluster", "_ledger"),                           # Mesh, Layout; the cluster; ledger
+     "_cluster", "_ledger", "_clients"),               # Mesh, Layout; clients; ledger
     ("_device", "_tensors"),                           # the device, per context; its values
     ("api", "_packing", "config"),                     # ops on DTensors; meshes, clients
     ("variable", "checkpoint", "_dataset_iterator", "_dataset", "debug", "_tape",

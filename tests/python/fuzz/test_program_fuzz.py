@@ -9,12 +9,14 @@ Each program runs eagerly and inside `tf.function` (every other seed traced with
 axis of its tensor inputs unknown, as for a dataset's batches, where one device can trace
 it so), both with the gradient of a loss of
 its outputs with respect to every input (some inputs are variables, updated with their
-gradients after, and read back), in strict mode (an op that falls back fails),
+gradients after, and read back; every fourth seed compiled with XLA, by `jit_compile` or
+`set_jit`), in strict mode (an op that falls back fails),
 under the collective lowering the seed picks; a failure prints the program.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 
@@ -44,14 +46,28 @@ def _run(program, inputs, on_mesh):
     return outputs, gradients + program_fuzz.update_variables(inputs, gradients)
 
 
+@contextlib.contextmanager
+def _auto_clustering():
+    before = tf.config.optimizer.get_jit()
+    tf.config.optimizer.set_jit("autoclustering")
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_jit(before or False)
+
+
 def _function(program, inputs, on_mesh, run_time_sizes, jit=True):
     """`_run` as a tf.function. With `run_time_sizes` it is traced with the first axis of
     every tensor input unknown (as for the batches of a dataset, the last one smaller), a
     quarter of the other axes too, and the variables captured."""
     if not run_time_sizes:
         # Every fourth seed compiles with XLA (each device's part, as on GPUs; Keras' default).
+        jit = program_fuzz.compiled(program.seed) and jit
+        if jit and program_fuzz.auto_clustered(program.seed):
+            with _auto_clustering():
+                return tf.function(lambda *xs: _run(program, list(xs), on_mesh))(*inputs)
         return tf.function(lambda *xs: _run(program, list(xs), on_mesh),
-                           jit_compile=program_fuzz.compiled(program.seed) and jit)(*inputs)
+                           jit_compile=jit)(*inputs)
     positions = [i for i, x in enumerate(inputs) if not isinstance(x, tf.Variable)]
     rng = np.random.RandomState(program.seed + 2)
     specs = []
@@ -121,7 +137,8 @@ def _compare(program, how, expected_outputs, expected_gradients, outputs, gradie
             assert layout.mesh == program.mesh, f"{what}: on {layout.mesh}"
             assert a.dtype == program.dtype, f"{what}: dtype {a.dtype.name}"
             assert tuple(a.shape) == e.shape, f"{what}: shape {tuple(a.shape)}, expected {e.shape}"
-            assert_close(e, reassemble(a, replicas_close=" with jit_compile" in how),
+            compiled = " with jit_compile" in how or "set_jit" in how
+            assert_close(e, reassemble(a, replicas_close=compiled),
                          _tolerance(program, e), f"{what} ({layout.short()})")
 
 
@@ -145,7 +162,8 @@ def test_program_matches_one_device(seed):
             jit = program_fuzz.compiled(seed) and _one_device_runs(
                 program, values, False, expected_outputs + expected_gradients)
             if jit:
-                how += " with jit_compile=True"
+                how += (' under set_jit("autoclustering")' if program_fuzz.auto_clustered(seed)
+                        else " with jit_compile=True")
             outputs, gradients = run_strict(_function, program, _on_mesh(program, values), True,
                                             run_time_sizes, jit)
             _compare(program, how, expected_outputs, expected_gradients, outputs, gradients)
