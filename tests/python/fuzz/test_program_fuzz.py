@@ -25,7 +25,7 @@ import pytest
 import tensorflow as tf
 
 import program_fuzz
-from dtensor_testing import LOWERINGS, collective_lowering, reassemble, to_dtensor
+from dtensor_testing import LOWERINGS, collective_lowering, reassemble, run_python, to_dtensor
 from fuzz_engine import assert_close, run_strict
 from tf_dtensor import dtensor
 
@@ -169,3 +169,37 @@ def test_program_matches_one_device(seed):
             _compare(program, how, expected_outputs, expected_gradients, outputs, gradients)
     except Exception as error:   # the program is the reproducer
         raise AssertionError(f"{type(error).__name__}: {error}\n\nprogram:\n{text}") from error
+
+
+
+_JIT_OFF = """
+import sys
+sys.path[:0] = [FUZZ, FUZZ + "/.."]
+import conftest   # the suite's 8 virtual CPUs
+import tensorflow as tf
+import program_fuzz
+import test_program_fuzz as t
+from dtensor_testing import collective_lowering
+tf.config.optimizer.set_jit(False)
+program = program_fuzz.draw(70397)
+assert "normalize(v2, axis=0)" in program_fuzz.describe(program), "the draw changed"
+values = program_fuzz.input_values(program)
+with collective_lowering("copies"):
+    got = t.run_strict(t._function, program, t._on_mesh(program, values), True, True, False)
+# Compared after: which of Grappler's rewrites happen depends on what ran before.
+t._compare(program, "tf.function, XLA off", *t._plain(program, values), *got)
+print("equal")
+"""
+
+
+def test_set_jit_off_leaves_the_replicas_of_a_replicated_result_equal():
+    # `set_jit(False)` asks for XLA's OFF level, which is what the default is. Carried to
+    # the SPMD function, the call ran under a config of its own, and Grappler's constant
+    # folding rewrote one device's x / 5 (a mean's gradient) into x * 0.2 and left the
+    # other's alone: the replicas of a replicated gradient differed in the last bit (seed
+    # 70397, after programs under set_jit). OFF is no longer carried. In a process of its
+    # own, as Grappler's rewrites depend on what ran before.
+    fuzz = os.path.dirname(os.path.abspath(__file__))
+    result = run_python(f"FUZZ = {fuzz!r}\n" + _JIT_OFF, env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+                        timeout=180)
+    assert result.returncode == 0 and "equal" in result.stdout, result.stderr[-5000:]
