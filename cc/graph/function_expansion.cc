@@ -641,6 +641,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
   mesh_ = home_;
   builder_.SetMesh(home_);
   std::vector<TF_Output> flat_outputs;
+  std::vector<size_t> answers;  // the flat outputs the host reads (a loop's condition)
   const auto& outs = spec_.signature.outputs;
   for (size_t i = 0; i < outs.size(); ++i) {
     const std::string* tensor = nullptr;
@@ -678,6 +679,7 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
                                                             builder_.layout(v)->rank()),
                                          "result " + std::to_string(i) + " of '" + function + "'"));
       }
+      if (!host_handle) answers.push_back(flat_outputs.size());
       flat_outputs.push_back(builder_.is_host(v) ? builder_.host(v) : builder_.component(v, 0));
       ValueMeta m = MetaOf(v);
       m.layout.reset();
@@ -702,6 +704,22 @@ StatusOr<std::shared_ptr<const ExpandedFunction>> FunctionExpansion::Finish(
   for (TF_Output& o : flat_outputs) {
     auto it = replaced.find(o.oper);
     if (it != replaced.end()) o = it->second;
+  }
+  // The host's answers wait for every collective of the function. A loop's condition is
+  // inlined into the loop's frame, where its control outputs lead nowhere: its other
+  // devices' parts of an all-reduce whose first device's result the host reads were then
+  // pruned under auto-clustering, and that device waited for them for good.
+  if (!answers.empty() && !builder_.must_run().empty()) {
+    for (size_t i : answers) {
+      const std::string name = "tfd_answer_" + std::to_string(i);
+      TF_OperationDescription* desc = TF_NewOperation(graph_.get(), "Identity", name.c_str());
+      TF_SetDevice(desc, TF_OperationDevice(flat_outputs[i].oper));
+      TF_AddInput(desc, flat_outputs[i]);
+      for (TF_Operation* op : builder_.must_run()) TF_AddControlInput(desc, op);
+      TF_Operation* answer = TF_FinishOperation(desc, status_);
+      TFD_RETURN_IF_ERROR(FromTF(status_, "adding an answer of '" + function + "'"));
+      flat_outputs[i] = TF_Output{answer, 0};
+    }
   }
   for (const ArgSpec& out : outs) result->output_names.push_back(out.name);
   // The function's control outputs (what must run: assigns, reads, collectives): one NoOp

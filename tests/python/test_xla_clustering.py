@@ -355,3 +355,45 @@ def test_jit_compile_of_a_cond_on_a_collective_under_tf_collective_ops_runs(jit)
     assert result.returncode == 0, f"exit {result.returncode}:\n{result.stderr[-5000:]}"
     for want, got in json.loads(result.stdout.strip().splitlines()[-1]):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+_LOOP_ON_A_COLLECTIVE_PROGRAM = """
+import json
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 5)
+from tf_dtensor import config, dtensor
+if JIT == "set_jit":
+    tf.config.optimizer.set_jit("autoclustering")
+config.set_collective_lowering("ops")
+mesh = dtensor.create_mesh([("x", 2), ("y", 2)], devices=[f"CPU:{i}" for i in range(1, 5)])
+value = np.random.RandomState(1).uniform(-2, 2, [4, 8])
+
+def step(v):
+    return tf.while_loop(lambda i, v: tf.reduce_max(v) < 10.0,
+                         lambda i, v: (i + 1, v * 1.5 + 0.1), [tf.constant(0), v])
+
+want = [t.numpy() for t in tf.function(step)(tf.constant(value))]
+got = tf.function(step, jit_compile=JIT == "jit_compile")(
+    dtensor.copy_to_mesh(tf.constant(value), dtensor.Layout(["y", "x"], mesh)))
+full = dtensor.relayout(got[1], dtensor.Layout.replicated(mesh, 2))
+print(json.dumps([[int(want[0]), dtensor.unpack(got[0])[0].numpy().tolist()],
+                  [want[1].tolist(), dtensor.unpack(full)[0].numpy().tolist()]]))
+"""
+
+
+@pytest.mark.parametrize("jit", ["off", "jit_compile", "set_jit"])
+def test_a_loop_whose_condition_reads_a_collective_runs_under_tf_collective_ops(jit):
+    # The host reads a loop's condition from the first device's part of an all-reduce (the
+    # maximum). The condition is inlined into the loop's frame, where its control outputs
+    # lead nowhere: under auto-clustering TF's passes pruned the other devices' parts, and
+    # the first device waited for them for good. The host's answer now waits for every
+    # collective of the condition.
+    import numpy as np
+    program = f"JIT = {jit!r}\n" + textwrap.dedent(_LOOP_ON_A_COLLECTIVE_PROGRAM)
+    result = run_python(program, env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=120)
+    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stderr[-5000:]}"
+    (want_i, got_i), (want, got) = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got_i == want_i == 4
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

@@ -166,8 +166,9 @@ def _apply(step: Step, a: List[tf.Tensor], relayout: Optional[Callable]):
         # max, not sum: a sum near 0 (of a normalised value) rounds to either side
         return tf.cond(tf.reduce_max(a[0]) > 0.3, lambda: tf.tanh(a[0]) * 2.0,
                        lambda: tf.square(a[0]) - 1.0)
-    if op == "loop":
-        return tf.while_loop(lambda i, v: i < p["times"],
+    if op == "loop":   # the condition reads the value too: on a mesh, an all-reduce
+        return tf.while_loop(lambda i, v: tf.logical_and(i < p["times"],
+                                                         tf.reduce_max(tf.abs(v)) < 1e6),
                              lambda i, v: (i + 1, tf.tanh(v) * 0.9 + 0.1),
                              (tf.constant(0), a[0]))[1]
     if op == "conv2d":
