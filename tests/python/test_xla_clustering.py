@@ -309,7 +309,9 @@ def test_jit_compile_reaches_loop_bodies_branches_and_nested_functions(tmp_path,
     assert len(compiled_tanh) >= 4, sorted(os.listdir(dump))
 
 
-_COND_ON_A_COLLECTIVE_PROGRAM = """
+# The start of the programs below: JIT ("off", "jit_compile" or "set_jit") is set before
+# it; the `ops` lowering (TF's collective ops) on a 2x2 mesh apart from the host's CPU:0.
+_OPS_MESH = """
 import json
 import numpy as np
 import tensorflow as tf
@@ -320,6 +322,9 @@ if JIT == "set_jit":
     tf.config.optimizer.set_jit("autoclustering")
 config.set_collective_lowering("ops")
 mesh = dtensor.create_mesh([("x", 2), ("y", 2)], devices=[f"CPU:{i}" for i in range(1, 5)])
+"""
+
+_COND_ON_A_COLLECTIVE_PROGRAM = _OPS_MESH + """
 value = np.random.RandomState(1).uniform(-2, 2, [4, 1, 8])
 
 def step(v):
@@ -357,17 +362,7 @@ def test_jit_compile_of_a_cond_on_a_collective_under_tf_collective_ops_runs(jit)
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
-_LOOP_ON_A_COLLECTIVE_PROGRAM = """
-import json
-import numpy as np
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 5)
-from tf_dtensor import config, dtensor
-if JIT == "set_jit":
-    tf.config.optimizer.set_jit("autoclustering")
-config.set_collective_lowering("ops")
-mesh = dtensor.create_mesh([("x", 2), ("y", 2)], devices=[f"CPU:{i}" for i in range(1, 5)])
+_LOOP_ON_A_COLLECTIVE_PROGRAM = _OPS_MESH + """
 value = np.random.RandomState(1).uniform(-2, 2, [4, 8])
 
 def step(v):
