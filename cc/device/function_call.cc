@@ -184,11 +184,11 @@ Status CarryRunOptions(const TFE_OpAttrs* attrs, TFE_Op* op, const std::string& 
     if (mesh.device_type() != "CPU" && wanted.soft_placement) {
       kept.Varint(7, 1);  // ConfigProto.allow_soft_placement
     }
-    // OFF (-1) is what DEFAULT (0) is: not clustered. Carried, the SPMD call ran under a
-    // config of its own instead of the context's, and Grappler then rewrote the devices'
-    // copies of a replicated computation unevenly (x / 5 on one, x * 0.2 on another): on
-    // CPU meshes their results differed in the last bit (`tf.config.optimizer.set_jit
-    // (False)`; the program fuzzer, seed 70397).
+    // OFF (-1) is what DEFAULT (0) is: not clustered. Carried, it gave the SPMD function
+    // Grappler (a call gets it only with a config_proto), which rewrote the devices' copies
+    // of a replicated computation unevenly (x / 5 on one, x * 0.2 on another): on CPU
+    // meshes their results differed in the last bit (`tf.config.optimizer.set_jit(False)`;
+    // the program fuzzer, seed 70397).
     if (wanted.jit_level > 0) {
       WireWriter optimizer;
       optimizer.Varint(5, static_cast<uint64_t>(wanted.jit_level));

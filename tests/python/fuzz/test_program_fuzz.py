@@ -194,7 +194,7 @@ print("equal")
 
 def test_set_jit_off_leaves_the_replicas_of_a_replicated_result_equal():
     # `set_jit(False)` asks for XLA's OFF level, which is what the default is. Carried to
-    # the SPMD function, the call ran under a config of its own, and Grappler's constant
+    # the SPMD function, its config_proto gave the function Grappler, whose constant
     # folding rewrote one device's x / 5 (a mean's gradient) into x * 0.2 and left the
     # other's alone: the replicas of a replicated gradient differed in the last bit (seed
     # 70397, after programs under set_jit). OFF is no longer carried. In a process of its
