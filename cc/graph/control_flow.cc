@@ -81,22 +81,12 @@ Status FunctionExpansion::EmitFunctional(const NodeSpec& node, const std::string
     // which cannot span the mesh's devices); a plain tf.function sets it.
     attrs.emplace_back("_lower_using_switch_merge", BoolAttr(true));
   }
-  // A StatelessWhile, StatelessIf or StatelessCase whose expanded functions hold
-  // collectives is emitted stateful: TensorFlow may prune what a stateless one's functions
-  // compute beyond their results, and under auto-clustering it dropped every device's part
-  // of a loop condition's all-reduce but the one the host reads (the others then waited
-  // for good).
-  std::string emitted = op_type;
-  const bool collectives = std::any_of(
-      bodies.begin(), bodies.end(),
-      [](const std::shared_ptr<const ExpandedFunction>& b) { return !b->collectives.empty(); });
-  if (collectives && emitted.rfind("Stateless", 0) == 0) emitted = emitted.substr(9);
   std::vector<TF_Output> all = prefix;
   all.insert(all.end(), flat.begin(), flat.end());
   LocalOpOptions options;
   options.copy_attrs = copy_attrs;
   TFD_ASSIGN_OR_RETURN(TF_Operation * op,
-                       builder_.EmitOnHost(emitted, all, options, attrs));
+                       builder_.EmitOnHost(op_type, all, options, attrs));
   FunctionalCost& cost = functional_[op];
   cost.alternatives = IsBranching(op_type);
   cost.loop = IsWhile(op_type);

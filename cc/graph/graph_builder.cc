@@ -258,11 +258,8 @@ StatusOr<TF_Operation*> GraphBuilder::Emit(const std::string& op_type,
     set_names.insert("_XlaCompile");
   }
   // TF's collective ops link devices with no graph edge: ops after a collective are kept
-  // out of the XLA clusters of ops before it (cluster_phases.h). The deferred all-reduces
-  // are emitted last, under the function's home mesh (the host's, for a loop's condition):
-  // their own op type says they are TF collectives.
-  const bool collective_ops =
-      lowering().name() == "ops" || op_type.rfind("Collective", 0) == 0;
+  // out of the XLA clusters of ops before it (cluster_phases.h).
+  const bool collective_ops = lowering().name() == "ops";
   if (collective_ops && !set_names.count("_XlaScope")) {
     const std::string scope = phases_.Scope(phases_.Of(inputs, ControlsFor(device, op_type)));
     for (const char* attr : {"_XlaScope", "_XlaInternalScope"}) {
