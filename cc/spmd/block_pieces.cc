@@ -63,7 +63,7 @@ StatusOr<std::vector<Handles>> SplitEach(CollectiveRunner& run, ValueId value,
 //                [p, K, r]; none where p is 1). At most two kernels a block, the same bytes.
 // Each cut and join keeps SplitV or ConcatV2 where its form does not apply (uneven pieces,
 // unknown sizes, pieces that would not be 64-byte aligned views, a dtype without a GPU
-// DynamicStitch).
+// DynamicStitch, int32: see Foldable).
 bool FoldedPieces() {
   const char* env = std::getenv("TF_DTENSOR_COPIES_PIECES");
   return !(env && std::string_view(env) == "split");
@@ -125,12 +125,22 @@ Status SwapLeadingAxes(CollectiveRunner& run, int dtype, Handles& values,
   return Status::Ok();
 }
 
+// Whether pieces of `dtype` may take the folded forms at all. Not int32: TensorFlow keeps
+// a GPU's int32 tensors in host memory (its Reshape, Split and ConcatV2 of int32 are host
+// kernels there) while its GPU Transpose and DynamicStitch of int32 take device memory,
+// and the folded forms run the two kinds back to back. On an H200 split into 8 logical
+// GPUs they gave wrong values: an int32 all-gather 64 times in 240 and an all-to-all 20 in
+// 30, where the split form of int32, and int64 and float32 in either form, were always
+// right (2026-11-30). The split form keeps int32 in host kernels throughout.
+bool Foldable(int dtype) { return static_cast<TF_DataType>(dtype) != TF_INT32; }
+
 // The folds of the transposed cut, one per source block: nullopt where the sizes are not
-// known and even, or the pieces would not be aligned views (TF's SplitV makes views along
-// the first axis only for 64-byte aligned pieces, the widest alignment its Eigen builds
-// ask; else it copies each piece).
+// known and even, the dtype is not Foldable, or the pieces would not be aligned views
+// (TF's SplitV makes views along the first axis only for 64-byte aligned pieces, the
+// widest alignment its Eigen builds ask; else it copies each piece).
 std::optional<std::vector<Folded>> CutFolds(const std::vector<std::vector<int64_t>>& blocks,
                                             int dim, int64_t pieces, int dtype) {
+  if (!Foldable(dtype)) return std::nullopt;
   const int64_t width = static_cast<int64_t>(DTypeBytes(dtype));
   std::vector<Folded> folds;
   for (const std::vector<int64_t>& block : blocks) {
@@ -227,11 +237,11 @@ bool Stitchable(int dtype) {
 }
 
 // The folds of the stacked join, one per target block: nullopt where the sizes are not
-// known and even, the dtype has no GPU DynamicStitch, or there are 16 pieces or more
-// (where TF's ConcatV2 is one kernel itself).
+// known and even, the dtype is not Foldable or has no GPU DynamicStitch, or there are 16
+// pieces or more (where TF's ConcatV2 is one kernel itself).
 std::optional<std::vector<Folded>> JoinFolds(const std::vector<std::vector<int64_t>>& blocks,
                                              int dim, int64_t pieces, int dtype) {
-  if (!Stitchable(dtype) || pieces >= 16) return std::nullopt;
+  if (!Foldable(dtype) || !Stitchable(dtype) || pieces >= 16) return std::nullopt;
   std::vector<Folded> folds;
   for (const std::vector<int64_t>& block : blocks) {
     std::optional<Folded> f = FoldAround(block, dim, pieces);

@@ -730,6 +730,40 @@ def test_copies_pieces_forms_of_gather_and_scatter(monkeypatch, form, case, trac
         config.set_collective_lowering("")
 
 
+@pytest.mark.parametrize("case", ["gather-columns", "gather-2x4-groups", "scatter-columns"])
+def test_copies_pieces_of_int32_keep_the_split_form(monkeypatch, case):
+    """int32 never takes the folded forms: a GPU's int32 lives in host memory, and folded
+    int32 gathers and all-to-alls were wrong on an H200 (block_pieces.cc, Foldable)."""
+    monkeypatch.setenv("TF_DTENSOR_COPIES_PIECES", "transpose")
+    config.set_collective_lowering("copies")
+    try:
+        mesh, shape, (source, partial), target, _ = PIECES_CASES[case]
+        target_layout = layout_of(target, mesh)
+        if partial:
+            terms = [(_data(shape, seed=40 + i) * 100).astype(np.int32)
+                     for i in range(mesh.dim_size("x"))]
+            expected = np.sum(np.stack(terms), axis=0, dtype=np.int32)
+            specs = ["unsharded" if s == "*" else s for s in source.split(",")]
+            value = _packed_partial(terms, specs, partial, mesh)
+        else:
+            expected = (_data(shape, seed=40) * 100).astype(np.int32)
+            value = to_dtensor(expected, layout_of(source, mesh))
+
+        @tf.function
+        def int32_pieces_for_the_form_test(v):
+            return tf_dtensor.relayout(v, target_layout)
+
+        result = int32_pieces_for_the_form_test(value)
+        assert result.dtype == tf.int32
+        assert_dtensor_equal(expected, target_layout, result)
+        counts = {}
+        for node in _spmd_function_def("int32_pieces_for_the_form_test").node_def:
+            counts[node.op] = counts.get(node.op, 0) + 1
+        assert {op: counts.get(op, 0) for op in SPLIT_FORM[case]} == SPLIT_FORM[case]
+    finally:
+        config.set_collective_lowering("")
+
+
 # The copies lowering on a device whose copies block until done (GPUs) makes the copies of
 # one collective at once, from a thread each (EagerBuilder::ShareAll). Forced on here for
 # the virtual CPUs (TF_DTENSOR_DISPATCH_THREADS=on), whose copies take the same path.

@@ -72,6 +72,18 @@ def test_collectives_of_every_dtype(lowering, dtype):
         swapped = dtensor.relayout(sharded, dtensor.Layout(["unsharded", "x"], mesh))
         got = np.concatenate([c.numpy() for c in dtensor.unpack(swapped)], axis=1)
         np.testing.assert_array_equal(got, value)
+        # Pieces wide enough for every folded form of the copies lowering (aligned views
+        # and a Transpose at the sources, a Transpose after the stitch at the targets),
+        # which gave int32 wrong values on an H200: a gather and an all-to-all of columns.
+        wide = _value(dtype, (16, 128))
+        columns = dtensor.pack(np.split(wide, 8, axis=1),
+                               dtensor.Layout(["unsharded", "x"], mesh))
+        for component in dtensor.unpack(
+                dtensor.relayout(columns, dtensor.Layout.replicated(mesh, 2))):
+            np.testing.assert_array_equal(component.numpy(), wide)
+        rows = dtensor.relayout(columns, dtensor.Layout(["x", "unsharded"], mesh))
+        np.testing.assert_array_equal(np.concatenate([c.numpy() for c in dtensor.unpack(rows)]),
+                                      wide)
 
 
 @pytest.mark.parametrize("lowering", LOWERINGS)
