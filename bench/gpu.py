@@ -405,14 +405,6 @@ def main() -> None:
                     make_relayout)
 
     samples: Dict[str, Dict[str, List[float]]] = {r: {c: [] for c in rows[r]} for r in rows}
-    for _ in range(args.rounds):
-        for r, cols in rows.items():
-            for c, sample in cols.items():
-                try:
-                    samples[r][c].append(sample())
-                except Exception as e:  # noqa: BLE001
-                    problems.append(f"{r} / {c} (timing): {type(e).__name__}: {str(e)[:300]}")
-
     labels = [c.label for c in columns]
 
     def cell(r, c):
@@ -424,23 +416,38 @@ def main() -> None:
             return f"{m:.1f} GB/s"
         return f"{m * 1e6:.0f} us" if m < 1e-3 else f"{m * 1e3:.2f} ms"
 
-    print()
-    width = max(22, max(len(l) for l in labels) + 2)
-    print(f"{'workload':30s}" + "".join(f"{l:>{width}s}" for l in labels) + f"{'ours/TF-DT':>12s}")
-    for r in rows:
-        line = f"{r:30s}" + "".join(f"{cell(r, c):>{width}s}" for c in labels)
-        ours_s, tf_s = samples[r].get("tf_dtensor"), samples[r].get("TF DTensor")
-        if ours_s and tf_s:
-            ratio = statistics.median(ours_s) / statistics.median(tf_s)
-            line += f"{(1 / ratio if units[r] == 'GB/s' else ratio):12.2f}"
-        print(line)
-    print("(ours/TF-DT: tf_dtensor's time over TensorFlow DTensor's; for GB/s rows, "
-          "TF DTensor's rate over ours: below 1 is tf_dtensor ahead)")
-    for r in rows:  # with XLA clustering on both sides
-        ours_x, tf_x = samples[r].get("ours, XLA"), samples[r].get("TF DTensor, XLA")
-        if ours_x and tf_x:
-            print(f"{r}: ours, XLA / TF DTensor, XLA = "
-                  f"{statistics.median(ours_x) / statistics.median(tf_x):.2f}")
+    def table(title):
+        print(f"\n{title}")
+        width = max(22, max(len(l) for l in labels) + 2)
+        print(f"{'workload':30s}" + "".join(f"{l:>{width}s}" for l in labels) +
+              f"{'ours/TF-DT':>12s}")
+        for r in rows:
+            line = f"{r:30s}" + "".join(f"{cell(r, c):>{width}s}" for c in labels)
+            ours_s, tf_s = samples[r].get("tf_dtensor"), samples[r].get("TF DTensor")
+            if ours_s and tf_s:
+                ratio = statistics.median(ours_s) / statistics.median(tf_s)
+                line += f"{(1 / ratio if units[r] == 'GB/s' else ratio):12.2f}"
+            print(line)
+        print("(ours/TF-DT: tf_dtensor's time over TensorFlow DTensor's; for GB/s rows, "
+              "TF DTensor's rate over ours: below 1 is tf_dtensor ahead)")
+        for r in rows:  # with XLA clustering on both sides
+            ours_x, tf_x = samples[r].get("ours, XLA"), samples[r].get("TF DTensor, XLA")
+            if ours_x and tf_x:
+                print(f"{r}: ours, XLA / TF DTensor, XLA = "
+                      f"{statistics.median(ours_x) / statistics.median(tf_x):.2f}")
+        sys.stdout.flush()
+
+    # The table after every round, so that a run cut short by a lease's time limit still
+    # shows the rounds it finished (a GPU lease of 2026-11-30 lost its table so).
+    for k in range(args.rounds):
+        for r, cols in rows.items():
+            for c, sample in cols.items():
+                try:
+                    samples[r][c].append(sample())
+                except Exception as e:  # noqa: BLE001
+                    problems.append(f"{r} / {c} (timing): {type(e).__name__}: {str(e)[:300]}")
+        table(f"medians after round {k + 1} of {args.rounds}" if k + 1 < args.rounds
+              else f"medians over {args.rounds} rounds")
     for p in problems:
         print("PROBLEM:", p)
 

@@ -10,7 +10,7 @@
 # PARTS (default "bench,jit,suite,tests") picks the parts of this call, so that two calls
 # back to back can share them: PARTS=bench,jit (about 6.5 minutes), then
 # PARTS=suite,tests (about 4.5).
-#   BENCH_S, JIT_S, SUITE_S, TESTS_S, RULES_S: seconds for the bench (with variants and
+#   BENCH_S, JIT_S, SUITE_S, TESTS_S, RULES_S: seconds for the bench (with BENCH_ARGS and
 #   profiles), a second bench run with the XLA auto-clustering columns (--jit) of the
 #   tf.function rows in its own process, so that an XLA failure cannot cost the main table,
 #   TensorFlow's own DTensor tests that run on GPUs on both libraries (tools/tf_suite.py;
@@ -18,8 +18,11 @@
 #   dtype and training tests, and the numerical checks + fuzzer on GPU meshes (0: skip;
 #   the rules part is off by default: it passed on the H200 on 2026-11-26, 419 checks, and
 #   had not reached the fuzzer in 150 s). FOCUS (a pytest -k expression) and FOCUS_S run
-#   chosen checks first, keeping their failure messages. BENCH_ARGS="--variants --only MLP"
-#   times the step alone.
+#   chosen checks first, keeping their failure messages. BENCH_ARGS (default none: the
+#   issue's table) adds bench options: "--variants" the variant columns and probe rows,
+#   "--only MLP" the step alone. With --variants the relayout rows in a tf.function take
+#   minutes: on 2026-11-30's H200 lease the table with variants outran 260 s and came back
+#   empty; the table now prints after every round, and variants are asked for.
 # The calls of a lease, back to back (an idle machine goes back after about 30 s): here
 # `bash ../shared/gpu/prepare.sh --wheel` first (.gpu/wheel_commit says which commit the
 # wheel holds); then ten `run`s of `mkdir -p /tmp/t && mv .gpu/tfwhl.* /tmp/t/`, carrying
@@ -46,7 +49,7 @@ python3 -c "import tensorflow as tf, tf_dtensor; print('TF', tf.__version__, tf.
 
 if part bench; then
   timeout "${BENCH_S:-260}" python3 bench/run.py --device gpu --rounds "${ROUNDS:-5}" \
-    ${BENCH_ARGS:---variants} --profile /tmp/prof 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/bench.log"
+    ${BENCH_ARGS:-} --profile /tmp/prof 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/bench.log"
   (cd /tmp/prof 2>/dev/null && tar czf "$out/profiles.tgz" . 2>/dev/null)
   python3 tools/xspace_summary.py /tmp/prof --steps 5 > "$out/prof_summary.txt" 2>&1
 fi
@@ -56,7 +59,9 @@ if part jit && [ "${JIT_S:-120}" != 0 ]; then
 fi
 
 # TensorFlow's own DTensor test files that run on GPUs, on both libraries (the files are
-# TensorFlow's and not in this repository: carry them in .gpu/tfsuite, see tools/tf_suite.py).
+# TensorFlow's and not in this repository: carry them in .gpu/tfsuite, see tools/tf_suite.py;
+# a fresh checkout makes it from tensorflow/tensorflow's tensorflow/dtensor/python/tests/
+# <file>.py for the files below, and tensorflow/dtensor/python/d_random.py in _support/).
 SUITE_S=${SUITE_S:-150}
 if part suite && [ -d .gpu/tfsuite ] && [ "$SUITE_S" != 0 ]; then
   timeout "${SUITE_S}" python3 tools/tf_suite.py --tests .gpu/tfsuite --jobs "${SUITE_JOBS:-8}" \
