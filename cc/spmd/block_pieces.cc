@@ -4,6 +4,7 @@
 // GPUs (FoldedPieces).
 #include "cc/spmd/block_pieces.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string_view>
@@ -160,12 +161,13 @@ std::vector<int64_t> PieceOf(std::vector<int64_t> block, int dim, int64_t pieces
 // The transposed cut: every source in `sources` (block shapes `blocks`, folded `folds`)
 // views its block as [p, K, r], moves the pieces to the front (Transpose, where p > 1) and
 // cuts them off as views (Split along the first axis); each source's pieces, in their
-// block shape.
+// block shape, or, `as_rows`, as the views are ([1, p, r]; [1, r] where p is 1), which a
+// stacked join takes as its rows without reshaping each piece at both ends.
 StatusOr<std::vector<Handles>> CutTransposed(CollectiveRunner& run, ValueId value,
                                              const std::vector<int>& sources,
                                              const std::vector<std::vector<int64_t>>& blocks,
                                              const std::vector<Folded>& folds, int dim,
-                                             int64_t pieces) {
+                                             int64_t pieces, bool as_rows) {
   const int dtype = run.builder().dtype(value);
   Handles made;  // temporaries
   auto fail = [&](const Status& status) {
@@ -200,6 +202,19 @@ StatusOr<std::vector<Handles>> CutTransposed(CollectiveRunner& run, ValueId valu
   StatusOr<std::vector<Handles>> cut =
       run.RunOnEach("Split", split_inputs, sources, split, static_cast<int>(pieces));
   if (!cut.ok()) return fail(cut.status());
+  if (as_rows) {  // the views as they are: [1, p, r] ([1, r] where p is 1)
+    run.DiscardAll(made);
+    std::vector<Handles> out(sources.size());
+    for (size_t i = 0; i < sources.size(); ++i) {
+      std::vector<int64_t> row = {1, folds[i].p, folds[i].r};
+      if (folds[i].p == 1) row.erase(row.begin() + 1);
+      for (LocalHandle h : (*cut)[i]) {
+        out[i].push_back(h);
+        run.SetLocalShape(h, row);
+      }
+    }
+    return out;
+  }
   for (const Handles& h : *cut) made.insert(made.end(), h.begin(), h.end());
   std::vector<Handles> shape_inputs;
   std::vector<int> on;
@@ -265,10 +280,18 @@ StatusOr<Handles> JoinStacked(CollectiveRunner& run, int dtype, const std::vecto
     return status;
   };
   const LocalOpOptions reshape = Reshaping(dtype);
-  // Each piece as one row of the stack ([1, p * r]).
+  // Each piece as one row of the stack ([1, p * r]), but a target whose pieces all come
+  // as rows of one shape ([1, ...]: a transposed cut's views) stacks them as they are.
   std::vector<Handles> row_inputs;
   std::vector<int> on;
+  std::vector<bool> as_rows(targets.size());
   for (size_t t = 0; t < targets.size(); ++t) {
+    const std::optional<std::vector<int64_t>> first = run.LocalShape(parts[t][0]);
+    as_rows[t] = first && !first->empty() && (*first)[0] == 1 &&
+                 Product(*first, 0, first->size()) == folds[t].p * folds[t].r &&
+                 std::all_of(parts[t].begin(), parts[t].end(),
+                             [&](LocalHandle h) { return run.LocalShape(h) == first; });
+    if (as_rows[t]) continue;
     StatusOr<LocalHandle> row = run.Host({1, folds[t].p * folds[t].r}, {2}, TF_INT64);
     if (!row.ok()) return fail(row.status());
     for (LocalHandle h : parts[t]) {
@@ -276,9 +299,13 @@ StatusOr<Handles> JoinStacked(CollectiveRunner& run, int dtype, const std::vecto
       on.push_back(targets[t]);
     }
   }
-  StatusOr<std::vector<Handles>> rows = run.RunOnEach("Reshape", row_inputs, on, reshape, 1);
-  if (!rows.ok()) return fail(rows.status());
-  for (const Handles& h : *rows) made.push_back(h[0]);
+  std::vector<Handles> rows;
+  if (!row_inputs.empty()) {
+    StatusOr<std::vector<Handles>> shaped = run.RunOnEach("Reshape", row_inputs, on, reshape, 1);
+    if (!shaped.ok()) return fail(shaped.status());
+    for (const Handles& h : *shaped) made.push_back(h[0]);
+    rows = *std::move(shaped);
+  }
   Handles indices;
   for (int64_t c = 0; c < pieces; ++c) {
     StatusOr<LocalHandle> index = run.Host({c}, {1}, TF_INT32);
@@ -286,9 +313,11 @@ StatusOr<Handles> JoinStacked(CollectiveRunner& run, int dtype, const std::vecto
     indices.push_back(*index);
   }
   std::vector<Handles> stitch_inputs;
-  for (size_t t = 0; t < targets.size(); ++t) {
+  for (size_t t = 0, m = 0; t < targets.size(); ++t) {
     Handles inputs = indices;
-    for (int64_t c = 0; c < pieces; ++c) inputs.push_back((*rows)[t * pieces + c][0]);
+    for (int64_t c = 0; c < pieces; ++c) {
+      inputs.push_back(as_rows[t] ? parts[t][c] : rows[m++][0]);
+    }
     stitch_inputs.push_back(std::move(inputs));
   }
   LocalOpOptions stitch;
@@ -348,7 +377,7 @@ StatusOr<Handles> JoinStacked(CollectiveRunner& run, int dtype, const std::vecto
 // each source's pieces.
 StatusOr<std::vector<Handles>> CutEach(CollectiveRunner& run, ValueId value,
                                        const std::vector<int>& sources, int dim,
-                                       const Layout& out_layout, bool fold) {
+                                       const Layout& out_layout, bool fold, bool as_rows) {
   Builder& b = run.builder();
   const std::vector<int64_t> global = b.shape(value);
   const std::vector<int64_t> sizes = out_layout.PieceSizes(global, dim);
@@ -358,10 +387,17 @@ StatusOr<std::vector<Handles>> CutEach(CollectiveRunner& run, ValueId value,
     std::vector<std::vector<int64_t>> blocks;
     for (int source : sources) blocks.push_back(layout.GeometryOfDevice(global, source).shape);
     if (std::optional<std::vector<Folded>> folds = CutFolds(blocks, dim, pieces, b.dtype(value))) {
-      return CutTransposed(run, value, sources, blocks, *folds, dim, pieces);
+      return CutTransposed(run, value, sources, blocks, *folds, dim, pieces, as_rows);
     }
   }
   return SplitEach(run, value, sources, dim, sizes);
+}
+
+bool JoinStacks(const std::vector<int>& targets, const Layout& out_layout,
+                const std::vector<int64_t>& global, int dim, int64_t pieces, int dtype) {
+  std::vector<std::vector<int64_t>> blocks;
+  for (int target : targets) blocks.push_back(out_layout.GeometryOfDevice(global, target).shape);
+  return JoinFolds(blocks, dim, pieces, dtype).has_value();
 }
 
 // Every target in `targets` joins its parts (`parts[t]`, in order along `dim`) into its

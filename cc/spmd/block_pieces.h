@@ -21,11 +21,16 @@ int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end);
 bool FoldedPieces();
 // Every source in `sources` cuts its block of `value` along `dim` into the pieces of
 // `out_layout`, all at once: transposed where `fold` and that form applies, else SplitV;
-// each source's pieces.
+// each source's pieces, in their block shape, or, `as_rows` where the transposed form
+// applies, as rows of one shape [1, ...] that only a stacked join takes (JoinStacks).
 StatusOr<std::vector<std::vector<LocalHandle>>> CutEach(CollectiveRunner& run, ValueId value,
                                                         const std::vector<int>& sources,
                                                         int dim, const Layout& out_layout,
-                                                        bool fold);
+                                                        bool fold, bool as_rows = false);
+// Whether JoinEach with `fold` stacks the `pieces` parts of every target in `targets`
+// (blocks of `out_layout` of global shape `global`, joined along `dim`).
+bool JoinStacks(const std::vector<int>& targets, const Layout& out_layout,
+                const std::vector<int64_t>& global, int dim, int64_t pieces, int dtype);
 // Every target in `targets` joins its parts (`parts[t]`, in order along `dim`) into its
 // block of `out_layout` (global shape `global`), all at once: stacked where `fold` and that
 // form applies, else one ConcatV2; each target's block.

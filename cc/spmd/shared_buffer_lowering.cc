@@ -31,6 +31,7 @@ using Handles = std::vector<LocalHandle>;
 using pieces::CutEach;
 using pieces::FoldedPieces;
 using pieces::JoinEach;
+using pieces::JoinStacks;
 using pieces::Product;
 
 
@@ -279,7 +280,13 @@ class SharedBuffer final : public CollectiveLowering {
     }
     if (send.empty()) return out;
     TFD_ASSIGN_OR_RETURN(Handles made, run.ShareAll(send, to));
-    for (size_t k = 0; k < made.size(); ++k) out[at[k]] = made[k];
+    for (size_t k = 0; k < made.size(); ++k) {
+      out[at[k]] = made[k];
+      // A copy has its source's shape (a transposed cut's rows are stacked as they come).
+      if (std::optional<std::vector<int64_t>> shape = run.LocalShape(send[k])) {
+        run.SetLocalShape(made[k], *shape);
+      }
+    }
     copies.insert(copies.end(), made.begin(), made.end());
     return out;
   }
@@ -629,8 +636,11 @@ StatusOr<ValueId> SharedBuffer::AllToAll(CollectiveRunner& run, ValueId value, i
   // The copies lowering cuts and joins with a kernel or two a block where it can
   // (FoldedPieces); the shared one cuts views and joins in one concatenation.
   const bool fold = !shares_ && FoldedPieces();
+  // Where the targets stack, the sources' views go as they are (no reshape of each piece
+  // at either end: 2 K eager ops fewer per device on GPUs, where each is a host call).
+  const bool as_rows = fold && JoinStacks(targets, out_layout, global, from_dim, pieces, dtype);
   StatusOr<std::vector<Handles>> split_blocks =
-      CutEach(run, value, sources, to_dim, out_layout, fold);
+      CutEach(run, value, sources, to_dim, out_layout, fold, as_rows);
   if (!split_blocks.ok()) return fail(split_blocks.status());
   for (size_t i = 0; i < sources.size(); ++i) splits[sources[i]] = (*split_blocks)[i];
   Handles held(holders.size()), copies;

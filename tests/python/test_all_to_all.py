@@ -149,11 +149,14 @@ def _spmd_ops(name):
 @pytest.mark.parametrize("cut, source, target, expected", [
     # [x,*] -> [*,x]: a Transpose at every source (its rows come before the target axis),
     # and at every target one DynamicStitch (its pieces are contiguous rows: no Transpose).
+    # The sources' views go to the stitch as they are: two Reshapes a device (the fold and
+    # the block), none per piece (there were 144).
     ("transpose", "x,*", "*,x", {"Transpose": 8, "DynamicStitch": 8, "SplitV": 0,
-                                 "ConcatV2": 0}),
-    # [*,x] -> [x,*]: the cut needs no Transpose; the join moves the pieces into place.
+                                 "ConcatV2": 0, "Reshape": 16}),
+    # [*,x] -> [x,*]: the cut needs no Transpose; the join moves the pieces into place
+    # (one more Reshape a target, to the cube the Transpose takes).
     ("transpose", "*,x", "x,*", {"Transpose": 8, "DynamicStitch": 8, "SplitV": 0,
-                                 "ConcatV2": 0}),
+                                 "ConcatV2": 0, "Reshape": 24}),
     ("split", "x,*", "*,x", {"Transpose": 0, "DynamicStitch": 0, "SplitV": 8, "ConcatV2": 8}),
 ], ids=["transpose-rows", "transpose-columns", "split"])
 def test_copies_all_to_all_form_shows_in_the_graph(monkeypatch, cut, source, target, expected):
