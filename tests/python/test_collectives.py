@@ -8,6 +8,8 @@ the refusal of meshes whose devices are partly in other processes.
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -632,6 +634,11 @@ def _spmd_function_def(name):
     return context.context().get_function_def(max(names, key=lambda n: int(n.rsplit("_", 1)[1])))
 
 
+def _spmd_op_counts(name):
+    """How many nodes of each op the newest SPMD function of `name` holds."""
+    return collections.Counter(node.op for node in _spmd_function_def(name).node_def)
+
+
 @pytest.mark.parametrize("form, case, reducers", [
     ("auto", "8-p8-g8", 1), ("auto", "2x4-p2-g8", 8), ("auto", "2x4-p2-g2", 8),
     ("direct", "8-p8-g8", 8), ("leader", "2x4-p2-g8", 1), ("leader", "2x4-p2-g2", 4)])
@@ -720,10 +727,7 @@ def test_copies_pieces_forms_of_gather_and_scatter(monkeypatch, form, case, trac
         fn = tf.function(pieces_for_the_form_test) if traced else pieces_for_the_form_test
         assert_dtensor_equal(expected, target_layout, fn(value))
         if traced:
-            fdef = _spmd_function_def("pieces_for_the_form_test")
-            counts = {}
-            for node in fdef.node_def:
-                counts[node.op] = counts.get(node.op, 0) + 1
+            counts = _spmd_op_counts("pieces_for_the_form_test")
             want = ops if form == "transpose" else SPLIT_FORM[case]
             assert {op: counts.get(op, 0) for op in want} == want
     finally:
@@ -756,9 +760,7 @@ def test_copies_pieces_of_int32_keep_the_split_form(monkeypatch, case):
         result = int32_pieces_for_the_form_test(value)
         assert result.dtype == tf.int32
         assert_dtensor_equal(expected, target_layout, result)
-        counts = {}
-        for node in _spmd_function_def("int32_pieces_for_the_form_test").node_def:
-            counts[node.op] = counts.get(node.op, 0) + 1
+        counts = _spmd_op_counts("int32_pieces_for_the_form_test")
         assert {op: counts.get(op, 0) for op in SPLIT_FORM[case]} == SPLIT_FORM[case]
     finally:
         config.set_collective_lowering("")
