@@ -1,6 +1,7 @@
 """Programs of many ops against one plain device (program_fuzz.py draws and runs them).
 
-Default run (part of `pytest`): the programs of seeds 0..TF_DTENSOR_PROGRAMS-1 (default 40).
+Default run (part of `pytest`): the programs of seeds 0..TF_DTENSOR_PROGRAMS-1 (default 40),
+and REGRESSION_SEEDS.
 Long run, a fresh range of seeds each time unless TF_DTENSOR_PROGRAM_SEED is set:
 
     TF_DTENSOR_PROGRAMS=2000 pytest -q -s -p no:cacheprovider tests/python/fuzz/test_program_fuzz.py
@@ -33,6 +34,10 @@ PROGRAMS = int(os.environ.get("TF_DTENSOR_PROGRAMS", "40"))
 _LONG = "TF_DTENSOR_PROGRAMS" in os.environ
 FIRST = int(os.environ.get("TF_DTENSOR_PROGRAM_SEED",
                            random.randrange(1, 10**6) * 10**4 if _LONG else 0))
+# Seeds of long runs that once failed for the harness's sake, run by default too: 90380's
+# gradient of a batch norm's offset under a normalize cancels to 2.6e-5 from terms of
+# order 1, which a tolerance scaled by that gradient alone refused.
+REGRESSION_SEEDS = () if _LONG else (90380,)
 
 
 def _run(program, inputs, on_mesh):
@@ -153,7 +158,7 @@ def _compare(program, how, expected_outputs, expected_gradients, outputs, gradie
                          _tolerance(program, scale), f"{what} ({layout.short()})")
 
 
-@pytest.mark.parametrize("seed", range(FIRST, FIRST + PROGRAMS))
+@pytest.mark.parametrize("seed", [*range(FIRST, FIRST + PROGRAMS), *REGRESSION_SEEDS])
 def test_program_matches_one_device(seed):
     program = program_fuzz.draw(seed)
     values = program_fuzz.input_values(program)
