@@ -140,7 +140,8 @@ def _compare(program, how, expected_outputs, expected_gradients, outputs, gradie
     # An output's rounding scales with its own values. A gradient is a sum over the backward
     # pass, whose terms can cancel to almost nothing (the gradient of a batch norm's offset
     # under a normalize, seed 90380: 2.6e-5 from terms of order 1): its rounding scales with
-    # the backward pass's values, which the largest gradient stands for.
+    # the backward pass's values, which the largest of the gradients and updated variables
+    # stands for.
     gradient_scale = _magnitude(expected_gradients)
     for kind, expected, actual in (("output", expected_outputs, outputs),
                                    ("gradient/updated variable", expected_gradients, gradients)):
