@@ -25,7 +25,8 @@ _LONG_FILES = (
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker per core, at most 4 and one per 4 GiB of memory (each worker
-    is a TensorFlow process with 8 virtual CPUs, 1.5 to 3 GiB at its peak)."""
+    is a TensorFlow process with 8 virtual CPUs: 2.9 GB resident at the end of the whole
+    suite in one process)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
